@@ -1,0 +1,1 @@
+"""Agent environments shipped with trace_gym (each family in its own subpackage)."""
