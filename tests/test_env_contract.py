@@ -1,0 +1,210 @@
+"""The env contract and the check_env conformance kit, including planted bugs."""
+
+from __future__ import annotations
+
+import pickle
+import random
+import sys
+import textwrap
+
+import gymnasium
+import pytest
+
+import trace_gym  # noqa: F401  (registers ids)
+from environments.guess_number import GuessNumberEnv, make_tasks
+from trace_gym.env import EnvCheckError, Snapshot, check_env, freeze, thaw
+from trace_gym.registry import env_ids, register_envs
+from trace_gym.types import Message, Task
+
+TASKS = make_tasks(3)
+
+
+def test_reference_env_passes_every_check():
+    report = check_env(gymnasium.make("trace_gym/GuessNumber-v0"), TASKS)
+    assert not report.skipped
+    for name in ("gymnasium_api", "protocol", "message_schema", "seeded_determinism", "snapshot_immutable",
+                 "snapshot_roundtrip", "branch_isolation", "snapshot_pickle_process", "close_idempotent"):
+        assert report.passed.get(name, 0) >= 1, name
+    # every turn of every task was snapshotted and replayed in another process
+    assert report.passed["snapshot_pickle_process"] == report.passed["snapshot_roundtrip"] >= 3 * 2
+
+
+def test_without_factory_the_cross_process_check_is_reported_skipped():
+    report = check_env(GuessNumberEnv(), TASKS[:1])
+    assert "snapshot_pickle_process" in report.skipped
+    assert "snapshot_pickle_process" not in report.passed
+
+
+class UnseededEnv(GuessNumberEnv):
+    """Planted bug: the hint noise comes from the global `random`, not the seeded RNG."""
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if obs and obs[0].content in ("higher", "lower") and random.random() < 0.5:
+            obs = [Message("user", "lower" if obs[0].content == "higher" else "higher")]
+        return obs, reward, term, trunc, info
+
+
+def test_check_env_catches_a_non_deterministic_env():
+    with pytest.raises(EnvCheckError) as err:
+        # many tasks, so a 2**-k chance of agreeing by luck is negligible
+        check_env(UnseededEnv(lie_prob=0.0), make_tasks(8), gymnasium_checks=False)
+    assert err.value.check in ("seeded_determinism", "snapshot_roundtrip", "branch_isolation")
+
+
+class HistoryEnv(GuessNumberEnv):
+    """Keeps a list of guesses; ``alias_in`` plants the shared-state bug."""
+
+    alias_in = "none"  # "snapshot" | "restore" | "none"
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.history = []
+        return obs, info
+
+    def step(self, action):
+        self.history.append(action[:20])
+        obs, reward, term, trunc, info = super().step(action)
+        return [Message("user", f"{obs[0].content} (guesses so far: {len(self.history)})")], reward, term, trunc, info
+
+    def snapshot(self):
+        base = super().snapshot()
+        hist = self.history if self.alias_in == "snapshot" else list(self.history)
+        return Snapshot(base.env_id, "state", base.turn, (base.state, hist))
+
+    def restore(self, snapshot):
+        state, hist = snapshot.state
+        super().restore(Snapshot(snapshot.env_id, "state", snapshot.turn, state))
+        self.history = hist if self.alias_in == "restore" else list(hist)
+
+
+def test_correct_history_env_passes():
+    env = HistoryEnv()
+    assert check_env(env, TASKS, gymnasium_checks=False).passed["branch_isolation"] > 0
+
+
+def test_check_env_catches_a_snapshot_that_aliases_live_state():
+    env = HistoryEnv()
+    env.alias_in = "snapshot"
+    with pytest.raises(EnvCheckError) as err:
+        check_env(env, TASKS, gymnasium_checks=False)
+    assert err.value.check == "snapshot_immutable"
+    assert "shares mutable state" in str(err.value)
+
+
+def test_check_env_catches_a_restore_that_aliases_the_snapshot():
+    env = HistoryEnv()
+    env.alias_in = "restore"
+    with pytest.raises(EnvCheckError) as err:
+        check_env(env, TASKS, gymnasium_checks=False)
+    assert err.value.check in ("snapshot_roundtrip", "branch_isolation")
+
+
+class ForgetfulRngEnv(GuessNumberEnv):
+    """Planted bug: the snapshot omits the env RNG, so noisy hints diverge after restore."""
+
+    def snapshot(self):
+        return Snapshot("ForgetfulRngEnv", "state", self._turn, freeze((self._secret, self._turn, self._done)))
+
+    def restore(self, snapshot):
+        self._secret, self._turn, self._done = thaw(snapshot.state)
+
+
+def test_check_env_catches_rng_missing_from_snapshot():
+    with pytest.raises(EnvCheckError) as err:
+        check_env(ForgetfulRngEnv(lie_prob=0.5), make_tasks(6), gymnasium_checks=False)
+    assert err.value.check in ("snapshot_roundtrip", "branch_isolation")
+
+
+class DictObsEnv(GuessNumberEnv):
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return [m.to_dict() for m in obs], *rest
+
+
+def test_check_env_catches_bad_message_schema():
+    with pytest.raises(EnvCheckError) as err:
+        check_env(DictObsEnv(), TASKS, gymnasium_checks=False)
+    assert err.value.check == "message_schema"
+
+
+class BadCloseEnv(GuessNumberEnv):
+    def close(self):
+        if getattr(self, "_closed", False):
+            raise RuntimeError("already closed")
+        self._closed = True
+
+
+def test_check_env_catches_non_idempotent_close():
+    with pytest.raises(EnvCheckError) as err:
+        check_env(BadCloseEnv(), TASKS[:1], gymnasium_checks=False)
+    assert err.value.check == "close_idempotent"
+
+
+def test_malformed_actions_become_observations():
+    env = GuessNumberEnv(lie_prob=0.0)
+    env.reset(seed=0, options={"task": TASKS[0]})
+    for action in ("", "no number here", "guess: 99999999999999999999", "\x00" * 1000):
+        obs, reward, term, trunc, info = env.step(action)
+        assert isinstance(obs[0], Message) and reward == 0.0
+    assert info["error"] == "no_guess"
+
+
+def test_reset_accepts_task_dict_and_id_and_rejects_garbage():
+    env = GuessNumberEnv(tasks=TASKS)
+    obs, info = env.reset(options={"task": {"id": "x", "question": "find it", "answer": 5}})
+    assert info["task_id"] == "x" and obs[-1].content == "find it"
+    _, info = env.reset(options={"task": TASKS[1].id})
+    assert info["task_id"] == TASKS[1].id
+    with pytest.raises(TypeError, match="options\\['task'\\]"):
+        env.reset(options={"task": 3.5})
+
+
+def test_restore_refuses_a_foreign_snapshot():
+    env = GuessNumberEnv()
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="Other"):
+        env.restore(Snapshot("Other", "state", 0, b""))
+
+
+def test_types_validate_and_pickle():
+    with pytest.raises(ValueError, match="'robot'"):
+        Message("robot", "hi")
+    task = Task("t1", "q", answer=[1, 2], metadata={"level": 3})
+    assert pickle.loads(pickle.dumps(task)) == task
+    with pytest.raises(TypeError):
+        task.metadata["level"] = 4  # read-only
+    assert Task.from_dict(task.to_dict()) == task
+    with pytest.raises(ValueError, match="'id'"):
+        Task.from_dict({"question": "q"})
+
+
+def test_builtin_ids_are_registered():
+    ids = env_ids()
+    for name in ("GuessNumber-v0", "MathPython-v0", "BFCL-v0", "WikiQA-v0"):
+        assert f"trace_gym/{name}" in ids
+
+
+def test_third_party_plugin_registers_through_entry_points(tmp_path, monkeypatch):
+    """A real installed distribution (dist-info on sys.path) adds an env by entry point."""
+    pkg = tmp_path / "my_envs_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        from environments.guess_number import GuessNumberEnv
+        class TinyEnv(GuessNumberEnv):
+            pass
+    """))
+    dist = tmp_path / "my_envs_pkg-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-envs-pkg\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[trace_gym.envs]\nTiny-v0 = my_envs_pkg:TinyEnv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import trace_gym.registry as reg
+
+    monkeypatch.setattr(reg, "_registered", False)
+    added = register_envs()
+    assert "trace_gym/Tiny-v0" in added
+    env = gymnasium.make("trace_gym/Tiny-v0")
+    assert type(env.unwrapped).__name__ == "TinyEnv"
+    gymnasium.registry.pop("trace_gym/Tiny-v0")
+    sys.modules.pop("my_envs_pkg", None)
