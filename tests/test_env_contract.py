@@ -181,7 +181,7 @@ def test_types_validate_and_pickle():
 
 def test_builtin_ids_are_registered():
     ids = env_ids()
-    for name in ("GuessNumber-v0", "MathPython-v0", "BFCL-v0", "WikiQA-v0"):
+    for name in ("GuessNumber-v0", "MathPython-v0", "BFCL-v0"):
         assert f"trace_gym/{name}" in ids
 
 

@@ -23,7 +23,6 @@ BUILTIN_ENVS: dict[str, str] = {
     "GuessNumber-v0": "environments.guess_number.env:GuessNumberEnv",
     "MathPython-v0": "environments.math_python.env:MathPythonEnv",
     "BFCL-v0": "environments.bfcl.env:BFCLEnv",
-    "WikiQA-v0": "environments.wiki_qa.env:WikiQAEnv",
 }
 
 _log = logging.getLogger(__name__)
