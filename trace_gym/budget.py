@@ -1,0 +1,151 @@
+"""Budget accounting: nominal trajectory-equivalents and exact units.
+
+Nominal units follow the paper: a full rollout from the prompt costs 1, a continuation
+from the middle of a trajectory costs 1/2 (:data:`CONTINUATION_COST`), so a shape with
+M root rollouts and N continuations per root costs M (1 + N / 2). Strategies are
+compared at equal nominal cost; the exact units (generated tokens, prefill tokens,
+environment steps, wall-clock seconds per phase) are recorded beside it so a reader
+can see what the nominal convention hides.
+
+Usage::
+
+    ledger = BudgetLedger()
+    with ledger.phase("generation"):
+        ...                                # seconds land in ledger.seconds["generation"]
+    ledger.add_rollouts(8)                 # 8 full rollouts
+    ledger.add_continuations(16)           # 16 continuations
+    ledger.add_tokens(generated=1200, prefill=300)
+    ledger.add_env_steps(40)
+    ledger.nominal                         # 8 + 16 / 2 = 16.0
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+#: Nominal cost of one full rollout from the prompt (trajectory-equivalents).
+ROLLOUT_COST = 1.0
+#: Nominal cost of one continuation from a saved mid-trajectory prefix.
+CONTINUATION_COST = 0.5
+
+
+def nominal_cost(root_rollouts: float, continuations_per_root: float = 0.0) -> float:
+    """Nominal cost M (1 + N / 2) of M root rollouts with N continuations each.
+
+    >>> nominal_cost(1024, 2)
+    2048.0
+    """
+    if root_rollouts < 0 or continuations_per_root < 0:
+        raise ValueError(
+            f"root_rollouts and continuations_per_root must be >= 0, got "
+            f"{root_rollouts!r}, {continuations_per_root!r}"
+        )
+    return root_rollouts * ROLLOUT_COST + root_rollouts * continuations_per_root * CONTINUATION_COST
+
+
+def _nonneg(name: str, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+@dataclass
+class BudgetLedger:
+    """What a batch (or a run) spent.
+
+    Attributes:
+        rollouts: full rollouts started from a prompt (nominal 1 each).
+        continuations: rollouts continued from a saved prefix (nominal 1/2 each).
+        generated_tokens: tokens sampled by the policy (all rollouts).
+        prefill_tokens: context tokens the engine had to process before sampling
+            (prompt plus, for continuations, the replayed prefix), not counting
+            tokens the engine reported as served from its prefix cache.
+        env_steps: ``env.step`` calls.
+        seconds: wall-clock seconds per phase name (``generation``, ``environment``,
+            ``allocation``, ``predictor_scoring``, ``predictor_update``, ...).
+        clock: the time source for :meth:`phase` (seconds; injectable for tests).
+    """
+
+    rollouts: int = 0
+    continuations: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    env_steps: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
+
+    # ------------------------------------------------------------------ recording
+    def add_rollouts(self, n: int = 1) -> None:
+        _nonneg("rollouts", n)
+        self.rollouts += int(n)
+
+    def add_continuations(self, n: int = 1) -> None:
+        _nonneg("continuations", n)
+        self.continuations += int(n)
+
+    def add_tokens(self, generated: int = 0, prefill: int = 0) -> None:
+        _nonneg("generated tokens", generated)
+        _nonneg("prefill tokens", prefill)
+        self.generated_tokens += int(generated)
+        self.prefill_tokens += int(prefill)
+
+    def add_env_steps(self, n: int = 1) -> None:
+        _nonneg("env steps", n)
+        self.env_steps += int(n)
+
+    def add_seconds(self, phase: str, seconds: float) -> None:
+        _nonneg(f"seconds for phase {phase!r}", seconds)
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + float(seconds)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the ``with`` block and add the seconds to ``seconds[name]``.
+
+        Nested phases each record their own full duration (an outer phase includes
+        its inner ones).
+        """
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.add_seconds(name, self.clock() - start)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def nominal(self) -> float:
+        """Trajectory-equivalents: rollouts + continuations / 2."""
+        return self.rollouts * ROLLOUT_COST + self.continuations * CONTINUATION_COST
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def merge(self, *others: "BudgetLedger") -> "BudgetLedger":
+        """A new ledger holding the sums of this one and ``others`` (none is modified)."""
+        out = BudgetLedger(clock=self.clock)
+        for led in (self, *others):
+            out.rollouts += led.rollouts
+            out.continuations += led.continuations
+            out.generated_tokens += led.generated_tokens
+            out.prefill_tokens += led.prefill_tokens
+            out.env_steps += led.env_steps
+            for k, v in led.seconds.items():
+                out.seconds[k] = out.seconds.get(k, 0.0) + v
+        return out
+
+    def __add__(self, other: "BudgetLedger") -> "BudgetLedger":
+        return self.merge(other)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-friendly), with the derived ``nominal`` cost."""
+        return {
+            "nominal": self.nominal,
+            "rollouts": self.rollouts,
+            "continuations": self.continuations,
+            "generated_tokens": self.generated_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "env_steps": self.env_steps,
+            "seconds": dict(sorted(self.seconds.items())),
+        }

@@ -1,0 +1,186 @@
+"""One step's allocation decisions, as pure functions shared by every rollout driver.
+
+The simulator (:mod:`trace_gym.sim`) and the real rollout loop (``trace_gym.rollout``)
+both call these, so a strategy means the same thing in a benchmark and in training:
+
+1. ``allocate_roots(values, root_budget, allocator, rng)``: predicted prompt success
+   -> m_i root rollouts per candidate (0 or >= 2), validated.
+2. ``continuation_budgets(root_counts, continuation_budget)``: each chosen prompt's
+   local continuation budget, proportional to its rollout count (N m_i when the total
+   is N M).
+3. As soon as prompt i's root rollouts return:
+   ``plan_expansion(tree, prefix_values, budget, allocator, rng)``: its visited prefixes
+   (``tree.expansion_candidates()``), their predicted values Ṽ(H_ijt) and the observed
+   rewards r_ij -> repeat probabilities q -> k continuations per prefix, returned as
+   ``[(node_id, k), ...]`` for the driver to restore-and-continue.
+
+No function here generates, steps an environment, or reads a clock.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from trace_gym.allocation import PrefixAllocator, RootAllocator, repeat_probability
+from trace_gym.tree import SUCCESS_THRESHOLD, RolloutTree
+
+
+def _values_1d(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-d, got shape {arr.shape}")
+    bad = ~np.isfinite(arr) | (arr < 0) | (arr > 1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name} must lie in [0, 1]; entry {i} is {arr[i]!r}")
+    return arr
+
+
+def _check_counts(name: str, counts: np.ndarray, n: int, budget: int) -> np.ndarray:
+    counts = np.asarray(counts)
+    if counts.shape != (n,):
+        raise ValueError(f"{name} returned shape {counts.shape}, expected ({n},)")
+    if not np.issubdtype(counts.dtype, np.integer):
+        if not np.all(counts == np.round(counts)):
+            raise ValueError(f"{name} returned non-integer counts {counts!r:.200}")
+    counts = counts.astype(np.int64)
+    if (counts < 0).any():
+        raise ValueError(f"{name} returned negative counts {counts!r:.200}")
+    if counts.sum() > budget:
+        raise ValueError(f"{name} spent {int(counts.sum())} > budget {budget}")
+    return counts
+
+
+def allocate_roots(
+    values: Sequence[float] | np.ndarray,
+    root_budget: int,
+    allocator: RootAllocator,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Root rollouts per candidate.
+
+    Args:
+        values: predicted success v_i in [0, 1], shape (n_candidates,).
+        root_budget: M, full rollouts to spend (int >= 0).
+        allocator: any ``RootAllocator``.
+        rng: randomness for stochastic allocators.
+
+    Returns:
+        int64 (n_candidates,), every entry 0 or >= 2, sum <= M.
+    """
+    v = _values_1d("candidate values", values)
+    if root_budget < 0 or int(root_budget) != root_budget:
+        raise ValueError(f"root_budget must be an integer >= 0, got {root_budget!r}")
+    if root_budget == 0 or len(v) == 0:
+        return np.zeros(len(v), dtype=np.int64)
+    m = _check_counts(type(allocator).__name__, allocator.allocate(v, int(root_budget), rng), len(v), int(root_budget))
+    if (m == 1).any():
+        raise ValueError(f"{type(allocator).__name__} gave a prompt exactly 1 rollout (index {int(np.flatnonzero(m == 1)[0])})")
+    return m
+
+
+def continuation_budgets(root_counts: Sequence[int] | np.ndarray, continuation_budget: int) -> np.ndarray:
+    """Split the continuation budget over prompts in proportion to their root rollouts.
+
+    Largest-remainder apportionment of C * m_i / sum(m): floors first, then one more
+    to the largest fractional parts (ties to the lower index). Exact N m_i when
+    C = N * sum(m) for an integer N. Prompts with m_i = 0 get 0; with no roots at all
+    nothing is spent.
+
+    Args:
+        root_counts: m_i, shape (n_candidates,).
+        continuation_budget: C, continuations to spend (int >= 0).
+
+    Returns:
+        int64 (n_candidates,), summing to C (or 0 when sum(m) == 0).
+    """
+    m = np.asarray(root_counts, dtype=np.int64)
+    if m.ndim != 1 or (m < 0).any():
+        raise ValueError(f"root_counts must be a 1-d array of counts >= 0, got {m!r:.200}")
+    if continuation_budget < 0 or int(continuation_budget) != continuation_budget:
+        raise ValueError(f"continuation_budget must be an integer >= 0, got {continuation_budget!r}")
+    total = int(m.sum())
+    if total == 0 or continuation_budget == 0:
+        return np.zeros(len(m), dtype=np.int64)
+    exact = continuation_budget * m / total
+    out = np.floor(exact + 1e-12).astype(np.int64)
+    left = int(continuation_budget - out.sum())
+    if left > 0:
+        frac = exact - out
+        order = np.lexsort((np.arange(len(m)), -frac))  # largest fraction, then lowest index
+        out[order[:left]] += 1
+    return out
+
+
+def repeat_probs(prefix_values: Sequence[float] | np.ndarray, observed_rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+    """q = r V + (1 - r)(1 - V): chance one fresh continuation repeats the outcome.
+
+    Rewards are read as outcomes: success (1) when ``reward >= SUCCESS_THRESHOLD``,
+    else failure (0), so q is the probability of *not* flipping the observed outcome.
+
+    Args:
+        prefix_values: Ṽ(H_ijt) in [0, 1], shape (n_prefixes,).
+        observed_rewards: r_ij of the rollout each prefix lies on, shape (n_prefixes,).
+    """
+    v = _values_1d("prefix values", prefix_values)
+    r = np.asarray(observed_rewards, dtype=float)
+    if r.shape != v.shape:
+        raise ValueError(f"observed_rewards shape {r.shape} != prefix_values shape {v.shape}")
+    outcome = (r >= SUCCESS_THRESHOLD).astype(float)
+    return np.asarray(repeat_probability(outcome, v), dtype=float)
+
+
+def allocate_prefixes(
+    prefix_values: Sequence[float] | np.ndarray,
+    observed_rewards: Sequence[float] | np.ndarray,
+    budget: int,
+    allocator: PrefixAllocator,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Continuations per prefix: repeat probabilities -> ``allocator``, validated.
+
+    Returns int64 (n_prefixes,) summing to ``budget`` (zeros when there are no
+    prefixes: that budget stays unspent, and the ledger shows it).
+    """
+    q = repeat_probs(prefix_values, observed_rewards)
+    if budget < 0 or int(budget) != budget:
+        raise ValueError(f"continuation budget must be an integer >= 0, got {budget!r}")
+    if len(q) == 0 or budget == 0:
+        return np.zeros(len(q), dtype=np.int64)
+    k = _check_counts(type(allocator).__name__, allocator.allocate(q, int(budget), rng), len(q), int(budget))
+    if k.sum() != budget:
+        raise ValueError(f"{type(allocator).__name__} spent {int(k.sum())} of continuation budget {budget}")
+    return k
+
+
+def plan_expansion(
+    tree: RolloutTree,
+    prefix_values: Sequence[float] | np.ndarray,
+    budget: int,
+    allocator: PrefixAllocator,
+    rng: np.random.Generator,
+) -> list[tuple[int, int]]:
+    """Where one prompt's continuations go, once its root rollouts have finished.
+
+    Args:
+        tree: the prompt's tree with its root rollouts finished.
+        prefix_values: predicted Ṽ for each node of ``tree.expansion_candidates()``,
+            in that order.
+        budget: this prompt's continuation budget.
+        allocator: any ``PrefixAllocator``.
+        rng: randomness for stochastic allocators.
+
+    Returns:
+        ``[(node_id, k), ...]`` for every prefix that gets k >= 1 continuations, in
+        candidate order.
+    """
+    cands = tree.expansion_candidates()
+    if len(prefix_values) != len(cands):
+        raise ValueError(
+            f"got {len(prefix_values)} prefix values for {len(cands)} expansion candidates"
+        )
+    rewards = [r for _, r in cands]
+    k = allocate_prefixes(prefix_values, rewards, budget, allocator, rng)
+    return [(node_id, int(kk)) for (node_id, _), kk in zip(cands, k) if kk > 0]

@@ -1,0 +1,442 @@
+"""Simulated multi-turn tasks with a known success martingale, for allocation benchmarks.
+
+No model, no environment: a task i has a true success probability p_i, and an episode
+reveals its outcome turn by turn. The *value* V_t = P(success | history after t turns)
+follows a beta-splitting martingale:
+
+    V_0 = p_i
+    V_{t+1} ~ Beta(kappa V_t, kappa (1 - V_t))     for t + 1 < T_i   (E[V_{t+1} | V_t] = V_t)
+    V_T     ~ Bernoulli(V_{T-1})                   the reward, in {0, 1}
+
+``kappa`` (``step_concentration``) sets how much one turn reveals:
+Var(V_{t+1} | V_t) = V_t (1 - V_t) / (kappa + 1). A continuation from a saved prefix
+at turn t restarts the martingale from that node's V_t, exactly as restoring an env
+snapshot and resampling the policy would. So the simulator exercises the same trees,
+planning functions and strategies as the real rollout loop.
+
+Difficulty: p ~ Beta(a, b) with a chosen mean, and a concentration a + b solved so
+that a GRPO group of G fresh rollouts is mixed with a target probability:
+
+    P(mixed) = E[1 - p^G - (1 - p)^G],   E[p^G] = prod_{i<G} (a + i) / (a + b + i)
+
+(closed form; ``calibrate_prior``). The default, 0.27 at G = 8, is GRPO's effective
+ratio on DeepScaleR with Qwen3-8B in the paper (26.8 %).
+
+Predictors (all read the node snapshots, :class:`SimState`):
+
+- :class:`OraclePredictor`: the true V_t.
+- :class:`NoisyOraclePredictor`: sigmoid(logit V_t + sigma eps), with sigma calibrated
+  so the prompt-level Spearman correlation with p is a chosen value.
+- :class:`LearnedPredictor`: online logistic regression on features a model could
+  see (noisy task features correlated with logit p, a noisy per-turn signal of V_t),
+  trained between steps on ``RolloutTree.targets()``.
+
+Token and step counts are simulated too, so the ledger's exact units are meaningful:
+each turn generates ~Poisson(``policy_tokens_per_turn``) tokens and returns
+~Poisson(``observation_tokens_per_turn``); prefill counts the prompt and observations
+of a root rollout and, for a continuation, its whole replayed context (no prefix cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+from scipy import optimize, stats
+
+from trace_gym.budget import BudgetLedger
+from trace_gym.planning import allocate_roots, continuation_budgets, plan_expansion
+from trace_gym.tree import ROOT, RolloutTree
+
+_EPS = 1e-12
+
+
+def logit(p: np.ndarray | float) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=float), _EPS, 1 - _EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def sigmoid(x: np.ndarray | float) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=float)))
+
+
+# ---------------------------------------------------------------------- difficulty prior
+def mixed_probability(a: float, b: float, group_size: int = 8) -> float:
+    """E[1 - p^G - (1 - p)^G] for p ~ Beta(a, b): P(a group of G fresh rollouts is mixed)."""
+    if a <= 0 or b <= 0:
+        raise ValueError(f"Beta parameters must be > 0, got a={a!r}, b={b!r}")
+    if group_size < 1 or int(group_size) != group_size:
+        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
+    i = np.arange(int(group_size))
+    e_success = np.prod((a + i) / (a + b + i))
+    e_failure = np.prod((b + i) / (a + b + i))
+    return float(1.0 - e_success - e_failure)
+
+
+def calibrate_prior(target_mixed: float = 0.27, mean_success: float = 0.5, group_size: int = 8) -> tuple[float, float]:
+    """Beta(a, b) with mean ``mean_success`` and P(mixed group of G) = ``target_mixed``.
+
+    P(mixed) rises monotonically with the concentration s = a + b (from 0 as s -> 0,
+    all mass at {0, 1}, to 1 - mu^G - (1 - mu)^G as s -> inf), so s is found by root
+    finding on log s.
+    """
+    if not 0 < mean_success < 1:
+        raise ValueError(f"mean_success must lie in (0, 1), got {mean_success!r}")
+    ceiling = 1 - mean_success**group_size - (1 - mean_success) ** group_size
+    if not 0 < target_mixed < ceiling:
+        raise ValueError(
+            f"target_mixed must lie in (0, {ceiling:.4f}) for mean {mean_success} and G = {group_size}, "
+            f"got {target_mixed!r}"
+        )
+
+    def gap(log_s: float) -> float:
+        s = np.exp(log_s)
+        return mixed_probability(mean_success * s, (1 - mean_success) * s, group_size) - target_mixed
+
+    log_s = optimize.brentq(gap, np.log(1e-6), np.log(1e6), xtol=1e-12)
+    s = float(np.exp(log_s))
+    return mean_success * s, (1 - mean_success) * s
+
+
+# ---------------------------------------------------------------------- tasks and states
+@dataclass(frozen=True)
+class SimWorld:
+    """Everything that defines the simulated task family (documented units).
+
+    Attributes:
+        target_mixed: P(a uniform group of ``group_size`` is mixed) the prior is
+            calibrated to (0.27: GRPO on DeepScaleR in the paper).
+        mean_success: mean of the difficulty prior, E[p].
+        group_size: G used for the calibration.
+        min_turns, max_turns: episode length T_i ~ Uniform{min_turns..max_turns}.
+        step_concentration: kappa of the beta-splitting martingale (larger: each turn
+            reveals less).
+        feature_dim: task features a learned predictor sees; feature 0 is
+            logit(p) + N(0, feature_noise^2), the others are pure noise.
+        feature_noise: std of the noise on the informative feature (logit units).
+        signal_noise: std of the per-turn observation signal logit(V_t) + noise.
+        prompt_tokens: prompt length (tokens).
+        policy_tokens_per_turn, observation_tokens_per_turn: Poisson means (tokens).
+    """
+
+    target_mixed: float = 0.27
+    mean_success: float = 0.5
+    group_size: int = 8
+    min_turns: int = 3
+    max_turns: int = 6
+    step_concentration: float = 3.0
+    feature_dim: int = 4
+    feature_noise: float = 6.0
+    signal_noise: float = 4.0
+    prompt_tokens: int = 150
+    policy_tokens_per_turn: float = 200.0
+    observation_tokens_per_turn: float = 80.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_turns <= self.max_turns:
+            raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}")
+        if self.step_concentration <= 0:
+            raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
+        if self.feature_dim < 1:
+            raise ValueError(f"feature_dim must be >= 1, got {self.feature_dim!r}")
+
+    def prior(self) -> tuple[float, float]:
+        """Calibrated Beta(a, b) difficulty prior."""
+        return calibrate_prior(self.target_mixed, self.mean_success, self.group_size)
+
+
+@dataclass(frozen=True)
+class TaskPool:
+    """A set of simulated tasks, as arrays indexed by task id.
+
+    Attributes:
+        success: p_i, shape (n,).
+        features: what a learned predictor sees, shape (n, feature_dim).
+        turns: T_i, shape (n,).
+    """
+
+    success: np.ndarray
+    features: np.ndarray
+    turns: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.success)
+
+
+def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPool:
+    """Draw ``n_tasks`` tasks from the world's calibrated prior."""
+    a, b = world.prior()
+    p = rng.beta(a, b, size=n_tasks)
+    feats = rng.standard_normal((n_tasks, world.feature_dim))
+    feats[:, 0] = logit(p) + world.feature_noise * feats[:, 0]
+    turns = rng.integers(world.min_turns, world.max_turns + 1, size=n_tasks)
+    return TaskPool(success=p, features=feats, turns=turns)
+
+
+@dataclass(frozen=True, slots=True)
+class SimState:
+    """A node's snapshot in the simulator (what 'restore' resumes from).
+
+    Attributes:
+        task: task index in the pool.
+        turn: completed turns t.
+        value: true V_t (hidden from the learned predictor).
+        signal: noisy observation logit(V_t) + N(0, signal_noise^2); 0 at the root.
+        context_tokens: tokens in the history so far (prompt + all segments).
+    """
+
+    task: int
+    turn: int
+    value: float
+    signal: float = 0.0
+    context_tokens: int = 0
+
+
+def root_state(pool: TaskPool, task: int, world: SimWorld) -> SimState:
+    return SimState(task=int(task), turn=0, value=float(pool.success[task]), context_tokens=world.prompt_tokens)
+
+
+def simulate_branch(
+    tree: RolloutTree,
+    anchor: int,
+    pool: TaskPool,
+    world: SimWorld,
+    rng: np.random.Generator,
+    ledger: BudgetLedger,
+) -> int:
+    """Run one rollout from node ``anchor`` of ``tree`` to the end; returns the leaf id.
+
+    From the root it is a full rollout; from a deeper node a continuation (restore the
+    node's state, resample the future). Records rollouts/continuations, tokens and
+    env steps in ``ledger``.
+    """
+    state: SimState = tree.node(anchor).snapshot
+    branch = tree.start_branch(anchor)
+    if anchor == ROOT:
+        ledger.add_rollouts(1)
+        ledger.add_tokens(prefill=world.prompt_tokens)
+    else:
+        ledger.add_continuations(1)
+        ledger.add_tokens(prefill=state.context_tokens)
+    T = int(pool.turns[state.task])
+    v, ctx, node = state.value, state.context_tokens, anchor
+    kappa = world.step_concentration
+    for t in range(state.turn + 1, T + 1):
+        if t < T:
+            if 0.0 < v < 1.0:
+                v = float(rng.beta(kappa * v, kappa * (1 - v)))
+        else:
+            v = float(rng.random() < v)
+        gen = int(rng.poisson(world.policy_tokens_per_turn))
+        obs = int(rng.poisson(world.observation_tokens_per_turn)) if t < T else 0
+        ctx += gen + obs
+        ledger.add_tokens(generated=gen, prefill=obs)
+        ledger.add_env_steps(1)
+        signal = float(logit(v) + world.signal_noise * rng.standard_normal()) if t < T else 0.0
+        node = tree.add_turn(
+            node,
+            branch=branch,
+            snapshot=SimState(state.task, t, v, signal, ctx),
+            reward=v if t == T else None,
+            terminal=t == T,
+            info={"policy_tokens": gen, "observation_tokens": obs},
+        )
+    return node
+
+
+# ---------------------------------------------------------------------- predictors
+class SimPredictor(Protocol):
+    """The ``SuccessPredictor`` shape, over simulator states."""
+
+    def predict(self, contexts: Sequence[SimState]) -> np.ndarray: ...
+
+    def update(self, contexts: Sequence[SimState], targets: Sequence[float], weights: Sequence[float] | None = None) -> dict[str, float]: ...
+
+
+@dataclass
+class OraclePredictor:
+    """The true value V_t of every state."""
+
+    def predict(self, contexts: Sequence[SimState]) -> np.ndarray:
+        return np.array([c.value for c in contexts], dtype=float)
+
+    def update(self, contexts, targets, weights=None) -> dict[str, float]:
+        return {"n": float(len(contexts))}
+
+
+def noise_for_spearman(
+    target: float, prior: tuple[float, float], n_samples: int = 20000, seed: int = 0
+) -> float:
+    """sigma such that Spearman(p, logit p + sigma eps) = ``target`` for p ~ Beta(prior).
+
+    Spearman is rank-based, so only the distribution of logit p matters. Estimated on
+    ``n_samples`` common random numbers and solved by bisection (the correlation falls
+    monotonically in sigma); the sampling error is about 1 / sqrt(n_samples).
+    """
+    if not 0 < target <= 1:
+        raise ValueError(f"target Spearman correlation must lie in (0, 1], got {target!r}")
+    if target == 1:
+        return 0.0
+    rng = np.random.default_rng(seed)
+    z = logit(rng.beta(*prior, size=n_samples))
+    eps = rng.standard_normal(n_samples)
+    rz = stats.rankdata(z)
+
+    def rho(sigma: float) -> float:
+        return float(np.corrcoef(rz, stats.rankdata(z + sigma * eps))[0, 1])
+
+    lo, hi = 0.0, 1.0
+    while rho(hi) > target:
+        hi *= 2
+        if hi > 1e6:
+            raise ValueError(f"cannot reach Spearman {target} (too low for this prior)")
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if rho(mid) > target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+@dataclass
+class NoisyOraclePredictor:
+    """sigmoid(logit V_t + sigma eps), eps ~ N(0, 1) fresh per call.
+
+    Build with :meth:`with_spearman` to choose the prompt-level rank correlation.
+    """
+
+    sigma: float
+    rng: np.random.Generator
+
+    @classmethod
+    def with_spearman(cls, target: float, world: SimWorld, seed: int = 0) -> "NoisyOraclePredictor":
+        return cls(noise_for_spearman(target, world.prior()), np.random.default_rng(seed))
+
+    def predict(self, contexts: Sequence[SimState]) -> np.ndarray:
+        v = np.array([c.value for c in contexts], dtype=float)
+        return sigmoid(logit(v) + self.sigma * self.rng.standard_normal(len(v)))
+
+    def update(self, contexts, targets, weights=None) -> dict[str, float]:
+        return {"n": float(len(contexts))}
+
+
+@dataclass
+class LearnedPredictor:
+    """Online logistic regression on what a model could observe.
+
+    Features per state, with separate weights for prompts (t = 0) and prefixes
+    (t > 0): [1{t=0}, 1{t=0} f, 1{t>0}, 1{t>0} f, 1{t>0} signal], f the task features.
+    Each ``update`` adds the batch to a replay memory of the last ``memory`` examples
+    (the sim's policy is stationary, so old targets stay valid) and runs
+    ``newton_steps`` Newton (IRLS) steps, warm-started from the previous weights, on
+    the weighted cross-entropy against the soft targets (minimised by the true
+    success probability), with L2 penalty ``l2``. Before the first update every
+    prediction is 0.5.
+    """
+
+    features: np.ndarray  # (n_tasks, feature_dim), from the pool
+    newton_steps: int = 3
+    l2: float = 1e-3
+    memory: int = 50_000
+    weights: np.ndarray | None = None
+    _x: np.ndarray | None = None
+    _y: np.ndarray | None = None
+    _w: np.ndarray | None = None
+
+    def _phi(self, contexts: Sequence[SimState]) -> np.ndarray:
+        n = len(contexts)
+        task = np.fromiter((c.task for c in contexts), dtype=np.int64, count=n)
+        sig = np.fromiter((c.signal for c in contexts), dtype=float, count=n)
+        deep = np.fromiter((c.turn > 0 for c in contexts), dtype=float, count=n)[:, None]
+        f = self.features[task]
+        return np.hstack([1 - deep, (1 - deep) * f, deep, deep * f, deep * sig[:, None]])
+
+    def predict(self, contexts: Sequence[SimState]) -> np.ndarray:
+        if self.weights is None:
+            return np.full(len(contexts), 0.5)
+        return sigmoid(np.clip(self._phi(contexts) @ self.weights, -30, 30))
+
+    def update(self, contexts, targets, weights=None) -> dict[str, float]:
+        if len(contexts) == 0:
+            return {"n": 0.0}
+        x = self._phi(contexts)
+        y = np.asarray(targets, dtype=float)
+        if y.shape != (len(x),) or (y < 0).any() or (y > 1).any():
+            raise ValueError(f"targets must be {len(x)} values in [0, 1], got shape {y.shape}")
+        w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+        if self._x is not None:
+            x = np.vstack([self._x, x])[-self.memory :]
+            y = np.concatenate([self._y, y])[-self.memory :]
+            w = np.concatenate([self._w, w])[-self.memory :]
+        self._x, self._y, self._w = x, y, w
+        w = w / w.sum()
+        if self.weights is None:
+            self.weights = np.zeros(x.shape[1])
+        eye = np.eye(x.shape[1])
+        for _ in range(self.newton_steps):
+            pred = sigmoid(np.clip(x @ self.weights, -30, 30))
+            grad = x.T @ (w * (pred - y)) + self.l2 * self.weights
+            hess = (x * (w * pred * (1 - pred))[:, None]).T @ x + self.l2 * eye
+            self.weights = self.weights - np.linalg.solve(hess, grad)
+        pred = np.clip(sigmoid(np.clip(x @ self.weights, -30, 30)), 1e-9, 1 - 1e-9)
+        loss = float(-(w * (y * np.log(pred) + (1 - y) * np.log(1 - pred))).sum())
+        return {"n": float(len(y)), "loss": loss}
+
+
+# ---------------------------------------------------------------------- one step
+def run_step(
+    pool: TaskPool,
+    candidates: np.ndarray,
+    strategy,
+    predictor: SimPredictor,
+    nominal_budget: float,
+    world: SimWorld,
+    rng: np.random.Generator,
+    ledger: BudgetLedger,
+) -> tuple[list[RolloutTree], np.ndarray, np.ndarray]:
+    """One allocation step over a candidate pool, with any strategy object.
+
+    ``strategy`` needs ``budget_split(nominal_budget) -> (M, C)``, ``root_allocator``,
+    ``prefix_allocator`` (or None) and ``expands`` (``trace_gym.strategies.Strategy``).
+    Follows the method page: score candidates, solve the root allocation, run each
+    chosen prompt's roots, then at once score its visited prefixes and spend its
+    proportional continuation budget. Returns (trees of the chosen prompts, the
+    predicted candidate values, m per candidate).
+    """
+    roots = [root_state(pool, t, world) for t in candidates]
+    with ledger.phase("predictor_scoring"):
+        values = predictor.predict(roots)
+    root_budget, cont_budget = strategy.budget_split(nominal_budget)
+    with ledger.phase("allocation"):
+        m = allocate_roots(values, root_budget, strategy.root_allocator, rng)
+        c = continuation_budgets(m, cont_budget) if strategy.expands else np.zeros_like(m)
+    trees = []
+    for i in np.flatnonzero(m):
+        tree = RolloutTree(task_id=f"sim/{int(candidates[i])}", snapshot=roots[i])
+        with ledger.phase("simulation"):
+            for _ in range(int(m[i])):
+                simulate_branch(tree, ROOT, pool, world, rng, ledger)
+        if c[i] > 0:
+            prefixes = [tree.nodes[node_id].snapshot for node_id, _ in tree.expansion_candidates()]
+            with ledger.phase("predictor_scoring"):
+                pv = predictor.predict(prefixes) if prefixes else np.zeros(0)
+            with ledger.phase("allocation"):
+                plan = plan_expansion(tree, pv, int(c[i]), strategy.prefix_allocator, rng)
+            with ledger.phase("simulation"):
+                for node_id, k in plan:
+                    for _ in range(k):
+                        simulate_branch(tree, node_id, pool, world, rng, ledger)
+        trees.append(tree)
+    return trees, values, m
+
+
+def training_examples(trees: Sequence[RolloutTree]) -> tuple[list[SimState], np.ndarray]:
+    """(states, recursive-mean targets) of every non-leaf node: the predictor's batch."""
+    states: list[SimState] = []
+    targets: list[float] = []
+    for tree in trees:
+        for node_id, target in tree.targets().items():
+            node = tree.nodes[node_id]
+            if not node.terminal:
+                states.append(node.snapshot)
+                targets.append(target)
+    return states, np.asarray(targets, dtype=float)
