@@ -1,0 +1,269 @@
+"""BFCL v4 multi-turn function calling on the real backends, graded like the official checker.
+
+Each episode is one BFCL entry (``multi_turn_base_0`` ...): a conversation of user turns
+over a scenario of real backend objects from ``bfcl-eval`` (file system, math,
+messaging, posting, tickets, trading, travel, vehicle control), instantiated for this
+episode alone. Every decoded call runs on those objects and changes their state.
+
+## Action Space
+``TextAction``: one model response. ``action_format="python"`` (default, BFCL's
+prompting format): a list of calls ``[cd(folder='document'), ls()]``;
+``action_format="tool_call"``: Qwen-style ``<tool_call>\\n{"name": ..., "arguments":
+{...}}\\n</tool_call>`` blocks. Decoding mirrors bfcl-eval's decoders and never
+``eval``s anything (see :mod:`environments.bfcl.parsing`).
+
+## Observation Space
+``ChatObservation``. At reset: a system message (BFCL's default system prompt with
+the JSON function docs, or the Qwen tools block for ``tool_call``) and the first user
+turn. After a response with calls: one ``tool`` message per call (``name`` is the
+decoded call, ``content`` its result or error). After a response without a decodable
+call (the model is talking to the user, as in BFCL's inference loop): the next user
+turn; on a miss_func holdout turn that is BFCL's "I have updated some more functions"
+message carrying the newly available docs. After the last turn: ``[]``.
+``info["tools"]`` (at reset and when docs are revealed) holds the available functions
+as OpenAI-style JSON schemas for chat templates.
+
+## Rewards
+0.0 on every step but the last; at the end 1.0 when every user turn passed the official
+multi-turn checks (state equality with the ground-truth run and ground-truth results
+among the model's results; a turn that expects calls but got none fails), else 0.0.
+Each turn is checked when it ends; ``info["turn_check"]`` reports it and
+``info["failure"]`` the first failing turn and check.
+
+## Episode End
+Terminated after the last user turn. Also terminated (reward 0, failure
+``multi_turn:force_terminated``) when a response with calls arrives after
+``max_steps_per_turn`` (20, BFCL's limit) call steps in one turn; that response is not
+run. Never truncated.
+
+## Snapshot
+``state``: deep copies (pickle) of the backend instances plus the task, turn and step
+position, the model's results so far and the per-turn verdicts.
+
+## Version History
+v0: first version (bfcl-eval 2026.3.23 data and backends).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+
+from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, thaw
+from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.types import Message, Task
+
+from environments.bfcl import checker, data
+from environments.bfcl.executor import execute_calls, keyword_form, method_table
+from environments.bfcl.parsing import ACTION_FORMATS, MAX_ACTION_CHARS, decode, render_action
+
+#: BFCL's MAXIMUM_STEP_LIMIT: call steps allowed per user turn.
+MAX_STEPS_PER_TURN = 20
+#: The response ``reference_actions`` uses to end a user turn (it holds no call).
+END_TURN = "I have completed this request."
+
+
+class BFCLEnv(gymnasium.Env):
+    """One BFCL v4 multi-turn entry per episode, on the real backends (see module docstring).
+
+    Args:
+        category: ``multi_turn_base`` (default), ``multi_turn_long_context``,
+            ``multi_turn_miss_func`` or ``multi_turn_miss_param``: the pool that
+            ``reset()`` draws from when no task is given (any BFCL task id or
+            :class:`Task` may still be passed).
+        split: ``all`` (default), ``train`` or ``eval`` (see :mod:`environments.bfcl.data`).
+        action_format: ``python`` (BFCL prompting format) or ``tool_call`` (Qwen style).
+        max_steps_per_turn: call steps allowed per user turn before force-termination.
+        max_action_chars: longer responses are not parsed (they hold no call).
+    """
+
+    metadata = {"render_modes": []}
+    snapshot_mode = "state"
+
+    def __init__(self, category: str = "multi_turn_base", split: str = "all", action_format: str = "python",
+                 max_steps_per_turn: int = MAX_STEPS_PER_TURN, max_action_chars: int = MAX_ACTION_CHARS):
+        data.check_category(category)
+        if split not in data.SPLITS:
+            raise ValueError(f"split must be one of {data.SPLITS}, got {split!r}")
+        if action_format not in ACTION_FORMATS:
+            raise ValueError(f"action_format must be one of {ACTION_FORMATS}, got {action_format!r}")
+        if max_steps_per_turn < 1:
+            raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
+        if max_action_chars < 1:
+            raise ValueError(f"max_action_chars must be >= 1, got {max_action_chars}")
+        self.category, self.split, self.action_format = category, split, action_format
+        self.max_steps_per_turn, self.max_action_chars = max_steps_per_turn, max_action_chars
+        self.tasks = data.load_tasks(category, split)
+        self.action_space = TextAction(max_length=max_action_chars)
+        self.observation_space = ChatObservation()
+        self._task: Task | None = None
+        self._docs: list[dict] = []
+        self._holdout: dict[int, list[dict]] = {}
+        self._clear()
+
+    def _clear(self) -> None:
+        self._instances: dict[str, Any] = {}
+        self._table: dict[str, str] = {}
+        self._turn = 0  # index of the current user turn
+        self._turn_steps = 0  # call steps taken in the current turn
+        self._results: list[str] = []  # every result of the model's calls, all turns
+        self._checks: list[dict] = []  # one verdict per finished turn
+        self._failure: dict | None = None
+        self._steps = 0
+        self._done = False
+
+    # -- gymnasium API ------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        raw = options.get("task", options.get("task_id"))
+        if raw is None:
+            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        else:
+            task = resolve_task(raw, data.load_task)
+        self._task = task
+        self._clear()
+        self._instances = checker.new_instances(task)
+        self._table = method_table(self._instances)
+        self._load_docs()
+        obs = [Message("system", self._system_prompt(self._docs)), *self._user_turn(0)]
+        info = {
+            "task_id": task.id,
+            "category": task.metadata["category"],
+            "num_turns": len(task.answer),
+            "involved_classes": list(task.metadata["involved_classes"]),
+            "tools": data.openai_tools(self._docs),
+        }
+        return obs, info
+
+    def step(self, action: str):
+        if self._task is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            return [Message("user", "The episode is over.")], 0.0, True, False, {"error": "episode_over"}
+        self._steps += 1
+        decoded = decode(action, self.action_format, self.max_action_chars)
+        info: dict[str, Any] = {"turn": self._turn, "step": self._steps, "tool_calls": [c.text for c in decoded.calls]}
+        if decoded.has_calls:
+            if self._turn_steps >= self.max_steps_per_turn:
+                return self._force_terminate(info)
+            results = execute_calls(self._instances, self._table, decoded.calls)
+            self._results.extend(results)
+            self._turn_steps += 1
+            info["exec"] = [
+                {"call": c.text, "result": r, "refused": c.error is not None} for c, r in zip(decoded.calls, results)
+            ]
+            obs = [Message("tool", r, name=c.text) for c, r in zip(decoded.calls, results)]
+            return obs, 0.0, False, False, info
+        if decoded.error is not None:
+            info["decode_error"] = decoded.error
+        return self._end_turn(info)
+
+    def close(self) -> None:
+        self._task = None
+        self._clear()
+
+    # -- turns --------------------------------------------------------------------
+    def _end_turn(self, info: dict[str, Any]):
+        truths = checker.ground_truth(self._task)
+        verdict = checker.check_turn(self._turn, truths[self._turn], self._turn_steps > 0, self._instances, self._results)
+        self._checks.append(verdict.to_dict())
+        if not verdict.passed and self._failure is None:
+            self._failure = verdict.to_dict()
+        info["turn_end"] = True
+        info["turn_check"] = verdict.to_dict()
+        self._turn += 1
+        self._turn_steps = 0
+        if self._turn < len(truths):
+            obs = self._user_turn(self._turn)
+            if self._turn in self._holdout:
+                info["revealed_functions"] = [d["name"] for d in self._holdout[self._turn]]
+                info["tools"] = data.openai_tools(self._available_docs())
+            return obs, 0.0, False, False, info
+        return self._finish(info)
+
+    def _user_turn(self, turn: int) -> list[Message]:
+        if turn in self._holdout:
+            return [Message("user", data.holdout_user_prompt(self._holdout[turn]))]
+        return [Message(m["role"], m["content"]) for m in self._task.metadata["question"][turn]]
+
+    def _available_docs(self) -> list[dict]:
+        """Docs shown so far: the initial ones plus those revealed up to this turn."""
+        return self._docs + [d for t in sorted(self._holdout) if t <= self._turn for d in self._holdout[t]]
+
+    def _load_docs(self) -> None:
+        self._docs, self._holdout = data.function_docs(data.task_entry(self._task))
+
+    def _finish(self, info: dict[str, Any]):
+        self._done = True
+        reward = 1.0 if self._failure is None else 0.0
+        info.update(self._outcome())
+        return [], reward, True, False, info
+
+    def _force_terminate(self, info: dict[str, Any]):
+        self._done = True
+        verdict = checker.TurnCheck(
+            self._turn, False, checker.FORCE_TERMINATED,
+            f"Model was force-terminated after {self.max_steps_per_turn} steps in turn {self._turn}.",
+        )
+        self._checks.append(verdict.to_dict())
+        if self._failure is None:
+            self._failure = verdict.to_dict()
+        info["force_terminated"] = True
+        info["turn_check"] = verdict.to_dict()
+        info.update(self._outcome())
+        return [], 0.0, True, False, info
+
+    def _outcome(self) -> dict[str, Any]:
+        n_turns = len(self._task.answer)
+        return {
+            "task_id": self._task.id,
+            "category": self._task.metadata["category"],
+            "valid": self._failure is None,
+            "failure": self._failure,
+            "turn_checks": list(self._checks),
+            "reward_components": {
+                "turns_passed": sum(1 for c in self._checks if c["passed"]),
+                "turns": n_turns,
+                "all_turns_passed": float(self._failure is None),
+            },
+        }
+
+    def _system_prompt(self, docs: list[dict]) -> str:
+        if self.action_format == "python":
+            return data.bfcl_system_prompt(docs)
+        return data.tool_call_system_prompt(docs)
+
+    # -- snapshot contract -------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        if self._task is None:
+            raise RuntimeError("call reset() before snapshot()")
+        state = (
+            self._task, self._instances, self._turn, self._turn_steps, self._results,
+            self._checks, self._failure, self._steps, self._done, rng_state(self._np_random),
+        )
+        return Snapshot(type(self).__name__, self.snapshot_mode, self._steps, freeze(state))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        if snapshot.env_id != type(self).__name__:
+            raise ValueError(f"snapshot from {snapshot.env_id!r} cannot restore a {type(self).__name__}")
+        (self._task, self._instances, self._turn, self._turn_steps, self._results,
+         self._checks, self._failure, self._steps, self._done, rng) = thaw(snapshot.state)
+        self._table = method_table(self._instances)
+        self._load_docs()
+        self._np_random = rng_from_state(rng)
+
+    # -- helpers -----------------------------------------------------------------
+    def reference_actions(self, task: Task | str) -> list[str]:
+        """The ground-truth run as responses: per user turn, one response with all its
+        calls (positional arguments named, since BFCL's decoder drops them), then
+        :data:`END_TURN` to end the turn. Replaying it scores 1.0."""
+        task = resolve_task(task, data.load_task)
+        table = method_table(checker.new_instances(task))
+        actions = []
+        for turn in task.answer:
+            if turn:
+                actions.append(render_action([keyword_form(table, text) for text in turn], self.action_format))
+            actions.append(END_TURN)
+        return actions
