@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
-from scipy import optimize, stats
 
 from trace_gym.budget import BudgetLedger
 from trace_gym.planning import allocate_roots, continuation_budgets, plan_expansion
@@ -78,8 +77,8 @@ def calibrate_prior(target_mixed: float = 0.27, mean_success: float = 0.5, group
     """Beta(a, b) with mean ``mean_success`` and P(mixed group of G) = ``target_mixed``.
 
     P(mixed) rises monotonically with the concentration s = a + b (from 0 as s -> 0,
-    all mass at {0, 1}, to 1 - mu^G - (1 - mu)^G as s -> inf), so s is found by root
-    finding on log s.
+    all mass at {0, 1}, to 1 - mu^G - (1 - mu)^G as s -> inf), so s is found by
+    bisection on log s.
     """
     if not 0 < mean_success < 1:
         raise ValueError(f"mean_success must lie in (0, 1), got {mean_success!r}")
@@ -94,8 +93,11 @@ def calibrate_prior(target_mixed: float = 0.27, mean_success: float = 0.5, group
         s = np.exp(log_s)
         return mixed_probability(mean_success * s, (1 - mean_success) * s, group_size) - target_mixed
 
-    log_s = optimize.brentq(gap, np.log(1e-6), np.log(1e6), xtol=1e-12)
-    s = float(np.exp(log_s))
+    lo, hi = np.log(1e-6), np.log(1e6)  # gap(lo) < 0 < gap(hi)
+    for _ in range(100):  # bisection on log s; the bracket shrinks to ~1e-29
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if gap(mid) < 0 else (lo, mid)
+    s = float(np.exp(0.5 * (lo + hi)))
     return mean_success * s, (1 - mean_success) * s
 
 
@@ -197,52 +199,86 @@ def root_state(pool: TaskPool, task: int, world: SimWorld) -> SimState:
     return SimState(task=int(task), turn=0, value=float(pool.success[task]), context_tokens=world.prompt_tokens)
 
 
-def simulate_branch(
+def simulate_branches(
     tree: RolloutTree,
-    anchor: int,
+    anchors: Sequence[int],
     pool: TaskPool,
     world: SimWorld,
     rng: np.random.Generator,
     ledger: BudgetLedger,
-) -> int:
-    """Run one rollout from node ``anchor`` of ``tree`` to the end; returns the leaf id.
+) -> list[int]:
+    """Run one rollout from each node in ``anchors`` (repeats allowed) to the end.
 
-    From the root it is a full rollout; from a deeper node a continuation (restore the
-    node's state, resample the future). Records rollouts/continuations, tokens and
-    env steps in ``ledger``.
+    From the root a rollout is a full rollout; from a deeper node a continuation
+    (restore the node's state, resample the future). All branches are simulated in
+    lockstep (vectorised over branches, turn by turn) and then appended to the tree one
+    branch at a time, in ``anchors`` order. Records rollouts / continuations, tokens and
+    env steps in ``ledger``. Returns the leaf id of each branch.
     """
-    state: SimState = tree.node(anchor).snapshot
-    branch = tree.start_branch(anchor)
-    if anchor == ROOT:
-        ledger.add_rollouts(1)
-        ledger.add_tokens(prefill=world.prompt_tokens)
-    else:
-        ledger.add_continuations(1)
-        ledger.add_tokens(prefill=state.context_tokens)
-    T = int(pool.turns[state.task])
-    v, ctx, node = state.value, state.context_tokens, anchor
+    count = len(anchors)
+    if count == 0:
+        return []
+    states: list[SimState] = [tree.node(a).snapshot for a in anchors]
+    task = states[0].task
+    if any(st.task != task for st in states):
+        raise ValueError(f"anchors {list(anchors)} belong to different tasks; one tree is one task")
+    T = int(pool.turns[task])
+    start = np.array([st.turn for st in states])
+    if (start >= T).any():
+        raise ValueError(f"anchor at turn {int(start.max())} >= the task's last turn {T}; nothing to continue")
+    t0 = int(start.min())
+    n_rows = T - t0  # rows are turns t0 + 1 .. T
     kappa = world.step_concentration
-    for t in range(state.turn + 1, T + 1):
+    values = np.empty((n_rows, count))
+    v = np.array([st.value for st in states], dtype=float)
+    for row in range(n_rows):
+        t = t0 + 1 + row
         if t < T:
-            if 0.0 < v < 1.0:
-                v = float(rng.beta(kappa * v, kappa * (1 - v)))
+            step = (start < t) & (v > 0.0) & (v < 1.0)
+            if step.any():
+                v = v.copy()
+                v[step] = rng.beta(kappa * v[step], kappa * (1 - v[step]))
         else:
-            v = float(rng.random() < v)
-        gen = int(rng.poisson(world.policy_tokens_per_turn))
-        obs = int(rng.poisson(world.observation_tokens_per_turn)) if t < T else 0
-        ctx += gen + obs
-        ledger.add_tokens(generated=gen, prefill=obs)
-        ledger.add_env_steps(1)
-        signal = float(logit(v) + world.signal_noise * rng.standard_normal()) if t < T else 0.0
-        node = tree.add_turn(
-            node,
-            branch=branch,
-            snapshot=SimState(state.task, t, v, signal, ctx),
-            reward=v if t == T else None,
-            terminal=t == T,
-            info={"policy_tokens": gen, "observation_tokens": obs},
-        )
-    return node
+            v = (rng.random(count) < v).astype(float)
+        values[row] = v
+    active = (t0 + 1 + np.arange(n_rows))[:, None] > start[None, :]  # (n_rows, count)
+    gen = rng.poisson(world.policy_tokens_per_turn, size=(n_rows, count)) * active
+    obs = rng.poisson(world.observation_tokens_per_turn, size=(n_rows, count)) * active
+    obs[-1] = 0  # no observation after the final answer
+    signal = logit(values) + world.signal_noise * rng.standard_normal((n_rows, count))
+    signal[-1] = 0.0
+    ctx = np.array([st.context_tokens for st in states]) + np.cumsum(gen + obs, axis=0)
+
+    is_root = np.array([a == ROOT for a in anchors])
+    n_roots = int(is_root.sum())
+    ledger.add_rollouts(n_roots)
+    ledger.add_continuations(count - n_roots)
+    ledger.add_tokens(
+        generated=int(gen.sum()),
+        prefill=int(obs.sum()) + n_roots * world.prompt_tokens
+        + sum(st.context_tokens for st, r in zip(states, is_root) if not r),
+    )
+    ledger.add_env_steps(int(active.sum()))
+
+    leaves = []
+    for j, (vals, sigs, ctxs, gens, obss) in enumerate(
+        zip(values.T.tolist(), signal.T.tolist(), ctx.T.tolist(), gen.T.tolist(), obs.T.tolist())
+    ):
+        anchor = anchors[j]
+        branch = tree.start_branch(anchor)
+        node = anchor
+        for row in range(int(start[j]) - t0, n_rows):
+            last = row == n_rows - 1
+            node = tree.add_turn(
+                node,
+                branch=branch,
+                snapshot=SimState(task, t0 + 1 + row, vals[row], sigs[row], ctxs[row]),
+                reward=vals[row] if last else None,
+                terminal=last,
+                info={"policy_tokens": gens[row], "observation_tokens": obss[row]},
+            )
+        leaves.append(node)
+    return leaves
 
 
 # ---------------------------------------------------------------------- predictors
@@ -278,6 +314,8 @@ def noise_for_spearman(
         raise ValueError(f"target Spearman correlation must lie in (0, 1], got {target!r}")
     if target == 1:
         return 0.0
+    from scipy import stats
+
     rng = np.random.default_rng(seed)
     z = logit(rng.beta(*prior, size=n_samples))
     eps = rng.standard_normal(n_samples)
@@ -413,8 +451,7 @@ def run_step(
     for i in np.flatnonzero(m):
         tree = RolloutTree(task_id=f"sim/{int(candidates[i])}", snapshot=roots[i])
         with ledger.phase("simulation"):
-            for _ in range(int(m[i])):
-                simulate_branch(tree, ROOT, pool, world, rng, ledger)
+            simulate_branches(tree, [ROOT] * int(m[i]), pool, world, rng, ledger)
         if c[i] > 0:
             prefixes = [tree.nodes[node_id].snapshot for node_id, _ in tree.expansion_candidates()]
             with ledger.phase("predictor_scoring"):
@@ -422,9 +459,7 @@ def run_step(
             with ledger.phase("allocation"):
                 plan = plan_expansion(tree, pv, int(c[i]), strategy.prefix_allocator, rng)
             with ledger.phase("simulation"):
-                for node_id, k in plan:
-                    for _ in range(k):
-                        simulate_branch(tree, node_id, pool, world, rng, ledger)
+                simulate_branches(tree, [n for n, k in plan for _ in range(k)], pool, world, rng, ledger)
         trees.append(tree)
     return trees, values, m
 
