@@ -137,15 +137,16 @@ def _setup_namespaces(cfg, report):
             _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
             os.close(fd)
         _mount(None, anc, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    # The world-writable places become private, root-owned tmpfs mounts: the working
+    # directory (owned by the kernel's uid) is the only place it can write.
     disk = int(cfg["disk_mb"])
-    for path, size in (("/tmp", disk), ("/var/tmp", 4), ("/dev/shm", 16), ("/run/lock", 1)):
+    for path, size in (("/tmp", disk), ("/var/tmp", 1), ("/dev/shm", 1), ("/run/lock", 1)):
         if os.path.isdir(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
-                   f"size={size}m,nr_inodes=4096,mode=1777")
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,nr_inodes=4096,mode=0755")
     workdir = "/tmp/work"
     os.mkdir(workdir, 0o700)
-    report["filesystem"] = ("private tmpfs on /tmp (workdir /tmp/work, %d MB), /var/tmp, /dev/shm, "
-                            "/run/lock; the rest read-only by permissions" % disk)
+    report["filesystem"] = ("writable: only the workdir /tmp/work (private tmpfs, %d MB); /tmp, /var/tmp, "
+                            "/dev/shm, /run/lock are private and read-only to the kernel" % disk)
     if _hidden_roots(needed):
         report["filesystem"] += "; hidden: " + ", ".join(sorted(_hidden_roots(needed)))
     return workdir
@@ -324,7 +325,7 @@ def main():
         own_uid = cfg["isolate"] and _drop_privileges(cfg, workdir, report)
         _no_new_privs(report)
         os.environ.clear()
-        os.environ.update(cfg["env"], HOME=workdir, TMPDIR="/tmp" if workdir == "/tmp/work" else workdir)
+        os.environ.update(cfg["env"], HOME=workdir, TMPDIR=workdir)
         os.chdir(workdir)
         os.umask(0o077)
         devnull = os.open(os.devnull, os.O_RDONLY)

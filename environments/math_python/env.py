@@ -1,0 +1,323 @@
+"""MathPython: solve a math problem with a persistent, sandboxed Python interpreter.
+
+The agent reasons, runs Python code, reads the output, and finally answers. Reward 1
+when its final ``\\boxed{}`` answer is mathematically equivalent to the gold answer
+(math-verify, gold first).
+
+## Action Space
+``TextAction``: the model's raw text for one turn. Every fenced block opened with
+```` ```python ````, ```` ```py ```` or ```` ```python3 ```` *and closed* with ```` ``` ````
+is a cell; cells run in order in one interpreter per episode, so variables, imports and
+files persist across cells and turns. Text outside the fences is never executed.
+
+## Observation Space
+``ChatObservation``. ``reset`` returns ``[system, user]``: ``system_prompt`` and
+``prompt_template.format(question=...)``. A step with code returns one message (role
+``observation_role``) holding, for each cell, ``output_template.format(output=...)``
+(joined by a blank line), where ``output`` is, in this order, the cell's stdout, its
+stderr, then its traceback or a notice; ``empty_output`` when all are empty. A stream
+larger than ``KernelLimits.output_bytes`` keeps its first 3/4 and last 1/4 around
+``truncation_marker``. The default format::
+
+    ```output
+    <stdout><stderr><traceback>
+    ```
+
+A cell that hits the wall-clock limit, or kills the interpreter (segfault, ``os._exit``,
+CPU limit), ends with ``timeout_notice`` / ``crash_notice``: the interpreter was
+restarted, and every variable, import and file of earlier cells is lost; later cells of
+the same response are not run (``skipped_notice``). Nothing is ever re-run behind the
+model's back. The step that ends the episode returns ``[Message(role, final_message)]``.
+
+## Rewards
+0.0 on every step but the last; on the step whose action has no code block, 1.0 if its
+last boxed answer is equivalent to the task's answer (see ``grading.py`` for the
+extraction rules), else 0.0. ``info["grading"]`` says what was extracted and why.
+
+## Episode End
+Terminated by the first action without a code block (that action is graded).
+Truncated, with reward 0, when ``max_turns`` actions with code have been taken.
+
+## Info
+``info["exec"]`` (steps with code): ``status`` (worst of ``ok`` < ``error`` <
+``timeout`` < ``crashed``), ``timed_out``, ``oom``, ``elapsed`` (host seconds),
+``kernel_restarted`` and ``cells`` (one dict per cell, with ``skipped`` cells marked);
+after a restore, ``replay`` reports the cells re-executed and any that diverged.
+
+## Snapshot
+``replay``: the snapshot records the task, the episode seed, the turn, the kernel
+generation (how many times the interpreter was restarted) and the cells executed in
+the current interpreter with their status. ``restore`` discards the live interpreter;
+the next cell starts a fresh one seeded with ``(episode seed, generation)`` and
+re-executes the recorded cells first, discarding their output. Deterministic for code
+whose behaviour depends only on its inputs and the seeded ``random``/``numpy.random``
+(hash seed fixed to 0); not for wall-clock time, ``id()``/addresses, ``os.urandom``,
+PIDs, or cells near the time limit.
+
+## Version History
+v0: first version.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import gymnasium
+import numpy as np
+
+from environments.math_python.data import load_tasks
+from environments.math_python.generated import generate_tasks
+from environments.math_python.grading import Grader, normalize_answer
+from environments.math_python.sandbox import CellResult, Kernel, KernelFactory, KernelLimits
+from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, thaw
+from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.types import Message, Task
+
+CODE_BLOCK = re.compile(r"```(?:python3|python|py)[ \t]*\r?\n(.*?)```", re.DOTALL)
+
+SYSTEM_PROMPT = (
+    "You are a careful math assistant with a Python interpreter. To run code, write it in a "
+    "```python code block; it runs in a persistent session (variables persist between turns; numpy and "
+    "sympy are installed) and you will see its output. When you know the answer, reply without any code "
+    "block and put the final answer in \\boxed{}."
+)
+OUTPUT_TEMPLATE = "```output\n{output}\n```"
+TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
+TIMEOUT_NOTICE = (
+    "TimeoutError: the cell ran longer than {limit:g} s and was stopped. The Python session was restarted: "
+    "all variables, imports and files from earlier cells are lost."
+)
+CRASH_NOTICE = (
+    "KernelDied: the Python process died ({reason}). The Python session was restarted: all variables, "
+    "imports and files from earlier cells are lost."
+)
+SKIPPED_NOTICE = "(not executed: the Python session was restarted by an earlier block of this response)"
+_SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
+
+
+def extract_code_blocks(text: str) -> list[str]:
+    """The cells of one action: closed ```python / ```py / ```python3 fences, in order."""
+    return CODE_BLOCK.findall(text) if isinstance(text, str) else []
+
+
+def kernel_seed(episode_seed: int, generation: int) -> int:
+    """The seed of the ``generation``-th interpreter of an episode (restarts count up)."""
+    return int(np.random.SeedSequence([int(episode_seed), int(generation)]).generate_state(1)[0])
+
+
+class MathPythonEnv(gymnasium.Env):
+    """Math problems with a persistent sandboxed Python tool (spec in the module docstring).
+
+    Args:
+        tasks: the pool ``reset()`` draws from: a list of ``Task``/task dicts, or a
+            dataset name for :func:`load_tasks`; default: 64 generated tasks of
+            difficulty 0-2.
+        max_turns: actions with code before truncation.
+        limits: :class:`KernelLimits` (or a dict of its fields).
+        isolate: sandbox the interpreter (namespaces, own uid) where the host allows.
+        prestart_kernel: keep one interpreter warm so a new one costs no import time.
+        system_prompt, prompt_template: the first observation (``{question}`` field).
+        output_template, empty_output, truncation_marker, timeout_notice,
+            crash_notice, skipped_notice, final_message: observation text (see the
+            module docstring; fields ``{output}``, ``{omitted}``, ``{limit}``, ``{reason}``).
+        observation_role: ``"user"`` or ``"tool"``.
+        grader: a :class:`Grader`; default: the process-wide shared one.
+        replay_timeout_factor: a replayed cell may run this many times the cell limit.
+    """
+
+    metadata = {"render_modes": []}
+    snapshot_mode = "replay"
+
+    def __init__(self, tasks: Sequence[Task | dict] | str | None = None, *, max_turns: int = 4,
+                 limits: KernelLimits | dict | None = None, isolate: bool = True, prestart_kernel: bool = True,
+                 system_prompt: str = SYSTEM_PROMPT, prompt_template: str = "{question}",
+                 output_template: str = OUTPUT_TEMPLATE, empty_output: str = "(no output)",
+                 truncation_marker: str = TRUNCATION_MARKER, timeout_notice: str = TIMEOUT_NOTICE,
+                 crash_notice: str = CRASH_NOTICE, skipped_notice: str = SKIPPED_NOTICE,
+                 final_message: str = "Final answer received.", observation_role: str = "user",
+                 grader: Grader | None = None, replay_timeout_factor: float = 3.0):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if observation_role not in ("user", "tool"):
+            raise ValueError(f"observation_role must be 'user' or 'tool', got {observation_role!r}")
+        if "{output}" not in output_template:
+            raise ValueError(f"output_template must contain '{{output}}', got {output_template!r}")
+        if isinstance(tasks, str):
+            tasks = load_tasks(tasks)
+        elif tasks is None:
+            tasks = generate_tasks(64, difficulty=(0, 1, 2), seed=0)
+        self.tasks = [resolve_task(t) for t in tasks]
+        if not self.tasks:
+            raise ValueError("MathPythonEnv needs at least one task")
+        self.max_turns = max_turns
+        self.limits = KernelLimits(**limits) if isinstance(limits, dict) else (limits or KernelLimits())
+        self.templates = {
+            "system": system_prompt, "prompt": prompt_template, "output": output_template,
+            "empty": empty_output, "truncation": truncation_marker, "timeout": timeout_notice,
+            "crash": crash_notice, "skipped": skipped_notice, "final": final_message,
+        }
+        self.observation_role = observation_role
+        self.replay_timeout_factor = replay_timeout_factor
+        self._grader = grader
+        self._factory = KernelFactory(self.limits, isolate=isolate, prestart=prestart_kernel)
+        self.action_space = TextAction(max_length=65536)
+        self.observation_space = ChatObservation()
+        self._task: Task | None = None
+        self._episode_seed = 0
+        self._turn = 0
+        self._done = False
+        self._generation = 0
+        self._cells: list[tuple[str, str]] = []  # (code, status) run in the live interpreter
+        self._kernel: Kernel | None = None
+        self._replay_report: dict | None = None
+        self.kernel_protections: dict = {}
+
+    # -- gymnasium API ------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        raw = (options or {}).get("task")
+        if raw is None:
+            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        else:
+            task = resolve_task(raw, self._load)
+        self._close_kernel()
+        self._task = task
+        self._episode_seed = int(self.np_random.integers(2**31))
+        self._turn, self._done, self._generation, self._cells = 0, False, 0, []
+        self._replay_report = None
+        obs = [Message("system", self.templates["system"]),
+               Message("user", self.templates["prompt"].format(question=task.prompt))]
+        return obs, {"task_id": task.id, "episode_seed": self._episode_seed}
+
+    def step(self, action: str):
+        if self._task is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            return ([Message(self.observation_role, "The episode is over.")], 0.0, True, False,
+                    {"error": "episode_over", "turn": self._turn})
+        self._turn += 1
+        info: dict[str, Any] = {"turn": self._turn, "task_id": self._task.id}
+        cells = extract_code_blocks(action)
+        if not cells:
+            result = self.grader.grade(action if isinstance(action, str) else "", self._task.answer)
+            reward = 1.0 if result.correct else 0.0
+            self._done = True
+            info.update(exec=None, grading=result.info(), reward_components={"correct": reward})
+            return [Message(self.observation_role, self.templates["final"])], reward, True, False, info
+
+        blocks, cell_infos, restarted = [], [], False
+        worst = "ok"
+        for code in cells:
+            if restarted:
+                blocks.append(self.templates["output"].format(output=self.templates["skipped"]))
+                cell_infos.append({"status": "skipped"})
+                continue
+            kernel = self._ensure_kernel()
+            result = kernel.execute(code)
+            if result.kernel_alive:
+                self._cells.append((code, result.status))
+            else:  # the interpreter is gone: a new generation starts empty at the next cell
+                self._close_kernel()
+                self._generation += 1
+                self._cells = []
+                restarted = True
+            worst = max(worst, result.status, key=_SEVERITY.__getitem__)
+            blocks.append(self.templates["output"].format(output=self._format(result)))
+            cell_infos.append(result.info())
+        truncated = self._turn >= self.max_turns
+        self._done = truncated
+        ran = [c for c in cell_infos if c["status"] != "skipped"]
+        info["exec"] = {
+            "status": worst, "timed_out": any(c["timed_out"] for c in ran), "oom": any(c["oom"] for c in ran),
+            "elapsed": sum(c["elapsed"] for c in ran), "kernel_restarted": restarted, "cells": cell_infos,
+        }
+        if self._replay_report is not None:
+            info["exec"]["replay"], self._replay_report = self._replay_report, None
+        info["reward_components"] = {"correct": 0.0}
+        return [Message(self.observation_role, "\n\n".join(blocks))], 0.0, False, truncated, info
+
+    def close(self) -> None:
+        self._close_kernel()
+        self._factory.close()
+
+    # -- snapshot contract -------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        state = {
+            "task": self._task, "episode_seed": self._episode_seed, "turn": self._turn, "done": self._done,
+            "generation": self._generation, "cells": tuple(self._cells), "rng": rng_state(self._np_random),
+        }
+        return Snapshot(type(self).__name__, self.snapshot_mode, self._turn, freeze(state))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        if snapshot.env_id != type(self).__name__:
+            raise ValueError(f"snapshot from {snapshot.env_id!r} cannot restore a {type(self).__name__}")
+        if snapshot.mode != self.snapshot_mode:
+            raise ValueError(f"expected a {self.snapshot_mode!r} snapshot, got {snapshot.mode!r}")
+        state = thaw(snapshot.state)
+        self._close_kernel()  # the interpreter is rebuilt (and the cells replayed) at the next cell
+        self._task, self._episode_seed, self._turn = state["task"], state["episode_seed"], state["turn"]
+        self._done, self._generation, self._cells = state["done"], state["generation"], list(state["cells"])
+        self._np_random = rng_from_state(state["rng"])
+        self._replay_report = None
+
+    # -- helpers -----------------------------------------------------------------
+    @property
+    def grader(self) -> Grader:
+        if self._grader is None:
+            self._grader = Grader.shared()
+        return self._grader
+
+    def reference_actions(self, task: Task) -> list[str]:
+        """A script with state across turns (seeded ``random``, numpy, a file, an error) then the answer."""
+        return [
+            "Let me draw some numbers.\n```python\nimport random\nfirst = random.randint(1, 10**6)\n"
+            "draws = [random.random() for _ in range(3)]\nprint(first)\n```",
+            "```python\nimport numpy as np\ndraws.append(float(np.random.rand()))\n"
+            "open('notes.txt', 'w').write(str(first))\nprint(len(draws), round(sum(draws), 6), random.random())\n```",
+            "Checking state.\n```python\nprint(open('notes.txt').read() == str(first), undefined_name)\n```\n"
+            "```python\ndraws[-1]\n```",
+            f"The answer is \\boxed{{{normalize_answer(task.answer)}}}.",
+        ]
+
+    def _ensure_kernel(self) -> Kernel:
+        """The live interpreter, built (and the recorded cells replayed) when needed."""
+        if self._kernel is not None:
+            return self._kernel
+        kernel = self._factory.new_kernel(kernel_seed(self._episode_seed, self._generation))
+        self.kernel_protections = kernel.wait_ready()["protections"]
+        if self._cells:
+            diverged, elapsed = [], 0.0
+            timeout = self.limits.cell_timeout_s * self.replay_timeout_factor
+            for i, (code, status) in enumerate(self._cells):
+                result = kernel.execute(code, timeout=timeout)
+                elapsed += result.elapsed
+                if result.status != status:
+                    diverged.append({"cell": i, "recorded": status, "replayed": result.status})
+                if not result.kernel_alive:  # cannot rebuild the rest; carry on in a fresh one
+                    kernel = self._factory.new_kernel(kernel_seed(self._episode_seed, self._generation))
+            self._replay_report = {"cells": len(self._cells), "elapsed": elapsed, "diverged": diverged}
+        self._kernel = kernel
+        return kernel
+
+    def _close_kernel(self) -> None:
+        if self._kernel is not None:
+            self._kernel.close()
+            self._kernel = None
+
+    def _format(self, result: CellResult) -> str:
+        marker = self.templates["truncation"]
+        parts = [s.text(marker).rstrip("\n") for s in (result.stdout, result.stderr) if s.head or s.tail]
+        if result.status == "error" and result.error:
+            parts.append(result.error.rstrip("\n"))
+        elif result.status == "timeout":
+            parts.append(self.templates["timeout"].format(limit=self.limits.cell_timeout_s))
+        elif result.status == "crashed":
+            parts.append(self.templates["crash"].format(reason=result.error_name or result.error))
+        return "\n".join(parts) if parts else self.templates["empty"]
+
+    def _load(self, task_id: str) -> Task:
+        for task in self.tasks:
+            if task.id == task_id:
+                return task
+        raise KeyError(f"unknown task id {task_id!r}")
