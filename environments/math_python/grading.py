@@ -3,14 +3,16 @@
 Extraction rules (:func:`extract_boxed_answer`):
 
 1. The answer is the content of the **last** ``\\boxed{...}`` or ``\\fbox{...}`` in the
-   response (braces balanced; ``\\boxed 5`` without braces takes the next token).
+   response (braces balanced; ``\\boxed 5`` without braces takes the next token, less
+   trailing ``.,;:``).
    Earlier boxes are ignored, so a model may revise its answer.
 2. A response without a box has no answer (reward 0); there is no fallback to
    "the answer is ...".
 3. Before comparison (:func:`normalize_answer`) surrounding ``$``/``\\(\\)`` and
    whitespace are stripped, a gold given as a list is joined with ``", "`` (a single
-   item is used as is), and a plain number in ``e`` notation (``1.2e-3``) is rewritten as
-   ``1.2\\times10^{-3}``, which math-verify's LaTeX parser understands.
+   item is used as is), digit-group spaces are dropped (``1\\,000``, ``1{,}000`` -> ``1000``),
+   and a plain number in ``e`` notation (``1.2e-3``) is rewritten as ``1.2\\times10^{-3}``,
+   which math-verify's LaTeX parser understands.
 
 Equivalence (:func:`verify_equivalent`): both sides are wrapped in ``\\boxed{}`` and
 parsed by math-verify with ``LatexExtractionConfig`` then ``ExprExtractionConfig``;
@@ -36,6 +38,7 @@ from typing import Any, Sequence
 from environments.math_python.sandbox import Kernel, KernelError, KernelLimits
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*(\{)|\\boxed[ \t]+([^\s$]+)")
+_DIGIT_GROUP = re.compile(r"(?<=\d)(?:\\,|\\!|\\;|\\ |\{,\})(?=\d{3}(?!\d))")
 _SCI = re.compile(r"^([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)[eE]([+-]?\d+)$")
 _DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
@@ -48,7 +51,7 @@ def extract_boxed_answer(text: str) -> str | None:
     answer = None
     for m in _BOX.finditer(text):
         if m.group(2) is not None:
-            answer = m.group(2)
+            answer = m.group(2).rstrip(".,;:")  # "\boxed 7." ends a sentence
             continue
         depth, i = 1, m.end(1)
         while i < len(text) and depth:
@@ -74,6 +77,7 @@ def normalize_answer(answer: Any) -> str:
         for left, right in _DELIMS:
             if len(text) >= len(left) + len(right) and text.startswith(left) and text.endswith(right):
                 text, changed = text[len(left): len(text) - len(right)].strip(), True
+    text = _DIGIT_GROUP.sub("", text)
     m = _SCI.match(text)
     if m:
         text = f"{m.group(1)}\\times10^{{{int(m.group(2))}}}"
