@@ -34,7 +34,7 @@ def _values_1d(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
     bad = ~np.isfinite(arr) | (arr < 0) | (arr > 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must lie in [0, 1]; entry {i} is {arr[i]!r}")
+        raise ValueError(f"{name} must lie in [0, 1]; entry {i} is {float(arr[i])!r}")
     return arr
 
 

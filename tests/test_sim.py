@@ -1,0 +1,135 @@
+"""Simulator: calibration, martingale, predictors, one allocation step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from baselines import UniformRootAllocator
+from trace_gym import sim
+from trace_gym.allocation import TracePrefixAllocator, TraceRootAllocator
+from trace_gym.budget import BudgetLedger
+from trace_gym.report import effective_ratio, spearman
+from trace_gym.strategies import Strategy
+from trace_gym.tree import ROOT, RolloutTree
+
+WORLD = sim.SimWorld()
+
+
+def test_mixed_probability_closed_form_hand_values():
+    # Beta(1, 1) = uniform: E[p^G] = 1 / (G + 1), so P(mixed) = 1 - 2 / (G + 1).
+    assert sim.mixed_probability(1, 1, 8) == pytest.approx(1 - 2 / 9)
+    # G = 2: 1 - E[p^2] - E[(1-p)^2] = 2 E[p(1-p)] = 2ab / ((a+b)(a+b+1)); a=2, b=3: 12/30.
+    assert sim.mixed_probability(2, 3, 2) == pytest.approx(12 / 30)
+    with pytest.raises(ValueError, match="a=0"):
+        sim.mixed_probability(0, 1)
+
+
+def test_prior_calibrated_to_27_percent_mixed_groups_of_8():
+    a, b = WORLD.prior()
+    assert a / (a + b) == pytest.approx(0.5)
+    assert sim.mixed_probability(a, b, 8) == pytest.approx(0.27, abs=1e-9)
+    # Monte Carlo over the calibrated prior: 40k groups of 8 Bernoulli(p).
+    rng = np.random.default_rng(0)
+    p = rng.beta(a, b, size=40_000)
+    wins = rng.binomial(8, p)
+    mixed = np.mean((wins > 0) & (wins < 8))
+    assert mixed == pytest.approx(0.27, abs=0.01)  # SE ~ 0.0022
+    a2, b2 = sim.calibrate_prior(0.35, mean_success=0.7)
+    assert a2 / (a2 + b2) == pytest.approx(0.7) and sim.mixed_probability(a2, b2) == pytest.approx(0.35)
+    with pytest.raises(ValueError, match="target_mixed"):
+        sim.calibrate_prior(0.999)
+
+
+def _one_task_pool(p: float, turns: int) -> sim.TaskPool:
+    return sim.TaskPool(success=np.array([p]), features=np.zeros((1, WORLD.feature_dim)), turns=np.array([turns]))
+
+
+def test_martingale_from_root_and_from_a_prefix():
+    """E[reward | V_t] = V_t: from the root (p = 0.3) and from a saved prefix."""
+    pool = _one_task_pool(0.3, 5)
+    rng = np.random.default_rng(1)
+    tree = RolloutTree(snapshot=sim.root_state(pool, 0, WORLD))
+    leaves = sim.simulate_branches(tree, [ROOT] * 6000, pool, WORLD, rng, BudgetLedger())
+    rewards = np.array([tree.node(leaf).reward for leaf in leaves])
+    assert set(np.unique(rewards)) <= {0.0, 1.0}
+    assert rewards.mean() == pytest.approx(0.3, abs=0.02)  # SE ~ 0.006
+    v1 = np.array([tree.node(tree.path(leaf)[1]).snapshot.value for leaf in leaves])
+    assert v1.mean() == pytest.approx(0.3, abs=0.01)
+    assert v1.var() == pytest.approx(0.3 * 0.7 / (WORLD.step_concentration + 1), rel=0.1)
+    # Continuations from a turn-2 node: mean reward equals that node's V_2.
+    anchor = tree.path(leaves[0])[2]
+    v2 = tree.node(anchor).snapshot.value
+    led = BudgetLedger()
+    cont = sim.simulate_branches(tree, [anchor] * 4000, pool, WORLD, rng, led)
+    cont_rewards = np.array([tree.node(leaf).reward for leaf in cont])
+    assert cont_rewards.mean() == pytest.approx(v2, abs=4 * np.sqrt(v2 * (1 - v2) / 4000) + 1e-9)
+    assert led.continuations == 4000 and led.rollouts == 0
+    assert led.env_steps == 4000 * 3  # turns 3, 4, 5
+    assert all(tree.node(leaf).depth == 5 and tree.node(leaf).is_continuation for leaf in cont)
+
+
+def test_uniform_groups_in_the_sim_are_mixed_27_percent_of_the_time():
+    rng = np.random.default_rng(2)
+    pool = sim.make_pool(WORLD, 1000, rng)
+    uniform = Strategy(UniformRootAllocator(8))
+    trees, _, m = sim.run_step(pool, np.arange(1000), uniform, sim.OraclePredictor(), 8 * 1000, WORLD, rng, BudgetLedger())
+    assert (m == 8).all() and len(trees) == 1000
+    assert effective_ratio(trees) == pytest.approx(0.27, abs=0.045)  # SE ~ 0.014
+
+
+def test_noisy_oracle_hits_the_chosen_spearman():
+    a, b = WORLD.prior()
+    rng = np.random.default_rng(3)
+    p = rng.beta(a, b, size=20_000)
+    states = [sim.SimState(task=0, turn=0, value=float(x)) for x in p]
+    for target in (0.5, 0.8):
+        pred = sim.NoisyOraclePredictor.with_spearman(target, WORLD, seed=4)
+        achieved = stats.spearmanr(pred.predict(states), p).statistic
+        assert achieved == pytest.approx(target, abs=0.02)
+    assert sim.noise_for_spearman(1.0, (a, b)) == 0.0
+    with pytest.raises(ValueError, match="1.5"):
+        sim.noise_for_spearman(1.5, (a, b))
+
+
+def test_learned_predictor_learns_from_tree_targets():
+    rng = np.random.default_rng(5)
+    pool = sim.make_pool(WORLD, 2000, rng)
+    pred = sim.LearnedPredictor(pool.features)
+    trace = Strategy(TraceRootAllocator(), TracePrefixAllocator(), 2)
+    cands = np.arange(200)
+    roots = [sim.root_state(pool, t, WORLD) for t in cands]
+    assert np.all(pred.predict(roots) == 0.5)
+    prefix_pred, prefix_true = [], []
+    for step in range(3):
+        cands = rng.choice(len(pool), 200, replace=False)
+        trees, _, _ = sim.run_step(pool, cands, trace, pred, 256, WORLD, rng, BudgetLedger())
+        states, targets = sim.training_examples(trees)
+        assert len(states) == len(targets) > 0 and ((0 <= targets) & (targets <= 1)).all()
+        info = pred.update(states, targets)
+        assert info["n"] >= len(states)
+        deep = [s for s in states if s.turn > 0]
+        prefix_pred += list(pred.predict(deep))
+        prefix_true += [s.value for s in deep]
+    held_out = np.arange(1000, 2000)
+    rho = spearman(pred.predict([sim.root_state(pool, t, WORLD) for t in held_out]), pool.success[held_out])
+    assert rho > 0.6  # the informative feature alone has Spearman ~0.82 with p
+    assert spearman(prefix_pred, prefix_true) > 0.3
+
+
+def test_run_step_spends_exactly_the_strategy_budget():
+    rng = np.random.default_rng(6)
+    pool = sim.make_pool(WORLD, 500, rng)
+    trace = Strategy(TraceRootAllocator(), TracePrefixAllocator(), 2)
+    led = BudgetLedger()
+    trees, values, m = sim.run_step(pool, np.arange(100), trace, sim.OraclePredictor(), 128, WORLD, rng, led)
+    assert m.sum() == 64 and set(m.tolist()) <= {0} | set(range(2, 65))
+    assert led.rollouts == 64 and led.continuations == 128 and led.nominal == 128
+    assert len(trees) == int((m > 0).sum())
+    assert sum(len(t.branches) for t in trees) == 64 + 128
+    assert all(t.is_complete() for t in trees)
+    assert led.env_steps == sum(len(t) - 1 for t in trees)
+    assert led.generated_tokens == sum(n.info["policy_tokens"] for t in trees for n in list(t)[1:])
+    assert np.allclose(values, pool.success[:100])
+    assert {"allocation", "simulation", "predictor_scoring"} <= set(led.seconds)
