@@ -96,7 +96,24 @@ def run_ground_truth(task: Task) -> tuple[TurnTruth, ...]:
     return tuple(truths)
 
 
-_CACHE: "OrderedDict[tuple[str, str], tuple[TurnTruth, ...]]" = OrderedDict()
+@dataclass(frozen=True)
+class Reference:
+    """What an episode needs from its task, computed once per task.
+
+    Attributes:
+        truths: the ground-truth run, one :class:`TurnTruth` per user turn.
+        initial: the freshly initialised instances, pickled (``pickle.loads`` is much
+            faster than re-running ``_load_scenario`` on a deep copy of the config).
+    """
+
+    truths: tuple[TurnTruth, ...]
+    initial: bytes = field(repr=False)
+
+    def fresh_instances(self) -> dict[str, Any]:
+        return pickle.loads(self.initial)
+
+
+_CACHE: "OrderedDict[tuple[str, str], Reference]" = OrderedDict()
 _CACHE_SIZE = 1024
 
 
@@ -106,17 +123,27 @@ def _digest(task: Task) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()
 
 
-def ground_truth(task: Task) -> tuple[TurnTruth, ...]:
-    """:func:`run_ground_truth`, cached by task id and content (a pure function of the task)."""
-    key = (task.id, _digest(task))
+def reference_key(task: Task) -> tuple[str, str]:
+    """The cache key of a task: its id and a digest of its content."""
+    return (task.id, _digest(task))
+
+
+def reference(task: Task, key: tuple[str, str] | None = None) -> Reference:
+    """The task's :class:`Reference`, cached by :func:`reference_key` (a pure function of the task)."""
+    key = key or reference_key(task)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    truths = run_ground_truth(task)
-    _CACHE[key] = truths
+    ref = Reference(run_ground_truth(task), pickle.dumps(new_instances(task), protocol=pickle.HIGHEST_PROTOCOL))
+    _CACHE[key] = ref
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
-    return truths
+    return ref
+
+
+def ground_truth(task: Task) -> tuple[TurnTruth, ...]:
+    """:func:`run_ground_truth`, cached."""
+    return reference(task).truths
 
 
 def state_differences(model_instances: Mapping[str, Any], truth_instances: Mapping[str, Any]) -> tuple[str | None, dict]:

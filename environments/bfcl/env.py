@@ -63,6 +63,10 @@ MAX_STEPS_PER_TURN = 20
 #: The response ``reference_actions`` uses to end a user turn (it holds no call).
 END_TURN = "I have completed this request."
 
+# Rendered prompts and tool schemas, keyed by the list of function names they show.
+_PROMPTS: dict[tuple, str] = {}
+_TOOLS: dict[tuple, list[dict]] = {}
+
 
 class BFCLEnv(gymnasium.Env):
     """One BFCL v4 multi-turn entry per episode, on the real backends (see module docstring).
@@ -98,6 +102,8 @@ class BFCLEnv(gymnasium.Env):
         self.action_space = TextAction(max_length=max_action_chars)
         self.observation_space = ChatObservation()
         self._task: Task | None = None
+        self._reference: checker.Reference | None = None
+        self._reference_key: tuple[str, str] | None = None
         self._docs: list[dict] = []
         self._holdout: dict[int, list[dict]] = {}
         self._clear()
@@ -124,7 +130,9 @@ class BFCLEnv(gymnasium.Env):
             task = resolve_task(raw, data.load_task)
         self._task = task
         self._clear()
-        self._instances = checker.new_instances(task)
+        self._reference_key = checker.reference_key(task)
+        self._reference = checker.reference(task, self._reference_key)
+        self._instances = self._reference.fresh_instances()
         self._table = method_table(self._instances)
         self._load_docs()
         obs = [Message("system", self._system_prompt(self._docs)), *self._user_turn(0)]
@@ -133,7 +141,7 @@ class BFCLEnv(gymnasium.Env):
             "category": task.metadata["category"],
             "num_turns": len(task.answer),
             "involved_classes": list(task.metadata["involved_classes"]),
-            "tools": data.openai_tools(self._docs),
+            "tools": self._tools(self._docs),
         }
         return obs, info
 
@@ -166,7 +174,7 @@ class BFCLEnv(gymnasium.Env):
 
     # -- turns --------------------------------------------------------------------
     def _end_turn(self, info: dict[str, Any]):
-        truths = checker.ground_truth(self._task)
+        truths = self._reference.truths
         verdict = checker.check_turn(self._turn, truths[self._turn], self._turn_steps > 0, self._instances, self._results)
         self._checks.append(verdict.to_dict())
         if not verdict.passed and self._failure is None:
@@ -179,7 +187,7 @@ class BFCLEnv(gymnasium.Env):
             obs = self._user_turn(self._turn)
             if self._turn in self._holdout:
                 info["revealed_functions"] = [d["name"] for d in self._holdout[self._turn]]
-                info["tools"] = data.openai_tools(self._available_docs())
+                info["tools"] = self._tools(self._available_docs())
             return obs, 0.0, False, False, info
         return self._finish(info)
 
@@ -231,16 +239,25 @@ class BFCLEnv(gymnasium.Env):
         }
 
     def _system_prompt(self, docs: list[dict]) -> str:
-        if self.action_format == "python":
-            return data.bfcl_system_prompt(docs)
-        return data.tool_call_system_prompt(docs)
+        key = (self.action_format, tuple(d["name"] for d in docs))
+        if key not in _PROMPTS:  # docs are fixed per function-name list; the JSON dump is slow
+            build = data.bfcl_system_prompt if self.action_format == "python" else data.tool_call_system_prompt
+            _PROMPTS[key] = build(docs)
+        return _PROMPTS[key]
+
+    @staticmethod
+    def _tools(docs: list[dict]) -> list[dict]:
+        key = tuple(d["name"] for d in docs)
+        if key not in _TOOLS:
+            _TOOLS[key] = data.openai_tools(docs)
+        return list(_TOOLS[key])  # shared schema dicts: read them, do not mutate them
 
     # -- snapshot contract -------------------------------------------------------
     def snapshot(self) -> Snapshot:
         if self._task is None:
             raise RuntimeError("call reset() before snapshot()")
         state = (
-            self._task, self._instances, self._turn, self._turn_steps, self._results,
+            self._task, self._reference_key, self._instances, self._turn, self._turn_steps, self._results,
             self._checks, self._failure, self._steps, self._done, rng_state(self._np_random),
         )
         return Snapshot(type(self).__name__, self.snapshot_mode, self._steps, freeze(state))
@@ -248,11 +265,15 @@ class BFCLEnv(gymnasium.Env):
     def restore(self, snapshot: Snapshot) -> None:
         if snapshot.env_id != type(self).__name__:
             raise ValueError(f"snapshot from {snapshot.env_id!r} cannot restore a {type(self).__name__}")
-        (self._task, self._instances, self._turn, self._turn_steps, self._results,
+        (self._task, self._reference_key, self._instances, self._turn, self._turn_steps, self._results,
          self._checks, self._failure, self._steps, self._done, rng) = thaw(snapshot.state)
         self._table = method_table(self._instances)
+        self._reference = checker.reference(self._task, self._reference_key)
         self._load_docs()
-        self._np_random = rng_from_state(rng)
+        if rng is not None and self._np_random is not None and type(self._np_random.bit_generator).__name__ == rng["bit_generator"]:
+            self._np_random.bit_generator.state = rng  # copies the state; cheaper than a new Generator
+        else:
+            self._np_random = rng_from_state(rng)
 
     # -- helpers -----------------------------------------------------------------
     def reference_actions(self, task: Task | str) -> list[str]:

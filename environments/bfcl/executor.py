@@ -119,13 +119,14 @@ def _guard(class_name: str, method: str, kwargs: Mapping[str, Any]) -> str | Non
     return None
 
 
-def _call_isolated(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> Any:
-    """Call, then restore the process-wide precision MathAPI may have changed."""
+def _call_isolated(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> str:
+    """Call and format the result (an ``mpf``'s text depends on the precision the call
+    set), then restore the process-wide precision MathAPI may have changed."""
     import mpmath
 
     dps, ctx = mpmath.mp.dps, decimal.getcontext().copy()
     try:
-        return method(*args, **kwargs)
+        return format_result(method(*args, **kwargs))
     finally:
         mpmath.mp.dps = dps
         decimal.setcontext(ctx)
@@ -144,10 +145,9 @@ def execute(instances: Mapping[str, Any], table: Mapping[str, str], name: str, a
         return f"Error: {problem}; the call was not run."
     method = getattr(instances[class_name], name)
     try:
-        value = _call_isolated(method, args, kwargs)
+        return _call_isolated(method, args, kwargs)
     except Exception as exc:  # a backend error is a result the model reads, as in bfcl-eval
         return f"{ERROR_PREFIX}{exc}"
-    return format_result(value)
 
 
 def execute_calls(instances: Mapping[str, Any], table: Mapping[str, str], calls: Iterable[Call]) -> list[str]:

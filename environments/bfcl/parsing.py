@@ -35,6 +35,7 @@ import json
 import math
 import operator
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -127,7 +128,9 @@ def _decode_python(text: str) -> list[Call]:
         s = s + "]"
     s = s.strip().strip("'")
     try:
-        tree = ast.parse(s, mode="eval")
+        with warnings.catch_warnings():  # e.g. "invalid decimal literal" on random text
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(s, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
         raise DecodeError(f"not a list of function calls ({type(exc).__name__}: {str(exc)[:200]})") from None
     body = tree.body
@@ -155,8 +158,8 @@ def _python_call(node: ast.Call) -> Call:
     if any(k is None for k in resolved):
         return Call(name, text, None, "**kwargs is not allowed; pass each argument as name=value")
     kwargs = []
-    for key, rendered_value in rendered:
-        literal = _literal(rendered_value)
+    for (key, rendered_value), value in zip(rendered, resolved.values()):
+        literal = value if _plain(value) else _literal(rendered_value)
         if literal is _Nested:
             return Call(name, text, None, f"argument {key!r}={rendered_value[:80]} is not a literal value (nested calls and expressions are not run)")
         kwargs.append((key, literal))
@@ -264,20 +267,29 @@ def _render(value: Any) -> str:
 
 def _literal(rendered: str) -> Any:
     """The value the official executor's ``eval`` would see, when it is a literal."""
-    if _renders_call(rendered):
-        return _Nested
     try:
-        return ast.literal_eval(rendered)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(rendered, mode="eval")
+        if any(isinstance(n, ast.Call) for n in ast.walk(tree)):
+            return _Nested
+        return ast.literal_eval(tree.body)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return _Nested
 
 
-def _renders_call(rendered: str) -> bool:
-    try:
-        tree = ast.parse(rendered, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    return any(isinstance(n, ast.Call) for n in ast.walk(tree))
+_SCALARS = (str, bytes, int, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """True when ``literal_eval(repr(value)) == value`` with the same types (a fast path)."""
+    if isinstance(value, _SCALARS):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return False
 
 
 # --- tool-call format ----------------------------------------------------------------
@@ -321,7 +333,7 @@ def _tool_call(name: Any, text: str, args: Mapping[str, Any], rendered: list[tup
     for key, rendered_value in rendered:
         if not _IDENTIFIER.match(key):
             return Call(name, text, None, f"argument name {key[:60]!r} is not an identifier")
-        literal = _literal(rendered_value)
+        literal = args[key] if _plain(args[key]) else _literal(rendered_value)
         if literal is _Nested:
             return Call(name, text, None, f"argument {key!r}={rendered_value[:80]} is not a literal value")
         kwargs.append((key, literal))
