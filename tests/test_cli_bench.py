@@ -124,3 +124,17 @@ def test_bench_without_sim_and_envs(capsys):
     assert "--sim" in capsys.readouterr().err
     assert cli.main(["envs"]) == 0
     assert "trace_gym/GuessNumber-v0" in capsys.readouterr().out.split()
+
+
+def test_shipped_yaml_matches_the_defaults():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "bench_sim.yaml"
+    args = cli.build_parser(["bench"]).parse_args(["bench", "--sim", "--config", str(path)])
+    assert cli.config_from_args(args) == SimBenchConfig()
+
+
+def test_noisy_predictor_mode_runs():
+    res = run_sim_bench(SimBenchConfig(**{**SMALL, "seeds": 1, "steps": 2}, predictor="noisy",
+                                       noisy_spearman=0.7, strategies=("pcl", "trace")))  # fmt: skip
+    assert 0.4 < res["strategies"]["trace"]["prompt_spearman"] < 0.95

@@ -309,7 +309,7 @@ def format_bench(results: dict[str, Any]) -> str:
         )
     headers = [
         "strategy", "effective ratio", "pairs/unit", "prompts", "roots/prompt", "nominal",
-        "rollouts + cont./2", "env steps", "gen tokens", "prefill tokens", "alloc ms", "Spearman",
+        "rollouts + cont./2", "env steps", "gen tokens", "prefill tokens", "alloc ms", "pred. Spearman",
     ]  # fmt: skip
     out = [
         f"## Simulated allocation benchmark ({cfg['seeds']} seeds x {cfg['steps'] - cfg['warmup_steps']} "
