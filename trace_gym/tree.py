@@ -33,10 +33,14 @@ Definitions used throughout (the method page's words, made exact here):
   (``pooled_targets``, kept for comparison) instead weights a child by its number of
   leaves; since TRACE expands where a flip of the *observed* outcome is likely, the
   expanded subtrees are exactly those below observed failures (or successes), and the
-  pooled mean over-weights them. The recursive mean removes that weighting; it is not
-  a fully unbiased estimator of V(H) under outcome-dependent expansion (no estimator
-  that keeps the triggering branch is), but it never lets the number of continuations
-  a subtree received change its weight.
+  pooled mean over-weights them. The recursive mean removes that weighting: the number
+  of continuations a subtree received never changes its weight. It is not exactly
+  unbiased either: a node that was expanded still counts the original child whose
+  observed outcome triggered the expansion (a node with value V whose one rollout
+  gets k continuations there only when it failed has
+  E[target] = V + (1 - V) k V / (k + 1)).
+  On the simulator its prompt-level error against the true success probability is
+  far below the pooled mean's (``tests/test_sim.py``).
 
 Nothing here knows about tokenizers, engines or environments; the snapshot is an
 opaque object, never serialised (``to_json`` drops it).
