@@ -312,13 +312,24 @@ def test_decoded_call_text_matches_bfcl_decoder(official):
         "[sort('final_report.pdf')]",
         "[edit_ticket(ticket_id=1, updates={'status': 'Urgent', 'priority': 5})]",
         "[add(a=-3, b=+2.5)]",
-        "[f(x=ls(), y=a[0], z=...)]",
+        "[f(y=a[0], z=...)]",
         "[f(x=(1, 2), y=[1, [2, {'k': None}]], z=b'q')]",
         "[post_tweet(content='hi', tags=['#a'], mentions=[])]",
     ]
+    samples += [  # bfcl-eval quirks, refusals (same text, not run) and decode failures
+        "[f(a=+5, b=-2, c=~3)]", "[f(d={1: 'a', 'k': [1, 2]})]", "[cd(folder=pwd())]", "[cd(folder=ls(a=True))]",
+        "[f(d={'g': {'x': 1}})]", "[os.path.join(a='x')]", "[f(a=2*3+1, b='ab'+'c', c=7//2, d=2**10)]",
+        "[f(a=1/0)]", "[f(a=x+1)]", "[ls(a=lambda: 1)]", "[ls(a=[i for i in range(3)])]", "[ls(a=f'{x}')]",
+        "[f(d={})]", "[ls(a=not x)]", "[ls(a=x.y)]", "[ls(a={1, 2})]", "[ls(a=1 if x else 2)]", "ls(", "[ls(), 3]",
+        "I will do that now.", "[]", "'[ls()]'", "\t[ls()]",
+    ]
     for text in samples:
         mine = [c.text for c in decode(text, "python").calls]
-        assert mine == official.decode(text, "python"), text
+        try:
+            theirs = official.decode(text, "python")
+        except Exception:
+            theirs = []  # bfcl-eval cannot decode it: no calls, the turn ends
+        assert mine == theirs, text
     tool = '<tool_call>\n{"name": "cd", "arguments": {"folder": "x"}}\n</tool_call>\n<tool_call>\n{"name": "ls", "arguments": "{\\"a\\": true}"}\n</tool_call>'
     assert [c.text for c in decode(tool, "tool_call").calls] == official.decode(tool, "tool_call")
 

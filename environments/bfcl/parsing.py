@@ -8,8 +8,10 @@ Two action formats:
     step (the same string clean-up, the same AST walk, the same rendering of each call
     to a string), so the env sees the very calls the official pipeline would execute,
     including its quirks: positional arguments are dropped, a bare name ``x`` becomes
-    the string ``'x'``, a call without keywords used as a value becomes its source
-    text, and ``-``/``+``/``~``/``not`` in front of a number all negate it.
+    the string ``'x'``, ``a[0]`` becomes the string ``'a[0]'``, and
+    ``-``/``+``/``~``/``not`` in front of a number all negate it. One deliberate
+    difference: bfcl-eval passes a call used as an argument value (``cd(folder=pwd())``)
+    on as its source text, or, with keywords, runs it; the env refuses such a call.
 ``tool_call`` (Qwen style)
     ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks, decoded as
     bfcl-eval's ``QwenFCHandler.decode_execute`` does.
@@ -93,6 +95,21 @@ class _Nested:
     """Sentinel: the rendered argument is not a literal (a nested call or an expression)."""
 
 
+class _CallSource(str):
+    """The source text of a call used as a value (bfcl-eval passes it on as a string;
+    the env refuses the call instead, so injected code never even looks like it ran)."""
+
+
+def _has_call_source(value: Any) -> bool:
+    if isinstance(value, _CallSource):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_call_source(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_call_source(k) or _has_call_source(v) for k, v in value.items())
+    return False
+
+
 def strip_reasoning(text: str) -> str:
     """Drop everything up to the last ``</think>`` (bfcl-eval's Qwen handlers do this)."""
     if "</think>" in text:
@@ -159,6 +176,8 @@ def _python_call(node: ast.Call) -> Call:
         return Call(name, text, None, "**kwargs is not allowed; pass each argument as name=value")
     kwargs = []
     for (key, rendered_value), value in zip(rendered, resolved.values()):
+        if _has_call_source(value):
+            return Call(name, text, None, f"argument {key!r} is a function call; calls are not run inside arguments, pass a literal value")
         literal = value if _plain(value) else _literal(rendered_value)
         if literal is _Nested:
             return Call(name, text, None, f"argument {key!r}={rendered_value[:80]} is not a literal value (nested calls and expressions are not run)")
@@ -198,8 +217,8 @@ def _resolve(node: ast.AST) -> Any:
     if isinstance(node, ast.BinOp):
         return _fold(node)
     if isinstance(node, ast.Call):
-        if not node.keywords:
-            return ast.unparse(node)  # bfcl-eval keeps a keyword-less call as its source text
+        if not node.keywords:  # bfcl-eval passes a keyword-less call on as its source text
+            return _CallSource(ast.unparse(node))
         name, _ = _func_name(node.func)  # bfcl-eval renders it back as a nested call (refused below)
         return {name: {k.arg: _resolve(k.value) for k in node.keywords}}
     if isinstance(node, ast.Tuple):
