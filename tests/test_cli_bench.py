@@ -43,6 +43,9 @@ def test_equal_nominal_budget_and_exact_units(results):
     assert (s["trace"]["rollouts"], s["trace"]["continuations"]) == (128, 256)
     assert s["uniform"]["distinct_prompts"] == budget / 8
     assert s["trace"]["prompt_spearman"] == pytest.approx(1.0)
+    assert s["trace"]["prefix_spearman"] == pytest.approx(1.0)
+    assert 0 < s["trace_learned"]["prefix_spearman"] <= 1
+    assert "1" in s["trace_learned"]["per_seed"][0]["prefix_spearman_by_depth"]
     # contrast pairs below the root exist only for tree strategies
     assert set(s["uniform"]["contrast_pairs_by_depth"]) == {"0"}
     assert any(int(d) > 0 for d in s["trace"]["contrast_pairs_by_depth"])

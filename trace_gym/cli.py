@@ -178,10 +178,17 @@ def run_sim_bench(cfg: SimBenchConfig, progress: Callable[[str], None] | None = 
             rng = np.random.default_rng([seed, 2, zlib.crc32(name.encode())])
             predictor = _predictor(name, cfg, world, pool, seed)
             ledger = BudgetLedger()
-            trees, preds, truth, steps_ms = [], [], [], []
+            trees, preds, truth = [], [], []
+            prefix_pred, prefix_true, prefix_depth = [], [], []
             for step, cands in enumerate(draws):
                 step_ledger = BudgetLedger()
                 step_trees, values, _ = sim.run_step(pool, cands, strategy, predictor, budget, world, rng, step_ledger)
+                if step >= cfg.warmup_steps:
+                    # predictor quality on every visited prefix, before it trains on them
+                    states = [n.snapshot for t in step_trees for n in t.nodes[1:] if not n.terminal]
+                    prefix_pred.append(predictor.predict(states) if states else np.zeros(0))
+                    prefix_true.append(np.array([st.value for st in states]))
+                    prefix_depth.append(np.array([st.turn for st in states], dtype=int))
                 with step_ledger.phase("predictor_update"):
                     predictor.update(*sim.training_examples(step_trees))
                 if step >= cfg.warmup_steps:
@@ -207,6 +214,13 @@ def run_sim_bench(cfg: SimBenchConfig, progress: Callable[[str], None] | None = 
                     "prefill_tokens": ledger.prefill_tokens / n,
                     "allocator_ms": 1e3 * ledger.seconds.get("allocation", 0.0) / n,
                     "prompt_spearman": report.spearman(np.concatenate(preds), np.concatenate(truth)),
+                    "prefix_spearman": report.spearman(np.concatenate(prefix_pred), np.concatenate(prefix_true)),
+                    "prefix_spearman_by_depth": {
+                        str(d): rho
+                        for d, rho in report.spearman_by_depth(
+                            np.concatenate(prefix_pred), np.concatenate(prefix_true), np.concatenate(prefix_depth)
+                        ).items()
+                    },
                 }
             )
         if progress:
@@ -218,6 +232,8 @@ def run_sim_bench(cfg: SimBenchConfig, progress: Callable[[str], None] | None = 
         if name == LEARNED:
             entry["description"] = "TRACE with the online-learned predictor (logistic regression on tree targets)"
         for key in rows[0]:
+            if isinstance(rows[0][key], dict):
+                continue  # per-seed detail only (in "per_seed")
             mean, std = report.mean_std([r[key] for r in rows])
             entry[key], entry[key + "_std"] = mean, std
         entry["per_seed"] = rows
@@ -305,11 +321,12 @@ def format_bench(results: dict[str, Any]) -> str:
                 r["prefill_tokens"],
                 r["allocator_ms"],
                 r["prompt_spearman"],
+                r["prefix_spearman"],
             ]
         )
     headers = [
         "strategy", "effective ratio", "pairs/unit", "prompts", "roots/prompt", "nominal",
-        "rollouts + cont./2", "env steps", "gen tokens", "prefill tokens", "alloc ms", "pred. Spearman",
+        "rollouts + cont./2", "env steps", "gen tokens", "prefill tokens", "alloc ms", "Spearman prompt", "Spearman prefix",
     ]  # fmt: skip
     out = [
         f"## Simulated allocation benchmark ({cfg['seeds']} seeds x {cfg['steps'] - cfg['warmup_steps']} "

@@ -155,7 +155,7 @@ def plot_grouped(
     """Grouped bars: one group per key of the inner maps (e.g. depth), one bar per series."""
     plt = _pyplot()
     keys = sorted({k for series in groups.values() for k in series})
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(keys) * max(1, len(groups)) / 2), 3.6))
+    fig, ax = plt.subplots(figsize=(min(10.0, 3.0 + 1.2 * len(keys)), 3.6))
     width = 0.8 / max(1, len(groups))
     for i, (name, series) in enumerate(groups.items()):
         ax.bar(np.arange(len(keys)) + i * width, [series.get(k, 0.0) for k in keys], width, label=name)
