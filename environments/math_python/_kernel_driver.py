@@ -107,6 +107,14 @@ def _hidden_roots(paths):
     return groups
 
 
+def _interpreter_paths():
+    """Directories the interpreter reads from (prefixes and ``sys.path``), resolved."""
+    needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable))]
+    needed += [p for p in sys.path if p and os.path.isdir(p)]
+    return [os.path.realpath(p) for p in needed]
+
+
 def _setup_namespaces(cfg, report):
     """Private network and mount namespaces; returns the working directory to use."""
     try:
@@ -124,10 +132,7 @@ def _setup_namespaces(cfg, report):
     except OSError as exc:
         report["filesystem"] = f"shared with host ({exc}); workdir is a host temp dir"
         return None
-    needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable))]
-    needed += [p for p in sys.path if p and os.path.isdir(p)]
-    needed = [os.path.realpath(p) for p in needed]
+    needed = _interpreter_paths()
     for anc, ps in _hidden_roots(needed).items():
         fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in ps]
         _mount("tmpfs", anc, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
@@ -172,10 +177,16 @@ def _set_limits(cfg, report):
             report[name] = f"not set ({exc})"
 
 
-def _drop_privileges(cfg, workdir, report):
+def _drop_privileges(cfg, workdir, mount_ns, report):
     """Switch to a uid of our own; returns whether that happened."""
     if os.geteuid() != 0:
         report["user"] = f"same uid as the host ({os.geteuid()}): file permissions of the host user apply"
+        return False
+    hidden = _hidden_roots(_interpreter_paths())
+    if hidden and not mount_ns:
+        # Another uid could not import the rest of the standard library from there.
+        report["user"] = (f"root, NOT dropped: the interpreter lies under {sorted(hidden)}, which another uid "
+                          "cannot traverse, and no mount namespace was available to expose it")
         return False
     uid = gid = cfg["uid_base"] + os.getpid()
     os.chown(workdir, uid, gid)
@@ -315,6 +326,7 @@ def main():
             workdir = _setup_namespaces(cfg, report)
         elif cfg["isolate"]:
             report["network"] = "NOT isolated (host is not root)"
+        mount_ns = workdir is not None
         if workdir is None:
             import tempfile
 
@@ -322,7 +334,7 @@ def main():
         for name in cfg["preload"]:
             __import__(name)
         _set_limits(cfg, report)
-        own_uid = cfg["isolate"] and _drop_privileges(cfg, workdir, report)
+        own_uid = cfg["isolate"] and _drop_privileges(cfg, workdir, mount_ns, report)
         _no_new_privs(report)
         os.environ.clear()
         os.environ.update(cfg["env"], HOME=workdir, TMPDIR=workdir)

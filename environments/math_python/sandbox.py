@@ -220,6 +220,7 @@ class Kernel:
         self.uid: int | None = None
         self.workdir: str | None = None
         self._hello: dict | None = None
+        self._startup_stderr = ""
         self._started = False
         self._alive = True
         self._next_id = 0
@@ -233,7 +234,8 @@ class Kernel:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-s", DRIVER, json.dumps(config)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                # stderr is read only if the driver dies before its hello (it then redirects fd 2)
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 pass_fds=(req_r, resp_w), start_new_session=True, env=dict(KERNEL_ENV), close_fds=True,
             )
         finally:
@@ -275,11 +277,12 @@ class Kernel:
                     raise KernelError(f"kernel answered {ack!r:.200} to start")
         except (TimeoutError, EOFError, _ProtocolError) as exc:
             self.close()
-            raise KernelError(f"kernel did not start ({type(exc).__name__}: {exc}); "
-                              f"it exited with {_signal_name(self._proc.returncode)}") from exc
+            raise KernelError(f"kernel did not start ({type(exc).__name__}: {exc}); it exited with "
+                              f"{_signal_name(self._proc.returncode)}; stderr: {self._startup_stderr!r}") from exc
         except KernelError:
             self.close()
             raise
+        self._proc.stderr.close()
         self._hello = hello
         return hello
 
@@ -336,6 +339,9 @@ class Kernel:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        if not self._proc.stderr.closed:  # never got ready: keep what the driver said, for errors
+            self._startup_stderr = self._proc.stderr.read()[-2000:].decode(errors="replace")
+            self._proc.stderr.close()
         uid = self.uid if self.uid is not None else (UID_BASE + self._proc.pid if self._isolate and os.geteuid() == 0 else None)
         if uid is not None:
             _kill_uid(uid)
