@@ -75,7 +75,17 @@ def assert_bounded(text: str, elapsed: float, limit: float = LIMITS.cell_timeout
     assert elapsed < limit + SLACK_S, f"took {elapsed:.1f} s"
 
 
-def live_processes_of(uid: int) -> list[int]:
+def live_processes_of(uid: int, wait_s: float = 10.0) -> list[int]:
+    """Non-zombie processes of ``uid``, after up to ``wait_s`` for SIGKILLed ones to exit."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = _scan(uid)
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.1)
+
+
+def _scan(uid: int) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():

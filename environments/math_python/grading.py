@@ -127,6 +127,7 @@ def _grade(gold, candidate, timeout_s):
         print(json.dumps({{"equal": _verify(gold, candidate, timeout_s)}}))
     except Exception as exc:  # math-verify's own timeout or parse failure: not equivalent
         print(json.dumps({{"equal": False, "error": type(exc).__name__ + ": " + str(exc)[:200]}}))
+_verify("x^2 + 1/2", "0.5 + x^{{2}}", 5)  # warm the parsers up inside the start-up allowance
 """
 
 

@@ -357,7 +357,7 @@ class Kernel:
 
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of ``uid`` (escapees that left the process group with setsid)."""
-    for _ in range(3):  # a fork bomb may race one sweep; its processes are capped by RLIMIT_NPROC
+    for _ in range(10):  # until kill(-1) finds no live process (a fork bomb may race one sweep)
         try:
             proc = subprocess.run(["kill", "-9", "-1"], user=uid, group=uid, extra_groups=[],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10,
