@@ -150,3 +150,16 @@ def test_limits_are_validated():
 def test_stream_output_text():
     assert StreamOutput("ab", "", 0).text() == "ab"
     assert StreamOutput("ab", "yz", 5).text("|{omitted}|") == "ab|5|yz"
+
+
+def test_a_forked_copy_of_the_host_does_not_kill_the_kernel():
+    k = Kernel(preload=())
+    k.start(0)
+    assert k.execute("v = 5").status == "ok"
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy, as a dying DataLoader worker would
+        k.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert k.execute("print(v)").stdout.text() == "5\n"
+    k.close()

@@ -242,6 +242,7 @@ class Kernel:
             os.close(req_r)
             os.close(resp_w)
         self._launched = time.monotonic()
+        self._owner = os.getpid()  # a forked copy of the host must not kill this kernel
 
     # -- lifecycle -------------------------------------------------------------------
     @property
@@ -331,6 +332,8 @@ class Kernel:
                 os.close(fd)
             except OSError:
                 pass
+        if os.getpid() != self._owner:
+            return
         try:
             os.killpg(self._proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
