@@ -33,22 +33,31 @@ pytest.importorskip("bfcl_eval")
 pytest.importorskip("tenacity")
 
 from environments.bfcl import data  # noqa: E402
-from environments.bfcl.checker import new_instances  # noqa: E402
+from environments.bfcl.checker import new_instances, state_differences  # noqa: E402
 from environments.bfcl.env import END_TURN, BFCLEnv  # noqa: E402
-from environments.bfcl.executor import keyword_form, method_table  # noqa: E402
+from environments.bfcl.executor import execute, keyword_form, method_table  # noqa: E402
 from environments.bfcl.parsing import render_action  # noqa: E402
 
 
 # --- bfcl-eval's own pipeline ------------------------------------------------------------
 
 
-def _stub(name: str, **attrs) -> None:
+def _stub(name: str, **attrs) -> list[str]:
+    """Put a stand-in for ``name`` in sys.modules if it cannot be imported; returns what was added."""
     try:
         importlib.import_module(name)
+        return []
     except ImportError:
         module = types.ModuleType(name)
         module.__dict__.update(attrs)
         sys.modules[name] = module
+        return [name]
+
+
+def _unstub(names: list[str]) -> None:
+    """Take the stand-ins out again (the importing module keeps its references)."""
+    for name in names:
+        sys.modules.pop(name, None)
 
 
 def _unavailable(*_a, **_k):
@@ -59,12 +68,14 @@ class Official:
     """bfcl-eval's decoders, inference-loop turn rule and multi_turn_checker."""
 
     def __init__(self) -> None:
-        _stub("bfcl_eval.model_handler.parser.java_parser", parse_java_function_call=_unavailable)
-        _stub("bfcl_eval.model_handler.parser.js_parser", parse_javascript_function_call=_unavailable)
+        stubs = _stub("bfcl_eval.model_handler.parser.java_parser", parse_java_function_call=_unavailable)
+        stubs += _stub("bfcl_eval.model_handler.parser.js_parser", parse_javascript_function_call=_unavailable)
         from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT
         from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
         from bfcl_eval.model_handler import utils as handler_utils
+
+        _unstub(stubs)
 
         self.max_steps = MAXIMUM_STEP_LIMIT
         self.utils = multi_turn_utils
@@ -75,10 +86,11 @@ class Official:
 
     def qwen_decode(self, text: str) -> list[str]:
         if self._qwen is None:
-            _stub("overrides", override=lambda f: f, final=lambda f: f, EnforceOverrides=object)
-            _stub("bfcl_eval.model_handler.local_inference.base_oss_handler", OSSHandler=object)
+            stubs = _stub("overrides", override=lambda f: f, final=lambda f: f, EnforceOverrides=object)
+            stubs += _stub("bfcl_eval.model_handler.local_inference.base_oss_handler", OSSHandler=object)
             from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
 
+            _unstub(stubs + (["bfcl_eval.model_handler.local_inference.qwen_fc"] if stubs else []))
             self._qwen = object.__new__(QwenFCHandler)
         return self._qwen.decode_execute(text, has_tool_call_tag=False)
 
@@ -148,7 +160,8 @@ def env_grade(env: BFCLEnv, task_id: str, actions: list[str]) -> tuple[float, di
 # --- perturbations ----------------------------------------------------------------------
 
 KINDS = ("drop_call", "change_arg", "extra_call", "swap_turns", "split_steps", "positional",
-         "duplicate_call", "chatter_mid_turn", "readonly_extra", "identity")
+         "duplicate_call", "chatter_mid_turn", "readonly_extra", "identity", "reverse_turn",
+         "unknown_call", "empty_list_mid_turn", "destructive_call")
 
 
 def _turn_calls(entry: dict, table: dict) -> list[list[tuple[str, dict]]]:
@@ -169,6 +182,20 @@ def _changed(value, rng):
     if isinstance(value, dict):
         return {k: _changed(v, rng) for k, v in value.items()}
     return value
+
+
+def _state_changing_call(entry: dict, table: dict, pool: list, rng: np.random.Generator):
+    """A call from ``pool`` that changes this entry's initial backend state, if one is found."""
+    task = data.entry_to_task(entry)
+    fresh = new_instances(task)
+    own = [c for c in pool if c[0] in table]
+    for i in rng.permutation(len(own))[:40]:
+        name, kwargs = own[int(i)]
+        trial = new_instances(task)
+        execute(trial, table, name, (), kwargs)
+        if state_differences(trial, fresh)[0] is not None:
+            return name, kwargs
+    return None
 
 
 def perturb(entry: dict, kind: str, rng: np.random.Generator, pool: list[tuple[str, dict]], action_format: str) -> list[str]:
@@ -196,6 +223,14 @@ def perturb(entry: dict, kind: str, rng: np.random.Generator, pool: list[tuple[s
     elif kind == "duplicate_call" and busy:
         j = int(rng.integers(len(turns[t])))
         turns[t].insert(j, turns[t][j])
+    elif kind == "reverse_turn" and busy:
+        turns[t].reverse()
+    elif kind == "destructive_call":
+        junk = _state_changing_call(entry, table, pool, rng)
+        if junk is not None:
+            turns[t].insert(int(rng.integers(len(turns[t]) + 1)), junk)
+    elif kind == "unknown_call":
+        turns[t].insert(0, ("delete_everything", {"confirm": True}))
     elif kind == "readonly_extra":
         readonly = [n for n in ("ls", "pwd", "get_current_time", "list_all_airports", "get_watchlist", "display_car_status") if n in table]
         if readonly:
@@ -209,9 +244,10 @@ def perturb(entry: dict, kind: str, rng: np.random.Generator, pool: list[tuple[s
                 actions.append("[" + ", ".join(raw) + "]")
         elif kind == "split_steps":
             actions.extend(render_action([c], action_format) for c in turn)
-        elif kind == "chatter_mid_turn" and i == t and len(turn) > 1:
+        elif kind in ("chatter_mid_turn", "empty_list_mid_turn") and i == t and len(turn) > 1:
             cut = int(rng.integers(1, len(turn)))
-            actions += [render_action(turn[:cut], action_format), "Let me check.", render_action(turn[cut:], action_format)]
+            interruption = "Let me check." if kind == "chatter_mid_turn" else ("[]" if action_format == "python" else "")
+            actions += [render_action(turn[:cut], action_format), interruption, render_action(turn[cut:], action_format)]
         elif turn:
             actions.append(render_action(turn, action_format))
         actions.append(END_TURN)
@@ -220,7 +256,7 @@ def perturb(entry: dict, kind: str, rng: np.random.Generator, pool: list[tuple[s
 
 def call_pool(category: str) -> list[tuple[str, dict]]:
     pool = []
-    for entry in data.load_entries(category)[:60]:
+    for entry in data.load_entries(category):
         table = method_table(new_instances(data.entry_to_task(entry)))
         for turn in entry["ground_truth"]:
             pool.extend(keyword_form(table, text) for text in turn)
@@ -243,6 +279,7 @@ def run_agreement(official: Official, category: str, per_entry: int, entries: in
             valid, error_type = official.grade(entry, actions, action_format)
             stats["total"] += 1
             stats["accepted" if valid else "rejected"] += 1
+            stats[f"{kind}:{'accepted' if valid else 'rejected'}"] += 1
             if (reward == 1.0) != valid:
                 disagreements.append((entry["id"], kind, reward, valid, error_type, info.get("failure")))
             elif not valid and (info["failure"] or {}).get("check") != error_type:
@@ -284,7 +321,7 @@ def test_official_rejects_raw_ground_truth_with_positional_args(official):
 @pytest.mark.parametrize("category", data.CATEGORIES)
 def test_perturbation_agreement_subset(official, category):
     stats, disagreements = run_agreement(official, category, per_entry=1, entries=50, action_format="python")
-    print(f"\n{category}: {dict(stats)}")
+    print(f"\n{category}: total {stats['total']}, accepted {stats['accepted']}, rejected {stats['rejected']}")
     assert not disagreements, disagreements[:5]
     assert stats["accepted"] > 0 and stats["rejected"] > 0
 
@@ -295,7 +332,9 @@ def test_perturbation_agreement_subset(official, category):
 def test_perturbation_agreement_full(official, category, action_format):
     per_entry = 2 if action_format == "python" else 1
     stats, disagreements = run_agreement(official, category, per_entry=per_entry, entries=200, action_format=action_format, seed=7)
-    print(f"\n{category} [{action_format}]: {dict(stats)}")
+    print(f"\n{category} [{action_format}]: total {stats['total']}, accepted {stats['accepted']}, "
+          f"rejected {stats['rejected']}, disagreements {len(disagreements)}")
+    print("  by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if ":" in k))
     assert stats["total"] >= 200
     assert not disagreements, disagreements[:5]
     assert stats["accepted"] > 0 and stats["rejected"] > 0
