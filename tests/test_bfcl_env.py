@@ -146,6 +146,21 @@ def test_force_terminated_past_step_limit():
     assert env.step("[ls()]")[4]["error"] == "episode_over"
 
 
+def test_hand_made_task_dict_and_bad_tasks():
+    entry = data.get_entry("multi_turn_base_3")
+    task = data.entry_to_task(entry).to_dict()
+    task["id"] = "my_variant"
+    env = BFCLEnv()
+    _, info = env.reset(options={"task": task})
+    assert info["task_id"] == "my_variant" and info["category"] == "multi_turn_base"
+    assert play(env, env.reference_actions(data.load_task("multi_turn_base_3")))[-1][1] == 1.0
+    bad = dict(task, metadata={k: v for k, v in task["metadata"].items() if k != "initial_config"})
+    with pytest.raises(ValueError, match="initial_config"):
+        env.reset(options={"task": bad})
+    with pytest.raises(ValueError, match="answer"):
+        env.reset(options={"task": dict(task, answer=[["ls()"]])})
+
+
 def test_step_before_reset_raises():
     with pytest.raises(RuntimeError, match="reset"):
         BFCLEnv().step("[ls()]")

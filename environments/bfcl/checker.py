@@ -73,7 +73,7 @@ class TurnCheck:
 def is_long_context(task: Task) -> bool:
     """bfcl-eval's rule: ``"long_context" in`` the id's category part."""
     category = task.metadata.get("category") or task.id.rsplit("_", 1)[0]
-    return "long_context" in category or "composite" in category
+    return "long_context" in category
 
 
 def new_instances(task: Task) -> dict[str, Any]:

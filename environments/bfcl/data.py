@@ -299,6 +299,36 @@ def load_task(task_id: str) -> Task:
     raise KeyError(task_id)  # unreachable
 
 
+_TASK_METADATA = ("question", "initial_config", "involved_classes")
+
+
+def validate_task(task: Task) -> Task:
+    """Check that a (possibly hand-made) task carries what the env needs; returns it.
+
+    Needs ``metadata["question"]`` (turns of message dicts), ``metadata["initial_config"]``,
+    ``metadata["involved_classes"]`` (backend class names), a ``category`` in metadata or
+    in the id, and ``answer``: one list of ground-truth call strings per turn.
+    """
+    missing = [k for k in _TASK_METADATA if k not in task.metadata]
+    if missing:
+        raise ValueError(f"BFCL task {task.id!r} has no metadata {missing}; build tasks with entry_to_task or load_task")
+    turns, answer = task.metadata["question"], task.answer
+    if not (isinstance(answer, list) and len(answer) == len(turns) and len(turns) > 0
+            and all(isinstance(t, list) and all(isinstance(c, str) for c in t) for t in answer)):
+        raise ValueError(f"BFCL task {task.id!r}: answer must be one list of call strings per turn ({len(turns)} turns)")
+    unknown = [c for c in task.metadata["involved_classes"] if c not in BACKEND_CLASSES]
+    if unknown:
+        raise ValueError(f"BFCL task {task.id!r}: unknown backend classes {unknown}; expected some of {BACKEND_CLASSES}")
+    task_category(task)
+    return task
+
+
+def task_category(task: Task) -> str:
+    """The task's category: ``metadata["category"]``, else the id's ``<category>_<i>`` prefix."""
+    category = task.metadata.get("category") or task.id.rsplit("_", 1)[0]
+    return check_category(category)
+
+
 def task_entry(task: Task) -> dict:
     """The entry dict (BFCL field names) behind a task, built from its metadata."""
     meta = task.metadata

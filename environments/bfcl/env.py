@@ -127,7 +127,7 @@ class BFCLEnv(gymnasium.Env):
         if raw is None:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         else:
-            task = resolve_task(raw, data.load_task)
+            task = data.validate_task(resolve_task(raw, data.load_task))
         self._task = task
         self._clear()
         self._reference_key = checker.reference_key(task)
@@ -138,7 +138,7 @@ class BFCLEnv(gymnasium.Env):
         obs = [Message("system", self._system_prompt(self._docs)), *self._user_turn(0)]
         info = {
             "task_id": task.id,
-            "category": task.metadata["category"],
+            "category": data.task_category(task),
             "num_turns": len(task.answer),
             "involved_classes": list(task.metadata["involved_classes"]),
             "tools": self._tools(self._docs),
@@ -227,7 +227,7 @@ class BFCLEnv(gymnasium.Env):
         n_turns = len(self._task.answer)
         return {
             "task_id": self._task.id,
-            "category": self._task.metadata["category"],
+            "category": data.task_category(self._task),
             "valid": self._failure is None,
             "failure": self._failure,
             "turn_checks": list(self._checks),
@@ -280,7 +280,7 @@ class BFCLEnv(gymnasium.Env):
         """The ground-truth run as responses: per user turn, one response with all its
         calls (positional arguments named, since BFCL's decoder drops them), then
         :data:`END_TURN` to end the turn. Replaying it scores 1.0."""
-        task = resolve_task(task, data.load_task)
+        task = data.validate_task(resolve_task(task, data.load_task))
         table = method_table(checker.new_instances(task))
         actions = []
         for turn in task.answer:
