@@ -41,8 +41,9 @@ def test_make_and_first_observation():
     assert "[func_name1(params_name1=params_value1" in obs[0].content and '"name": "mkdir"' in obs[0].content
     assert obs[1].content.startswith("Move 'final_report.pdf'")
     assert info["task_id"] == "multi_turn_base_0" and info["num_turns"] == 4
-    assert {t["function"]["name"] for t in info["tools"]} >= {"cd", "mkdir", "post_tweet"}
-    assert all(t["function"]["parameters"]["type"] == "object" for t in info["tools"])
+    assert "tools" not in info  # the system message lists them; trace_gym.agent would render info["tools"] again
+    assert {t["function"]["name"] for t in info["tool_schemas"]} >= {"cd", "mkdir", "post_tweet"}
+    assert all(t["function"]["parameters"]["type"] == "object" for t in info["tool_schemas"])
 
 
 def test_reset_accepts_task_object_and_draws_without_one():
@@ -85,13 +86,24 @@ def test_tool_call_format_system_prompt_and_parsing():
     assert info["turn_end"] and obs[0].role == "user"
 
 
+def test_template_tool_prompt():
+    env = BFCLEnv(action_format="tool_call", tool_prompt="template")
+    obs, info = env.reset(options={"task_id": "multi_turn_base_0"})
+    assert [m.role for m in obs] == ["user"] and {t["function"]["name"] for t in info["tools"]} >= {"cd", "ls"}
+    check_env(gymnasium.make("trace_gym/BFCL-v0", action_format="tool_call", tool_prompt="template"), _subset("multi_turn_base")[:3])
+    with pytest.raises(ValueError, match="tool_call"):
+        BFCLEnv(tool_prompt="template")
+    with pytest.raises(ValueError, match="tool_prompt"):
+        BFCLEnv(action_format="tool_call", tool_prompt="user")
+
+
 def test_miss_func_reveals_docs_on_holdout_turn():
     entry = data.get_entry("multi_turn_miss_func_0")
     (turn, names), = entry["missed_function"].items()
     env = BFCLEnv(category="multi_turn_miss_func")
     obs, info = env.reset(options={"task_id": entry["id"]})
     assert all(f'"name": "{n}"' not in obs[0].content for n in names)
-    assert all(t["function"]["name"] not in names for t in info["tools"])
+    assert all(t["function"]["name"] not in names for t in info["tool_schemas"])
     actions = iter(env.reference_actions(entry["id"]))
     ended = 0
     while ended < int(turn):  # play the turns before the holdout turn
@@ -100,7 +112,7 @@ def test_miss_func_reveals_docs_on_holdout_turn():
     assert "I have updated some more functions you can choose from" in obs[0].content
     assert all(f"'name': '{n}'" in obs[0].content for n in names)
     assert info["revealed_functions"] == names
-    assert {t["function"]["name"] for t in info["tools"]} >= set(names)
+    assert {t["function"]["name"] for t in info["tool_schemas"]} >= set(names)
 
 
 def test_miss_param_turn_without_calls_passes_but_calls_still_change_state():

@@ -15,13 +15,16 @@ prompting format): a list of calls ``[cd(folder='document'), ls()]``;
 ## Observation Space
 ``ChatObservation``. At reset: a system message (BFCL's default system prompt with
 the JSON function docs, or the Qwen tools block for ``tool_call``) and the first user
-turn. After a response with calls: one ``tool`` message per call (``name`` is the
+turn; with ``tool_prompt="template"`` (``tool_call`` only) just the first user turn,
+and ``info["tools"]`` carries the functions for the chat template to render. After a response with calls: one ``tool`` message per call (``name`` is the
 decoded call, ``content`` its result or error). After a response without a decodable
 call (the model is talking to the user, as in BFCL's inference loop): the next user
 turn; on a miss_func holdout turn that is BFCL's "I have updated some more functions"
 message carrying the newly available docs. After the last turn: ``[]``.
-``info["tools"]`` (at reset and when docs are revealed) holds the available functions
-as OpenAI-style JSON schemas for chat templates.
+``info["tool_schemas"]`` (at reset and when docs are revealed) holds the available
+functions as OpenAI-style JSON schemas. It is not called ``tools`` by default because
+``trace_gym.agent`` forwards ``info["tools"]`` to the chat template, and the system
+message already lists them.
 
 ## Rewards
 0.0 on every step but the last; at the end 1.0 when every user turn passed the official
@@ -58,6 +61,8 @@ from environments.bfcl import checker, data
 from environments.bfcl.executor import execute_calls, keyword_form, method_table
 from environments.bfcl.parsing import ACTION_FORMATS, MAX_ACTION_CHARS, decode, render_action
 
+#: Where the function docs go: the system message, or ``info["tools"]`` for the chat template.
+TOOL_PROMPTS = ("system", "template")
 #: BFCL's MAXIMUM_STEP_LIMIT: call steps allowed per user turn.
 MAX_STEPS_PER_TURN = 20
 #: The response ``reference_actions`` uses to end a user turn (it holds no call).
@@ -80,13 +85,18 @@ class BFCLEnv(gymnasium.Env):
         action_format: ``python`` (BFCL prompting format) or ``tool_call`` (Qwen style).
         max_steps_per_turn: call steps allowed per user turn before force-termination.
         max_action_chars: longer responses are not parsed (they hold no call).
+        tool_prompt: ``system`` (default): the function docs are in the system message,
+            as BFCL prompts; ``template`` (``tool_call`` format only): no system
+            message, the schemas go to ``info["tools"]`` for the chat template (e.g.
+            Qwen's, which renders the same tools block).
     """
 
     metadata = {"render_modes": []}
     snapshot_mode = "state"
 
     def __init__(self, category: str = "multi_turn_base", split: str = "all", action_format: str = "python",
-                 max_steps_per_turn: int = MAX_STEPS_PER_TURN, max_action_chars: int = MAX_ACTION_CHARS):
+                 max_steps_per_turn: int = MAX_STEPS_PER_TURN, max_action_chars: int = MAX_ACTION_CHARS,
+                 tool_prompt: str = "system"):
         data.check_category(category)
         if split not in data.SPLITS:
             raise ValueError(f"split must be one of {data.SPLITS}, got {split!r}")
@@ -96,6 +106,11 @@ class BFCLEnv(gymnasium.Env):
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
         if max_action_chars < 1:
             raise ValueError(f"max_action_chars must be >= 1, got {max_action_chars}")
+        if tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(f"tool_prompt must be one of {TOOL_PROMPTS}, got {tool_prompt!r}")
+        if tool_prompt == "template" and action_format != "tool_call":
+            raise ValueError("tool_prompt='template' needs action_format='tool_call' (BFCL's python format lists docs in the prompt)")
+        self.tool_prompt = tool_prompt
         self.category, self.split, self.action_format = category, split, action_format
         self.max_steps_per_turn, self.max_action_chars = max_steps_per_turn, max_action_chars
         self.tasks = data.load_tasks(category, split)
@@ -135,13 +150,15 @@ class BFCLEnv(gymnasium.Env):
         self._instances = self._reference.fresh_instances()
         self._table = method_table(self._instances)
         self._load_docs()
-        obs = [Message("system", self._system_prompt(self._docs)), *self._user_turn(0)]
+        obs = self._user_turn(0)
+        if self.tool_prompt == "system":
+            obs = [Message("system", self._system_prompt(self._docs)), *obs]
         info = {
             "task_id": task.id,
             "category": data.task_category(task),
             "num_turns": len(task.answer),
             "involved_classes": list(task.metadata["involved_classes"]),
-            "tools": self._tools(self._docs),
+            self._tools_key: self._tools(self._docs),
         }
         return obs, info
 
@@ -187,7 +204,7 @@ class BFCLEnv(gymnasium.Env):
             obs = self._user_turn(self._turn)
             if self._turn in self._holdout:
                 info["revealed_functions"] = [d["name"] for d in self._holdout[self._turn]]
-                info["tools"] = self._tools(self._available_docs())
+                info[self._tools_key] = self._tools(self._available_docs())
             return obs, 0.0, False, False, info
         return self._finish(info)
 
@@ -244,6 +261,10 @@ class BFCLEnv(gymnasium.Env):
             build = data.bfcl_system_prompt if self.action_format == "python" else data.tool_call_system_prompt
             _PROMPTS[key] = build(docs)
         return _PROMPTS[key]
+
+    @property
+    def _tools_key(self) -> str:
+        return "tools" if self.tool_prompt == "template" else "tool_schemas"
 
     @staticmethod
     def _tools(docs: list[dict]) -> list[dict]:
