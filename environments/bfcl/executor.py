@@ -29,11 +29,13 @@ import functools
 import importlib
 import inspect
 import json
+import threading
 from typing import Any, Iterable, Mapping
 
 from environments.bfcl.data import BACKEND_CLASSES
 from environments.bfcl.parsing import BLOCKED_NAMES, Call, parse_ground_truth_call
 
+_MATH_LOCK = threading.Lock()
 MAX_PRECISION = 10_000
 MAX_POWER_BITS = 1 << 20
 ERROR_PREFIX = "Error during execution: "
@@ -121,15 +123,19 @@ def _guard(class_name: str, method: str, kwargs: Mapping[str, Any]) -> str | Non
 
 def _call_isolated(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> str:
     """Call and format the result (an ``mpf``'s text depends on the precision the call
-    set), then restore the process-wide precision MathAPI may have changed."""
+    set), then restore the process-wide precision MathAPI may have changed. MathAPI
+    calls hold a lock: ``mpmath.mp.dps`` is shared by all threads (envs in a pool)."""
+    if not isinstance(method.__self__, backend_class("MathAPI")):
+        return format_result(method(*args, **kwargs))
     import mpmath
 
-    dps, ctx = mpmath.mp.dps, decimal.getcontext().copy()
-    try:
-        return format_result(method(*args, **kwargs))
-    finally:
-        mpmath.mp.dps = dps
-        decimal.setcontext(ctx)
+    with _MATH_LOCK:
+        dps, ctx = mpmath.mp.dps, decimal.getcontext().copy()
+        try:
+            return format_result(method(*args, **kwargs))
+        finally:
+            mpmath.mp.dps = dps
+            decimal.setcontext(ctx)
 
 
 def execute(instances: Mapping[str, Any], table: Mapping[str, str], name: str, args: tuple = (), kwargs: Mapping[str, Any] | None = None) -> str:

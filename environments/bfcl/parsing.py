@@ -50,6 +50,15 @@ ACTION_FORMATS = ("python", "tool_call")
 _TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MAX_INT_BITS = 4096  # folded integers stay below 2**4096
+# Model text is parsed under this file name, and its SyntaxWarnings ("invalid decimal
+# literal" on random text) are filtered by it. The filter is (re)installed before each
+# parse because test runners reset filters; unlike catch_warnings it is thread-safe.
+_SOURCE_NAME = "<bfcl-action>"
+
+
+def _parse(source: str) -> ast.Expression:
+    warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_SOURCE_NAME))
+    return ast.parse(source, filename=_SOURCE_NAME, mode="eval")
 
 
 @dataclass(frozen=True)
@@ -145,9 +154,7 @@ def _decode_python(text: str) -> list[Call]:
         s = s + "]"
     s = s.strip().strip("'")
     try:
-        with warnings.catch_warnings():  # e.g. "invalid decimal literal" on random text
-            warnings.simplefilter("ignore", SyntaxWarning)
-            tree = ast.parse(s, mode="eval")
+        tree = _parse(s)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
         raise DecodeError(f"not a list of function calls ({type(exc).__name__}: {str(exc)[:200]})") from None
     body = tree.body
@@ -287,9 +294,7 @@ def _render(value: Any) -> str:
 def _literal(rendered: str) -> Any:
     """The value the official executor's ``eval`` would see, when it is a literal."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SyntaxWarning)
-            tree = ast.parse(rendered, mode="eval")
+        tree = _parse(rendered)
         if any(isinstance(n, ast.Call) for n in ast.walk(tree)):
             return _Nested
         return ast.literal_eval(tree.body)
