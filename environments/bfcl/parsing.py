@@ -23,7 +23,7 @@ Safety: the official decoder ``eval``s arithmetic and the official executor ``ev
 rendered call strings. Here nothing is evaluated: argument values are rebuilt from the
 rendered text with :func:`ast.literal_eval`, arithmetic on literal numbers/strings is
 folded by a small interpreter with size limits, and a call that would need anything
-else (attribute access, nested calls with arguments, ``**kwargs``, non-literal values)
+else (attribute access, calls used as argument values, ``**kwargs``, non-literal values)
 is *refused*: it becomes an error result and is not executed. A response that bfcl-eval
 cannot decode at all (syntax error, a list item that is not a call, lambdas,
 comprehensions, f-strings, names inside arithmetic...) has no calls, which ends the user
