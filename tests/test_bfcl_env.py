@@ -266,3 +266,16 @@ def test_check_env_all_entries(category):
 def test_check_env_tool_call_format():
     env = gymnasium.make("trace_gym/BFCL-v0", category="multi_turn_miss_func", action_format="tool_call")
     check_env(env, _subset("multi_turn_miss_func")[:8])
+
+
+@pytest.mark.parametrize("category", data.CATEGORIES)
+def test_ground_truth_replay_scores_one_on_every_entry(category):
+    """Env-only (no bfcl-eval decoder needed); the official cross-check is in test_bfcl_agreement."""
+    env = BFCLEnv(category=category)
+    failed = []
+    for task in env.tasks:
+        env.reset(options={"task": task})
+        steps = play(env, env.reference_actions(task))
+        if steps[-1][1] != 1.0:
+            failed.append((task.id, steps[-1][4].get("failure")))
+    assert not failed, failed[:3]
