@@ -116,23 +116,11 @@ class SimBenchConfig:
 # ---------------------------------------------------------------------- the bench
 def _strategy_table(cfg: SimBenchConfig) -> dict[str, Any]:
     """The strategies to run, shaped for this config (group size G, tree shape N)."""
-    from baselines.pcl import PCLRootAllocator
-    from baselines.uniform import UniformRootAllocator
-    from trace_gym.strategies import STRATEGIES
+    from trace_gym.strategies import STRATEGIES, shaped_strategies
 
-    table = dict(STRATEGIES)
-    table[LEARNED] = STRATEGIES["trace"]
-    names = list(cfg.strategies) or list(table)
-    unknown = [n for n in names if n not in table]
-    if unknown:
-        raise ValueError(f"unknown strategies {unknown}; known: {sorted(table)}")
-    out = {}
-    for name in names:
-        s = table[name].with_continuations(cfg.continuations_per_root)
-        if isinstance(s.root_allocator, (UniformRootAllocator, PCLRootAllocator)):
-            s = dataclasses.replace(s, root_allocator=type(s.root_allocator)(cfg.group_size))
-        out[name] = s
-    return out
+    return shaped_strategies(cfg.strategies, group_size=cfg.group_size,
+                             continuations_per_root=cfg.continuations_per_root,
+                             extra={LEARNED: STRATEGIES["trace"]})
 
 
 def _predictor(name: str, cfg: SimBenchConfig, world, pool, seed: int):
@@ -392,8 +380,10 @@ def _parse_field(f: dataclasses.Field, text: str) -> Any:
     return {"int": int, "float": float, "str": str}[f.type](text)
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: set[str] = frozenset()) -> None:
     for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
@@ -424,25 +414,27 @@ def config_from_args(args: argparse.Namespace, cls: type = SimBenchConfig) -> An
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if not args.sim:
-        print(
-            "trace-gym bench: only the simulated benchmark exists so far; run `trace-gym bench --sim` "
-            "(the model-backed bench comes with the rollout/trainer issues).",
-            file=sys.stderr,
-        )
+    if args.sim == bool(args.env):
+        print("trace-gym bench: give exactly one of --sim or --env ENV (with --policy MODEL)", file=sys.stderr)
         return 2
-    cfg = config_from_args(args)
-    results = run_sim_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr))
-    if args.out:
-        results["plots"] = [str(p) for p in write_bench_plots(results, args.out)]
-    print(format_bench(results))
+    progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.env:
+        from trace_gym.bench_env import EnvBenchConfig, format_env_bench, run_env_bench
+
+        results = run_env_bench(config_from_args(args, EnvBenchConfig), progress=progress)
+        print(format_env_bench(results))
+    else:
+        results = run_sim_bench(config_from_args(args), progress=progress)
+        if args.out:
+            results["plots"] = [str(p) for p in write_bench_plots(results, args.out)]
+        print(format_bench(results))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2))
         print(f"\nwrote {args.json}")
     if args.out:
         print(f"wrote plots: {', '.join(results['plots'])}")
-    failed = [c for c in results["checks"] if c["status"] == "FAIL"]
+    failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
     return 1 if failed and args.strict else 0
 
 
@@ -457,11 +449,14 @@ def cmd_envs(args: argparse.Namespace) -> int:
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmark allocation strategies at equal nominal budget")
     p.add_argument("--sim", action="store_true", help="use the simulator (no model needed)")
-    p.add_argument("--config", help="YAML file with SimBenchConfig fields (flags override it)")
+    p.add_argument("--config", help="YAML file with SimBenchConfig / EnvBenchConfig fields (flags override it)")
     p.add_argument("--json", help="write the results as JSON to this path")
     p.add_argument("--out", help="write PNG plots into this folder")
     p.add_argument("--strict", action="store_true", help="exit 1 when a check FAILs")
     _add_config_flags(p, SimBenchConfig)
+    from trace_gym.bench_env import EnvBenchConfig
+
+    _add_config_flags(p, EnvBenchConfig, skip={f.name for f in dataclasses.fields(SimBenchConfig)})
     p.set_defaults(func=cmd_bench)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
+from typing import Callable
 
 NAMESPACE = "trace_gym"
 ENTRY_POINT_GROUP = "trace_gym.envs"
@@ -23,6 +24,16 @@ BUILTIN_ENVS: dict[str, str] = {
     "GuessNumber-v0": "environments.guess_number.env:GuessNumberEnv",
     "MathPython-v0": "environments.math_python.env:MathPythonEnv",
     "BFCL-v0": "environments.bfcl.env:BFCLEnv",
+}
+
+#: Env families the benches and evaluators know by short name:
+#: name -> (gym id, task loader "module:function", loader kwargs).
+#: The loader is called as ``loader(n, seed=seed, **kwargs)`` and returns ``list[Task]``.
+ENV_FAMILIES: dict[str, tuple[str, str, dict]] = {
+    "math_python": ("trace_gym/MathPython-v0", "environments.math_python.generated:generate_tasks",
+                    {"difficulty": (0, 1)}),
+    "guess_number": ("trace_gym/GuessNumber-v0", "environments.guess_number.env:make_tasks", {}),
+    "bfcl": ("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks", {}),
 }
 
 _log = logging.getLogger(__name__)
@@ -78,3 +89,15 @@ def env_ids() -> list[str]:
 
     register_envs()
     return sorted(k for k in registry if k.startswith(NAMESPACE + "/"))
+
+
+def env_family(name: str) -> tuple[str, Callable[..., list], dict]:
+    """``(gym id, task loader, loader kwargs)`` of a family in :data:`ENV_FAMILIES`."""
+    import importlib
+
+    if name not in ENV_FAMILIES:
+        raise ValueError(f"unknown env family {name!r}; known: {sorted(ENV_FAMILIES)}")
+    env_id, loader, kwargs = ENV_FAMILIES[name]
+    module, _, function = loader.partition(":")
+    register_envs()
+    return env_id, getattr(importlib.import_module(module), function), dict(kwargs)

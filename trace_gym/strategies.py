@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from baselines.pcl import PCLRootAllocator
 from baselines.random_tree import RandomPrefixAllocator
@@ -149,3 +150,28 @@ def get_strategy(name: str) -> Strategy:
         return STRATEGIES[name]
     except KeyError:
         raise KeyError(f"unknown strategy {name!r}; known: {sorted(STRATEGIES)}") from None
+
+
+def shaped_strategies(names: Sequence[str], *, group_size: int, continuations_per_root: float,
+                      extra: Mapping[str, Strategy] | None = None) -> dict[str, Strategy]:
+    """The named strategies reshaped for one benchmark: the fixed group size G of the
+    flat baselines' root allocators and the tree shape N of expanding strategies.
+
+    Args:
+        names: strategy names (``STRATEGIES`` keys or ``extra`` keys); empty means all.
+        group_size: G for ``UniformRootAllocator`` / ``PCLRootAllocator``.
+        continuations_per_root: N for strategies that expand.
+        extra: additional named strategies (e.g. a variant with another predictor).
+    """
+    table = {**STRATEGIES, **(extra or {})}
+    names = list(names) or list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; known: {sorted(table)}")
+    out = {}
+    for name in names:
+        s = table[name].with_continuations(continuations_per_root)
+        if isinstance(s.root_allocator, (UniformRootAllocator, PCLRootAllocator)):
+            s = dataclasses.replace(s, root_allocator=type(s.root_allocator)(group_size))
+        out[name] = s
+    return out
