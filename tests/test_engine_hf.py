@@ -226,3 +226,15 @@ def test_update_weights(tiny_model_path):
     with pytest.raises(ValueError, match=f"'{name}' has shape \\(3,\\)"):
         engine.update_weights([(name, torch.zeros(3))], version=5)
     engine.close()
+
+
+def test_auto_falls_back_to_hf_when_vllm_is_missing(monkeypatch, tiny_model_path, caplog):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    with caplog.at_level("WARNING"):
+        engine = make_engine("auto", tiny_model_path, dtype="float32")
+    assert type(engine).__name__ == "HFEngine"
+    assert "vllm is not installed" in caplog.text
+    engine.close()

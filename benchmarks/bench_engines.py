@@ -1,0 +1,150 @@
+"""Rollout engines on this machine: throughput and the cost of a k-way continuation.
+
+Two measurements per engine (HF and vLLM), printed as one markdown table:
+
+1. **Throughput**: ``P`` chat prompts x ``S`` samples x ``T`` new tokens (EOS ignored so
+   every engine generates the same number of tokens), temperature 1, after one warm-up
+   call. Reported as generated tokens per second of ``generate``.
+2. **k-way continuation**: a long context (a prompt plus a generated history, ~``L``
+   tokens) is continued ``k`` ways with ``C`` new tokens each, (a) right after the context
+   was generated once (its KV is in the engine's prefix cache) and (b) with the cache
+   emptied first, so the context is re-encoded. Reported: seconds of each call, the
+   prefix tokens served from cache, and the saving.
+
+Usage::
+
+    python benchmarks/bench_engines.py                      # both engines, defaults below
+    python benchmarks/bench_engines.py --engines hf --json runs/bench_engines.json
+
+Numbers depend on machine load: on the shared 2-core box run it when nothing else runs,
+and keep ``--threads 1`` (OpenMP threads spin-wait on each other under contention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trace_gym.types import SamplingParams  # noqa: E402
+
+TOPICS = ["the sea", "a lighthouse", "prime numbers", "a lost key", "the moon", "bread", "a violin", "winter"]
+
+
+def chat_prompts(tokenizer, count: int) -> list[list[int]]:
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}."}],
+            add_generation_prompt=True, return_dict=False,
+        )
+        for i in range(count)
+    ]
+
+
+def reset_cache(engine) -> None:
+    if hasattr(engine, "prefix_cache"):
+        engine.prefix_cache.clear()
+    else:
+        engine.reset_prefix_cache()
+
+
+def bench_engine(kind: str, model_path: Path, args: argparse.Namespace) -> dict:
+    from trace_gym.engines import make_engine
+
+    t0 = time.perf_counter()
+    engine = make_engine(kind, model_path, ignore_eos=True, **({"cpu_threads": args.threads} if kind == "vllm" else {}))
+    load_s = time.perf_counter() - t0
+    tok = engine.tokenizer
+    prompts = chat_prompts(tok, args.prompts)
+
+    # 1. throughput
+    engine.generate(prompts[:2], [2, 2], SamplingParams(max_tokens=8, temperature=1.0, seed=0))  # warm-up
+    reset_cache(engine)
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=1)
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, [args.samples] * len(prompts), sampling)
+    gen_s = time.perf_counter() - t0
+    generated = sum(len(c.token_ids) for cs in out for c in cs)
+
+    # 2. k-way continuation from a long context
+    history = engine.generate([prompts[0]], [1], SamplingParams(max_tokens=args.context, temperature=0.0))[0][0]
+    context = prompts[0] + list(history.token_ids) + tok.encode(
+        "<|im_end|>\n<|im_start|>user\nNow continue the story.<|im_end|>\n<|im_start|>assistant\n")
+    branch = SamplingParams(max_tokens=args.continuation_tokens, temperature=1.0, seed=2)
+    engine.generate([context], [1], SamplingParams(max_tokens=1, temperature=0.0))  # context KV into the cache
+    t0 = time.perf_counter()
+    warm = engine.generate([context], [args.k], branch)[0]
+    warm_s = time.perf_counter() - t0
+    reset_cache(engine)
+    t0 = time.perf_counter()
+    cold = engine.generate([context], [args.k], branch)[0]
+    cold_s = time.perf_counter() - t0
+    engine.close()
+    return {
+        "engine": kind, "load_s": load_s,
+        "throughput": {"prompts": args.prompts, "samples": args.samples, "max_tokens": args.max_tokens,
+                       "generated_tokens": generated, "seconds": gen_s, "tokens_per_s": generated / gen_s},
+        "continuation": {"context_tokens": len(context), "k": args.k, "new_tokens": args.continuation_tokens,
+                         "cached_s": warm_s, "cached_tokens": warm[0].cached_tokens,
+                         "reencode_s": cold_s, "reencode_cached_tokens": cold[0].cached_tokens,
+                         "saving": 1 - warm_s / cold_s},
+    }
+
+
+def markdown(results: list[dict]) -> str:
+    lines = [
+        "| engine | load s | tok/s (PxSxT) | k-way cont. cached s | cached prefix tok | re-encode s | saving |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        th, co = r["throughput"], r["continuation"]
+        lines.append(
+            f"| {r['engine']} | {r['load_s']:.1f} | {th['tokens_per_s']:.0f} "
+            f"({th['prompts']}x{th['samples']}x{th['max_tokens']}) | {co['cached_s']:.2f} | "
+            f"{co['cached_tokens']}/{co['context_tokens']} | {co['reencode_s']:.2f} | {co['saving']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", help="model name or folder")
+    parser.add_argument("--engines", default="hf,vllm", help="comma-separated engine kinds")
+    parser.add_argument("--prompts", type=int, default=8, help="P: prompts in the throughput run")
+    parser.add_argument("--samples", type=int, default=4, help="S: samples per prompt")
+    parser.add_argument("--max-tokens", type=int, default=128, help="T: new tokens per sample")
+    parser.add_argument("--context", type=int, default=448, help="L: generated history before branching (tokens)")
+    parser.add_argument("--k", type=int, default=4, help="k: continuations per branch point")
+    parser.add_argument("--continuation-tokens", type=int, default=16, help="C: new tokens per continuation")
+    parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (process-wide)")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout; keep the table clean
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from trace_gym.models import resolve_model
+
+    model_path = resolve_model(args.model)
+    results = []
+    for kind in [k.strip() for k in args.engines.split(",") if k.strip()]:
+        results.append(bench_engine(kind, model_path, args))
+        print(f"done: {kind}", file=sys.stderr, flush=True)
+    print(markdown(results))
+    if args.json:
+        meta = {"model": str(model_path), "threads": args.threads, "machine": platform.processor() or platform.machine(),
+                "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
