@@ -56,6 +56,8 @@ def test_generate_contract(vllm_engine):
     again = engine.generate(ps, [2, 1], sampling)
     assert [[c.token_ids for c in cs] for cs in again] == [[c.token_ids for c in cs] for cs in out]
     assert engine.generate(ps, [0, 1], sampling)[0] == []
+    greedy = engine.generate(ps[:1], [2], SamplingParams(max_tokens=8, temperature=0.0))[0]  # vLLM itself refuses n>1
+    assert len(greedy) == 2 and greedy[0].token_ids == greedy[1].token_ids
 
 
 def test_sampled_logprobs_match_score_at_temperature_one(vllm_engine):

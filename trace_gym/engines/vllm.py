@@ -145,9 +145,10 @@ class _VLLMAPI:
         return [float(steps[t][ids[t]].logprob) for t in range(1, len(ids))]
 
     @staticmethod
-    def reload_weights(llm, weights: list) -> None:
+    def reload_weights(llm, weights: list, cpu: bool) -> None:
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-        llm.collective_rpc(_refresh_tied_lm_head)
+        if cpu:
+            llm.collective_rpc(_refresh_tied_lm_head)
 
 
     @staticmethod
@@ -254,20 +255,26 @@ class VLLMEngine:
         self, prefixes: Sequence[Sequence[int]], n: Sequence[int] | int, sampling: SamplingParams
     ) -> list[list[Completion]]:
         counts = check_generate_args(prefixes, n, self.vocab_size, self.max_model_len)
-        asked = [i for i, k in enumerate(counts) if k > 0]
-        prompts = [self.api.tokens_prompt(prefixes[i]) for i in asked]
+        # one request per prefix with n = count; vLLM refuses n > 1 for greedy, so greedy
+        # asks for count identical n = 1 requests (they share the prefix cache)
+        requests = [(i, k) for i, k in enumerate(counts) if k > 0]
+        if sampling.temperature == 0:
+            requests = [(i, 1) for i, k in requests for _ in range(k)]
+        prompts = [self.api.tokens_prompt(prefixes[i]) for i, _ in requests]
         params = [
             self.api.sampling_params(
-                sampling, counts[i], None if sampling.seed is None else _request_seed(sampling.seed, i), self.ignore_eos
+                sampling, k, None if sampling.seed is None else _request_seed(sampling.seed, i), self.ignore_eos
             )
-            for i in asked
+            for i, k in requests
         ]
         t0 = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
         results: list[list[Completion]] = [[] for _ in counts]
         generated = cached_total = 0
-        for i, request_output in zip(asked, outputs):
+        for (i, k), request_output in zip(requests, outputs):
             cached, samples = self.api.read_output(request_output)
+            if len(samples) != k:
+                raise RuntimeError(f"vLLM returned {len(samples)} completions for prefix {i}, asked {k}")
             cached_total += cached or 0
             for ids, lps, reason in samples:
                 generated += len(ids)
@@ -275,8 +282,6 @@ class VLLMEngine:
                     token_ids=ids, logprobs=lps, finish_reason=reason, cached_tokens=cached,
                     text=self.tokenizer.decode(ids, skip_special_tokens=True),
                 ))
-            if len(results[i]) != counts[i]:
-                raise RuntimeError(f"vLLM returned {len(results[i])} completions for prefix {i}, asked {counts[i]}")
         self.last_stats = {"generated_tokens": generated, "cached_tokens": cached_total,
                            "seconds": time.perf_counter() - t0}
         return results
@@ -310,7 +315,9 @@ class VLLMEngine:
                 if name == "lm_head.weight" and self._tied():
                     continue
                 raise KeyError(f"update_weights: {name!r} is not a tensor of {self.model_path} (e.g. {sorted(known)[:3]})")
-            weights.append((name, tensor.detach().to(self.device).contiguous()))
+            # CPU tensors: in-process they pass by reference; to GPU workers they serialise,
+            # and each weight loader copies into its (device) parameter itself
+            weights.append((name, tensor.detach().to("cpu").contiguous()))
             sent.add(name)
         for group, members in groups.items():
             touched = members & sent
@@ -318,7 +325,7 @@ class VLLMEngine:
                 raise ValueError(f"update_weights: vLLM layer {group!r} needs all of {sorted(members)}; "
                                  f"missing {sorted(members - sent)} (a partial update corrupts the layer)")
         t0 = time.perf_counter()
-        self.api.reload_weights(self.llm, weights)
+        self.api.reload_weights(self.llm, weights, cpu=self.device == "cpu")
         self.api.reset_prefix_cache(self.llm)
         self.last_update_seconds = time.perf_counter() - t0
         self._version = int(version)
