@@ -208,6 +208,10 @@ class AgentRunner:
         obs, info = env.reset(seed=seed, options={"task": task})
         tools = info.get("tools")
         prompt = tuple(self.renderer.prompt(obs, tools))
+        if len(prompt) >= self.config.max_episode_tokens:
+            env.close()
+            raise ValueError(f"task {task.id!r}: the prompt has {len(prompt)} tokens, at or over "
+                             f"max_episode_tokens={self.config.max_episode_tokens}")
         return Episode(task, seed, env, prompt, list(obs), tools, prompt, uid=self._next_uid(), group=group)
 
     def branch(self, parent: Episode, turns: int, k: int, group: Any = None) -> list[Episode]:

@@ -108,7 +108,7 @@ def run_env_bench(cfg: EnvBenchConfig, progress: Callable[[str], None] | None = 
 
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
-    env_id, load_tasks, loader_kwargs = env_family(cfg.env)
+    env_id, load_tasks, loader_kwargs, env_kwargs = env_family(cfg.env)
     if engine is None:
         engine = make_engine(cfg.engine, cfg.policy)
     say(f"engine {type(engine).__name__} ready ({time.perf_counter() - t_start:.1f} s)")
@@ -117,7 +117,7 @@ def run_env_bench(cfg: EnvBenchConfig, progress: Callable[[str], None] | None = 
     sampling = SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed)
 
     def make_runner() -> AgentRunner:
-        factory = lambda: gymnasium.make(env_id, disable_env_checker=True, max_turns=cfg.max_turns)  # noqa: E731
+        factory = lambda: gymnasium.make(env_id, disable_env_checker=True, **env_kwargs)  # noqa: E731
         return AgentRunner(engine, engine.tokenizer, factory, sampling, agent_cfg, BudgetLedger())
 
     strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,

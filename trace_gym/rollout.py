@@ -8,7 +8,10 @@ One call to :func:`collect` is the rollout half of a training step (trace-method
 3. run all root rollouts batched together; *as soon as one prompt's roots have all
    finished*, score its visited prefixes, allocate its continuation budget with the
    prefix allocator, restore the snapshots into fresh envs and continue from the
-   cached token prefix; those continuations join the running batch at once.
+   cached token prefix; those continuations join the running batch at once. A prompt
+   whose roots all ended after a single turn has no prefix to continue from; its
+   continuation budget becomes ``budget // 2`` more root rollouts (a continuation from
+   the root *is* a fresh rollout), so every strategy spends the same nominal budget.
 
 Trees, the ledger (nominal and exact costs) and the predictor's view of every anchor
 come back in a :class:`RolloutBatch`. :func:`predictor_samples` turns finished trees
@@ -54,6 +57,7 @@ class _PromptState:
     task: Task
     roots_left: int
     continuation_budget: int
+    seed: int = 0
     tree: RolloutTree | None = None
     # tree node id -> (episode that produced it, number of that episode's turns up to it)
     origin: dict[int, tuple[Episode, int]] = field(default_factory=dict)
@@ -114,7 +118,7 @@ def collect(
     with ledger.phase("allocation"):
         m = allocate_roots(values, roots, strategy.root_allocator, rng)
         c = continuation_budgets(m, continuations) if strategy.expands else np.zeros(len(tasks), np.int64)
-    states = {i: _PromptState(tasks[i], int(m[i]), int(c[i])) for i in np.flatnonzero(m)}
+    states = {i: _PromptState(tasks[i], int(m[i]), int(c[i]), seed) for i in np.flatnonzero(m)}
     prefix_predictions: list[tuple[int, int, float]] = []
     order = {i: k for k, i in enumerate(states)}
 
@@ -168,7 +172,16 @@ def _expand(st: _PromptState, tree_index: int, i: int, strategy: Any, predictor:
     tree, ledger = st.tree, runner.ledger
     candidates = tree.expansion_candidates()
     if not candidates:
-        return []
+        # Every root rollout ended after one turn: there is no saved prefix to continue
+        # from. A "continuation from the root" is a fresh rollout, so the budget flows
+        # back to this prompt as root rollouts at the nominal rate (2 continuations = 1).
+        extra = st.continuation_budget // 2
+        st.continuation_budget = 0
+        st.roots_left = extra
+        base = 1000 * int(i) + len(tree.branches)
+        new = [runner.start(st.task, seed=st.seed + base + j, group=(i, ROOT)) for j in range(extra)]
+        ledger.add_rollouts(len(new))
+        return new
     with ledger.phase("predictor_scoring"):
         values = np.asarray(predictor.predict([node_context(tree, n, st.task.prompt) for n, _ in candidates]))
     log.extend((tree_index, n, float(v)) for (n, _), v in zip(candidates, values))

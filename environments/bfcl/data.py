@@ -340,3 +340,15 @@ def task_entry(task: Task) -> dict:
         "missed_function": dict(meta.get("missed_function") or {}),
         "ground_truth": task.answer,
     }
+
+
+def sample_tasks(n: int, seed: int = 0, category: str = "multi_turn_base", split: str = "train") -> list[Task]:
+    """``n`` distinct tasks of one category and split, drawn without replacement with a
+    seeded permutation (the benches' candidate pools)."""
+    import numpy as np
+
+    tasks = load_tasks(category, split)
+    if not 0 <= n <= len(tasks):
+        raise ValueError(f"n must be in [0, {len(tasks)}] for {category}/{split}, got {n}")
+    order = np.random.default_rng(seed).permutation(len(tasks))[:n]
+    return [tasks[i] for i in order]

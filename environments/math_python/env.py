@@ -68,7 +68,7 @@ import numpy as np
 
 from environments.math_python.data import load_tasks
 from environments.math_python.generated import generate_tasks
-from environments.math_python.grading import Grader, normalize_answer
+from environments.math_python.grading import EXTRACTIONS, Grader, normalize_answer
 from environments.math_python.sandbox import CellResult, Kernel, KernelFactory, KernelLimits
 from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, thaw
 from trace_gym.spaces import ChatObservation, TextAction
@@ -83,6 +83,14 @@ SYSTEM_PROMPT = (
     "block and put the final answer in \\boxed{}."
 )
 OUTPUT_TEMPLATE = "```output\n{output}\n```"
+#: A one-shot demonstration of the format (code, output, boxed answer), inserted after
+#: the system prompt when ``few_shot=True``; tiny models imitate it.
+FEW_SHOT_DEMO = (
+    ("user", "What is 3 + 5?"),
+    ("assistant", "```python\nprint(3 + 5)\n```"),
+    ("user", "```output\n8\n```"),
+    ("assistant", "The answer is \\boxed{8}."),
+)
 TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
 TIMEOUT_NOTICE = (
     "TimeoutError: the cell ran longer than {limit:g} s and was stopped. The Python session was restarted: "
@@ -124,6 +132,9 @@ class MathPythonEnv(gymnasium.Env):
         observation_role: ``"user"`` or ``"tool"``.
         grader: a :class:`Grader`; default: the process-wide shared one.
         replay_timeout_factor: a replayed cell may run this many times the cell limit.
+        few_shot: start with :data:`FEW_SHOT_DEMO` after the system prompt.
+        answer_extraction: ``"boxed"`` (default: the last ``\\boxed{}``) or
+            ``"boxed_or_last_number"`` (fall back to the last number; for tiny models).
     """
 
     metadata = {"render_modes": []}
@@ -136,7 +147,8 @@ class MathPythonEnv(gymnasium.Env):
                  truncation_marker: str = TRUNCATION_MARKER, timeout_notice: str = TIMEOUT_NOTICE,
                  crash_notice: str = CRASH_NOTICE, skipped_notice: str = SKIPPED_NOTICE,
                  final_message: str = "Final answer received.", observation_role: str = "user",
-                 grader: Grader | None = None, replay_timeout_factor: float = 3.0):
+                 grader: Grader | None = None, replay_timeout_factor: float = 3.0,
+                 answer_extraction: str = "boxed", few_shot: bool = False):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if observation_role not in ("user", "tool"):
@@ -159,6 +171,10 @@ class MathPythonEnv(gymnasium.Env):
         }
         self.observation_role = observation_role
         self.replay_timeout_factor = replay_timeout_factor
+        if answer_extraction not in EXTRACTIONS:
+            raise ValueError(f"answer_extraction must be one of {EXTRACTIONS}, got {answer_extraction!r}")
+        self.answer_extraction = answer_extraction
+        self.few_shot = few_shot
         self._grader = grader
         self._factory = KernelFactory(self.limits, isolate=isolate, prestart=prestart_kernel)
         self.action_space = TextAction(max_length=65536)
@@ -186,7 +202,8 @@ class MathPythonEnv(gymnasium.Env):
         self._episode_seed = int(self.np_random.integers(2**31))
         self._turn, self._done, self._generation, self._cells = 0, False, 0, []
         self._replay_report = None
-        obs = [Message("system", self.templates["system"]),
+        demo = [Message(role, text) for role, text in FEW_SHOT_DEMO] if self.few_shot else []
+        obs = [Message("system", self.templates["system"]), *demo,
                Message("user", self.templates["prompt"].format(question=task.prompt))]
         return obs, {"task_id": task.id, "episode_seed": self._episode_seed}
 
@@ -200,7 +217,8 @@ class MathPythonEnv(gymnasium.Env):
         info: dict[str, Any] = {"turn": self._turn, "task_id": self._task.id}
         cells = extract_code_blocks(action)
         if not cells:
-            result = self.grader.grade(action if isinstance(action, str) else "", self._task.answer)
+            result = self.grader.grade(action if isinstance(action, str) else "", self._task.answer,
+                                       self.answer_extraction)
             reward = 1.0 if result.correct else 0.0
             self._done = True
             info.update(exec=None, grading=result.info(), reward_components={"correct": reward})

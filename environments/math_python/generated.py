@@ -134,3 +134,23 @@ def generate_tasks(n: int, difficulty: int | Sequence[int] = 1, seed: int = 0) -
         tasks.append(Task(id=f"gen/d{level}/s{seed}/{i}", prompt=question, answer=_latex(value),
                           source="generated", metadata={"difficulty": level}))
     return tasks
+
+
+def generate_digit_sums(n: int, seed: int = 0, max_operand: int = 9) -> list[Task]:
+    """``n`` plain-text sums of two integers in ``[1, max_operand]`` ("What is 3 + 4?").
+
+    Below level 0: the offline CPU default's family, where SmolLM2-135M succeeds on
+    roughly a fifth of samples (measured here: 23 % over 12 tasks x 4 samples at
+    temperature 1 with last-number extraction), with per-task rates spread from 0 to
+    0.75, so groups are sometimes mixed and sometimes not. Ids are
+    ``sum/m{max_operand}/s{seed}/{i}``.
+    """
+    if n < 0 or max_operand < 1:
+        raise ValueError(f"need n >= 0 and max_operand >= 1, got n={n}, max_operand={max_operand}")
+    tasks = []
+    for i in range(n):
+        rng = random.Random(f"sum/{seed}/{max_operand}/{i}")
+        a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+        tasks.append(Task(id=f"sum/m{max_operand}/s{seed}/{i}", prompt=f"What is {a} + {b}?", answer=str(a + b),
+                          source="generated", metadata={"difficulty": -1}))
+    return tasks

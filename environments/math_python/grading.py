@@ -6,8 +6,11 @@ Extraction rules (:func:`extract_boxed_answer`):
    response (braces balanced; ``\\boxed 5`` without braces takes the next token, less
    trailing ``.,;:``).
    Earlier boxes are ignored, so a model may revise its answer.
-2. A response without a box has no answer (reward 0); there is no fallback to
-   "the answer is ...".
+2. A response without a box has no answer (reward 0) under the default
+   ``extraction="boxed"``. ``extraction="boxed_or_last_number"`` (for tiny models that
+   rarely box, e.g. the offline CPU default) falls back to the last number in the
+   response (:func:`extract_last_number`: an optionally signed integer, decimal or
+   ``a/b`` fraction).
 3. Before comparison (:func:`normalize_answer`) surrounding ``$``/``\\(\\)`` and
    whitespace are stripped, a gold given as a list is joined with ``", "`` (a single
    item is used as is), digit-group spaces are dropped (``1\\,000``, ``1{,}000`` -> ``1000``),
@@ -60,6 +63,18 @@ def extract_boxed_answer(text: str) -> str | None:
         if depth == 0:
             answer = text[m.end(1): i - 1]
     return None if answer is None else answer.strip()
+
+
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:/\d+)?(?![\w])")
+
+#: Answer extraction modes of :meth:`Grader.grade`.
+EXTRACTIONS = ("boxed", "boxed_or_last_number")
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last plain number in ``text`` (``-3``, ``2.5``, ``7/2``), or ``None``."""
+    found = _NUMBER.findall(text)
+    return found[-1] if found else None
 
 
 def normalize_answer(answer: Any) -> str:
@@ -192,10 +207,15 @@ class Grader:
             return False, f"grader_error: {reply['error']}"
         return bool(reply["equal"]), "equivalent" if reply["equal"] else "not_equivalent"
 
-    def grade(self, response: str, gold: Any) -> GradeResult:
-        """Extract the last boxed answer of ``response`` and compare it with ``gold``."""
+    def grade(self, response: str, gold: Any, extraction: str = "boxed") -> GradeResult:
+        """Extract the final answer of ``response`` (see :data:`EXTRACTIONS`) and compare
+        it with ``gold``."""
+        if extraction not in EXTRACTIONS:
+            raise ValueError(f"extraction must be one of {EXTRACTIONS}, got {extraction!r}")
         gold_text = normalize_answer(gold)
         extracted = extract_boxed_answer(response)
+        if extracted is None and extraction == "boxed_or_last_number":
+            extracted = extract_last_number(response)
         if extracted is None:
             return GradeResult(False, None, gold_text, "no_boxed_answer")
         correct, reason = self.equivalent(gold_text, normalize_answer(extracted))

@@ -1,0 +1,188 @@
+"""The token-in-token-out agent loop on a real model and real envs.
+
+The policy is the real SmolLM2-135M (HF engine, bf16). Episodes are sampled with fixed
+seeds; the assertions are about the harness (token bookkeeping, template deltas,
+branch replay), which must hold whatever the model writes.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import gymnasium
+import pytest
+from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
+
+import trace_gym  # noqa: F401
+from environments.bfcl.data import sample_tasks
+from environments.math_python.generated import generate_digit_sums
+from trace_gym.agent import AgentConfig, AgentRunner, ChatRenderer, TemplateError, token_masks
+from trace_gym.types import Message, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):  # noqa: F811
+    from trace_gym.engines.hf import HFEngine
+
+    eng = HFEngine(smollm2_path, dtype="bfloat16")
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def long_engine(tiny_model_path):  # noqa: F811
+    """A tiny random model with a 16k context: BFCL prompts (function docs) are ~9k tokens."""
+    from trace_gym.engines.hf import HFEngine
+
+    eng = HFEngine(tiny_model_path, dtype="float32", max_model_len=16384)
+    yield eng
+    eng.close()
+
+
+def _math_env():
+    return gymnasium.make("trace_gym/MathPython-v0", disable_env_checker=True, few_shot=True,
+                          answer_extraction="boxed_or_last_number")
+
+
+def _bfcl_env():
+    return gymnasium.make("trace_gym/BFCL-v0", disable_env_checker=True)
+
+
+def _runner(engine, make_env, max_turns=3):
+    return AgentRunner(engine, engine.tokenizer, make_env, SamplingParams(temperature=1.0, seed=3),
+                       AgentConfig(max_turn_tokens=64, max_episode_tokens=min(16384, engine.max_model_len),
+                                   max_turns=max_turns))
+
+
+def test_renderer_deltas_are_exactly_the_template_suffix(engine):
+    r = ChatRenderer(engine.tokenizer)
+    history = [Message("system", "s"), Message("user", "q"), Message("assistant", "a")]
+    delta = r.observation(history, [Message("user", "obs")])
+    full = r.render([m.to_dict() for m in (*history, Message("user", "obs"))], generation_prompt=True)
+    before = r.render([m.to_dict() for m in history], generation_prompt=False)
+    assert before + delta == full
+    assert engine.tokenizer.decode(delta) == "<|im_start|>user\nobs<|im_end|>\n<|im_start|>assistant\n"
+    assert r.closing([5, r.end_of_turn_id]) == list(r.closing_ids[1:])
+    assert r.closing([5, 6]) == list(r.closing_ids)  # stopped without end-of-turn: close it
+
+
+def test_renderer_fails_loudly_on_a_template_that_rewrites_history(engine):
+    import copy
+
+    tok = copy.deepcopy(engine.tokenizer)
+    # like templates that strip earlier assistant turns: only the last message is rendered in full
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if loop.last %}{{ m.content }}{% else %}...{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    r = ChatRenderer(tok)
+    with pytest.raises(TemplateError, match="not append-only"):
+        r.observation([Message("user", "q"), Message("assistant", "a")], [Message("user", "o")])
+
+
+def _canon(x):
+    """A structural, identity-free view of snapshot state (bytes are unpickled first)."""
+    if isinstance(x, (bytes, bytearray)):
+        try:
+            return _canon(pickle.loads(x))
+        except Exception:
+            return bytes(x)
+    if isinstance(x, dict):
+        return {"dict": sorted((repr(k), _canon(v)) for k, v in x.items())}
+    if isinstance(x, (list, tuple)):
+        return [type(x).__name__, *(_canon(v) for v in x)]
+    if isinstance(x, (set, frozenset)):
+        return ["set", *sorted(repr(v) for v in x)]
+    if hasattr(x, "__dict__") and not isinstance(x, type):
+        return [type(x).__name__, _canon(vars(x))]
+    return x
+
+
+def _episodes(engine, make_env, tasks, min_turns=2, tries=3):
+    runner = _runner(engine, make_env)
+    for attempt in range(tries):
+        eps = runner.run([runner.start(t, seed=11 + attempt) for t in tasks])
+        multi = [e for e in eps if len(e.turns) >= min_turns and e.turns[min_turns - 2].snapshot is not None]
+        if multi:
+            return runner, eps, multi
+    pytest.fail(f"no episode with {min_turns}+ turns in {tries} tries")
+
+
+def test_context_is_the_concatenation_of_segments(engine):
+    runner, eps, _ = _episodes(engine, _math_env, generate_digit_sums(4, seed=2))
+    for ep in eps:
+        ids, mask, logps = token_masks(ep)
+        assert tuple(ids) == ep.context
+        assert sum(mask) == sum(len(t.action_ids) for t in ep.turns)
+        for t in ep.turns:
+            assert len(t.action_logprobs) == len(t.action_ids)
+            assert all(lp <= 0.0 for lp in t.action_logprobs)
+        # the policy's tokens are kept as sampled, never re-tokenised from text
+        assert ep.turns[0].action_ids == tuple(ids[len(ep.prompt_ids):len(ep.prompt_ids) + len(ep.turns[0].action_ids)])
+    led = runner.ledger
+    assert led.generated_tokens == sum(len(t.action_ids) for e in eps for t in e.turns)
+    assert led.env_steps == sum(len(e.turns) for e in eps)
+    runner.close()
+
+
+@pytest.mark.parametrize("family", ["math_python", "bfcl"])
+def test_branching_reproduces_recorded_observation_tokens_and_env_state(engine, long_engine, family):
+    if family == "math_python":
+        make_env, tasks = _math_env, generate_digit_sums(4, seed=5)
+    else:
+        engine, make_env, tasks = long_engine, _bfcl_env, sample_tasks(2, seed=1)
+    runner, _, multi = _episodes(engine, make_env, tasks)
+    ep = multi[0]
+    for t in range(1, len(ep.turns)):
+        if ep.turns[t - 1].snapshot is None:
+            break
+        child = runner.branch(ep, t, k=1)[0]
+        assert child.context == ep.prompt_ids + tuple(
+            x for turn in ep.turns[:t] for x in (*turn.action_ids, *turn.obs_ids))
+        # replay the recorded action of turn t+1 in the restored env
+        recorded = ep.turns[t]
+        obs, reward, term, trunc, _ = child.env.step(recorded.action_text)
+        assert tuple(obs) == recorded.obs_messages
+        assert reward == recorded.reward and term == recorded.terminated
+        child.messages.append(Message("assistant", recorded.action_text))
+        delta = [] if (term or trunc) else runner.renderer.observation(child.messages, obs, child.tools)
+        assert tuple(runner.renderer.closing(recorded.action_ids) + delta) == recorded.obs_ids
+        if recorded.snapshot is not None:
+            assert _canon(child.env.unwrapped.snapshot().state) == _canon(recorded.snapshot.state)
+        child.env.close()
+    runner.close()
+
+
+def test_continuations_run_batched_from_one_shared_prefix(engine):
+    runner, _, multi = _episodes(engine, _math_env, generate_digit_sums(4, seed=7))
+    ep = multi[0]
+    children = runner.branch(ep, 1, k=3)
+    assert len({id(c.context) for c in children}) == 1  # one prefix, n = 3
+    before = runner.ledger.prefill_tokens
+    done = runner.run(children)
+    assert len(done) == 3 and all(c.done for c in done)
+    assert all(c.turns[0].action_ids == ep.turns[0].action_ids for c in done)  # inherited turn
+    # the shared prefix was prefilled once for the three children, not three times
+    first_step_prefill = runner.ledger.prefill_tokens - before
+    assert first_step_prefill < 3 * len(children[0].context)
+    runner.close()
+
+
+def test_episode_token_limit_truncates_and_reports(engine):
+    runner = AgentRunner(engine, engine.tokenizer, _math_env, SamplingParams(temperature=1.0, seed=1),
+                         AgentConfig(max_turn_tokens=16, max_episode_tokens=260, max_turns=8))
+    eps = runner.run([runner.start(t, seed=0) for t in generate_digit_sums(2, seed=9)])
+    for ep in eps:
+        assert len(ep.context) <= 260
+    assert sum(runner.truncations.values()) >= 1
+    assert any(t.truncation for e in eps for t in e.turns)
+    runner.close()
+
+
+def test_prompt_longer_than_the_episode_limit_is_a_clear_error(engine):
+    runner = AgentRunner(engine, engine.tokenizer, _math_env, SamplingParams(),
+                         AgentConfig(max_turn_tokens=16, max_episode_tokens=20))
+    with pytest.raises(ValueError, match="max_episode_tokens"):
+        runner.start(generate_digit_sums(1)[0], seed=0)
+    runner.close()
