@@ -49,26 +49,40 @@ def test_process_logits_by_hand():
     assert torch.allclose(process_logits(logits, 0.0), torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])))
 
 
-def test_common_prefix_and_lru_cache_bounds():
+def test_common_prefix_len():
     assert common_prefix_len(np.array([1, 2, 3]), np.array([1, 2, 4, 5])) == 2
     assert common_prefix_len(np.array([1, 2]), np.array([1, 2, 3])) == 2
     assert common_prefix_len(np.array([], dtype=np.int64), np.array([1])) == 0
 
-    def kv(length):  # one layer, 1 head, dim 2, float32: 16 bytes per token (k + v)
-        return [(torch.zeros(1, length, 2), torch.zeros(1, length, 2))]
 
-    cache = PrefixKVCache(max_bytes=16 * 10)
-    cache.put(np.array([1, 2, 3]), kv(3))
-    cache.put(np.array([1, 2]), kv(2))  # a prefix of an entry: redundant, not stored
-    assert len(cache) == 1 and cache.nbytes == 48
-    cache.put(np.array([1, 2, 3, 4]), kv(4))  # subsumes [1, 2, 3]
-    assert len(cache) == 1 and cache.nbytes == 64
-    entry, lcp = cache.lookup(np.array([1, 2, 9]))
-    assert lcp == 2 and entry.tokens.tolist() == [1, 2, 3, 4]
-    cache.put(np.array([7, 7, 7, 7, 7]), kv(5))  # 64 + 80 > 160? no: 144 fits
-    cache.put(np.array([8, 8]), kv(2))  # 176 > 160: evict the least recently used
-    assert cache.nbytes <= 160
-    assert cache.lookup(np.array([1, 2, 3, 4]))[1] == 0
+def _kv_of(tokens):
+    """Fake one-layer KV whose values are the token ids: 1 head, dim 1, float32 (8 bytes/token)."""
+    t = torch.tensor(tokens, dtype=torch.float32).view(1, -1, 1)
+    return lambda start: [(t[:, start:].clone(), -t[:, start:].clone())]
+
+
+def test_prefix_cache_shares_segments_and_evicts_leaves():
+    cache = PrefixKVCache(max_bytes=8 * 12)
+    prompt = [1, 2, 3, 4]
+    cache.put(np.array(prompt), _kv_of(prompt))
+    cache.put(np.array(prompt + [5, 6]), _kv_of(prompt + [5, 6]))  # completion 1: stores 2 tokens
+    cache.put(np.array(prompt + [7]), _kv_of(prompt + [7]))  # completion 2: stores 1 token
+    assert len(cache) == 3 and cache.nbytes == 8 * (4 + 2 + 1)
+    cache.put(np.array([1, 2]), _kv_of([1, 2]))  # covered by an entry: not stored
+    assert len(cache) == 3
+    entry, lcp = cache.lookup(np.array(prompt + [5, 9]))
+    assert lcp == 5 and entry.tokens.tolist() == prompt + [5, 6]
+    keys, values = cache.gather(entry, 5)[0]
+    assert keys.flatten().tolist() == [1, 2, 3, 4, 5] and values.flatten().tolist() == [-1, -2, -3, -4, -5]
+    # a sibling branch off completion 1 shares 5 tokens: it stores only its own 2
+    cache.put(np.array(prompt + [5, 9, 9]), _kv_of(prompt + [5, 9, 9]))
+    assert cache.nbytes == 8 * 9
+    assert cache.gather(cache.lookup(np.array(prompt + [5, 9, 9]))[0], 7)[0][0].flatten().tolist() == prompt + [5, 9, 9]
+    # over budget (12 tokens): only leaves go, least recently used first; the prompt stays
+    cache.put(np.array([8, 8, 8, 8]), _kv_of([8, 8, 8, 8]))
+    assert cache.nbytes <= 8 * 12
+    assert cache.lookup(np.array(prompt + [7]))[1] == 4  # completion 2 (LRU leaf) was evicted
+    assert cache.lookup(np.array(prompt + [5, 9, 9]))[1] == 7
 
 
 def test_stop_strings_rule(engine):

@@ -34,7 +34,7 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -116,62 +116,98 @@ class StopStrings:
 # --------------------------------------------------------------------------- prefix KV cache
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
-    tokens: np.ndarray  # [L] int64
-    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer ([H, L, D], [H, L, D])
-    nbytes: int
+    tokens: np.ndarray  # [L] int64: the whole sequence this entry stands for
+    parent: "_Entry | None"  # holds the KV of tokens[:start] (through its own ancestors)
+    start: int
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, KV of tokens[start:]: ([H, L-start, D], ...)
+    nbytes: int  # of this entry's own KV
+    children: int = 0
 
 
 class PrefixKVCache:
-    """LRU map from token sequences to their per-layer KV tensors, bounded in bytes.
+    """LRU cache of KV tensors for token sequences, stored as a tree of segments.
 
-    An entry that is a prefix of another is redundant (the longer one serves every LCP the
-    shorter would) and is not kept.
+    An entry keeps only the KV of its tokens past its parent's common prefix, so a prompt
+    and its ``n`` completions cost ``len(prompt) + sum(len(completion))`` tokens of KV, not
+    ``n`` copies of the prompt. Bounded in bytes; only leaves are evicted (least recently
+    used first), since children reference their parents' segments.
     """
 
     def __init__(self, max_bytes: int):
         self.max_bytes = int(max_bytes)
         self.nbytes = 0
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._ids: dict[int, int] = {}  # id(entry) -> key
         self._next_id = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def lookup(self, tokens: np.ndarray) -> tuple[_Entry | None, int]:
-        """The entry with the longest common prefix with ``tokens``, and that length."""
-        best, best_len, best_id = None, 0, None
-        for key, entry in self._entries.items():
+        """The entry with the longest common prefix (LCP) with ``tokens``, and that length."""
+        best, best_len = None, 0
+        for entry in self._entries.values():
             n = common_prefix_len(entry.tokens, tokens)
             if n > best_len:
-                best, best_len, best_id = entry, n, key
-        if best_id is not None:
-            self._entries.move_to_end(best_id)
+                best, best_len = entry, n
+        if best is not None:
+            self._entries.move_to_end(self._ids[id(best)])
         return best, best_len
 
-    def put(self, tokens: np.ndarray, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-        if nbytes > self.max_bytes or len(tokens) == 0:
+    @staticmethod
+    def gather(entry: _Entry, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer KV of ``entry.tokens[:length]``, ``([H, length, D], [H, length, D])``."""
+        segments = []
+        node, end = entry, length
+        while end > 0:
+            if end > node.start:
+                segments.append((node, end - node.start))
+                end = node.start
+            node = node.parent
+        segments.reverse()
+        return [
+            (torch.cat([n.kv[layer][0][:, :m] for n, m in segments], dim=1),
+             torch.cat([n.kv[layer][1][:, :m] for n, m in segments], dim=1))
+            for layer in range(len(entry.kv))
+        ]
+
+    def put(self, tokens: np.ndarray, kv_from: Callable[[int], list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+        """Cache ``tokens``; ``kv_from(start)`` returns the per-layer KV of ``tokens[start:]``."""
+        if not self.max_bytes or len(tokens) == 0:
             return
-        for key, entry in list(self._entries.items()):
-            n = common_prefix_len(entry.tokens, tokens)
-            if n == len(tokens):  # already covered by a longer (or equal) entry
-                self._entries.move_to_end(key)
-                return
-            if n == len(entry.tokens):  # the new entry subsumes this one
-                self._drop(key)
-        self._entries[self._next_id] = _Entry(tokens.copy(), kv, nbytes)
+        parent, lcp = self.lookup(tokens)
+        if lcp == len(tokens):  # already covered by a longer (or equal) entry
+            return
+        while parent is not None and parent.start >= lcp:  # the deepest ancestor that holds tokens[:lcp]
+            parent = parent.parent
+        start = lcp if parent is not None else 0
+        kv = kv_from(start)
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if nbytes > self.max_bytes:
+            return
+        entry = _Entry(tokens.copy(), parent, start, kv, nbytes)
+        if parent is not None:
+            parent.children += 1
+        self._entries[self._next_id] = entry
+        self._ids[id(entry)] = self._next_id
         self._next_id += 1
         self.nbytes += nbytes
         while self.nbytes > self.max_bytes:
-            self._drop(next(iter(self._entries)))
+            victim = next(key for key, e in self._entries.items() if e.children == 0)
+            self._drop(victim)
 
     def _drop(self, key: int) -> None:
-        self.nbytes -= self._entries.pop(key).nbytes
+        entry = self._entries.pop(key)
+        del self._ids[id(entry)]
+        self.nbytes -= entry.nbytes
+        if entry.parent is not None:
+            entry.parent.children -= 1
 
     def clear(self) -> None:
         self._entries.clear()
+        self._ids.clear()
         self.nbytes = 0
 
 
@@ -400,16 +436,16 @@ class HFEngine:
         kv = None
         valid = torch.zeros(batch, width_cached + width_new, dtype=torch.bool, device=dev)
         if width_cached:
-            ref = next(entry for entry, _ in cached if entry is not None).kv
+            gathered = [self.prefix_cache.gather(entry, u) if u else None for (entry, _), u in zip(cached, reused)]
+            ref = next(g for g in gathered if g is not None)
             kv = []
             for layer, (ref_k, ref_v) in enumerate(ref):
-                heads, dim = ref_k.shape[0], ref_k.shape[-1]
-                k = ref_k.new_zeros(batch, heads, width_cached, dim, device=dev)
+                k = ref_k.new_zeros(batch, ref_k.shape[0], width_cached, ref_k.shape[-1], device=dev)
                 v = ref_v.new_zeros(batch, ref_v.shape[0], width_cached, ref_v.shape[-1], device=dev)
-                for b, ((entry, _), u) in enumerate(zip(cached, reused)):
+                for b, (g, u) in enumerate(zip(gathered, reused)):
                     if u:
-                        k[b, :, width_cached - u :] = entry.kv[layer][0][:, :u]
-                        v[b, :, width_cached - u :] = entry.kv[layer][1][:, :u]
+                        k[b, :, width_cached - u :] = g[layer][0]
+                        v[b, :, width_cached - u :] = g[layer][1]
                 kv.append((k, v))
             for b, u in enumerate(reused):
                 valid[b, width_cached - u : width_cached] = True
@@ -442,12 +478,17 @@ class HFEngine:
         return cache, valid, pos, out.logits[:, -1].float(), reused
 
     def _store_row(self, cache, valid: torch.Tensor, row: int, tokens: Sequence[int]) -> None:
-        """Copy one batch row's real KV columns into the prefix cache under ``tokens``."""
-        cols = valid[row]
-        kv = [(k[row][:, cols].clone(), v[row][:, cols].clone()) for k, v in _cache_layers(cache)]
-        if kv[0][0].shape[1] != len(tokens):
-            raise RuntimeError(f"KV row has {kv[0][0].shape[1]} positions for {len(tokens)} tokens")
-        self.prefix_cache.put(np.asarray(tokens, dtype=np.int64), kv)
+        """Put one batch row's KV (its real columns) into the prefix cache under ``tokens``."""
+        columns = torch.nonzero(valid[row])[:, 0]
+        if len(columns) != len(tokens):
+            raise RuntimeError(f"KV row has {len(columns)} positions for {len(tokens)} tokens")
+        layers = _cache_layers(cache)
+
+        def kv_from(start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            tail = columns[start:]  # index_select copies: the entry keeps no view of the batch
+            return [(k[row].index_select(1, tail), v[row].index_select(1, tail)) for k, v in layers]
+
+        self.prefix_cache.put(np.asarray(tokens, dtype=np.int64), kv_from)
 
     @staticmethod
     def _sample(logprobs: torch.Tensor, temperature: float, generators: list | None) -> torch.Tensor:
