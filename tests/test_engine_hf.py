@@ -252,3 +252,15 @@ def test_auto_falls_back_to_hf_when_vllm_is_missing(monkeypatch, tiny_model_path
     assert type(engine).__name__ == "HFEngine"
     assert "vllm is not installed" in caplog.text
     engine.close()
+
+
+def test_chunked_prefill_matches_one_pass(engine, tiny_model_path):
+    ps = prompts(engine)
+    want = engine.generate(ps, [1, 1, 1], GREEDY)
+    chunked = make_engine("hf", tiny_model_path, dtype="float32", prefill_chunk=3, prefix_cache_bytes=0)
+    got = chunked.generate(ps, [1, 1, 1], GREEDY)
+    assert chunked.last_stats["forward_passes"] > engine.last_stats["forward_passes"]
+    for w, g in zip(want, got):
+        assert w[0].token_ids == g[0].token_ids
+        assert np.allclose(w[0].logprobs, g[0].logprobs, atol=1e-4)
+    chunked.close()

@@ -251,6 +251,8 @@ class HFEngine:
         max_model_len: context limit in tokens (default: the model's
             ``max_position_embeddings``).
         max_batch_rows: most completions decoded together; larger requests run in chunks.
+        prefill_chunk: most new prefix tokens encoded per forward pass (bounds the memory
+            of the attention mask and scores for long prompts).
         prefix_cache_bytes: byte budget of the prefix KV cache (0 disables it).
         cache_completions: also cache ``prefix + completion`` KV for follow-up turns.
         ignore_eos: do not stop at the model's EOS ids (benchmarks with fixed lengths).
@@ -265,6 +267,7 @@ class HFEngine:
         dtype: str = "auto",
         max_model_len: int | None = None,
         max_batch_rows: int = 64,
+        prefill_chunk: int = 512,
         prefix_cache_bytes: int = 1 << 30,
         cache_completions: bool = True,
         ignore_eos: bool = False,
@@ -291,6 +294,9 @@ class HFEngine:
         self.vocab_size = int(config.vocab_size)
         self.max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 4096))
         self.max_batch_rows = int(max_batch_rows)
+        self.prefill_chunk = int(prefill_chunk)
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.cache_completions = cache_completions
         self.ignore_eos = ignore_eos
         self.eos_token_ids = self._eos_ids()
@@ -457,19 +463,25 @@ class HFEngine:
             positions[b, width_new - d :] = torch.arange(u, u + d)
             valid[b, width_cached + width_new - d :] = True
 
-        mask = None
-        if not bool(valid.all()):
-            q = torch.arange(width_new, device=dev)
-            causal = q[None, :] <= q[:, None]  # [q, k] within the new part
-            new_part = (causal[None] & valid[:, None, width_cached:]) | torch.eye(width_new, dtype=torch.bool, device=dev)[None]
-            old_part = valid[:, None, :width_cached].expand(batch, width_new, width_cached)
-            mask = torch.cat([old_part, new_part], dim=-1)[:, None]  # [B, 1, q, K]
+        # chunked prefill bounds the mask and attention memory of long prompts
         cache = _make_cache(kv)
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
-        )
-        stats["forward_passes"] += 1
+        padded = not bool(valid.all())
+        for lo in range(0, width_new, self.prefill_chunk):
+            hi = min(width_new, lo + self.prefill_chunk)
+            mask = None
+            if padded:
+                q = torch.arange(hi - lo, device=dev)
+                causal = q[None, :] <= q[:, None]  # [query, key] within this chunk
+                here = valid[:, None, width_cached + lo : width_cached + hi]
+                # every query may see itself, so a padding query's softmax row is never empty
+                new_part = (causal[None] & here) | torch.eye(hi - lo, dtype=torch.bool, device=dev)[None]
+                old_part = valid[:, None, : width_cached + lo].expand(batch, hi - lo, width_cached + lo)
+                mask = torch.cat([old_part, new_part], dim=-1)[:, None]  # [B, 1, query, key]
+            out = self.model(
+                input_ids=input_ids[:, lo:hi], attention_mask=mask, position_ids=positions[:, lo:hi],
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+            )
+            stats["forward_passes"] += 1
         if self.prefix_cache.max_bytes:
             for b, p in enumerate(prefixes):
                 if cached[b][1] < len(p):  # the cache does not hold all of p yet
