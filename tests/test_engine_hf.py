@@ -10,7 +10,8 @@ import torch
 from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
 
 from trace_gym.engines import RolloutEngine, check_generate_args, make_engine
-from trace_gym.engines.hf import PrefixKVCache, StopStrings, common_prefix_len, process_logits
+from trace_gym.engines.hf import StopStrings, process_logits
+from trace_gym.engines.prefix_cache import PrefixKVCache, common_prefix_len
 from trace_gym.types import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)

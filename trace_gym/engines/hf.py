@@ -32,14 +32,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 
 from trace_gym.engines import check_generate_args
+from trace_gym.engines.prefix_cache import PrefixKVCache
 from trace_gym.types import Completion, SamplingParams
 
 _log = logging.getLogger(__name__)
@@ -83,15 +82,6 @@ def row_seed(seed: int, prefix_index: int, sample_index: int) -> int:
     return int(np.random.SeedSequence([seed, prefix_index, sample_index]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two 1-D int arrays."""
-    m = min(len(a), len(b))
-    if m == 0:
-        return 0
-    neq = np.flatnonzero(a[:m] != b[:m])
-    return int(neq[0]) if len(neq) else m
-
-
 class StopStrings:
     """Detects the first stop string in a growing completion.
 
@@ -111,104 +101,6 @@ class StopStrings:
             return False
         text = self.tokenizer.decode(list(token_ids[-self.window:]), skip_special_tokens=True)
         return any(s in text for s in self.stops)
-
-
-# --------------------------------------------------------------------------- prefix KV cache
-
-
-@dataclass(eq=False)
-class _Entry:
-    tokens: np.ndarray  # [L] int64: the whole sequence this entry stands for
-    parent: "_Entry | None"  # holds the KV of tokens[:start] (through its own ancestors)
-    start: int
-    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, KV of tokens[start:]: ([H, L-start, D], ...)
-    nbytes: int  # of this entry's own KV
-    children: int = 0
-
-
-class PrefixKVCache:
-    """LRU cache of KV tensors for token sequences, stored as a tree of segments.
-
-    An entry keeps only the KV of its tokens past its parent's common prefix, so a prompt
-    and its ``n`` completions cost ``len(prompt) + sum(len(completion))`` tokens of KV, not
-    ``n`` copies of the prompt. Bounded in bytes; only leaves are evicted (least recently
-    used first), since children reference their parents' segments.
-    """
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = int(max_bytes)
-        self.nbytes = 0
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()
-        self._ids: dict[int, int] = {}  # id(entry) -> key
-        self._next_id = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def lookup(self, tokens: np.ndarray) -> tuple[_Entry | None, int]:
-        """The entry with the longest common prefix (LCP) with ``tokens``, and that length."""
-        best, best_len = None, 0
-        for entry in self._entries.values():
-            n = common_prefix_len(entry.tokens, tokens)
-            if n > best_len:
-                best, best_len = entry, n
-        if best is not None:
-            self._entries.move_to_end(self._ids[id(best)])
-        return best, best_len
-
-    @staticmethod
-    def gather(entry: _Entry, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per-layer KV of ``entry.tokens[:length]``, ``([H, length, D], [H, length, D])``."""
-        segments = []
-        node, end = entry, length
-        while end > 0:
-            if end > node.start:
-                segments.append((node, end - node.start))
-                end = node.start
-            node = node.parent
-        segments.reverse()
-        return [
-            (torch.cat([n.kv[layer][0][:, :m] for n, m in segments], dim=1),
-             torch.cat([n.kv[layer][1][:, :m] for n, m in segments], dim=1))
-            for layer in range(len(entry.kv))
-        ]
-
-    def put(self, tokens: np.ndarray, kv_from: Callable[[int], list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        """Cache ``tokens``; ``kv_from(start)`` returns the per-layer KV of ``tokens[start:]``."""
-        if not self.max_bytes or len(tokens) == 0:
-            return
-        parent, lcp = self.lookup(tokens)
-        if lcp == len(tokens):  # already covered by a longer (or equal) entry
-            return
-        while parent is not None and parent.start >= lcp:  # the deepest ancestor that holds tokens[:lcp]
-            parent = parent.parent
-        start = lcp if parent is not None else 0
-        kv = kv_from(start)
-        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-        if nbytes > self.max_bytes:
-            return
-        entry = _Entry(tokens.copy(), parent, start, kv, nbytes)
-        if parent is not None:
-            parent.children += 1
-        self._entries[self._next_id] = entry
-        self._ids[id(entry)] = self._next_id
-        self._next_id += 1
-        self.nbytes += nbytes
-        while self.nbytes > self.max_bytes:
-            victim = next(key for key, e in self._entries.items() if e.children == 0)
-            self._drop(victim)
-
-    def _drop(self, key: int) -> None:
-        entry = self._entries.pop(key)
-        del self._ids[id(entry)]
-        self.nbytes -= entry.nbytes
-        if entry.parent is not None:
-            entry.parent.children -= 1
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._ids.clear()
-        self.nbytes = 0
 
 
 # --------------------------------------------------------------------------- transformers-specific bits
@@ -307,7 +199,8 @@ class HFEngine:
         layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise NotImplementedError(
-                f"HFEngine supports full-attention models only; {config.model_type} has layer types {sorted(layer_types)}"
+                f"HFEngine supports full-attention models only; "
+                f"{config.model_type} has layer types {sorted(layer_types)}"
             )
         self.model_path = str(model_path)
         self.vocab_size = int(config.vocab_size)
@@ -407,7 +300,8 @@ class HFEngine:
                 i = rows[c][0]
                 if tok in stop_ids or stopper.hit(out_tokens[c]):
                     finish[c] = "stop"
-                elif len(out_tokens[c]) >= sampling.max_tokens or len(prefixes[i]) + len(out_tokens[c]) >= self.max_model_len:
+                elif (len(out_tokens[c]) >= sampling.max_tokens
+                      or len(prefixes[i]) + len(out_tokens[c]) >= self.max_model_len):
                     finish[c] = "length"
                 else:
                     keep.append(r)
@@ -605,7 +499,8 @@ class HFEngine:
                                f"(e.g. {list(targets)[:3]})")
             target = targets[name]
             if tuple(target.shape) != tuple(tensor.shape):
-                raise ValueError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}")
+                raise ValueError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                                 f"model expects {tuple(target.shape)}")
             target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
         self.prefix_cache.clear()
         self._version = int(version)
