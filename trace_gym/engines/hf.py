@@ -5,13 +5,16 @@ rows and not others, nor report sampling logprobs under top-k/top-p, nor seed ea
 completion independently of its batch mates. The loop here is short:
 
 1. **Lookup.** Each distinct prefix looks up the longest common prefix (LCP) with any
-   entry of an LRU cache of per-sequence KV tensors (``token ids -> [H, L, D]`` per layer).
+   entry of an LRU cache of KV tensors (:mod:`trace_gym.engines.prefix_cache`: a tree of
+   segments, so a prompt and its completions share the prompt's KV).
    ``u = min(LCP, len(prefix) - 1)`` tokens are reused (one token is always recomputed
    to get next-token logits); ``u`` is reported as ``Completion.cached_tokens``.
-2. **Prefill once per prefix.** Rows = distinct prefixes. The batch KV is laid out as
-   ``[left-pad | cached u_i | left-pad | new d_i]`` with a boolean 4D mask (causal within
-   the new part, padding masked, every query may see itself so no softmax row is empty)
-   and explicit position ids, so padded rows compute exactly what they would alone.
+2. **Prefill once per prefix.** Rows = distinct prefixes, in groups of similar new-token
+   length (at most 25 % padding; on CPU padding is pure waste). A group's KV is laid out
+   as ``[left-pad | cached u_i | left-pad | new d_i]`` with a boolean 4D mask (causal
+   within the new part, padding masked, every query may see itself so no softmax row is
+   empty) and explicit position ids, so padded rows compute what they would alone; long
+   prefixes are encoded ``prefill_chunk`` tokens per pass.
 3. **Branch.** The prefilled KV is expanded along the batch (``n[i]`` copies per prefix),
    so a k-way continuation encodes the prefix once.
 4. **Decode** one token per step for all live rows; finished rows are dropped from the
