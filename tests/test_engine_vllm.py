@@ -8,7 +8,7 @@ import pytest
 import torch
 from engine_fixtures import smollm2_path, vllm_engine  # noqa: F401
 
-from trace_gym.engines import RolloutEngine
+from trace_gym.engines import RolloutEngine, vllm_importable
 from trace_gym.engines.vllm import fused_group
 from trace_gym.types import SamplingParams
 
@@ -36,6 +36,11 @@ def test_fused_group_names():
     assert fused_group("model.layers.3.self_attn.k_proj.weight", packed) == "model.layers.3.self_attn.qkv_proj"
     assert fused_group("model.layers.3.mlp.up_proj.weight", packed) == "model.layers.3.mlp.gate_up_proj"
     assert fused_group("model.norm.weight", packed) == "model.norm"
+
+
+def test_auto_picks_vllm_here(vllm_engine):
+    # make_engine("auto") chooses vLLM exactly when this holds (docs/engines.md has the numbers)
+    assert vllm_importable() == (True, "ok")
 
 
 def test_generate_contract(vllm_engine):
