@@ -74,3 +74,20 @@ def test_spearman_by_depth_matches_hand_computed_ranks():
     from scipy.stats import spearmanr
 
     assert out["all"] == pytest.approx(spearmanr(pred, emp).statistic)
+
+
+def test_lm_critic_learns_to_rank_prompts(tmp_path_factory):
+    """The paper's predictor shape: a causal LM + scalar head (tiny random LM here)."""
+    from trace_gym.models import pull_model, tiny_random_model
+    from trace_gym.predictor import LMCriticPredictor
+
+    path = tiny_random_model(tmp_path_factory.mktemp("critic") / "m", tokenizer_from=pull_model("smollm2-135m",
+                                                                                                 progress=False))
+    critic = LMCriticPredictor(str(path), train_backbone=False, lr=3e-2, batch_size=48, seed=0)
+    contexts, truth = _tasks(64, seed=3)
+    assert np.allclose(critic.predict(contexts[:4]), 0.5, atol=1e-6)  # zero-initialised head at the prior
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        critic.update(contexts[:48], (rng.random(48) < truth[:48]).astype(float))
+    held_out = critic.predict(contexts[48:])
+    assert spearman_by_depth(held_out, truth[48:], [0] * 16)["prompt"] > 0.6

@@ -223,16 +223,33 @@ class LMCriticPredictor:
         self.optimizer = torch.optim.AdamW(params, lr=lr)
         self.train_backbone = train_backbone
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
+        self._features: dict = {}  # text -> last hidden state (frozen backbone only)
+
+    def _hidden(self, texts: list[str]):
+        import torch
+
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                             max_length=self.max_length).to(self.device)
+        return self.backbone(**enc).last_hidden_state[:, -1].float()  # left padding: last is real
 
     def _logits(self, contexts: Sequence[Context], grad: bool):
         import torch
 
-        enc = self.tokenizer([c.text() for c in contexts], return_tensors="pt", padding=True,
-                             truncation=True, max_length=self.max_length).to(self.device)
-        with torch.set_grad_enabled(grad and self.train_backbone):
-            hidden = self.backbone(**enc).last_hidden_state[:, -1]  # left padding: last is real
+        texts = [c.text() for c in contexts]
+        if self.train_backbone:
+            with torch.set_grad_enabled(grad):
+                hidden = self._hidden(texts)
+        else:  # frozen backbone: a context's features never change, so cache them
+            missing = [t for t in dict.fromkeys(texts) if t not in self._features]
+            if missing:
+                with torch.no_grad():
+                    for t, h in zip(missing, self._hidden(missing)):
+                        self._features[t] = h
+            hidden = torch.stack([self._features[t] for t in texts])
+            while len(self._features) > 50_000:
+                self._features.pop(next(iter(self._features)))
         with torch.set_grad_enabled(grad):
-            return self.head(hidden.float())[:, 0]
+            return self.head(hidden)[:, 0]
 
     def predict(self, contexts: Sequence[Context]) -> np.ndarray:
         import torch
