@@ -92,7 +92,7 @@ def bench_predictor(engine, make_env, tasks, budget: float) -> dict:
     from trace_gym.agent import AgentConfig, AgentRunner
     from trace_gym.budget import BudgetLedger
     from trace_gym.predictor import EmbeddingPredictor
-    from trace_gym.rollout import collect, predictor_samples
+    from trace_gym.rollout import collect, update_predictor
     from trace_gym.strategies import shaped_strategies
     from trace_gym.types import SamplingParams
 
@@ -101,9 +101,7 @@ def bench_predictor(engine, make_env, tasks, budget: float) -> dict:
                          AgentConfig(max_turn_tokens=96, max_episode_tokens=2048, max_turns=3), BudgetLedger())
     strategy = shaped_strategies(["trace"], group_size=4, continuations_per_root=2)["trace"]
     batch = collect(tasks, strategy, predictor, runner, budget, np.random.default_rng(0))
-    prompts = {t.id: t.prompt for t in tasks}
-    with runner.ledger.phase("predictor_update"):
-        predictor.update(*predictor_samples(batch.trees, [prompts[t.task_id] for t in batch.trees]))
+    update_predictor(predictor, batch)
     runner.close()
     sec = runner.ledger.seconds
     rollout = sec.get("generation", 0.0) + sec.get("environment", 0.0)

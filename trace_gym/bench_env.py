@@ -102,7 +102,7 @@ def run_env_bench(cfg: EnvBenchConfig, progress: Callable[[str], None] | None = 
     from trace_gym.budget import BudgetLedger
     from trace_gym.engines import make_engine
     from trace_gym.registry import env_family
-    from trace_gym.rollout import collect, predictor_samples
+    from trace_gym.rollout import collect, update_predictor
     from trace_gym.strategies import shaped_strategies
     from trace_gym.types import SamplingParams
 
@@ -135,9 +135,7 @@ def run_env_bench(cfg: EnvBenchConfig, progress: Callable[[str], None] | None = 
             grpo = shaped_strategies(["uniform"], group_size=cfg.group_size, continuations_per_root=0)["uniform"]
             warm = collect(warm_tasks, grpo, predictor, runner, cfg.warmup_budget, np.random.default_rng(seed),
                            seed=seed + 1)
-            prompts = {t.id: t.prompt for t in warm_tasks}
-            with runner.ledger.phase("predictor_update"):
-                predictor.update(*predictor_samples(warm.trees, [prompts[t.task_id] for t in warm.trees]))
+            update_predictor(predictor, warm)
             runner.close()
             warmups.append(runner.ledger.to_dict() | {"effective_ratio": report.effective_ratio(warm.trees)})
             say(f"rep {rep + 1}: warm-up done, {runner.ledger.rollouts} rollouts "
@@ -147,9 +145,7 @@ def run_env_bench(cfg: EnvBenchConfig, progress: Callable[[str], None] | None = 
             pred = copy.deepcopy(predictor)
             batch = collect(candidates, strategy, pred, runner, cfg.nominal_budget, np.random.default_rng(seed),
                             seed=seed + 2)
-            prompts = {t.id: t.prompt for t in candidates}
-            with runner.ledger.phase("predictor_update"):
-                pred.update(*predictor_samples(batch.trees, [prompts[t.task_id] for t in batch.trees]))
+            update_predictor(pred, batch)
             runner.close()
             per_seed[name].append(_metrics(batch, runner, report))
             say(f"rep {rep + 1}: {name} done, effective ratio {per_seed[name][-1]['effective_ratio']:.2f} "

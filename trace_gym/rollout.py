@@ -220,3 +220,12 @@ def predictor_samples(
             targets.append(target)
             weights.append(1.0 if node_id == ROOT else prefix_weight)
     return contexts, np.asarray(targets, float), np.asarray(weights, float)
+
+
+def update_predictor(predictor: SuccessPredictor, batch: RolloutBatch, *, prefix_weight: float = 1.0) -> dict:
+    """Step 4 of a training step: regress the predictor on ``batch``'s finished trees
+    (recursive-mean targets), timed in the ledger's ``predictor_update`` phase."""
+    prompts = {t.id: t.prompt for t in batch.tasks}
+    with batch.ledger.phase("predictor_update"):
+        return predictor.update(*predictor_samples(batch.trees, [prompts[t.task_id] for t in batch.trees],
+                                                   prefix_weight=prefix_weight))
