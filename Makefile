@@ -28,8 +28,10 @@ demo: install
 	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo
 	$(BIN)/trace-gym bench --env math_python --policy smollm2-135m --json runs/demo/env.json
 
+# One OpenMP thread per process: on 2 shared cores, spinning OpenMP workers of the
+# engines, kernels and graders otherwise slow each other down by an order of magnitude.
 test: install
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 bench: install
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

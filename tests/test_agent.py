@@ -174,7 +174,11 @@ def test_episode_token_limit_truncates_and_reports(engine):
                          AgentConfig(max_turn_tokens=16, max_episode_tokens=260, max_turns=8))
     eps = runner.run([runner.start(t, seed=0) for t in generate_digit_sums(2, seed=9)])
     for ep in eps:
-        assert len(ep.context) <= 260
+        # the engine never saw more than the limit: every turn's prefix + action fits
+        seen = len(ep.prompt_ids)
+        for turn in ep.turns:
+            assert seen + len(turn.action_ids) <= 260
+            seen += len(turn.action_ids) + len(turn.obs_ids)
     assert sum(runner.truncations.values()) >= 1
     assert any(t.truncation for e in eps for t in e.turns)
     runner.close()

@@ -45,7 +45,7 @@ from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from trace_gym.types import Completion, SamplingParams
 
-__all__ = ["RolloutEngine", "ENGINES", "make_engine", "vllm_importable", "check_generate_args"]
+__all__ = ["RolloutEngine", "ENGINES", "make_engine", "vllm_importable", "check_generate_args", "check_score_args"]
 
 _log = logging.getLogger(__name__)
 
@@ -163,3 +163,14 @@ def check_generate_args(
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"prefixes[{i}] has token id {lo if lo < 0 else hi} outside [0, {vocab_size})")
     return n
+
+
+def check_score_args(sequences: Sequence[Sequence[int]], start: int | Sequence[int]) -> list[int]:
+    """Validate ``score`` arguments shared by all backends; returns one start per sequence."""
+    starts = [int(start)] * len(sequences) if isinstance(start, int) else [int(s) for s in start]
+    if len(starts) != len(sequences):
+        raise ValueError(f"start has {len(starts)} entries for {len(sequences)} sequences")
+    for i, (seq, s) in enumerate(zip(sequences, starts)):
+        if not 1 <= s <= len(seq):
+            raise ValueError(f"start[{i}] = {s} must be in [1, {len(seq)}] (sequence length)")
+    return starts

@@ -40,7 +40,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from trace_gym.engines import check_generate_args
+from trace_gym.engines import check_generate_args, check_score_args
 from trace_gym.engines.prefix_cache import PrefixKVCache
 from trace_gym.types import Completion, SamplingParams
 
@@ -455,12 +455,7 @@ class HFEngine:
     @torch.inference_mode()
     def score(self, sequences: Sequence[Sequence[int]], start: int | Sequence[int] = 1,
               max_tokens_per_batch: int = 4096) -> list[list[float]]:
-        starts = [int(start)] * len(sequences) if isinstance(start, int) else [int(s) for s in start]
-        if len(starts) != len(sequences):
-            raise ValueError(f"start has {len(starts)} entries for {len(sequences)} sequences")
-        for i, (seq, s) in enumerate(zip(sequences, starts)):
-            if not 1 <= s <= len(seq):
-                raise ValueError(f"start[{i}] = {s} must be in [1, {len(seq)}] (sequence length)")
+        starts = check_score_args(sequences, start)
         results: list[list[float]] = [[] for _ in sequences]
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         batch: list[int] = []

@@ -40,7 +40,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from trace_gym.engines import check_generate_args
+from trace_gym.engines import check_generate_args, check_score_args
 from trace_gym.types import Completion, SamplingParams
 
 _log = logging.getLogger(__name__)
@@ -288,12 +288,7 @@ class VLLMEngine:
 
     def score(self, sequences: Sequence[Sequence[int]], start: int | Sequence[int] = 1) -> list[list[float]]:
         """Model log-probabilities via ``prompt_logprobs`` (vLLM skips its prefix cache for these)."""
-        starts = [int(start)] * len(sequences) if isinstance(start, int) else [int(s) for s in start]
-        if len(starts) != len(sequences):
-            raise ValueError(f"start has {len(starts)} entries for {len(sequences)} sequences")
-        for i, (seq, s) in enumerate(zip(sequences, starts)):
-            if not 1 <= s <= len(seq):
-                raise ValueError(f"start[{i}] = {s} must be in [1, {len(seq)}] (sequence length)")
+        starts = check_score_args(sequences, start)
         check_generate_args(sequences, [1] * len(sequences), self.vocab_size, self.max_model_len)
         outputs = self.llm.generate([self.api.tokens_prompt(s) for s in sequences], self.api.score_params(),
                                     use_tqdm=False)
