@@ -276,7 +276,7 @@ class LMCriticPredictor:
             wt = torch.from_numpy(w[i:i + self.batch_size] / total).float().to(self.device)
             loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, yt, reduction="none") * wt).sum()
             loss.backward()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
         self.optimizer.step()
         return {"loss": loss_sum, "n": float(len(y)), "seconds": time.perf_counter() - start}
 
