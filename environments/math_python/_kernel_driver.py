@@ -112,7 +112,21 @@ def _interpreter_paths():
     needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
               os.path.dirname(os.path.realpath(sys.executable))]
     needed += [p for p in sys.path if p and os.path.isdir(p)]
+    # the project root (the grader worker imports ``environments.math_python.grading``)
+    needed.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     return [os.path.realpath(p) for p in needed]
+
+
+def _tmpfs_keeping(path, keep, options):
+    """Mount a fresh tmpfs over ``path``, then bind the directories ``keep`` (absolute
+    paths below ``path``, opened before the mount hides them) back, read-only."""
+    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in keep]
+    _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    for p, fd in zip(keep, fds):
+        os.makedirs(p, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
+        _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        os.close(fd)
 
 
 def _setup_namespaces(cfg, report):
@@ -134,20 +148,18 @@ def _setup_namespaces(cfg, report):
         return None
     needed = _interpreter_paths()
     for anc, ps in _hidden_roots(needed).items():
-        fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in ps]
-        _mount("tmpfs", anc, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-        for p, fd in zip(ps, fds):
-            os.makedirs(p, mode=0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-            _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
-            os.close(fd)
+        _tmpfs_keeping(anc, ps, "size=1m,mode=0755")
         _mount(None, anc, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     # The world-writable places become private, root-owned tmpfs mounts: the working
-    # directory (owned by the kernel's uid) is the only place it can write.
+    # directory (owned by the kernel's uid) is the only place it can write. An
+    # interpreter or project that lives below one of them (a checkout under /tmp) stays
+    # visible there, read-only.
     disk = int(cfg["disk_mb"])
     for path, size in (("/tmp", disk), ("/var/tmp", 1), ("/dev/shm", 1), ("/run/lock", 1)):
         if os.path.isdir(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,nr_inodes=4096,mode=0755")
+            below = [p for p in needed if p.startswith(path + "/")]
+            below = [p for p in below if not any(p != q and p.startswith(q + "/") for q in below)]
+            _tmpfs_keeping(path, below, f"size={size}m,nr_inodes=4096,mode=0755")
     workdir = "/tmp/work"
     os.mkdir(workdir, 0o700)
     report["filesystem"] = ("writable: only the workdir /tmp/work (private tmpfs, %d MB); /tmp, /var/tmp, "
