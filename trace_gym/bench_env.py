@@ -42,7 +42,7 @@ class EnvBenchConfig:
     policy: str = field(default="smollm2-135m", metadata=_help("model name or local HF folder"))
     engine: str = field(default="auto", metadata=_help("rollout engine: auto | hf | vllm"))
     seeds: int = field(default=1, metadata=_help("independent repetitions (fresh pools each)"))
-    candidates: int = field(default=16, metadata=_help("candidate prompts per repetition"))
+    candidates: int = field(default=24, metadata=_help("candidate prompts per repetition"))
     root_budget: int = field(default=8, metadata=_help("M: root rollouts of a tree strategy"))
     continuations_per_root: int = field(default=2, metadata=_help("N: continuations per root; budget M (1 + N/2)"))
     group_size: int = field(default=4, metadata=_help("G: group size of the uniform and PCL baselines"))

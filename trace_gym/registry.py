@@ -29,10 +29,12 @@ BUILTIN_ENVS: dict[str, str] = {
 #: Env families the benches know by short name:
 #: name -> (gym id, task loader "module:function", loader kwargs, env kwargs).
 #: The loader is called as ``loader(n, seed=seed, **loader_kwargs)`` -> ``list[Task]``.
-#: ``math_python`` is the offline CPU default: digit sums a 135M model solves about a
-#: fifth of the time, graded with a last-number fallback (it rarely writes \boxed{}).
+#: ``math_python`` is the offline CPU default: digit sums (which a 135M model often
+#: solves) interleaved with harder generated algebra (which it rarely does), a one-shot
+#: demonstration of the tool format (so episodes have several turns), and a
+#: last-number fallback (the model rarely writes \boxed{}).
 ENV_FAMILIES: dict[str, tuple[str, str, dict, dict]] = {
-    "math_python": ("trace_gym/MathPython-v0", "environments.math_python.generated:generate_digit_sums", {},
+    "math_python": ("trace_gym/MathPython-v0", "environments.math_python.generated:generate_mixed_tasks", {},
                     {"answer_extraction": "boxed_or_last_number", "few_shot": True}),
     "math_python_hard": ("trace_gym/MathPython-v0", "environments.math_python.generated:generate_tasks",
                          {"difficulty": (0, 1, 2)}, {}),

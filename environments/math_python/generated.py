@@ -154,3 +154,12 @@ def generate_digit_sums(n: int, seed: int = 0, max_operand: int = 9) -> list[Tas
         tasks.append(Task(id=f"sum/m{max_operand}/s{seed}/{i}", prompt=f"What is {a} + {b}?", answer=str(a + b),
                           source="generated", metadata={"difficulty": -1}))
     return tasks
+
+
+def generate_mixed_tasks(n: int, seed: int = 0) -> list[Task]:
+    """The offline CPU default's pool: digit sums (:func:`generate_digit_sums`, often
+    solved by a 135M model) interleaved with levels 0-2 of :func:`generate_tasks`
+    (rarely solved), so predicted success spreads from near 0 to near 1."""
+    sums = generate_digit_sums((n + 1) // 2, seed=seed)
+    harder = generate_tasks(n // 2, difficulty=(0, 1, 2), seed=seed)
+    return [t for pair in zip(sums, harder + [None]) for t in pair if t is not None][:n]
