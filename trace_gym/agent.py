@@ -257,11 +257,14 @@ class AgentRunner:
             active = [e for e in live if not e.done]
             if active:
                 self._step(active)
+            ended = [ep for ep in live if ep.done]
+            if ended:  # closing an env can be slow (a sandboxed kernel): in parallel
+                with self.ledger.phase("environment"):
+                    list(self._pool.map(lambda ep: ep.env.close(), ended))
             still = []
             for ep in live:
                 if ep.done:
                     finished.append(ep)
-                    ep.env.close()
                     if on_finish is not None:
                         still.extend(on_finish(ep))
                 else:
@@ -306,18 +309,26 @@ class AgentRunner:
                                        prefill=max(len(batch[0].context) - cached, 0))
                 jobs.extend((ep, comp, budget) for ep, comp in zip(batch, comps))
         with self.ledger.phase("environment"):
-            list(self._pool.map(lambda job: self._apply(*job), jobs))
+            results = list(self._pool.map(lambda job: self._env_step(job[0], job[1]), jobs))
         self.ledger.add_env_steps(len(jobs))
+        for (ep, comp, _), (text, result, snapshot) in zip(jobs, results):
+            self._record(ep, comp, text, result, snapshot)
 
-    def _apply(self, ep: Episode, comp: Any, budget: int) -> None:
+    def _env_step(self, ep: Episode, comp: Any) -> tuple[str, tuple, Snapshot | None]:
+        """The env's part of a turn (runs in the pool): step, then snapshot if it goes on."""
         text = comp.text if comp.text is not None else self.tokenizer.decode(comp.token_ids, skip_special_tokens=True)
-        obs, reward, terminated, truncated, info = ep.env.step(text)
+        result = ep.env.step(text)
+        snapshot = None if (result[2] or result[3]) else ep.env.unwrapped.snapshot()
+        return text, result, snapshot
+
+    def _record(self, ep: Episode, comp: Any, text: str, result: tuple, snapshot: Snapshot | None) -> None:
+        """The harness's part of a turn: template delta, token bookkeeping, the Turn record."""
+        obs, reward, terminated, truncated, info = result
         truncation = "turn_tokens" if comp.finish_reason == "length" else None
         ep.messages.append(Message("assistant", text))
         closing = self.renderer.closing(comp.token_ids)
         delta = [] if (terminated or truncated) else self.renderer.observation(ep.messages, obs, ep.tools)
         obs_ids = tuple(closing + delta)
-        snapshot = None if (terminated or truncated) else ep.env.unwrapped.snapshot()
         ep.messages.extend(obs)
         ep.turns.append(Turn(comp.token_ids, comp.logprobs, text, comp.finish_reason, obs_ids, tuple(obs),
                              float(reward), bool(terminated), bool(truncated), info, snapshot, truncation,
