@@ -326,7 +326,6 @@ def test_perturbation_agreement_subset(official, category):
     assert stats["accepted"] > 0 and stats["rejected"] > 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("action_format", ["python", "tool_call"])
 @pytest.mark.parametrize("category", data.CATEGORIES)
 def test_perturbation_agreement_full(official, category, action_format):
