@@ -48,10 +48,7 @@ def chat_prompts(tokenizer, count: int) -> list[list[int]]:
 
 
 def reset_cache(engine) -> None:
-    if hasattr(engine, "prefix_cache"):
-        engine.prefix_cache.clear()
-    else:
-        engine.reset_prefix_cache()
+    engine.reset_prefix_cache()
 
 
 def bench_engine(kind: str, model_path: Path, args: argparse.Namespace) -> dict:

@@ -27,10 +27,7 @@ import numpy as np
 
 
 def _clear_cache(engine) -> None:
-    if hasattr(engine, "prefix_cache"):
-        engine.prefix_cache.clear()
-    if hasattr(engine, "reset_prefix_cache"):
-        engine.reset_prefix_cache()
+    engine.reset_prefix_cache()
 
 
 def bench_overhead(engine, make_env, tasks, samples: int, max_tokens: int, repeats: int) -> dict:

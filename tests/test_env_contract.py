@@ -208,3 +208,23 @@ def test_third_party_plugin_registers_through_entry_points(tmp_path, monkeypatch
     assert type(env.unwrapped).__name__ == "TinyEnv"
     gymnasium.registry.pop("trace_gym/Tiny-v0")
     sys.modules.pop("my_envs_pkg", None)
+
+
+def test_check_env_replays_an_env_registered_outside_trace_gym_in_a_fresh_process():
+    """The worker gets the spec itself, so an id it never registered still builds."""
+    gymnasium.register(id="custom_ns/Guess-v0", entry_point="environments.guess_number.env:GuessNumberEnv",
+                       kwargs={"lie_prob": 0.3})
+    try:
+        report = check_env(gymnasium.make("custom_ns/Guess-v0"), TASKS[:2])
+        assert report.passed["snapshot_pickle_process"] >= 2 and not report.skipped
+    finally:
+        gymnasium.registry.pop("custom_ns/Guess-v0")
+
+
+def test_importing_trace_gym_does_not_mark_plugins_loaded():
+    import trace_gym.registry as reg
+
+    reg.register_envs(plugins=False)
+    before = reg._registered
+    reg.register_envs(plugins=False)
+    assert reg._registered == before  # only a plugin load sets the flag

@@ -175,3 +175,13 @@ def test_baselines_import_only_the_core_and_the_core_not_baselines():
     for name in ("tree", "budget", "planning", "sim", "report"):
         for mod in _imports(REPO / "trace_gym" / f"{name}.py"):
             assert not mod.startswith(("baselines", "trace_gym.strategies", "trace_gym.cli")), (name, mod)
+
+
+def test_zero_continuations_make_a_tree_strategy_flat():
+    from trace_gym.strategies import STRATEGIES, shaped_strategies
+
+    flat = STRATEGIES["trace"].with_continuations(0)
+    assert not flat.expands and flat.prefix_allocator is None
+    assert flat.budget_split(16) == (16, 0)
+    table = shaped_strategies([], group_size=4, continuations_per_root=0)
+    assert all(not s.expands for s in table.values())

@@ -252,6 +252,16 @@ class AgentRunner:
         (continuations) that join the batch immediately. Returns every finished episode."""
         live = [e for e in episodes if not e.done]
         finished: list[Episode] = [e for e in episodes if e.done]
+        try:
+            self._run(live, finished, on_finish)
+        except BaseException:
+            for ep in live:
+                ep.env.close()  # never leak an env (a sandboxed kernel) when a step fails
+            raise
+        return finished
+
+    def _run(self, live: list[Episode], finished: list[Episode],
+             on_finish: Callable[[Episode], Sequence[Episode]] | None) -> None:
         while live:
             self._cut_long_episodes(live)
             active = [e for e in live if not e.done]
@@ -269,8 +279,7 @@ class AgentRunner:
                         still.extend(on_finish(ep))
                 else:
                     still.append(ep)
-            live = still
-        return finished
+            live[:] = still
 
     def _cut_long_episodes(self, live: list[Episode]) -> None:
         for ep in live:

@@ -133,20 +133,25 @@ def run_env_bench(cfg: EnvBenchConfig, progress: Callable[[str], None] | None = 
         if cfg.warmup_budget and warm_tasks:
             runner = make_runner()
             grpo = shaped_strategies(["uniform"], group_size=cfg.group_size, continuations_per_root=0)["uniform"]
-            warm = collect(warm_tasks, grpo, predictor, runner, cfg.warmup_budget, np.random.default_rng(seed),
-                           seed=seed + 1)
-            update_predictor(predictor, warm)
-            runner.close()
+            try:
+                warm = collect(warm_tasks, grpo, predictor, runner, cfg.warmup_budget,
+                               np.random.default_rng(seed), seed=seed + 1)
+                update_predictor(predictor, warm)
+            finally:
+                runner.close()
             warmups.append(runner.ledger.to_dict() | {"effective_ratio": report.effective_ratio(warm.trees)})
             say(f"rep {rep + 1}: warm-up done, {runner.ledger.rollouts} rollouts "
                 f"({time.perf_counter() - t_start:.1f} s)")
         for name, strategy in strategies.items():
+            engine.reset_prefix_cache()  # every strategy starts from a cold cache: costs stay comparable
             runner = make_runner()
             pred = copy.deepcopy(predictor)
-            batch = collect(candidates, strategy, pred, runner, cfg.nominal_budget, np.random.default_rng(seed),
-                            seed=seed + 2)
-            update_predictor(pred, batch)
-            runner.close()
+            try:
+                batch = collect(candidates, strategy, pred, runner, cfg.nominal_budget,
+                                np.random.default_rng(seed), seed=seed + 2)
+                update_predictor(pred, batch)
+            finally:
+                runner.close()
             per_seed[name].append(_metrics(batch, runner, report))
             say(f"rep {rep + 1}: {name} done, effective ratio {per_seed[name][-1]['effective_ratio']:.2f} "
                 f"({time.perf_counter() - t_start:.1f} s)")

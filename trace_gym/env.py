@@ -209,7 +209,8 @@ def _default_make_env(env: Any) -> Callable[[], Any] | None:
 
     import gymnasium
 
-    return functools.partial(gymnasium.make, spec.id, disable_env_checker=True, **(spec.kwargs or {}))
+    # the spec itself (not its id): a fresh interpreter may not have registered the id
+    return functools.partial(gymnasium.make, spec, disable_env_checker=True)
 
 
 def _check_messages(check: str, obs: Any, where: str, *, first: bool = False) -> None:
@@ -412,7 +413,10 @@ def check_env(
                     raise EnvCheckError(
                         "branch_isolation", f"{where}: a second instance restored from turn {t}, {problem}"
                     )
-            process_jobs.append((pickle.dumps(snap), suffix))
+            if pickle.dumps(snap) != blobs[t]:
+                raise EnvCheckError(
+                    "branch_isolation", f"{where}: a second instance restored from turn {t} changed the snapshot")
+            process_jobs.append((blobs[t], suffix))
             process_expect.append((f"{where} turn {t}", trajectory[t:]))
         report.ok("snapshot_roundtrip", len(snaps))
         report.ok("branch_isolation", len(snaps))
@@ -438,6 +442,9 @@ def check_env(
 if __name__ == "__main__":  # the cross-process worker of check_env
     import sys as _sys
 
+    from trace_gym.registry import register_envs as _register_envs
+
+    _register_envs()
     _make_env, _jobs = pickle.loads(_sys.stdin.buffer.read())
     _out = _replay_in_fresh_env(_make_env, _jobs)
     _sys.stdout.buffer.write(pickle.dumps(_out, protocol=pickle.HIGHEST_PROTOCOL))

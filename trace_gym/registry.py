@@ -43,7 +43,7 @@ ENV_FAMILIES: dict[str, tuple[str, str, dict, dict]] = {
 }
 
 _log = logging.getLogger(__name__)
-_registered = False
+_registered = False  # plugins of the entry-point group loaded
 
 
 def register_envs(*, plugins: bool = True) -> list[str]:
@@ -60,7 +60,7 @@ def register_envs(*, plugins: bool = True) -> list[str]:
             added.append(env_id)
     if plugins and not _registered:
         added.extend(_load_plugins())
-    _registered = True
+        _registered = True  # set only once plugins were actually loaded
     return added
 
 

@@ -123,9 +123,14 @@ def collect(
     order = {i: k for k, i in enumerate(states)}
 
     episodes = []
-    for i, st in states.items():
-        for j in range(st.roots_left):
-            episodes.append(runner.start(st.task, seed=seed + 1000 * int(i) + j, group=(i, ROOT)))
+    try:
+        for i, st in states.items():
+            for j in range(st.roots_left):
+                episodes.append(runner.start(st.task, seed=seed + 1000 * int(i) + j, group=(i, ROOT)))
+    except BaseException:
+        for ep in episodes:  # a later start failed (e.g. a prompt over the token limit)
+            ep.env.close()
+        raise
     ledger.add_rollouts(len(episodes))
 
     def on_finish(ep: Episode) -> list[Episode]:

@@ -101,9 +101,12 @@ class Strategy:
         return roots, continuations
 
     def with_continuations(self, continuations_per_root: float) -> "Strategy":
-        """The same strategy at another tree shape N; a flat strategy is returned as is."""
+        """The same strategy at another tree shape N; a flat strategy is returned as is,
+        and N = 0 makes an expanding strategy flat (its root allocator alone)."""
         if not self.expands:
             return self
+        if continuations_per_root == 0:  # no continuations: the root allocator alone, flat
+            return dataclasses.replace(self, prefix_allocator=None, continuations_per_root=0)
         return dataclasses.replace(self, continuations_per_root=continuations_per_root)
 
 

@@ -77,6 +77,10 @@ class RolloutEngine(Protocol):
         """Load new weights (checkpoint-format names -> tensors) and set ``weights_version``."""
         ...
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (benchmarks compare strategies from a cold cache)."""
+        ...
+
     @property
     def weights_version(self) -> int:
         """Version passed to the last :meth:`update_weights` (0 before any update)."""

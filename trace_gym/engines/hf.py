@@ -503,6 +503,9 @@ class HFEngine:
         self.prefix_cache.clear()
         self._version = int(version)
 
+    def reset_prefix_cache(self) -> None:
+        self.prefix_cache.clear()
+
     def close(self) -> None:
         self.prefix_cache.clear()
         self.model = None  # type: ignore[assignment]
