@@ -97,6 +97,20 @@ def resolve_task(task: Any, load: Callable[[str], Task] | None = None) -> Task:
     raise TypeError(f"options['task'] must be a Task, dict or id str, got {type(task).__name__}")
 
 
+def task_from_options(options: Mapping[str, Any] | None, pool: Sequence[Task], rng: np.random.Generator,
+                      load: Callable[[str], Task] | None = None) -> Task:
+    """The task ``reset`` should use: ``options["task"]`` (or ``options["task_id"]``)
+    resolved with :func:`resolve_task`, else one drawn from ``pool`` with the env's
+    seeded ``rng``."""
+    options = options or {}
+    raw = options.get("task", options.get("task_id"))
+    if raw is not None:
+        return resolve_task(raw, load)
+    if not pool:
+        raise ValueError("reset() without options['task'] needs a non-empty task pool")
+    return pool[int(rng.integers(len(pool)))]
+
+
 @runtime_checkable
 class AgentEnv(Protocol):
     """What the rollout code needs from an environment (a ``gymnasium.Env`` too)."""

@@ -141,6 +141,11 @@ def plot_bars(
     ax.set_xticks(x, labels, rotation=25, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: str | Path) -> Path:
+    """Lay out, write as PNG (120 dpi, parent folders created) and close the figure."""
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,12 +169,7 @@ def plot_grouped(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_root_allocation(
@@ -185,9 +185,4 @@ def plot_root_allocation(
     ax.set_ylabel("rollouts m_i")
     ax.set_title("TRACE root allocation as the budget grows")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

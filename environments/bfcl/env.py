@@ -53,7 +53,7 @@ from typing import Any
 
 import gymnasium
 
-from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, thaw
+from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 
@@ -137,12 +137,7 @@ class BFCLEnv(gymnasium.Env):
     # -- gymnasium API ------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        options = options or {}
-        raw = options.get("task", options.get("task_id"))
-        if raw is None:
-            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        else:
-            task = data.validate_task(resolve_task(raw, data.load_task))
+        task = data.validate_task(task_from_options(options, self.tasks, self.np_random, data.load_task))
         self._task = task
         self._clear()
         self._reference_key = checker.reference_key(task)

@@ -33,7 +33,7 @@ from typing import Any
 
 import gymnasium
 
-from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, thaw
+from trace_gym.env import Snapshot, freeze, rng_from_state, rng_state, task_from_options, thaw
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 
@@ -95,11 +95,7 @@ class GuessNumberEnv(gymnasium.Env):
     # -- gymnasium API ------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        raw = (options or {}).get("task")
-        if raw is None:
-            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        else:
-            task = resolve_task(raw, self._load)
+        task = task_from_options(options, self.tasks, self.np_random, self._load)
         lo, hi = task.metadata.get("low", self.low), task.metadata.get("high", self.high)
         self._secret = int(task.answer) if task.answer is not None else int(self.np_random.integers(lo, hi + 1))
         self._turn, self._done = 0, False

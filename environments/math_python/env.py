@@ -70,7 +70,7 @@ from environments.math_python.data import load_tasks
 from environments.math_python.generated import generate_tasks
 from environments.math_python.grading import EXTRACTIONS, Grader, normalize_answer
 from environments.math_python.sandbox import CellResult, Kernel, KernelFactory, KernelLimits
-from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, thaw
+from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 
@@ -192,11 +192,7 @@ class MathPythonEnv(gymnasium.Env):
     # -- gymnasium API ------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        raw = (options or {}).get("task")
-        if raw is None:
-            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        else:
-            task = resolve_task(raw, self._load)
+        task = task_from_options(options, self.tasks, self.np_random, self._load)
         self._close_kernel()
         self._task = task
         self._episode_seed = int(self.np_random.integers(2**31))
