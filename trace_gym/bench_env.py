@@ -73,11 +73,17 @@ class EnvBenchConfig:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "EnvBenchConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown env bench config keys {unknown}; known: {sorted(known)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        return config_from_mapping(cls, data)
+
+
+def config_from_mapping(cls: type, data: dict[str, Any]) -> Any:
+    """Build a frozen config dataclass from a dict (e.g. YAML), rejecting unknown keys by
+    name; YAML lists become the tuples the fields declare."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown bench config keys {unknown}; known: {sorted(known)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 def _make_predictor(cfg: EnvBenchConfig):
@@ -130,28 +136,26 @@ def run_env_bench(cfg: EnvBenchConfig, progress: Callable[[str], None] | None = 
                           **loader_kwargs)
         candidates, warm_tasks = pool[: cfg.candidates], pool[cfg.candidates:]
         predictor = _make_predictor(cfg)
-        if cfg.warmup_budget and warm_tasks:
+        def run_batch(tasks, strategy, pred, budget, seed_offset):
+            """One strategy's trees from a cold prefix cache, then its predictor step."""
+            engine.reset_prefix_cache()  # costs stay comparable across strategies
             runner = make_runner()
-            grpo = shaped_strategies(["uniform"], group_size=cfg.group_size, continuations_per_root=0)["uniform"]
             try:
-                warm = collect(warm_tasks, grpo, predictor, runner, cfg.warmup_budget,
-                               np.random.default_rng(seed), seed=seed + 1)
-                update_predictor(predictor, warm)
+                batch = collect(tasks, strategy, pred, runner, budget, np.random.default_rng(seed),
+                                seed=seed + seed_offset)
+                update_predictor(pred, batch)
             finally:
                 runner.close()
+            return batch, runner
+
+        if cfg.warmup_budget and warm_tasks:
+            grpo = shaped_strategies(["uniform"], group_size=cfg.group_size, continuations_per_root=0)["uniform"]
+            warm, runner = run_batch(warm_tasks, grpo, predictor, cfg.warmup_budget, 1)
             warmups.append(runner.ledger.to_dict() | {"effective_ratio": report.effective_ratio(warm.trees)})
             say(f"rep {rep + 1}: warm-up done, {runner.ledger.rollouts} rollouts "
                 f"({time.perf_counter() - t_start:.1f} s)")
         for name, strategy in strategies.items():
-            engine.reset_prefix_cache()  # every strategy starts from a cold cache: costs stay comparable
-            runner = make_runner()
-            pred = copy.deepcopy(predictor)
-            try:
-                batch = collect(candidates, strategy, pred, runner, cfg.nominal_budget,
-                                np.random.default_rng(seed), seed=seed + 2)
-                update_predictor(pred, batch)
-            finally:
-                runner.close()
+            batch, runner = run_batch(candidates, strategy, copy.deepcopy(predictor), cfg.nominal_budget, 2)
             per_seed[name].append(_metrics(batch, runner, report))
             say(f"rep {rep + 1}: {name} done, effective ratio {per_seed[name][-1]['effective_ratio']:.2f} "
                 f"({time.perf_counter() - t_start:.1f} s)")

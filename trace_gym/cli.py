@@ -106,11 +106,9 @@ class SimBenchConfig:
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "SimBenchConfig":
         """Build from a dict (e.g. YAML), rejecting unknown keys by name."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise ValueError(f"unknown bench config keys {unknown}; known: {sorted(known)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        from trace_gym.bench_env import config_from_mapping
+
+        return config_from_mapping(cls, data)
 
 
 # ---------------------------------------------------------------------- the bench
