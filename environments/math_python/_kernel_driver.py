@@ -112,8 +112,12 @@ def _interpreter_paths():
     needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
               os.path.dirname(os.path.realpath(sys.executable))]
     needed += [p for p in sys.path if p and os.path.isdir(p)]
-    # the project root (the grader worker imports ``environments.math_python.grading``)
-    needed.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    # the project's packages (the grader worker imports ``environments.math_python.grading``,
+    # which imports ``trace_gym``); the packages, not the project root, since the root
+    # may itself be untraversable (a 0700 checkout such as ``mktemp -d``)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    needed += [os.path.join(root, pkg) for pkg in ("environments", "trace_gym")
+               if os.path.isdir(os.path.join(root, pkg))]
     return [os.path.realpath(p) for p in needed]
 
 
