@@ -122,13 +122,13 @@ def _strategy_table(cfg: SimBenchConfig) -> dict[str, Any]:
 
 
 def _predictor(name: str, cfg: SimBenchConfig, world, pool, seed: int):
-    from trace_gym import sim
+    from trace_gym import sim, sim_predictors
 
     if name == LEARNED:
-        return sim.LearnedPredictor(pool.features)
+        return sim_predictors.LearnedPredictor(pool.features)
     if cfg.predictor == "noisy":
-        return sim.NoisyOraclePredictor.with_spearman(cfg.noisy_spearman, world, seed=seed)
-    return sim.OraclePredictor()
+        return sim_predictors.NoisyOraclePredictor.with_spearman(cfg.noisy_spearman, world, seed=seed)
+    return sim_predictors.OraclePredictor()
 
 
 def run_sim_bench(cfg: SimBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
