@@ -247,3 +247,20 @@ def test_env_bench_on_a_tiny_model_reports_through_the_same_path(tiny_engine):
     printed = bench.format_bench(res)
     assert "Allocation benchmark on real rollouts: guess_number" in printed and "gen s" in printed
     assert any(c["name"] == "equal nominal budget" and c["status"] == "PASS" for c in res["checks"])
+
+
+def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch):
+    from trace_gym.predictor import LMCriticPredictor
+    from trace_gym.registry import env_family
+
+    assert isinstance(bench.make_predictor("lm_critic", str(tiny_model_path)), LMCriticPredictor)
+    with pytest.raises(ValueError, match="unknown predictor 'oracle'"):
+        bench.make_predictor("oracle")
+    cfg = EnvBenchConfig(env="guess_number", candidates=3, root_budget=2, continuations_per_root=0, group_size=2,
+                         warmup_budget=0, max_turns=1, max_turn_tokens=4, max_episode_tokens=512,
+                         predictor="lm_critic", strategies=("pcl",))
+    # the critic reads the policy's own weights: here the tiny engine's model
+    monkeypatch.setattr("trace_gym.models.resolve_model", lambda name: tiny_model_path)
+    res = bench.run_env_bench(cfg, strategies_for(cfg), env_family("guess_number"), engine=tiny_engine)
+    assert res["strategies"]["pcl"]["predictor"] == "lm_critic"
+    assert res["strategies"]["pcl"]["nominal_cost"] == 2
