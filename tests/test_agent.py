@@ -16,7 +16,7 @@ from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtur
 import trace_gym  # noqa: F401
 from environments.bfcl.data import sample_tasks
 from environments.math_python.generated import generate_digit_sums
-from trace_gym.agent import AgentConfig, AgentRunner, ChatRenderer, TemplateError, token_masks
+from trace_gym.agent import AgentConfig, AgentRunner, ChatRenderer, TemplateError
 from trace_gym.types import Message, SamplingParams
 
 
@@ -112,15 +112,15 @@ def _episodes(engine, make_env, tasks, min_turns=2, tries=3):
 def test_context_is_the_concatenation_of_segments(engine):
     runner, eps, _ = _episodes(engine, _math_env, generate_digit_sums(4, seed=2))
     for ep in eps:
-        ids, mask, logps = token_masks(ep)
-        assert tuple(ids) == ep.context
-        assert sum(mask) == sum(len(t.action_ids) for t in ep.turns)
+        assert ep.context == ep.prompt_ids + tuple(t for turn in ep.turns for t in (*turn.action_ids, *turn.obs_ids))
         for t in ep.turns:
             assert len(t.action_logprobs) == len(t.action_ids)
             assert all(lp <= 0.0 for lp in t.action_logprobs)
         # the policy's tokens are kept as sampled, never re-tokenised from text
-        assert ep.turns[0].action_ids == tuple(ids[len(ep.prompt_ids):len(ep.prompt_ids) + len(ep.turns[0].action_ids)])
-    led = runner.ledger
+        start = len(ep.prompt_ids)
+        assert ep.turns[0].action_ids == ep.context[start:start + len(ep.turns[0].action_ids)]
+        assert ep.env_closed and ep.error is None
+    led = runner.ledger  # episodes started without a ledger of their own
     assert led.generated_tokens == sum(len(t.action_ids) for e in eps for t in e.turns)
     assert led.env_steps == sum(len(e.turns) for e in eps)
     runner.close()
@@ -154,18 +154,35 @@ def test_branching_reproduces_recorded_observation_tokens_and_env_state(engine, 
     runner.close()
 
 
-def test_continuations_run_batched_from_one_shared_prefix(engine):
+class RecordingEngine:
+    """A real engine whose ``generate`` calls are recorded (prefix lengths and n)."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prefixes, n, sampling):
+        self.calls.append([(len(p), k) for p, k in zip(prefixes, n)])
+        return self.engine.generate(prefixes, n, sampling)
+
+
+def test_continuations_with_one_anchor_run_as_one_request(engine):
     runner, _, multi = _episodes(engine, _math_env, generate_digit_sums(4, seed=7))
     ep = multi[0]
-    children = runner.branch(ep, 1, k=3)
-    assert len({id(c.context) for c in children}) == 1  # one prefix, n = 3
+    runner.engine = RecordingEngine(engine)
+    children = runner.branch(ep, 1, k=3, anchor=("tree", 7))
+    loose = runner.branch(ep, 1, k=2)  # no anchor: nothing says they share a prefix
+    shared = len(children[0].context)
     before = runner.ledger.prefill_tokens
-    done = runner.run(children)
-    assert len(done) == 3 and all(c.done for c in done)
+    done = runner.run(children + loose)
+    assert len(done) == 5 and all(c.done and c.env_closed for c in done)
     assert all(c.turns[0].action_ids == ep.turns[0].action_ids for c in done)  # inherited turn
-    # the shared prefix was prefilled once for the three children, not three times
-    first_step_prefill = runner.ledger.prefill_tokens - before
-    assert first_step_prefill < 3 * len(children[0].context)
+    first = runner.engine.calls[0]
+    assert sorted(first) == sorted([(shared, 3), (shared, 1), (shared, 1)])
+    # the shared prefix was prefilled once for the three anchored children, not three times
+    assert runner.ledger.prefill_tokens - before < 5 * shared
     runner.close()
 
 
@@ -184,9 +201,11 @@ def test_episode_token_limit_truncates_and_reports(engine):
     runner.close()
 
 
-def test_prompt_longer_than_the_episode_limit_is_a_clear_error(engine):
+def test_prompt_longer_than_the_episode_limit_ends_that_episode_with_a_clear_error(engine):
     runner = AgentRunner(engine, engine.tokenizer, _math_env, SamplingParams(),
                          AgentConfig(max_turn_tokens=16, max_episode_tokens=20))
-    with pytest.raises(ValueError, match="max_episode_tokens"):
-        runner.start(generate_digit_sums(1)[0], seed=0)
+    ep = runner.start(generate_digit_sums(1)[0], seed=0)
+    assert ep.done and "max_episode_tokens=20" in ep.error and "tokens, at or over" in ep.error
+    assert runner.run() == [ep] and ep.env_closed and not ep.turns
+    assert runner.ledger.errors == 1 and runner.ledger.generated_tokens == 0
     runner.close()

@@ -65,7 +65,7 @@ def test_martingale_from_root_and_from_a_prefix():
     cont = sim.simulate_branches(tree, [anchor] * 4000, pool, WORLD, rng, led)
     cont_rewards = np.array([tree.node(leaf).reward for leaf in cont])
     assert cont_rewards.mean() == pytest.approx(v2, abs=4 * np.sqrt(v2 * (1 - v2) / 4000) + 1e-9)
-    assert led.continuations == 4000 and led.rollouts == 0
+    assert led.continuations == 0 and led.rollouts == 0  # nominal units are the step driver's
     assert led.env_steps == 4000 * 3  # turns 3, 4, 5
     assert all(tree.node(leaf).depth == 5 and tree.node(leaf).is_continuation for leaf in cont)
 
