@@ -8,10 +8,12 @@ branch replay), which must hold whatever the model writes.
 from __future__ import annotations
 
 import pickle
+import time
 
 import gymnasium
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
+from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401  (fixtures)
+from planted_env import SLOW, PlantedEnv, planted_tasks
 
 import trace_gym  # noqa: F401
 from environments.bfcl.data import sample_tasks
@@ -209,3 +211,64 @@ def test_prompt_longer_than_the_episode_limit_ends_that_episode_with_a_clear_err
     assert runner.run() == [ep] and ep.env_closed and not ep.turns
     assert runner.ledger.errors == 1 and runner.ledger.generated_tokens == 0
     runner.close()
+
+
+# ---------------------------------------------------------------------- planted env failures
+@pytest.fixture
+def planted(tiny_engine):  # noqa: F811
+    PlantedEnv.instances = []
+    runner = AgentRunner(tiny_engine, tiny_engine.tokenizer, PlantedEnv, SamplingParams(temperature=1.0, seed=5),
+                         AgentConfig(max_turn_tokens=8, max_episode_tokens=1024, max_turns=4, straggler_seconds=0.2))
+    yield runner
+    runner.close()
+    assert PlantedEnv.instances and all(env.closed for env in PlantedEnv.instances)  # no env leaks
+
+
+def test_an_env_that_raises_in_step_ends_only_its_own_episode(planted):
+    eps = planted.start_many([(t, 0) for t in planted_tasks(None, "step", None)])
+    done = planted.run(eps)
+    assert {e.uid for e in done} == {e.uid for e in eps}
+    ok, bad = [eps[0], eps[2]], eps[1]
+    assert all(e.error is None and len(e.turns) == 4 for e in ok)  # the env's own truncation at 4 steps
+    assert bad.error == "RuntimeError in env.step: planted step failure"
+    assert len(bad.turns) == 2 and bad.turns[-1].truncation == "env_error" and bad.turns[-1].truncated
+    assert bad.turns[-1].info == {"env_error": bad.error} and bad.turns[-1].reward == 0.0
+    assert planted.ledger.errors == 1 and planted.truncations["env_error"] == 1
+    assert planted.ledger.env_steps == 4 + 2 + 4
+
+
+def test_envs_that_raise_in_reset_restore_or_close_end_only_their_episode(planted):
+    tasks = planted_tasks(None, "reset", "restore", "close")
+    eps = planted.start_many([(t, 0) for t in tasks])
+    assert eps[1].done and eps[1].error == "RuntimeError in env.reset: planted reset failure" and not eps[1].turns
+    done = planted.run(eps)
+    assert len(done) == 4 and done[0] is eps[1]  # the failed start comes back first
+    assert eps[3].error == "RuntimeError in env.close: planted close failure" and len(eps[3].turns) == 4
+    children = planted.branch(eps[2], 1, 2, anchor=("t", 1))
+    assert all(c.done and c.error == "RuntimeError in env.restore: planted restore failure" for c in children)
+    assert planted.run(children) == children
+    healthy = planted.branch(eps[0], 2, 1)
+    assert planted.run(healthy) == healthy and healthy[0].error is None
+    assert eps[0].error is None and eps[2].error is None
+    assert planted.ledger.errors == 1 + 1 + 2
+
+
+def test_a_slow_env_step_does_not_hold_up_the_other_episodes(planted):
+    """One episode's first step sleeps 3 s; the others play all 4 turns meanwhile."""
+    eps = planted.start_many([(t, 0) for t in planted_tasks("slow", None, None)])
+    returned = {}
+    while planted.live:
+        for ep in planted.advance():
+            returned[ep.uid] = time.perf_counter()
+    slow_env = next(env for env in PlantedEnv.instances if env.mode == "slow")
+    for ep in eps[1:]:
+        assert len(ep.turns) == 4 and returned[ep.uid] < slow_env.slow_step_ended
+    assert len(eps[0].turns) == 4 and returned[eps[0].uid] > slow_env.slow_step_ended
+    assert planted.ledger.seconds["environment_busy"] >= SLOW  # the sleep, in the pool's time
+
+
+def test_cancel_closes_every_live_env(planted):
+    eps = planted.start_many([(t, 0) for t in planted_tasks(None, None, None)])
+    planted.advance()  # steps are in flight now
+    planted.cancel()
+    assert planted.live == 0 and all(e.env_closed for e in eps)

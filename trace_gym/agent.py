@@ -147,7 +147,7 @@ class Turn:
         action_ids / action_logprobs: sampled ids and their sampling logprobs (nats).
         obs_ids: closing + observation-delta ids (loss mask 0).
         snapshot: the env snapshot after this turn (branch point for continuations).
-        info: the env's step info; ``{"error": ...}`` when the env raised.
+        info: the env's step info; ``{"env_error": ...}`` when the env raised.
         truncation: ``None``, ``"turn_tokens"`` (the action hit ``max_turn_tokens``),
             ``"episode_tokens"`` / ``"max_turns"`` (the episode was cut here) or
             ``"env_error"`` (the env raised on this action; the episode ends here).
@@ -515,7 +515,7 @@ class AgentRunner:
         ep.messages.append(Message("assistant", text))
         closing = self.renderer.closing(comp.token_ids)
         if error is not None:  # the env raised on this action: the episode ends here, truncated
-            obs, reward, terminated, truncated, info = [], 0.0, False, True, {"error": error}
+            obs, reward, terminated, truncated, info = [], 0.0, False, True, {"env_error": error}
             truncation = "env_error"
             ep.error = error
             ep.ledger.add_errors(1)

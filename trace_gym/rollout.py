@@ -10,7 +10,7 @@ is the driver's and :mod:`trace_gym.planning`'s, the same as in the simulator.
 
 Each call gets its own :class:`~trace_gym.budget.BudgetLedger` (``RolloutBatch.ledger``).
 An env that raises ends only its own episode: that episode is a truncated failure leaf
-(``info["error"]`` on its last node; or no leaf when reset/restore failed), and the
+(``info["env_error"]`` on its last node; or no leaf when reset/restore failed), and the
 error is in ``RolloutBatch.errors`` and counted in ``ledger.errors``.
 
 :func:`predictor_samples` turns finished trees into the predictor's regression set.
@@ -138,8 +138,8 @@ class AgentBranchRunner:
                 info["truncation"] = turn.truncation
             if turn.cached_tokens is not None:
                 info["cached_tokens"] = turn.cached_tokens
-            if "error" in turn.info:
-                info["error"] = turn.info["error"]
+            if "env_error" in turn.info:
+                info["env_error"] = turn.info["env_error"]
             node = tree.add_turn(
                 node, branch=branch, policy_token_ids=turn.action_ids, observation_token_ids=turn.obs_ids,
                 logprobs=turn.action_logprobs, text=turn.action_text, snapshot=turn.snapshot,

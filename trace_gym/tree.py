@@ -275,14 +275,7 @@ class RolloutTree:
         The concatenation, root to node, of each node's policy tokens (mask 1) then
         observation tokens (mask 0). A continuation from the node generates after it.
         """
-        tokens: list[int] = []
-        mask: list[int] = []
-        for i in self.path(node_id):
-            n = self.nodes[i]
-            tokens += n.policy_token_ids
-            mask += [1] * len(n.policy_token_ids)
-            tokens += n.observation_token_ids
-            mask += [0] * len(n.observation_token_ids)
+        tokens, mask, _ = self.path_tokens(node_id)
         return tokens, mask
 
     def path_tokens(self, node_id: int) -> tuple[list[int], list[int], list[float]]:
