@@ -289,8 +289,8 @@ class SimBranchRunner:
     pool: TaskPool
     world: SimWorld
     rng: np.random.Generator
-    _trees: dict[Hashable, RolloutTree] = field(default_factory=dict)
-    _pending: dict[Hashable, list[int]] = field(default_factory=dict)
+    _trees: dict[Hashable, RolloutTree] = field(default_factory=dict, init=False, repr=False)
+    _pending: dict[Hashable, list[int]] = field(default_factory=dict, init=False, repr=False)
 
     def prompt_context(self, candidate: Any) -> SimState:
         return root_state(self.pool, int(candidate), self.world)
