@@ -349,7 +349,7 @@ def make_predictor(kind: str, policy_path: str | None = None, seed: int = 0) -> 
     raise ValueError(f"unknown predictor {kind!r}; known: embedding, lm_critic, constant")
 
 
-def _env_metrics(batch: Any, truncations: Mapping[str, int]) -> dict[str, Any]:
+def _env_metrics(batch: Any) -> dict[str, Any]:
     from trace_gym import report
 
     led = batch.ledger
@@ -365,7 +365,8 @@ def _env_metrics(batch: Any, truncations: Mapping[str, int]) -> dict[str, Any]:
         "predictor_share": predictor_seconds / max(rollout_seconds + predictor_seconds, 1e-12),
         "mean_reward": float(np.mean(leaves)) if leaves else math.nan,
         "prompt_spearman": report.spearman(batch.values[chosen], empirical),
-        "truncations": dict(truncations),
+        "truncations": dict(batch.truncations),
+        "episode_errors": float(len(batch.errors)),
     }
 
 
@@ -428,12 +429,12 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
             if grpo is None:
                 raise ValueError("the predictor warm-up runs the 'uniform' strategy; include it or set warmup_budget=0")
             warm, runner = run_batch(warm_tasks, grpo, predictor, cfg.warmup_budget, seed, 1)
-            warmups.append(warm.ledger.to_dict() | {"effective_ratio": _env_metrics(warm, {})["effective_ratio"]})
+            warmups.append(warm.ledger.to_dict() | {"effective_ratio": _env_metrics(warm)["effective_ratio"]})
             say(f"rep {rep + 1}: predictor warm-up done, {warm.ledger.rollouts} rollouts "
                 f"({time.perf_counter() - t_start:.1f} s)")
         for name, arm in arms.items():
             batch, runner = run_batch(candidates, arm.strategy, copy.deepcopy(predictor), cfg.nominal_budget, seed, 2)
-            per_rep[name].append(_env_metrics(batch, runner.truncations))
+            per_rep[name].append(_env_metrics(batch))
             bar.update(1)
             say(f"rep {rep + 1}: {name} done, effective ratio {per_rep[name][-1]['effective_ratio']:.2f} "
                 f"({time.perf_counter() - t_start:.1f} s)")
