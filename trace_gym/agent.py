@@ -378,9 +378,10 @@ class AgentRunner:
         """One round: take in finished env work, then one batched generation for every
         episode that is ready, whose actions go to their envs (in the pool).
 
-        Blocks only while no episode is ready: for env steps of the previous round (at
-        most ``straggler_seconds``), or, when only stragglers are left, until the first
-        one returns. Returns the episodes that finished, their envs closed.
+        Waits for the env work of the previous round, so that it joins this round's
+        batch, at most ``straggler_seconds``; work still running then is a straggler that
+        no later round waits for, unless nothing else is ready (then until the first
+        piece of env work returns). Returns the episodes that finished, envs closed.
         """
         self._take_env_results()
         self._cut_long_episodes()
