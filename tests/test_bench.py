@@ -90,16 +90,18 @@ class ShuffledValues:
         return self.inner.allocate(rng.permutation(np.asarray(values)), budget, rng)
 
 
-def test_a_planted_broken_trace_fails_a_check(results):
-    good = {c["name"]: c["status"] for c in results["checks"]}
-    cfg = SimBenchConfig(**SMALL, strategies=("uniform", "pcl", "trace"))
+def test_a_planted_broken_trace_fails_a_check():
+    # the default scale (256 candidates, M = 256), 3 seeds: large enough that the
+    # learned-predictor TRACE is distinguishable from uniform (see docs/benchmarking.md)
+    cfg = SimBenchConfig(seeds=3, steps=4, strategies=("uniform", "trace"), oracle_upper_bound=False)
     table = strategies_for(cfg)
+    good = bench.run_sim_bench(cfg, table)
     table["trace"] = dataclasses.replace(table["trace"], root_allocator=ShuffledValues(table["trace"].root_allocator))
     broken = bench.run_sim_bench(cfg, table)
-    bad = {c["name"]: c["status"] for c in broken["checks"]}
     name = "trace effective ratio above uniform"  # shuffled, TRACE spreads 2-3 rollouts over random prompts
-    assert good[name] == "PASS" and bad[name] == "FAIL"
-    assert broken["strategies"]["trace"]["effective_ratio"] < results["strategies"]["trace"]["effective_ratio"]
+    assert {c["name"]: c["status"] for c in good["checks"]}[name] == "PASS"
+    assert {c["name"]: c["status"] for c in broken["checks"]}[name] == "FAIL"
+    assert broken["strategies"]["trace"]["effective_ratio"] < good["strategies"]["trace"]["effective_ratio"]
 
 
 def test_checks_fail_and_skip_when_they_should():
@@ -116,8 +118,9 @@ def test_checks_fail_and_skip_when_they_should():
 
 def test_token_budget_mode_equalises_generated_tokens():
     res = run_sim(seeds=1, steps=3, budget_unit="tokens")
-    tokens = [v["generated_tokens"] for v in res["strategies"].values()]
-    assert max(tokens) <= 1.02 * min(tokens)
+    reference = res["strategies"]["uniform"]["generated_tokens"]
+    for name, v in res["strategies"].items():
+        assert abs(v["generated_tokens"] / reference - 1) <= 0.02, name
     check = next(c for c in res["checks"] if c["name"].startswith("equal generated tokens"))
     assert check["status"] == "PASS"
     # the tree strategies pay for their continuations with a smaller nominal budget
