@@ -327,6 +327,9 @@ def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, pr
         "values": list(cfg.demo_values), "budgets": list(cfg.demo_budgets),
         "allocations": [solve_root(np.array(cfg.demo_values), b).tolist() for b in cfg.demo_budgets],
     }
+    if "trace" in strategies:  # which predictor target is closer to the true V (oracle-driven expansion)
+        results["target_estimators"] = sim.target_error_study(strategies["trace"], world=world,
+                                                              nominal_budget=budget, candidates=cfg.candidates)
     results["checks"] = bench_checks(results)
     results["seconds"] = time.perf_counter() - t_start
     return results
@@ -517,6 +520,14 @@ def format_bench(results: Mapping[str, Any]) -> str:
         if trunc:
             lines += ["", "Truncated turns/episodes (all strategies): "
                       + ", ".join(f"{k}: {v}" for k, v in sorted(trunc.items()))]
+    study = results.get("target_estimators")
+    if study:
+        lines += ["", "### Predictor targets: recursive mean vs fresh continuations only (error against the true V)", ""]
+        study_rows = [[group, est, r[est]["n"], r[est]["bias"], r[est]["rmse"],
+                       r[est].get("bias_toward_observed", math.nan), "lower" if r["lower_error"] == est else ""]
+                      for group, r in study.items() for est in ("recursive", "fresh")]
+        lines.append(markdown_table(["nodes", "estimator", "n", "bias", "RMSE", "bias toward observed", ""],
+                                    study_rows))
     demo = results.get("root_allocation_demo")
     if demo:
         lines += ["", "### Root allocation demo (TRACE solve_root, m_i per budget)", ""]
