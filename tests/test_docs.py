@@ -47,4 +47,4 @@ def test_tutorial_blocks_run(page, tmp_path, monkeypatch, smollm2_path):
     finally:  # the tutorials' modules must not leak into other tests
         for name in [m for m in sys.modules if m.split(".")[0] in ("arith_envs", "my_strategies")]:
             del sys.modules[name]
-    assert ran >= 2
+    assert ran >= 1
