@@ -94,6 +94,9 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
         "rollouts": ledger.rollouts / steps,
         "continuations": ledger.continuations / steps,
         "env_steps": ledger.env_steps / steps,
+        "replayed_env_steps": ledger.replayed_env_steps / steps,
+        "episode_errors": ledger.errors / steps,
+        "unspent_continuations": ledger.unspent_continuations / steps,
         "generated_tokens": ledger.generated_tokens / steps,
         "prefill_tokens": ledger.prefill_tokens / steps,
         "allocator_ms": 1e3 * ledger.seconds.get("allocation", 0.0) / steps,
@@ -414,7 +417,6 @@ def _env_metrics(batch: Any) -> dict[str, Any]:
         "mean_reward": float(np.mean(leaves)) if leaves else math.nan,
         "prompt_spearman": report.spearman(batch.values[chosen], empirical),
         "truncations": dict(batch.truncations),
-        "episode_errors": float(len(batch.errors)),
     }
 
 
@@ -532,7 +534,9 @@ _COLUMNS: list[tuple[str, str]] = [
     ("Spearman prompt", "prompt_spearman"),
 ]
 _SIM_COLUMNS = _COLUMNS + [("Spearman prefix", "prefix_spearman")]
-_ENV_COLUMNS = _COLUMNS + [("gen s", "generation_seconds"), ("env s", "environment_seconds"),
+_ENV_COLUMNS = _COLUMNS + [("replayed steps", "replayed_env_steps"), ("errors", "episode_errors"),
+                           ("unspent cont.", "unspent_continuations"),
+                           ("gen s", "generation_seconds"), ("env s", "environment_seconds"),
                            ("predictor share", "predictor_share"), ("mean reward", "mean_reward")]
 
 
