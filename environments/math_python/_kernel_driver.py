@@ -1,46 +1,63 @@
-"""The sandboxed kernel process (run as a script; imports nothing of this project).
+"""The sandboxed kernel processes (run as a script; imports nothing of this project).
 
-The host (``sandbox.py``) starts ``python -s _kernel_driver.py CONFIG_JSON`` in a new
-session with a scrubbed environment and two pipes (``req_fd`` host->kernel,
-``resp_fd`` kernel->host). Frames on both are a 4-byte big-endian length and UTF-8
-JSON. The driver, in order:
+Process tree on a root host::
 
-1. (as root) moves into fresh network and mount namespaces: no network interface is
-   up; ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` become small private
-   tmpfs mounts; directories the interpreter needs that an unprivileged user could not
-   traverse (e.g. a Python under ``/root``) are re-exposed read-only by bind mounts
-   over a tmpfs that hides the rest of their parent;
-2. preloads numpy and sympy;
-3. sets resource limits and drops to a uid/gid of its own (``uid_base + pid``) with
-   ``no_new_privs``, so file permissions, ``RLIMIT_NPROC`` and signal permissions
-   apply to it;
-4. sends ``{"op": "hello", ...}`` describing what it could enforce, then waits for
-   ``{"op": "start", "seed": S}`` (seeds ``random`` and numpy's global RNG);
-5. serves ``{"op": "exec", "id": N, "code": str}`` requests one at a time.
+    host (any size)
+     └─ zygote       ``python -I _kernel_driver.py CONFIG``: one per host process and preload
+        │            set. Moves into a mount namespace whose root is a read-only tmpfs that
+        │            shows only the system directories and the interpreter (never the
+        │            project or task data), imports numpy/sympy there, then forks kernels.
+        └─ supervisor  pid 1 of a fresh pid namespace, in fresh network and mount
+           │           namespaces (no interface up; private /proc, /tmp); root; holds the
+           │           host's pipes; trusted code only
+           └─ executor own uid (``uid_base`` + the supervisor's pid), rlimits,
+                       ``no_new_privs``; runs the model's cells; its stdout/stderr and a
+                       result pipe go to the supervisor, never to the host
 
-Each step that fails for lack of privilege is reported in ``hello["protections"]``,
-never silently assumed.
+The host asks the zygote over a ``SOCK_SEQPACKET`` socket: ``{"op": "fork", "limits":
+{...}}`` with the kernel's two pipe ends attached (``SCM_RIGHTS``), answered by
+``{"op": "forked", "pid": P}``; ``{"op": "kill", "pid": P}`` SIGKILLs a supervisor, and
+with it (pid namespace) every process of that kernel. Frames between host and
+supervisor, and between supervisor and executor, are a 4-byte big-endian length and
+UTF-8 JSON.
+
+The protocol channel belongs to the host: model code runs in the executor, which has
+no descriptor of the host. What it sends the supervisor (one ``done`` message per cell)
+is checked field by field; anything else ends the executor (a crashed cell), and the
+supervisor alone writes host frames, from values it built itself. Output is captured by
+the supervisor (head + tail kept, the rest counted); output that arrives between cells
+is reported apart, as background output.
+
+Each setup step that fails for lack of privilege is reported in the hello's
+``protections``, never silently assumed.
 """
 
 import ctypes
 import errno
+import fcntl
+import io
 import json
 import os
+import platform
+import random
+import resource
+import select
 import signal
+import socket
 import struct
 import sys
-import threading
 
-if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]  # the user's `import env` must not find this package's modules
-
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_NO_NEW_PRIVS = 38
-F_SETPIPE_SZ = 1031
-FIONREAD = 0x541B
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID = 0x20000, 0x40000000, 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
 MAX_FRAME = 64 << 20
+#: what the executor may send per cell (its ``done`` message), in bytes
+MAX_DONE_BYTES = 1 << 20
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+DEVICES = ("null", "zero", "full", "random", "urandom")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -55,6 +72,29 @@ def _mount(source, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
     _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            f"mount {target}")
+
+
+def _prctl(option, value):
+    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
+
+
+def close_all_but(keep):
+    """Close every descriptor of this process except ``keep`` (inherited ones included)."""
+    low = 3
+    for fd in sorted(fd for fd in keep if fd >= 3):
+        if fd > low:  # closerange(a, b) with b < a would close everything from a up
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
+
+
+def clean(text, limit=None):
+    """``text`` as a str that encodes to UTF-8 (lone surrogates escaped), at most ``limit`` chars."""
+    if not isinstance(text, str):
+        return None
+    if limit is not None and len(text) > limit:
+        text = f"[... {len(text) - limit} characters omitted ...]\n" + text[-limit:]
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # --- framing ---------------------------------------------------------------------------
@@ -76,232 +116,109 @@ def read_frame(fd):
     return json.loads(_read_exact(fd, n).decode())
 
 
-def write_frame(fd, obj):
+def encode_frame(obj):
     data = json.dumps(obj).encode()
-    data = struct.pack(">I", len(data)) + data
+    return struct.pack(">I", len(data)) + data
+
+
+def write_frame(fd, obj):
+    data = encode_frame(obj)
     while data:
         data = data[os.write(fd, data):]
 
 
-# --- isolation (runs as root, before any user code) ------------------------------------
+# --- the zygote's view of the filesystem -----------------------------------------------
 
-def _world_searchable(path):
-    try:
-        return bool(os.stat(path).st_mode & 0o001)
-    except OSError:
-        return False
+def _covered(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def _hidden_roots(paths):
-    """Map each topmost non-world-searchable ancestor to the needed paths below it."""
-    groups = {}
-    for p in sorted(set(paths)):
-        parts = p.strip("/").split("/")
-        for i in range(1, len(parts)):
-            anc = "/" + "/".join(parts[:i])
-            if not _world_searchable(anc):
-                groups.setdefault(anc, []).append(p)
-                break
-    for anc, ps in groups.items():  # drop paths nested in another needed path
-        groups[anc] = [p for p in ps if not any(p != q and p.startswith(q + "/") for q in ps)]
-    return groups
-
-
-def _interpreter_paths():
-    """Directories the interpreter reads from (prefixes and ``sys.path``), resolved."""
-    needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+def _exposed_paths(hide):
+    """Directories the sandbox shows (read-only): system directories and the interpreter's."""
+    interp = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
               os.path.dirname(os.path.realpath(sys.executable))]
-    needed += [p for p in sys.path if p and os.path.isdir(p)]
-    # the project's packages (the grader worker imports ``environments.math_python.grading``,
-    # which imports ``trace_gym``); the packages, not the project root, since the root
-    # may itself be untraversable (a 0700 checkout such as ``mktemp -d``)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    needed += [os.path.join(root, pkg) for pkg in ("environments", "trace_gym")
-               if os.path.isdir(os.path.join(root, pkg))]
-    return [os.path.realpath(p) for p in needed]
+    interp += [p for p in sys.path if p and os.path.isdir(p)]
+    paths = []
+    for p in sorted({os.path.realpath(p) for p in interp}, key=len):
+        if not _covered(p, paths) and p not in hide and not _covered(p, SYSTEM_DIRS):
+            paths.append(p)
+    return paths
 
 
-def _tmpfs_keeping(path, keep, options):
-    """Mount a fresh tmpfs over ``path``, then bind the directories ``keep`` (absolute
-    paths below ``path``, opened before the mount hides them) back, read-only."""
-    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in keep]
-    _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
-    for p, fd in zip(keep, fds):
-        os.makedirs(p, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-        _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+def build_root(cfg, report):
+    """Private mount namespace whose root is a read-only tmpfs holding only what the
+    interpreter needs; the host's project and task data are not in it."""
+    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    hide = [os.path.realpath(p) for p in cfg.get("hide", ())]
+    exposed = _exposed_paths(hide)
+    # open everything before the staging tmpfs may shadow it (an interpreter under /tmp)
+    sources = {}
+    for p in [d for d in SYSTEM_DIRS if os.path.lexists(d)] + exposed + ["/proc"]:
+        sources[p] = os.readlink(p) if os.path.islink(p) else os.open(p, os.O_PATH | os.O_DIRECTORY)
+    devices = {d: os.open(f"/dev/{d}", os.O_PATH) for d in DEVICES if os.path.exists(f"/dev/{d}")}
+    stage = "/tmp"
+    _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    for p, src in sources.items():
+        target = stage + p
+        if isinstance(src, str):  # /bin -> usr/bin on merged-/usr systems
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.symlink(src, target)
+            continue
+        os.makedirs(target, mode=0o755, exist_ok=True)
+        flags = MS_NOSUID | MS_NODEV | (MS_NOEXEC if p == "/proc" else 0)
+        _mount(f"/proc/self/fd/{src}", target, None, MS_BIND | MS_REC)
+        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
+        os.close(src)
+    masked = [h for h in hide if _covered(h, exposed + [d for d in SYSTEM_DIRS if d in sources])]
+    for h in masked:  # a project installed inside an exposed directory (site-packages)
+        if os.path.isdir(stage + h):
+            _mount("tmpfs", stage + h, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+        elif os.path.exists(stage + h):
+            _mount(f"/proc/self/fd/{devices['null']}", stage + h, None, MS_BIND)
+    os.makedirs(stage + "/dev", 0o755)
+    for name, fd in devices.items():
+        open(f"{stage}/dev/{name}", "w").close()
+        _mount(f"/proc/self/fd/{fd}", f"{stage}/dev/{name}", None, MS_BIND)
         os.close(fd)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{stage}/dev/{name}")
+    os.makedirs(stage + "/tmp", 0o755)
+    _mount(None, stage, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    os.chdir(stage)
+    if SYS_PIVOT_ROOT is not None:
+        _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+        _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    else:
+        os.chroot(".")
+    os.chdir("/")
+    sys.path[:] = [p for p in sys.path if p and os.path.isdir(p)]
+    report["filesystem"] = ("read-only: " + ", ".join(d for d in SYSTEM_DIRS if d in sources) + ", the interpreter ("
+                            + ", ".join(exposed) + "); writable: only the workdir /tmp/work (private tmpfs, "
+                            f"{cfg.get('disk_mb', 64)} MB); nothing else of the host")
+    report["hidden"] = sorted(hide)
 
 
-def _setup_namespaces(cfg, report):
-    """Private network and mount namespaces; returns the working directory to use."""
-    try:
-        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-        report["network"] = "none (own network namespace, no interface up)"
-    except OSError as exc:
-        report["network"] = f"NOT isolated ({exc})"
-    before = os.readlink("/proc/self/ns/mnt")
-    try:
-        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-        if os.readlink("/proc/self/ns/mnt") == before:
-            raise OSError(errno.EPERM, "mount namespace did not change")
-        # Without this every mount below would propagate to the host's namespace.
-        _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    except OSError as exc:
-        report["filesystem"] = f"shared with host ({exc}); workdir is a host temp dir"
-        return None
-    needed = _interpreter_paths()
-    for anc, ps in _hidden_roots(needed).items():
-        _tmpfs_keeping(anc, ps, "size=1m,mode=0755")
-        _mount(None, anc, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    # The world-writable places become private, root-owned tmpfs mounts: the working
-    # directory (owned by the kernel's uid) is the only place it can write. An
-    # interpreter or project that lives below one of them (a checkout under /tmp) stays
-    # visible there, read-only.
-    disk = int(cfg["disk_mb"])
-    for path, size in (("/tmp", disk), ("/var/tmp", 1), ("/dev/shm", 1), ("/run/lock", 1)):
-        if os.path.isdir(path):
-            below = [p for p in needed if p.startswith(path + "/")]
-            below = [p for p in below if not any(p != q and p.startswith(q + "/") for q in below)]
-            _tmpfs_keeping(path, below, f"size={size}m,nr_inodes=4096,mode=0755")
-    workdir = "/tmp/work"
-    os.mkdir(workdir, 0o700)
-    report["filesystem"] = ("writable: only the workdir /tmp/work (private tmpfs, %d MB); /tmp, /var/tmp, "
-                            "/dev/shm, /run/lock are private and read-only to the kernel" % disk)
-    if _hidden_roots(needed):
-        report["filesystem"] += "; hidden: " + ", ".join(sorted(_hidden_roots(needed)))
-    return workdir
+# --- executor: runs the model's cells --------------------------------------------------
 
-
-def _set_limits(cfg, report):
-    import resource
-
+def _set_limits(limits, report):
     mb = 1 << 20
-    limits = {
-        "RLIMIT_AS": (cfg["memory_mb"] * mb,) * 2,
-        "RLIMIT_CPU": (cfg["cpu_time_s"], cfg["cpu_time_s"] + 1),
-        "RLIMIT_NOFILE": (cfg["max_open_files"],) * 2,
-        "RLIMIT_NPROC": (cfg["max_processes"],) * 2,
-        "RLIMIT_FSIZE": (cfg["disk_mb"] * mb,) * 2,
+    values = {
+        "RLIMIT_AS": (limits["memory_mb"] * mb,) * 2,
+        "RLIMIT_CPU": (limits["cpu_time_s"], limits["cpu_time_s"] + 1),
+        "RLIMIT_NOFILE": (limits["max_open_files"],) * 2,
+        "RLIMIT_NPROC": (limits["max_processes"],) * 2,
+        "RLIMIT_FSIZE": (limits["disk_mb"] * mb,) * 2,
         "RLIMIT_CORE": (0, 0),
     }
-    for name, value in limits.items():
+    for name, value in values.items():
         try:
             resource.setrlimit(getattr(resource, name), value)
             report[name] = value[0]
         except (OSError, ValueError) as exc:
             report[name] = f"not set ({exc})"
 
-
-def _drop_privileges(cfg, workdir, mount_ns, report):
-    """Switch to a uid of our own; returns whether that happened."""
-    if os.geteuid() != 0:
-        report["user"] = f"same uid as the host ({os.geteuid()}): file permissions of the host user apply"
-        return False
-    hidden = _hidden_roots(_interpreter_paths())
-    if hidden and not mount_ns:
-        # Another uid could not import the rest of the standard library from there.
-        report["user"] = (f"root, NOT dropped: the interpreter lies under {sorted(hidden)}, which another uid "
-                          "cannot traverse, and no mount namespace was available to expose it")
-        return False
-    uid = gid = cfg["uid_base"] + os.getpid()
-    os.chown(workdir, uid, gid)
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-    report["user"] = f"uid {uid} (own uid, no capabilities)"
-    return True
-
-
-def _no_new_privs(report):
-    try:
-        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-        report["no_new_privs"] = True
-    except OSError as exc:
-        report["no_new_privs"] = f"not set ({exc})"
-
-
-# --- output capture ----------------------------------------------------------------------
-
-class Capture:
-    """A pipe on fd ``target`` drained by a thread: keeps ``head`` + ``tail`` bytes, counts the rest."""
-
-    def __init__(self, target, limit):
-        self.head_limit = limit - limit // 4
-        self.tail_limit = limit // 4
-        self.lock = threading.Lock()
-        r, w = os.pipe()
-        try:
-            import fcntl
-
-            fcntl.fcntl(w, F_SETPIPE_SZ, 1 << 20)
-        except OSError:
-            pass
-        os.dup2(w, target)
-        os.close(w)
-        self.fd = r
-        self.reset()
-
-    def reset(self):
-        with self.lock:
-            self.head, self.tail, self.omitted = bytearray(), bytearray(), 0
-
-    def start(self):
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        import select
-
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
-        while True:
-            poller.poll()
-            with self.lock:
-                data = os.read(self.fd, 1 << 20)
-                if not data:
-                    return
-                room = self.head_limit - len(self.head)
-                if room > 0:
-                    self.head += data[:room]
-                    data = data[room:]
-                if data:
-                    self.tail += data
-                    if len(self.tail) > self.tail_limit:
-                        self.omitted += len(self.tail) - self.tail_limit
-                        del self.tail[: len(self.tail) - self.tail_limit]
-
-    def collect(self):
-        """Wait until everything written so far was read, then return and clear it."""
-        import fcntl
-        import time
-
-        buf = bytearray(4)
-        while True:
-            with self.lock:
-                fcntl.ioctl(self.fd, FIONREAD, buf)
-                if struct.unpack("i", buf)[0] == 0:
-                    out = (self.head.decode(errors="replace"), self.tail.decode(errors="replace"),
-                           self.omitted)
-                    self.head, self.tail, self.omitted = bytearray(), bytearray(), 0
-                    return out
-            time.sleep(0.0005)
-
-
-def _watchdog(req_fd, own_uid):
-    """Kill every process of this sandbox when the host goes away (POLLHUP on its pipe)."""
-    import select
-
-    poller = select.poll()
-    poller.register(req_fd, 0)  # only POLLHUP / POLLERR / POLLNVAL are reported
-    poller.poll()
-    try:
-        if own_uid:  # never with the host's uid: kill(-1) would reach the host's processes
-            os.kill(-1, signal.SIGKILL)
-    finally:
-        os.killpg(0, signal.SIGKILL)
-
-
-# --- execution ---------------------------------------------------------------------------
 
 def _run_cell(code, filename, namespace):
     """Execute ``code``; return (error text or None, exception name or None)."""
@@ -325,91 +242,566 @@ def _run_cell(code, filename, namespace):
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next  # hide the driver's own frames
-        if isinstance(exc, SyntaxError):
-            text = "".join(traceback.format_exception_only(type(exc), exc))
-        else:
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
+        try:
+            if isinstance(exc, SyntaxError):
+                text = "".join(traceback.format_exception_only(type(exc), exc))
+            else:
+                text = "".join(traceback.format_exception(type(exc), exc, tb))
+        except BaseException as fmt_exc:  # an exception whose __str__ raises
+            text = f"{type(exc).__name__} (its message could not be formatted: {type(fmt_exc).__name__})\n"
         return text, type(exc).__name__
+
+
+def executor(req, res, limits, uid, workdir, env, namespace, report):
+    """The model's interpreter: fds 1/2 go to the supervisor; ``req``/``res`` are its pipes."""
+    own = os.getpid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    _set_limits(limits, report)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        report["user"] = f"uid {uid} (own uid, no capabilities)"
+    else:
+        report["user"] = f"same uid as the host ({os.geteuid()}): file permissions of the host user apply"
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
+    try:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        report["no_new_privs"] = True
+    except OSError as exc:
+        report["no_new_privs"] = f"not set ({exc})"
+    os.environ.clear()
+    os.environ.update(env, HOME=workdir, TMPDIR=workdir)
+    os.chdir(workdir)
+    os.umask(0o077)
+    write_frame(res, {"op": "ready", "protections": report})
+    stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                              write_through=True)
+    cells = 0
+    while True:
+        msg = _next_request(req, lambda: _flush((sys.stdout, sys.stderr, stdout, stderr)))
+        if msg.get("op") == "start":
+            random.seed(msg["seed"])
+            if "numpy" in sys.modules:
+                sys.modules["numpy"].random.seed(msg["seed"] % (1 << 32))
+            write_frame(res, {"op": "started"})
+            continue
+        cells += 1
+        _flush((sys.stdout, sys.stderr, stdout, stderr))  # what background threads printed so far
+        write_frame(res, {"op": "begin", "id": msg["id"]})
+        if _next_request(req, lambda: None).get("op") != "go":  # the supervisor has drained the pipes
+            os._exit(1)
+        sys.stdout, sys.stderr, sys.stdin = stdout, stderr, io.StringIO()
+        error, error_name = _run_cell(msg["code"], f"<cell {cells}>", namespace)
+        _flush((sys.stdout, sys.stderr, stdout, stderr))
+        if os.getpid() != own:  # a process the cell forked never speaks the protocol
+            os._exit(0)
+        try:
+            write_frame(res, {"op": "done", "id": msg["id"], "status": "ok" if error is None else "error",
+                              "error": clean(error, limits["output_bytes"]), "error_name": clean(error_name, 200)})
+        except OSError:
+            os._exit(0)
+
+
+def _flush(streams):
+    for stream in streams:
+        try:
+            stream.flush()
+        except BaseException:  # a closed or replaced stream must not end the kernel
+            pass
+
+
+def _next_request(req, flush):
+    """The supervisor's next request; meanwhile, output of background threads is flushed
+    every 0.1 s so that it reaches the supervisor as between-cell output."""
+    while not select.select([req], [], [], 0.1)[0]:
+        flush()
+    try:
+        return read_frame(req)
+    except (EOFError, OSError, ValueError):
+        os._exit(0)
+
+
+# --- supervisor: pid 1 of the kernel, owner of the host's channel ----------------------
+
+class Capture:
+    """Head + tail of one stream, the middle counted."""
+
+    def __init__(self, limit):
+        self.head_limit, self.tail_limit = limit - limit // 4, limit // 4
+        self.clear()
+
+    def clear(self):
+        self.head, self.tail, self.omitted = bytearray(), bytearray(), 0
+
+    def add(self, data):
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.tail_limit:
+                self.omitted += len(self.tail) - self.tail_limit
+                del self.tail[: len(self.tail) - self.tail_limit]
+
+    def take(self):
+        out = [self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace"), self.omitted]
+        self.clear()
+        return out
+
+
+def _death_cause(status, limits):
+    """(sentence, short name) for a wait status of the executor."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = {
+            "SIGXCPU": f"it used up its CPU time limit of {limits['cpu_time_s']} s",
+            "SIGSEGV": "segmentation fault",
+            "SIGBUS": "bus error",
+            "SIGABRT": "aborted",
+            "SIGKILL": "killed by SIGKILL (by the cell's own code, or the machine's out-of-memory killer)",
+            "SIGXFSZ": f"a file grew over the {limits['disk_mb']} MB limit",
+        }.get(name, f"killed by {name}")
+        return f"{why}, {name}", name
+    code = os.WEXITSTATUS(status)
+    return f"the process exited with code {code} (os._exit or a C extension)", f"exit code {code}"
+
+
+class Supervisor:
+    """Relays host requests to the executor and builds every host frame itself.
+
+    A request is pending from the moment it is forwarded. For a cell, the executor
+    first says ``begin`` (after flushing what background threads printed) and waits for
+    ``go``, sent once the output pipes are drained; then it runs the cell and says
+    ``done``. Output read between ``begin`` and ``done`` is the cell's, any other output
+    is background output, reported with the next result. Any other message ends the
+    executor.
+    """
+
+    def __init__(self, host_req, host_resp, limits, child, pipes):
+        self.host_req, self.host_resp, self.limits, self.child = host_req, host_resp, limits, child
+        self.e_req, self.e_res, self.e_out, self.e_err, self.wake = pipes
+        n = limits["output_bytes"]
+        self.out, self.err, self.bg_out, self.bg_err = Capture(n), Capture(n), Capture(n), Capture(n)
+        self.pending = None  # ["start", seed] or ["exec", id, began] while the executor works
+        self.res_buf = bytearray()
+        self.to_exec = bytearray()
+        self.dead = None  # (sentence, name) once the executor is gone
+        self.streams = {self.e_out: (self.out, self.bg_out), self.e_err: (self.err, self.bg_err)}
+
+    def _in_cell(self):
+        return self.pending is not None and self.pending[0] == "exec" and self.pending[2]
+
+    def _read_stream(self, fd):
+        try:
+            data = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            del self.streams[fd]
+            os.close(fd)
+            return False
+        cell, bg = self.streams[fd]
+        (cell if self._in_cell() else bg).add(data)
+        return True
+
+    def _drain(self):
+        for fd in list(self.streams):
+            while fd in self.streams and self._read_stream(fd):
+                pass
+
+    def _reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.child and self.dead is None:
+                self._executor_gone(_death_cause(status, self.limits))
+
+    def _executor_gone(self, cause):
+        self.dead = cause
+        self.to_exec.clear()
+        if os.getpid() == 1:  # whatever the cell left behind goes with it
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        self._drain()
+        pending, self.pending = self.pending, None
+        if pending is not None and pending[0] == "exec":
+            self._reply_result(pending[1], "crashed", None, cause[1], crashed=cause[0])
+        elif pending is not None:
+            self._send({"op": "error", "error": f"the kernel died while starting: {cause[0]}"})
+
+    def _kill_executor(self, why):
+        try:
+            os.kill(self.child, signal.SIGKILL)
+        except OSError:
+            pass
+        self._executor_gone((why, "ProtocolViolation"))
+
+    def _send(self, obj):
+        write_frame(self.host_resp, obj)
+
+    def _reply_result(self, cell_id, status, error, error_name, crashed=None):
+        self._drain()
+        self._send({"op": "result", "id": cell_id, "status": status, "stdout": self.out.take(),
+                    "stderr": self.err.take(), "error": error, "error_name": error_name, "crashed": crashed,
+                    "background": [self.bg_out.take(), self.bg_err.take()]})
+
+    def _on_result_pipe(self):
+        try:
+            data = os.read(self.e_res, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            os.close(self.e_res)
+            self.e_res = None
+            return
+        self.res_buf += data
+        while self.dead is None and len(self.res_buf) >= 4:
+            (n,) = struct.unpack(">I", self.res_buf[:4])
+            if n > MAX_DONE_BYTES:
+                return self._kill_executor("the cell wrote an oversized message to the kernel's result channel")
+            if len(self.res_buf) < 4 + n:
+                return
+            raw, self.res_buf = bytes(self.res_buf[4:4 + n]), self.res_buf[4 + n:]
+            self._on_message(raw)
+
+    def _on_message(self, raw):
+        try:
+            msg = json.loads(raw.decode())
+        except Exception:  # noqa: BLE001 - anything unreadable is a violation
+            msg = None
+        pending = self.pending
+        if pending is None or not isinstance(msg, dict):
+            return self._kill_executor("the cell wrote to the kernel's result channel")
+        if pending[0] == "start":
+            if msg != {"op": "started"}:
+                return self._kill_executor("the kernel answered start out of protocol")
+            self.pending = None
+            return self._send({"op": "started", "seed": pending[1]})
+        if not pending[2]:
+            if msg != {"op": "begin", "id": pending[1]}:
+                return self._kill_executor("the kernel answered a cell out of protocol")
+            self._drain()  # output flushed before ``begin`` was printed between cells
+            pending[2] = True
+            self.to_exec += encode_frame({"op": "go"})  # only now does the cell start
+            return None
+        ok = (set(msg) == {"op", "id", "status", "error", "error_name"} and msg["op"] == "done"
+              and type(msg["id"]) is int and msg["id"] == pending[1] and msg["status"] in ("ok", "error")
+              and all(msg[k] is None or isinstance(msg[k], str) for k in ("error", "error_name"))
+              and (msg["status"] == "ok") == (msg["error"] is None))
+        if not ok:
+            return self._kill_executor("the cell wrote a forged message to the kernel's result channel")
+        self._reply_result(pending[1], msg["status"], clean(msg["error"], self.limits["output_bytes"]),
+                           clean(msg["error_name"], 200))
+        self.pending = None
+
+    def _on_host(self):
+        try:
+            msg = read_frame(self.host_req)
+        except (EOFError, OSError, ValueError):
+            raise SystemExit(0)  # the host is gone or closed us
+        op = msg.get("op")
+        if op not in ("start", "exec") or self.pending is not None:
+            return self._send({"op": "error", "error": f"unexpected request {op!r}"})
+        if self.dead is not None:
+            if op == "exec":  # the cell is not run: the host restarts the kernel and says why
+                return self._send({"op": "result", "id": msg["id"], "status": "dead", "crashed": self.dead[0],
+                                   "error_name": self.dead[1]})
+            return self._send({"op": "error", "error": f"the kernel died before start: {self.dead[0]}"})
+        self.pending = ["start", msg["seed"]] if op == "start" else ["exec", msg["id"], False]
+        self.to_exec += encode_frame(msg)
+
+    def serve(self):
+        while True:
+            readers = [self.host_req, self.wake, *self.streams]
+            if self.e_res is not None:
+                readers.append(self.e_res)
+            writers = [self.e_req] if self.to_exec else []
+            ready_r, ready_w, _ = select.select(readers, writers, [], 1.0)
+            for fd in ready_r:
+                if fd in self.streams:
+                    self._read_stream(fd)
+            if self.e_res is not None and self.e_res in ready_r:
+                self._on_result_pipe()
+            if ready_w and self.to_exec:
+                try:
+                    del self.to_exec[: os.write(self.e_req, self.to_exec)]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    self.to_exec.clear()
+            if self.wake in ready_r:
+                try:
+                    os.read(self.wake, 4096)
+                except BlockingIOError:
+                    pass
+            self._reap()  # after the result pipe: a cell that answered and then died did answer
+            if self.host_req in ready_r:
+                self._on_host()
+
+
+def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns):
+    """Body of a forked kernel: namespaces, the executor, then the relay loop. Never returns."""
+    report = dict(base_report)
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the zygote's death ends every kernel
+        close_all_but({host_req, host_resp})
+        if os.getpid() != 1:
+            os.setsid()
+        gpid = int(os.readlink("/proc/self")) if pidns else os.getpid()
+        uid = None
+        if isolated:
+            try:
+                _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+                report["network"] = "none (own network namespace, no interface up)"
+            except OSError as exc:
+                report["network"] = f"NOT isolated ({exc})"
+            _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            if pidns:
+                _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+                   f"size={limits['disk_mb']}m,nr_inodes=4096,mode=0755")
+            workdir = "/tmp/work"
+            os.mkdir(workdir, 0o700)
+            uid = cfg["uid_base"] + gpid
+        else:
+            report["network"] = "NOT isolated (host is not root, or isolation is off)"
+            workdir = cfg["workdirs"] + f"/kernel_{gpid}"
+            os.mkdir(workdir, 0o700)
+        if pidns:
+            report["processes"] = "own pid namespace: the kernel sees and can signal only its own processes"
+        else:
+            report.setdefault("processes", "shares the host's pid namespace")
+        e_req_r, e_req_w = os.pipe()
+        e_res_r, e_res_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        wake_r, wake_w = os.pipe()
+        for fd in (out_w, err_w):
+            try:
+                fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer wake-ups on big output
+            except OSError:
+                pass
+        child = os.fork()
+        if child == 0:
+            try:
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                close_all_but({e_req_r, e_res_w})
+                os.set_inheritable(e_req_r, True)
+                os.set_inheritable(e_res_w, True)
+                executor(e_req_r, e_res_w, limits, uid, workdir, cfg["env"], NAMESPACE, report)
+            finally:
+                os._exit(1)
+        for fd in (e_req_r, e_res_w, out_w, err_w):
+            os.close(fd)
+        for fd in (e_req_w, e_res_r, out_r, err_r, wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(wake_w)
+        ready = _await_ready(e_res_r, child, limits)
+        if "error" in ready:
+            raise RuntimeError(ready["error"])
+        write_frame(host_resp, {"op": "hello", "pid": gpid, "uid": os.geteuid() if uid is None else uid,
+                                "own_uid": uid is not None, "workdir": workdir,
+                                "protections": ready["protections"]})
+        Supervisor(host_req, host_resp, limits, child, (e_req_w, e_res_r, out_r, err_r, wake_r)).serve()
+    except SystemExit:
+        pass
+    except BaseException as exc:  # report instead of dying silently
+        try:
+            write_frame(host_resp, {"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report})
+        except OSError:
+            pass
+    try:
+        os.kill(-1, signal.SIGKILL) if os.getpid() == 1 else os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _await_ready(fd, child, limits):
+    """The executor's first message (its protections), read before any model code runs."""
+    buf = bytearray()
+    while True:
+        select.select([fd], [], [], 1.0)
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            chunk = None
+        if chunk == b"":
+            pid, status = os.waitpid(child, 0)
+            return {"error": f"the executor died during set-up ({_death_cause(status, limits)[0]})"}
+        if chunk:
+            buf += chunk
+        if len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            return json.loads(bytes(buf[4:4 + struct.unpack(">I", buf[:4])[0]]).decode())
+
+
+# --- zygote: the fork server -----------------------------------------------------------
+
+NAMESPACE = {"__name__": "__main__", "__builtins__": __builtins__}
+
+
+def _sweep_uid(uid):
+    """SIGKILL every process of ``uid`` (used only where no pid namespace holds the kernel)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            for _ in range(20):
+                os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+class Zygote:
+    def __init__(self, sock, cfg, report, isolated):
+        self.sock, self.cfg, self.report, self.isolated = sock, cfg, report, isolated
+        self.kernels = {}  # supervisor pid -> own uid (None: no uid of its own)
+        self.pidns = False
+        self.self_ns = None
+        if isolated:
+            try:  # can we give each kernel a pid namespace? (undone at once)
+                self.self_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+                _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+                _check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
+                self.pidns = True
+            except OSError as exc:
+                report["processes"] = f"no pid namespace ({exc}); kills sweep the kernel's uid"
+
+    def fork(self, limits, fds):
+        if self.pidns:
+            _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        try:
+            pid = os.fork()
+        finally:
+            if self.pidns and os.getpid() != 1:
+                _check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
+        if pid == 0:
+            try:
+                self.sock.close()
+                if self.self_ns is not None:
+                    os.close(self.self_ns)
+                supervisor(fds[0], fds[1], limits, self.report, self.cfg, self.isolated, self.pidns)
+            finally:
+                os._exit(1)
+        self.kernels[pid] = self.cfg["uid_base"] + pid if self.isolated else None
+        return pid
+
+    def kill(self, pid):
+        if pid not in self.kernels:
+            return False
+        uid = self.kernels[pid]
+        try:
+            os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: every process of the kernel dies
+            if not self.pidns:
+                os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if not self.pidns and uid is not None:
+            _sweep_uid(uid)
+        return True
+
+    def reap(self):
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.kernels.pop(pid, None)
+            if not self.isolated:
+                import shutil
+
+                shutil.rmtree(self.cfg["workdirs"] + f"/kernel_{pid}", ignore_errors=True)
+
+    def serve(self):
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], 0.5)
+            self.reap()
+            if not ready:
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                break
+            try:
+                msg = json.loads(data.decode())
+                if msg["op"] == "fork":
+                    reply = {"op": "forked", "pid": self.fork(msg["limits"], fds)}
+                elif msg["op"] == "kill":
+                    reply = {"op": "killed", "known": self.kill(msg["pid"])}
+                else:
+                    reply = {"op": "error", "error": f"unknown op {msg['op']!r}"}
+            except Exception as exc:  # noqa: BLE001 - a bad request must not end the server
+                reply = {"op": "error", "error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            self.sock.send(json.dumps(reply).encode())
+        for pid in list(self.kernels):  # the host is gone: so are its kernels
+            self.kill(pid)
 
 
 def main():
     cfg = json.loads(sys.argv[1])
-    req_fd, resp_fd = cfg["req_fd"], cfg["resp_fd"]
+    sock = socket.socket(fileno=cfg["sock_fd"])
     report = {}
+    isolated = bool(cfg["isolate"]) and os.geteuid() == 0
     try:
-        workdir = None
-        if cfg["isolate"] and os.geteuid() == 0:
-            workdir = _setup_namespaces(cfg, report)
-        elif cfg["isolate"]:
-            report["network"] = "NOT isolated (host is not root)"
-        mount_ns = workdir is not None
-        if workdir is None:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of kernels are reaped here
+        if isolated:
+            build_root(cfg, report)
+        else:
+            report["filesystem"] = "NOT isolated (host is not root, or isolation is off): the host user's view"
             import tempfile
 
-            workdir = tempfile.mkdtemp(prefix="trace_gym_kernel_")
+            cfg["workdirs"] = tempfile.mkdtemp(prefix="trace_gym_kernels_")
         for name in cfg["preload"]:
             __import__(name)
-        _set_limits(cfg, report)
-        own_uid = cfg["isolate"] and _drop_privileges(cfg, workdir, mount_ns, report)
-        _no_new_privs(report)
-        os.environ.clear()
-        os.environ.update(cfg["env"], HOME=workdir, TMPDIR=workdir)
-        os.chdir(workdir)
-        os.umask(0o077)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
+        if "numpy" in sys.modules:
+            __import__("numpy.random")  # lazy in numpy 2: else each kernel pays it when seeded
+        if cfg.get("warmup"):
+            exec(compile(cfg["warmup"], "<warmup>", "exec"), NAMESPACE)
+        zygote = Zygote(sock, cfg, report, isolated)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
         os.close(devnull)
-        out, err = Capture(1, cfg["output_bytes"]), Capture(2, cfg["output_bytes"])
-        out.start()
-        err.start()
-        threading.Thread(target=_watchdog, args=(req_fd, own_uid), daemon=True).start()
     except BaseException as exc:  # report instead of dying silently
-        write_frame(resp_fd, {"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report})
+        sock.send(json.dumps({"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report}).encode())
         raise SystemExit(1)
-    write_frame(resp_fd, {"op": "hello", "pid": os.getpid(), "uid": os.geteuid(), "own_uid": own_uid, "workdir": workdir,
-                          "protections": report})
+    sock.send(json.dumps({"op": "hello", "pid": os.getpid(), "protections": report}).encode())
+    zygote.serve()
+    if not isolated:
+        import shutil
 
-    import io
-
-    stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                              errors="backslashreplace", write_through=True)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    cell_count = 0
-    while True:
-        try:
-            msg = read_frame(req_fd)
-        except EOFError:
-            os._exit(0)
-        if msg["op"] == "start":
-            import random
-
-            random.seed(msg["seed"])
-            if "numpy" in sys.modules:
-                sys.modules["numpy"].random.seed(msg["seed"] % (1 << 32))
-            write_frame(resp_fd, {"op": "started", "seed": msg["seed"]})
-            continue
-        if msg["op"] != "exec":
-            write_frame(resp_fd, {"op": "error", "error": f"unknown op {msg['op']!r}"})
-            continue
-        cell_count += 1
-        sys.stdout, sys.stderr, sys.stdin = stdout, stderr, io.StringIO()
-        error, error_name = _run_cell(msg["code"], f"<cell {cell_count}>", namespace)
-        for stream in (sys.stdout, sys.stderr, stdout, stderr):
-            try:
-                stream.flush()
-            except BaseException:  # a closed or replaced stream must not kill the kernel
-                pass
-        o_head, o_tail, o_omit = out.collect()
-        e_head, e_tail, e_omit = err.collect()
-        limit = cfg["output_bytes"]
-        if error is not None and len(error) > limit:
-            error = f"[... {len(error) - limit} characters of traceback omitted ...]\n" + error[-limit:]
-        write_frame(resp_fd, {
-            "op": "result", "id": msg["id"], "status": "ok" if error is None else "error",
-            "stdout": [o_head, o_tail, o_omit], "stderr": [e_head, e_tail, e_omit],
-            "error": error, "error_name": error_name,
-        })
+        shutil.rmtree(cfg["workdirs"], ignore_errors=True)
 
 
 if __name__ == "__main__":
