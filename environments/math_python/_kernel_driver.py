@@ -32,99 +32,30 @@ Each setup step that fails for lack of privilege is reported in the hello's
 ``protections``, never silently assumed.
 """
 
-import ctypes
-import errno
-import fcntl
-import io
 import json
 import os
 import platform
-import random
-import resource
 import select
 import signal
 import socket
-import struct
 import sys
 
-CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID = 0x20000, 0x40000000, 0x20000000
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loaded before the project is hidden
+import _kernel_proc as kp  # noqa: E402
+
+sys.path.pop(0)
+
+CLONE_NEWNS, CLONE_NEWPID = 0x20000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+PR_SET_CHILD_SUBREAPER = 36
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
-MAX_FRAME = 64 << 20
-#: what the executor may send per cell (its ``done`` message), in bytes
-MAX_DONE_BYTES = 1 << 20
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(ret, what):
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(source, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {target}")
-
-
-def _prctl(option, value):
-    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
-
-
-def close_all_but(keep):
-    """Close every descriptor of this process except ``keep`` (inherited ones included)."""
-    low = 3
-    for fd in sorted(fd for fd in keep if fd >= 3):
-        if fd > low:  # closerange(a, b) with b < a would close everything from a up
-            os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, 1 << 16)
-
-
-def clean(text, limit=None):
-    """``text`` as a str that encodes to UTF-8 (lone surrogates escaped), at most ``limit`` chars."""
-    if not isinstance(text, str):
-        return None
-    if limit is not None and len(text) > limit:
-        text = f"[... {len(text) - limit} characters omitted ...]\n" + text[-limit:]
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-# --- framing ---------------------------------------------------------------------------
-
-def _read_exact(fd, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
-
-
-def read_frame(fd):
-    (n,) = struct.unpack(">I", _read_exact(fd, 4))
-    if n > MAX_FRAME:
-        raise ValueError(f"frame of {n} bytes")
-    return json.loads(_read_exact(fd, n).decode())
-
-
-def encode_frame(obj):
-    data = json.dumps(obj).encode()
-    return struct.pack(">I", len(data)) + data
-
-
-def write_frame(fd, obj):
-    data = encode_frame(obj)
-    while data:
-        data = data[os.write(fd, data):]
+_libc = kp._libc
+check, mount, prctl = kp.check, kp.mount, kp.prctl
 
 
 # --- the zygote's view of the filesystem -----------------------------------------------
@@ -148,8 +79,8 @@ def _exposed_paths(hide):
 def build_root(cfg, report):
     """Private mount namespace whose root is a read-only tmpfs holding only what the
     interpreter needs; the host's project and task data are not in it."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
     hide = [os.path.realpath(p) for p in cfg.get("hide", ())]
     exposed = _exposed_paths(hide)
     # open everything before the staging tmpfs may shadow it (an interpreter under /tmp)
@@ -158,7 +89,7 @@ def build_root(cfg, report):
         sources[p] = os.readlink(p) if os.path.islink(p) else os.open(p, os.O_PATH | os.O_DIRECTORY)
     devices = {d: os.open(f"/dev/{d}", os.O_PATH) for d in DEVICES if os.path.exists(f"/dev/{d}")}
     stage = "/tmp"
-    _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     for p, src in sources.items():
         target = stage + p
         if isinstance(src, str):  # /bin -> usr/bin on merged-/usr systems
@@ -167,29 +98,29 @@ def build_root(cfg, report):
             continue
         os.makedirs(target, mode=0o755, exist_ok=True)
         flags = MS_NOSUID | MS_NODEV | (MS_NOEXEC if p == "/proc" else 0)
-        _mount(f"/proc/self/fd/{src}", target, None, MS_BIND | MS_REC)
-        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
+        mount(f"/proc/self/fd/{src}", target, None, MS_BIND | MS_REC)
+        mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
         os.close(src)
     masked = [h for h in hide if _covered(h, exposed + [d for d in SYSTEM_DIRS if d in sources])]
     for h in masked:  # a project installed inside an exposed directory (site-packages)
         if os.path.isdir(stage + h):
-            _mount("tmpfs", stage + h, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+            mount("tmpfs", stage + h, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
         elif os.path.exists(stage + h):
-            _mount(f"/proc/self/fd/{devices['null']}", stage + h, None, MS_BIND)
+            mount(f"/proc/self/fd/{devices['null']}", stage + h, None, MS_BIND)
     os.makedirs(stage + "/dev", 0o755)
     for name, fd in devices.items():
         open(f"{stage}/dev/{name}", "w").close()
-        _mount(f"/proc/self/fd/{fd}", f"{stage}/dev/{name}", None, MS_BIND)
+        mount(f"/proc/self/fd/{fd}", f"{stage}/dev/{name}", None, MS_BIND)
         os.close(fd)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{stage}/dev/{name}")
     os.makedirs(stage + "/tmp", 0o755)
-    _mount(None, stage, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    mount(None, stage, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     os.chdir(stage)
     if SYS_PIVOT_ROOT is not None:
-        _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
-        _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+        check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+        check(_libc.umount2(b".", MNT_DETACH), "umount old root")
     else:
         os.chroot(".")
     os.chdir("/")
@@ -198,462 +129,6 @@ def build_root(cfg, report):
                             + ", ".join(exposed) + "); writable: only the workdir /tmp/work (private tmpfs, "
                             f"{cfg.get('disk_mb', 64)} MB); nothing else of the host")
     report["hidden"] = sorted(hide)
-
-
-# --- executor: runs the model's cells --------------------------------------------------
-
-def _set_limits(limits, report):
-    mb = 1 << 20
-    values = {
-        "RLIMIT_AS": (limits["memory_mb"] * mb,) * 2,
-        "RLIMIT_CPU": (limits["cpu_time_s"], limits["cpu_time_s"] + 1),
-        "RLIMIT_NOFILE": (limits["max_open_files"],) * 2,
-        "RLIMIT_NPROC": (limits["max_processes"],) * 2,
-        "RLIMIT_FSIZE": (limits["disk_mb"] * mb,) * 2,
-        "RLIMIT_CORE": (0, 0),
-    }
-    for name, value in values.items():
-        try:
-            resource.setrlimit(getattr(resource, name), value)
-            report[name] = value[0]
-        except (OSError, ValueError) as exc:
-            report[name] = f"not set ({exc})"
-
-
-def _run_cell(code, filename, namespace):
-    """Execute ``code``; return (error text or None, exception name or None)."""
-    import ast
-    import linecache
-    import traceback
-
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    try:
-        tree = ast.parse(code, filename, "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, filename, "exec"), namespace)
-        if last is not None:
-            value = eval(compile(last, filename, "eval"), namespace)
-            if value is not None:
-                print(repr(value))
-        return None, None
-    except BaseException as exc:  # the cell's error is data for the model, including SystemExit
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-            tb = tb.tb_next  # hide the driver's own frames
-        try:
-            if isinstance(exc, SyntaxError):
-                text = "".join(traceback.format_exception_only(type(exc), exc))
-            else:
-                text = "".join(traceback.format_exception(type(exc), exc, tb))
-        except BaseException as fmt_exc:  # an exception whose __str__ raises
-            text = f"{type(exc).__name__} (its message could not be formatted: {type(fmt_exc).__name__})\n"
-        return text, type(exc).__name__
-
-
-def executor(req, res, limits, uid, workdir, env, namespace, report):
-    """The model's interpreter: fds 1/2 go to the supervisor; ``req``/``res`` are its pipes."""
-    own = os.getpid()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    _set_limits(limits, report)
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-        report["user"] = f"uid {uid} (own uid, no capabilities)"
-    else:
-        report["user"] = f"same uid as the host ({os.geteuid()}): file permissions of the host user apply"
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
-    try:
-        _prctl(PR_SET_NO_NEW_PRIVS, 1)
-        report["no_new_privs"] = True
-    except OSError as exc:
-        report["no_new_privs"] = f"not set ({exc})"
-    os.environ.clear()
-    os.environ.update(env, HOME=workdir, TMPDIR=workdir)
-    os.chdir(workdir)
-    os.umask(0o077)
-    write_frame(res, {"op": "ready", "protections": report})
-    stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                              write_through=True)
-    cells = 0
-    while True:
-        msg = _next_request(req, lambda: _flush((sys.stdout, sys.stderr, stdout, stderr)))
-        if msg.get("op") == "start":
-            random.seed(msg["seed"])
-            if "numpy" in sys.modules:
-                sys.modules["numpy"].random.seed(msg["seed"] % (1 << 32))
-            write_frame(res, {"op": "started"})
-            continue
-        cells += 1
-        _flush((sys.stdout, sys.stderr, stdout, stderr))  # what background threads printed so far
-        write_frame(res, {"op": "begin", "id": msg["id"]})
-        if _next_request(req, lambda: None).get("op") != "go":  # the supervisor has drained the pipes
-            os._exit(1)
-        sys.stdout, sys.stderr, sys.stdin = stdout, stderr, io.StringIO()
-        error, error_name = _run_cell(msg["code"], f"<cell {cells}>", namespace)
-        _flush((sys.stdout, sys.stderr, stdout, stderr))
-        if os.getpid() != own:  # a process the cell forked never speaks the protocol
-            os._exit(0)
-        try:
-            write_frame(res, {"op": "done", "id": msg["id"], "status": "ok" if error is None else "error",
-                              "error": clean(error, limits["output_bytes"]), "error_name": clean(error_name, 200)})
-        except OSError:
-            os._exit(0)
-
-
-def _flush(streams):
-    for stream in streams:
-        try:
-            stream.flush()
-        except BaseException:  # a closed or replaced stream must not end the kernel
-            pass
-
-
-def _next_request(req, flush):
-    """The supervisor's next request; meanwhile, output of background threads is flushed
-    every 0.1 s so that it reaches the supervisor as between-cell output."""
-    while not select.select([req], [], [], 0.1)[0]:
-        flush()
-    try:
-        return read_frame(req)
-    except (EOFError, OSError, ValueError):
-        os._exit(0)
-
-
-# --- supervisor: pid 1 of the kernel, owner of the host's channel ----------------------
-
-class Capture:
-    """Head + tail of one stream, the middle counted."""
-
-    def __init__(self, limit):
-        self.head_limit, self.tail_limit = limit - limit // 4, limit // 4
-        self.clear()
-
-    def clear(self):
-        self.head, self.tail, self.omitted = bytearray(), bytearray(), 0
-
-    def add(self, data):
-        room = self.head_limit - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail += data
-            if len(self.tail) > self.tail_limit:
-                self.omitted += len(self.tail) - self.tail_limit
-                del self.tail[: len(self.tail) - self.tail_limit]
-
-    def take(self):
-        out = [self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace"), self.omitted]
-        self.clear()
-        return out
-
-
-def _death_cause(status, limits):
-    """(sentence, short name) for a wait status of the executor."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        why = {
-            "SIGXCPU": f"it used up its CPU time limit of {limits['cpu_time_s']} s",
-            "SIGSEGV": "segmentation fault",
-            "SIGBUS": "bus error",
-            "SIGABRT": "aborted",
-            "SIGKILL": "killed by SIGKILL (by the cell's own code, or the machine's out-of-memory killer)",
-            "SIGXFSZ": f"a file grew over the {limits['disk_mb']} MB limit",
-        }.get(name, f"killed by {name}")
-        return f"{why}, {name}", name
-    code = os.WEXITSTATUS(status)
-    return f"the process exited with code {code} (os._exit or a C extension)", f"exit code {code}"
-
-
-class Supervisor:
-    """Relays host requests to the executor and builds every host frame itself.
-
-    A request is pending from the moment it is forwarded. For a cell, the executor
-    first says ``begin`` (after flushing what background threads printed) and waits for
-    ``go``, sent once the output pipes are drained; then it runs the cell and says
-    ``done``. Output read between ``begin`` and ``done`` is the cell's, any other output
-    is background output, reported with the next result. Any other message ends the
-    executor.
-    """
-
-    def __init__(self, host_req, host_resp, limits, child, pipes):
-        self.host_req, self.host_resp, self.limits, self.child = host_req, host_resp, limits, child
-        self.e_req, self.e_res, self.e_out, self.e_err, self.wake = pipes
-        n = limits["output_bytes"]
-        self.out, self.err, self.bg_out, self.bg_err = Capture(n), Capture(n), Capture(n), Capture(n)
-        self.pending = None  # ["start", seed] or ["exec", id, began] while the executor works
-        self.res_buf = bytearray()
-        self.to_exec = bytearray()
-        self.dead = None  # (sentence, name) once the executor is gone
-        self.streams = {self.e_out: (self.out, self.bg_out), self.e_err: (self.err, self.bg_err)}
-
-    def _in_cell(self):
-        return self.pending is not None and self.pending[0] == "exec" and self.pending[2]
-
-    def _read_stream(self, fd):
-        try:
-            data = os.read(fd, 1 << 20)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            del self.streams[fd]
-            os.close(fd)
-            return False
-        cell, bg = self.streams[fd]
-        (cell if self._in_cell() else bg).add(data)
-        return True
-
-    def _drain(self):
-        for fd in list(self.streams):
-            while fd in self.streams and self._read_stream(fd):
-                pass
-
-    def _reap(self):
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == self.child and self.dead is None:
-                self._executor_gone(_death_cause(status, self.limits))
-
-    def _executor_gone(self, cause):
-        self.dead = cause
-        self.to_exec.clear()
-        if os.getpid() == 1:  # whatever the cell left behind goes with it
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except OSError:
-                pass
-        self._drain()
-        pending, self.pending = self.pending, None
-        if pending is not None and pending[0] == "exec":
-            self._reply_result(pending[1], "crashed", None, cause[1], crashed=cause[0])
-        elif pending is not None:
-            self._send({"op": "error", "error": f"the kernel died while starting: {cause[0]}"})
-
-    def _kill_executor(self, why):
-        try:
-            os.kill(self.child, signal.SIGKILL)
-        except OSError:
-            pass
-        self._executor_gone((why, "ProtocolViolation"))
-
-    def _send(self, obj):
-        write_frame(self.host_resp, obj)
-
-    def _reply_result(self, cell_id, status, error, error_name, crashed=None):
-        self._drain()
-        self._send({"op": "result", "id": cell_id, "status": status, "stdout": self.out.take(),
-                    "stderr": self.err.take(), "error": error, "error_name": error_name, "crashed": crashed,
-                    "background": [self.bg_out.take(), self.bg_err.take()]})
-
-    def _on_result_pipe(self):
-        try:
-            data = os.read(self.e_res, 1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            os.close(self.e_res)
-            self.e_res = None
-            return
-        self.res_buf += data
-        while self.dead is None and len(self.res_buf) >= 4:
-            (n,) = struct.unpack(">I", self.res_buf[:4])
-            if n > MAX_DONE_BYTES:
-                return self._kill_executor("the cell wrote an oversized message to the kernel's result channel")
-            if len(self.res_buf) < 4 + n:
-                return
-            raw, self.res_buf = bytes(self.res_buf[4:4 + n]), self.res_buf[4 + n:]
-            self._on_message(raw)
-
-    def _on_message(self, raw):
-        try:
-            msg = json.loads(raw.decode())
-        except Exception:  # noqa: BLE001 - anything unreadable is a violation
-            msg = None
-        pending = self.pending
-        if pending is None or not isinstance(msg, dict):
-            return self._kill_executor("the cell wrote to the kernel's result channel")
-        if pending[0] == "start":
-            if msg != {"op": "started"}:
-                return self._kill_executor("the kernel answered start out of protocol")
-            self.pending = None
-            return self._send({"op": "started", "seed": pending[1]})
-        if not pending[2]:
-            if msg != {"op": "begin", "id": pending[1]}:
-                return self._kill_executor("the kernel answered a cell out of protocol")
-            self._drain()  # output flushed before ``begin`` was printed between cells
-            pending[2] = True
-            self.to_exec += encode_frame({"op": "go"})  # only now does the cell start
-            return None
-        ok = (set(msg) == {"op", "id", "status", "error", "error_name"} and msg["op"] == "done"
-              and type(msg["id"]) is int and msg["id"] == pending[1] and msg["status"] in ("ok", "error")
-              and all(msg[k] is None or isinstance(msg[k], str) for k in ("error", "error_name"))
-              and (msg["status"] == "ok") == (msg["error"] is None))
-        if not ok:
-            return self._kill_executor("the cell wrote a forged message to the kernel's result channel")
-        self._reply_result(pending[1], msg["status"], clean(msg["error"], self.limits["output_bytes"]),
-                           clean(msg["error_name"], 200))
-        self.pending = None
-
-    def _on_host(self):
-        try:
-            msg = read_frame(self.host_req)
-        except (EOFError, OSError, ValueError):
-            raise SystemExit(0)  # the host is gone or closed us
-        op = msg.get("op")
-        if op not in ("start", "exec") or self.pending is not None:
-            return self._send({"op": "error", "error": f"unexpected request {op!r}"})
-        if self.dead is not None:
-            if op == "exec":  # the cell is not run: the host restarts the kernel and says why
-                return self._send({"op": "result", "id": msg["id"], "status": "dead", "crashed": self.dead[0],
-                                   "error_name": self.dead[1]})
-            return self._send({"op": "error", "error": f"the kernel died before start: {self.dead[0]}"})
-        self.pending = ["start", msg["seed"]] if op == "start" else ["exec", msg["id"], False]
-        self.to_exec += encode_frame(msg)
-
-    def serve(self):
-        while True:
-            readers = [self.host_req, self.wake, *self.streams]
-            if self.e_res is not None:
-                readers.append(self.e_res)
-            writers = [self.e_req] if self.to_exec else []
-            ready_r, ready_w, _ = select.select(readers, writers, [], 1.0)
-            for fd in ready_r:
-                if fd in self.streams:
-                    self._read_stream(fd)
-            if self.e_res is not None and self.e_res in ready_r:
-                self._on_result_pipe()
-            if ready_w and self.to_exec:
-                try:
-                    del self.to_exec[: os.write(self.e_req, self.to_exec)]
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    self.to_exec.clear()
-            if self.wake in ready_r:
-                try:
-                    os.read(self.wake, 4096)
-                except BlockingIOError:
-                    pass
-            self._reap()  # after the result pipe: a cell that answered and then died did answer
-            if self.host_req in ready_r:
-                self._on_host()
-
-
-def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns):
-    """Body of a forked kernel: namespaces, the executor, then the relay loop. Never returns."""
-    report = dict(base_report)
-    try:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the zygote's death ends every kernel
-        close_all_but({host_req, host_resp})
-        if os.getpid() != 1:
-            os.setsid()
-        gpid = int(os.readlink("/proc/self")) if pidns else os.getpid()
-        uid = None
-        if isolated:
-            try:
-                _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-                report["network"] = "none (own network namespace, no interface up)"
-            except OSError as exc:
-                report["network"] = f"NOT isolated ({exc})"
-            _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-            if pidns:
-                _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-                   f"size={limits['disk_mb']}m,nr_inodes=4096,mode=0755")
-            workdir = "/tmp/work"
-            os.mkdir(workdir, 0o700)
-            uid = cfg["uid_base"] + gpid
-        else:
-            report["network"] = "NOT isolated (host is not root, or isolation is off)"
-            workdir = cfg["workdirs"] + f"/kernel_{gpid}"
-            os.mkdir(workdir, 0o700)
-        if pidns:
-            report["processes"] = "own pid namespace: the kernel sees and can signal only its own processes"
-        else:
-            report.setdefault("processes", "shares the host's pid namespace")
-        e_req_r, e_req_w = os.pipe()
-        e_res_r, e_res_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        wake_r, wake_w = os.pipe()
-        for fd in (out_w, err_w):
-            try:
-                fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer wake-ups on big output
-            except OSError:
-                pass
-        child = os.fork()
-        if child == 0:
-            try:
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                close_all_but({e_req_r, e_res_w})
-                os.set_inheritable(e_req_r, True)
-                os.set_inheritable(e_res_w, True)
-                executor(e_req_r, e_res_w, limits, uid, workdir, cfg["env"], NAMESPACE, report)
-            finally:
-                os._exit(1)
-        for fd in (e_req_r, e_res_w, out_w, err_w):
-            os.close(fd)
-        for fd in (e_req_w, e_res_r, out_r, err_r, wake_r, wake_w):
-            os.set_blocking(fd, False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.set_wakeup_fd(wake_w)
-        ready = _await_ready(e_res_r, child, limits)
-        if "error" in ready:
-            raise RuntimeError(ready["error"])
-        write_frame(host_resp, {"op": "hello", "pid": gpid, "uid": os.geteuid() if uid is None else uid,
-                                "own_uid": uid is not None, "workdir": workdir,
-                                "protections": ready["protections"]})
-        Supervisor(host_req, host_resp, limits, child, (e_req_w, e_res_r, out_r, err_r, wake_r)).serve()
-    except SystemExit:
-        pass
-    except BaseException as exc:  # report instead of dying silently
-        try:
-            write_frame(host_resp, {"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report})
-        except OSError:
-            pass
-    try:
-        os.kill(-1, signal.SIGKILL) if os.getpid() == 1 else os.killpg(0, signal.SIGKILL)
-    finally:
-        os._exit(0)
-
-
-def _await_ready(fd, child, limits):
-    """The executor's first message (its protections), read before any model code runs."""
-    buf = bytearray()
-    while True:
-        select.select([fd], [], [], 1.0)
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            chunk = None
-        if chunk == b"":
-            pid, status = os.waitpid(child, 0)
-            return {"error": f"the executor died during set-up ({_death_cause(status, limits)[0]})"}
-        if chunk:
-            buf += chunk
-        if len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
-            return json.loads(bytes(buf[4:4 + struct.unpack(">I", buf[:4])[0]]).decode())
 
 
 # --- zygote: the fork server -----------------------------------------------------------
@@ -686,26 +161,26 @@ class Zygote:
         if isolated:
             try:  # can we give each kernel a pid namespace? (undone at once)
                 self.self_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-                _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
-                _check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
+                check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+                check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
                 self.pidns = True
             except OSError as exc:
                 report["processes"] = f"no pid namespace ({exc}); kills sweep the kernel's uid"
 
     def fork(self, limits, fds):
         if self.pidns:
-            _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+            check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
         try:
             pid = os.fork()
         finally:
             if self.pidns and os.getpid() != 1:
-                _check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
+                check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
         if pid == 0:
             try:
                 self.sock.close()
                 if self.self_ns is not None:
                     os.close(self.self_ns)
-                supervisor(fds[0], fds[1], limits, self.report, self.cfg, self.isolated, self.pidns)
+                kp.supervisor(fds[0], fds[1], limits, self.report, self.cfg, self.isolated, self.pidns, NAMESPACE)
             finally:
                 os._exit(1)
         self.kernels[pid] = self.cfg["uid_base"] + pid if self.isolated else None
@@ -771,11 +246,12 @@ class Zygote:
 
 def main():
     cfg = json.loads(sys.argv[1])
+    sys.argv[:] = [sys.argv[0]]  # kernels inherit this process: nothing of the config for them
     sock = socket.socket(fileno=cfg["sock_fd"])
     report = {}
     isolated = bool(cfg["isolate"]) and os.geteuid() == 0
     try:
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of kernels are reaped here
+        prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of kernels are reaped here
         if isolated:
             build_root(cfg, report)
         else:

@@ -86,6 +86,7 @@ from environments.math_python.data import load_tasks
 from environments.math_python.generated import generate_tasks
 from environments.math_python.grading import EXTRACTIONS, Grader, normalize_answer
 from environments.math_python.sandbox import CellResult, Kernel, KernelError, KernelFactory, KernelLimits, safe_text
+from environments.math_python.zygote import ForkServer
 from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
@@ -173,6 +174,8 @@ class MathPythonEnv(gymnasium.Env):
             fields ``{output}``, ``{omitted}``, ``{limit}``, ``{reason}``, ``{count}``).
         observation_role: ``"user"`` or ``"tool"``.
         grader: a :class:`Grader`; default: the process-wide shared one.
+        kernel_server: the :class:`ForkServer` kernels are forked from; default: the
+            process-wide one.
         replay_timeout_factor: a replayed cell may run this many times the cell limit.
         few_shot: start with :data:`FEW_SHOT_DEMO` after the system prompt.
         answer_extraction: ``"boxed"`` (default: the last ``\\boxed{}``) or
@@ -193,7 +196,8 @@ class MathPythonEnv(gymnasium.Env):
                  answer_extraction: str = "boxed", few_shot: bool = False,
                  max_action_chars: int = MAX_ACTION_CHARS, max_cells: int = 8, step_timeout_s: float = 30.0,
                  max_observation_chars: int = 32768, restart_notice: str = RESTART_NOTICE,
-                 background_notice: str = BACKGROUND_NOTICE, cells_notice: str = CELLS_NOTICE):
+                 background_notice: str = BACKGROUND_NOTICE, cells_notice: str = CELLS_NOTICE,
+                 kernel_server: ForkServer | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if observation_role not in ("user", "tool"):
@@ -226,7 +230,7 @@ class MathPythonEnv(gymnasium.Env):
         self.answer_extraction = answer_extraction
         self.few_shot = few_shot
         self._grader = grader
-        self._factory = KernelFactory(self.limits, isolate=isolate, prestart=prestart_kernel)
+        self._factory = KernelFactory(self.limits, isolate=isolate, prestart=prestart_kernel, server=kernel_server)
         if prestart_kernel:
             self.grader.start_background()
         self.action_space = TextAction(max_length=self.max_action_chars)
@@ -251,7 +255,8 @@ class MathPythonEnv(gymnasium.Env):
     # -- gymnasium API ------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = task_from_options(options, self.tasks, self.np_random, self._load)
+        named = options is not None and options.get("task", options.get("task_id")) is not None
+        task = task_from_options(options, () if named else self.tasks, self.np_random, self._load)
         self._close_kernel()
         self._task = task
         self._episode_seed = int(self.np_random.integers(2**31))

@@ -321,20 +321,23 @@ class Kernel:
         self._next_id += 1
         limit = self.limits.cell_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
+        running = False  # the supervisor said the cell started
         try:
             _write_frame(self._req_w, {"op": "exec", "id": self._next_id, "code": code})
             reply = _read_frame(self._resp_r, t0 + limit, 32 * self.limits.output_bytes + (1 << 20))
+            if reply == {"op": "running", "id": self._next_id}:
+                running = True
+                reply = _read_frame(self._resp_r, t0 + limit, 32 * self.limits.output_bytes + (1 << 20))
             result = parse_result(reply, self._next_id, time.monotonic() - t0)
         except TimeoutError:
             self.close()
             return CellResult(status="timeout", error=f"cell timed out after {limit:g} s", error_name="Timeout",
                               timed_out=True, elapsed=time.monotonic() - t0, kernel_alive=False)
-        except BrokenPipeError:  # gone before it read the cell: the cell did not run
-            self.close()
-            return CellResult(status="dead", error="the kernel process was gone before this cell", error_name="EOF",
-                              elapsed=time.monotonic() - t0, kernel_alive=False)
         except (EOFError, OSError, _ProtocolError) as exc:
             self.close()
+            if not running and isinstance(exc, (EOFError, BrokenPipeError)):  # gone before the cell started
+                return CellResult(status="dead", error="the kernel process was gone before this cell",
+                                  error_name="EOF", elapsed=time.monotonic() - t0, kernel_alive=False)
             why = ("the kernel process ended unexpectedly" if isinstance(exc, (EOFError, OSError))
                    else f"the kernel broke the protocol ({exc})")
             return CellResult(status="crashed", error=why, error_name=type(exc).__name__,
@@ -371,13 +374,15 @@ class KernelFactory:
         limits, isolate, preload: passed to every :class:`Kernel`.
         prestart: start the fork server in the background now, so that the first
             kernel does not wait for its imports.
+        server: the fork server; default: the process-wide one for ``(isolate, preload)``.
     """
 
     def __init__(self, limits: KernelLimits | None = None, *, isolate: bool = True,
-                 preload: Sequence[str] = ("numpy", "sympy"), prestart: bool = True):
+                 preload: Sequence[str] = ("numpy", "sympy"), prestart: bool = True,
+                 server: ForkServer | None = None):
         self.limits = limits or KernelLimits()
         self.isolate, self.preload, self.prestart = isolate, tuple(preload), prestart
-        self.server = ForkServer.shared(isolate=isolate, preload=self.preload)
+        self.server = server or ForkServer.shared(isolate=isolate, preload=self.preload)
         if prestart:
             self.server.start_background()
 

@@ -7,9 +7,10 @@ start. Closing a kernel is one more request (the zygote SIGKILLs the kernel's pi
 which takes every process of the kernel with it); the host never forks itself, so the
 cost does not grow with the host's size.
 
-If the zygote dies, its kernels die with it (parent-death signal), and the next request
-starts a new zygote transparently. A forked copy of the host (a DataLoader worker) gets
-a zygote of its own, and never kills kernels of its parent.
+If the zygote dies, its kernels live on (a kernel ends when the host closes its pipes,
+or dies), and the next request starts a new zygote transparently. A forked copy of the
+host (a DataLoader worker) gets a zygote of its own, and never kills kernels of its
+parent.
 """
 
 from __future__ import annotations
@@ -200,8 +201,8 @@ class ForkServer:
         """One request and its answer; with ``restart`` a dead zygote is replaced once."""
         for attempt in (0, 1):
             with self._lock:
-                if not restart and (self._sock is None or self._owner != os.getpid()):
-                    return {"op": "none"}
+                if not restart and (self._sock is None or self._owner != os.getpid() or self._proc.poll() is not None):
+                    return {"op": "none"}  # nothing to ask, and no reason to start a zygote for it
                 sock = self._ensure_started()
                 try:
                     socket.send_fds(sock, [json.dumps(msg).encode()], list(fds))
