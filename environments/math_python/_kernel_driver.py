@@ -14,7 +14,8 @@ Process tree on a root host::
                        ``no_new_privs``; runs the model's cells; its stdout/stderr and a
                        result pipe go to the supervisor, never to the host
 
-The host asks the zygote over a ``SOCK_SEQPACKET`` socket: ``{"op": "fork", "limits":
+The host starts it as ``python -I _kernel_driver.py FD`` and sends its configuration as
+the first message on the ``SOCK_SEQPACKET`` socket ``FD``. Then it asks: ``{"op": "fork", "limits":
 {...}}`` with the kernel's two pipe ends attached (``SCM_RIGHTS``), answered by
 ``{"op": "forked", "pid": P}``; ``{"op": "kill", "pid": P}`` SIGKILLs a supervisor, and
 with it (pid namespace) every process of that kernel. Frames between host and
@@ -245,9 +246,9 @@ class Zygote:
 
 
 def main():
-    cfg = json.loads(sys.argv[1])
-    sys.argv[:] = [sys.argv[0]]  # kernels inherit this process: nothing of the config for them
-    sock = socket.socket(fileno=cfg["sock_fd"])
+    # the config comes as the first message: /proc/PID/cmdline is readable by every kernel
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    cfg = json.loads(sock.recv(1 << 22).decode())
     report = {}
     isolated = bool(cfg["isolate"]) and os.geteuid() == 0
     try:

@@ -26,6 +26,8 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 MAX_FRAME = 64 << 20
 #: what the executor may send per cell (its ``done`` message), in bytes
 MAX_DONE_BYTES = 1 << 20
+#: the executor's exit code when its pipes to the supervisor are gone (a cell closed them)
+CHANNEL_LOST = 121
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -173,9 +175,7 @@ def executor(req, res, limits, uid, workdir, env, namespace, report):
     os.chdir(workdir)
     os.umask(0o077)
     write_frame(res, {"op": "ready", "protections": report})
-    stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                              write_through=True)
+    stdout, stderr = _streams()
     cells = 0
     while True:
         msg = _next_request(req, lambda: _flush((sys.stdout, sys.stderr, stdout, stderr)))
@@ -186,20 +186,34 @@ def executor(req, res, limits, uid, workdir, env, namespace, report):
             write_frame(res, {"op": "started"})
             continue
         cells += 1
+        if stdout.closed or stderr.closed:  # a cell closed them: later cells still print
+            stdout, stderr = _streams()
         _flush((sys.stdout, sys.stderr, stdout, stderr))  # what background threads printed so far
-        write_frame(res, {"op": "begin", "id": msg["id"]})
+        _tell(res, {"op": "begin", "id": msg["id"]})
         if _next_request(req, lambda: None).get("op") != "go":  # the supervisor has drained the pipes
-            os._exit(1)
+            os._exit(CHANNEL_LOST)
         sys.stdout, sys.stderr, sys.stdin = stdout, stderr, io.StringIO()
         error, error_name = _run_cell(msg["code"], f"<cell {cells}>", namespace)
         _flush((sys.stdout, sys.stderr, stdout, stderr))
         if os.getpid() != own:  # a process the cell forked never speaks the protocol
             os._exit(0)
-        try:
-            write_frame(res, {"op": "done", "id": msg["id"], "status": "ok" if error is None else "error",
-                              "error": clean(error, limits["output_bytes"]), "error_name": clean(error_name, 200)})
-        except OSError:
-            os._exit(0)
+        _tell(res, {"op": "done", "id": msg["id"], "status": "ok" if error is None else "error",
+                    "error": clean(error, limits["output_bytes"]), "error_name": clean(error_name, 200)})
+
+
+def _tell(res, obj):
+    try:
+        write_frame(res, obj)
+    except (OSError, ValueError):  # a cell closed or replaced the descriptor
+        os._exit(CHANNEL_LOST)
+
+
+def _streams():
+    """Text streams on fds 1 and 2 (never closing the descriptors)."""
+    stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                              write_through=True)
+    return stdout, stderr
 
 
 def _flush(streams):
@@ -213,12 +227,12 @@ def _flush(streams):
 def _next_request(req, flush):
     """The supervisor's next request; meanwhile, output of background threads is flushed
     every 0.1 s so that it reaches the supervisor as between-cell output."""
-    while not select.select([req], [], [], 0.1)[0]:
-        flush()
     try:
+        while not select.select([req], [], [], 0.1)[0]:
+            flush()
         return read_frame(req)
-    except (EOFError, OSError, ValueError):
-        os._exit(0)
+    except (EOFError, OSError, ValueError):  # the supervisor is gone, or a cell broke the pipe
+        os._exit(CHANNEL_LOST)
 
 
 # --- supervisor: pid 1 of the kernel, owner of the host's channel ----------------------
@@ -268,7 +282,9 @@ def _death_cause(status, limits):
         }.get(name, f"killed by {name}")
         return f"{why}, {name}", name
     code = os.WEXITSTATUS(status)
-    return f"the process exited with code {code} (os._exit or a C extension)", f"exit code {code}"
+    if code == CHANNEL_LOST:
+        return "the cell closed or replaced the interpreter's own pipes to the kernel", "ChannelLost"
+    return f"the process exited with code {code} (os._exit, exec or a C extension)", f"exit code {code}"
 
 
 class Supervisor:

@@ -134,11 +134,12 @@ class ForkServer:
             return self._sock
         self._discard()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config = {"sock_fd": child.fileno(), "isolate": self.isolate, "uid_base": UID_BASE,
-                  "preload": list(self.preload), "warmup": self.warmup, "env": KERNEL_ENV, "hide": hidden_paths()}
+        config = {"isolate": self.isolate, "uid_base": UID_BASE, "preload": list(self.preload),
+                  "warmup": self.warmup, "env": KERNEL_ENV, "hide": hidden_paths()}
         try:
+            parent.send(json.dumps(config).encode())  # queued until the zygote reads it
             proc = subprocess.Popen(
-                [sys.executable, "-I", DRIVER, json.dumps(config)],
+                [sys.executable, "-I", DRIVER, str(child.fileno())],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 pass_fds=(child.fileno(),), start_new_session=True, env=dict(KERNEL_ENV), close_fds=True,
             )
