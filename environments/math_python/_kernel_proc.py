@@ -174,16 +174,16 @@ def executor(req, res, limits, uid, workdir, env, namespace, report):
     os.environ.update(env, HOME=workdir, TMPDIR=workdir)
     os.chdir(workdir)
     os.umask(0o077)
+    if limits.get("seed") is not None:  # seeded at fork: no start round trip
+        _seed(limits["seed"])
     write_frame(res, {"op": "ready", "protections": report})
     stdout, stderr = _streams()
     cells = 0
     while True:
         msg = _next_request(req, lambda: _flush((sys.stdout, sys.stderr, stdout, stderr)))
         if msg.get("op") == "start":
-            random.seed(msg["seed"])
-            if "numpy" in sys.modules:
-                sys.modules["numpy"].random.seed(msg["seed"] % (1 << 32))
-            write_frame(res, {"op": "started"})
+            _seed(msg["seed"])
+            _tell(res, {"op": "started"})
             continue
         cells += 1
         if stdout.closed or stderr.closed:  # a cell closed them: later cells still print
@@ -199,6 +199,12 @@ def executor(req, res, limits, uid, workdir, env, namespace, report):
             os._exit(0)
         _tell(res, {"op": "done", "id": msg["id"], "status": "ok" if error is None else "error",
                     "error": clean(error, limits["output_bytes"]), "error_name": clean(error_name, 200)})
+
+
+def _seed(seed):
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % (1 << 32))
 
 
 def _tell(res, obj):

@@ -61,9 +61,10 @@ after a restore, ``replay`` reports the cells re-executed and any that diverged.
 ## Snapshot
 ``replay``: the snapshot records the task, the episode seed, the turn, the kernel
 generation (how many times the interpreter was restarted) and the cells executed in
-the current interpreter with their status. ``restore`` discards the live interpreter;
-the next cell starts a fresh one seeded with ``(episode seed, generation)`` and
-re-executes the recorded cells first, discarding their output. Deterministic for code
+the current interpreter with their status. ``restore`` discards the live interpreter
+and forks a fresh one seeded with ``(episode seed, generation)`` (milliseconds; it sets
+itself up while the policy generates); the next cell re-executes the recorded cells in
+it first, discarding their output. Deterministic for code
 whose behaviour depends only on its inputs and the seeded ``random``/``numpy.random``
 (hash seed fixed to 0); not for wall-clock time, ``id()``/addresses, ``os.urandom``,
 PIDs, or cells near the time limit.
@@ -242,6 +243,7 @@ class MathPythonEnv(gymnasium.Env):
         self._generation = 0
         self._cells: list[tuple[str, str]] = []  # (code, status) run in the live interpreter
         self._kernel: Kernel | None = None
+        self._prefetched: tuple[int, Kernel] | None = None  # (seed, kernel) forked by restore()
         self._replay_report: dict | None = None
         self.kernel_protections: dict = {}
 
@@ -386,6 +388,12 @@ class MathPythonEnv(gymnasium.Env):
         self._done, self._generation, self._cells = state["done"], state["generation"], list(state["cells"])
         self._np_random = rng_from_state(state["rng"])
         self._replay_report = None
+        if not self._done:  # fork the next kernel now: it sets itself up while the policy generates
+            seed = kernel_seed(self._episode_seed, self._generation)
+            try:
+                self._prefetched = (seed, self._factory.new_kernel(seed))
+            except KernelError:
+                pass  # the first cell tries again, and reports an infrastructure error if it must
 
     # -- helpers -----------------------------------------------------------------
     @property
@@ -428,10 +436,17 @@ class MathPythonEnv(gymnasium.Env):
     def _new_kernel(self) -> Kernel:
         """A ready kernel for the current generation; one retry (a kernel that died while
         starting is an infrastructure fault). Raises KernelError."""
+        seed = kernel_seed(self._episode_seed, self._generation)
         for attempt in (0, 1):
             kernel = None
             try:
-                kernel = self._factory.new_kernel(kernel_seed(self._episode_seed, self._generation))
+                prefetched, self._prefetched = self._prefetched, None
+                if prefetched is not None and prefetched[0] == seed and prefetched[1].alive:
+                    kernel = prefetched[1]
+                else:
+                    if prefetched is not None:
+                        prefetched[1].close()
+                    kernel = self._factory.new_kernel(seed)
                 self.kernel_protections = kernel.wait_ready()["protections"]
                 return kernel
             except KernelError:
@@ -442,9 +457,11 @@ class MathPythonEnv(gymnasium.Env):
         raise AssertionError("unreachable")
 
     def _close_kernel(self) -> None:
-        if self._kernel is not None:
-            self._kernel.close()
-            self._kernel = None
+        """Close the live kernel and any prefetched one."""
+        for kernel in (self._kernel, self._prefetched and self._prefetched[1]):
+            if kernel is not None:
+                kernel.close()
+        self._kernel = self._prefetched = None
 
     def _format(self, result: CellResult, limit: float, step_cut: bool = False) -> str:
         marker = self.templates["truncation"]

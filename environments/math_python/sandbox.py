@@ -239,21 +239,26 @@ class Kernel:
         preload: modules imported before the first cell (the fork server's).
         server: the :class:`ForkServer` to fork from; default: the process-wide one
             for ``(isolate, preload)``.
+        seed: seed the kernel as it is forked (then :meth:`start` is not called; this
+            saves a round trip).
     """
 
     def __init__(self, limits: KernelLimits | None = None, *, isolate: bool = True,
-                 preload: Sequence[str] = ("numpy", "sympy"), server: ForkServer | None = None):
+                 preload: Sequence[str] = ("numpy", "sympy"), server: ForkServer | None = None,
+                 seed: int | None = None):
         self.limits = limits or KernelLimits()
         self.server = server or ForkServer.shared(isolate=isolate, preload=preload)
         self.protections: dict = {}
         self.uid: int | None = None
         self.workdir: str | None = None
         self._hello: dict | None = None
-        self._started = False
+        self._started = seed is not None
+        self._start_sent = False
         self._alive = True
         self._dead: tuple[str, str] | None = None  # (why, name) learnt before a cell ran
         self._next_id = 0
         config = {k: v for k, v in asdict(self.limits).items() if k not in ("cell_timeout_s", "startup_timeout_s")}
+        config["seed"] = None if seed is None else int(seed)
         self._pid, self._req_w, self._resp_r = self.server.fork(config)
         self._launched = time.monotonic()
         self._owner = os.getpid()  # a forked copy of the host must not kill this kernel
@@ -272,7 +277,7 @@ class Kernel:
         """Seed ``random`` and numpy's global RNG; queued until the kernel is ready."""
         if self._started:
             raise RuntimeError("Kernel.start called twice")
-        self._started = True
+        self._started = self._start_sent = True
         try:
             _write_frame(self._req_w, {"op": "start", "seed": int(seed)})
         except OSError as exc:  # died already: the next execute says so and a new kernel runs the cell
@@ -290,7 +295,7 @@ class Kernel:
             self.protections = dict(hello.get("protections") or {})
             self.uid = hello.get("uid") if hello.get("own_uid") else None
             self.workdir = hello.get("workdir")
-            if self._started and self._dead is None:
+            if self._start_sent and self._dead is None:
                 ack = _read_frame(self._resp_r, deadline, 1 << 20)
                 if ack.get("op") != "started":
                     raise KernelError(f"kernel answered {ack!r:.200} to start")
@@ -387,10 +392,9 @@ class KernelFactory:
             self.server.start_background()
 
     def new_kernel(self, seed: int) -> Kernel:
-        """A started kernel (raises :class:`KernelError` if none can be made)."""
-        kernel = Kernel(self.limits, server=self.server)
-        kernel.start(seed)
-        return kernel
+        """A kernel seeded with ``seed``, being set up (raises :class:`KernelError` if none
+        can be forked); it answers once ready."""
+        return Kernel(self.limits, server=self.server, seed=seed)
 
     def close(self) -> None:
         """Nothing to release: the fork server is shared by the host process."""
