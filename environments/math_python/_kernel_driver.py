@@ -33,6 +33,7 @@ Each setup step that fails for lack of privilege is reported in the hello's
 ``protections``, never silently assumed.
 """
 
+import errno
 import json
 import os
 import platform
@@ -119,11 +120,13 @@ def build_root(cfg, report):
     os.makedirs(stage + "/tmp", 0o755)
     mount(None, stage, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     os.chdir(stage)
-    if SYS_PIVOT_ROOT is not None:
+    try:  # pivot_root detaches the host's tree; where it is refused (an initramfs root), chroot
+        if SYS_PIVOT_ROOT is None:
+            raise OSError(errno.ENOSYS, "no pivot_root number for this machine")
         check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
         check(_libc.umount2(b".", MNT_DETACH), "umount old root")
-    else:
-        os.chroot(".")
+    except OSError:
+        os.chroot(".")  # the executor has no capability, and no descriptor outside, to leave it
     os.chdir("/")
     sys.path[:] = [p for p in sys.path if p and os.path.isdir(p)]
     report["filesystem"] = ("read-only: " + ", ".join(d for d in SYSTEM_DIRS if d in sources) + ", the interpreter ("
@@ -254,7 +257,11 @@ def main():
     try:
         prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of kernels are reaped here
         if isolated:
-            build_root(cfg, report)
+            try:
+                build_root(cfg, report)
+            except OSError as exc:  # fail closed: never run model code unsandboxed by surprise
+                raise OSError(exc.errno, f"the sandbox root could not be built ({exc}); run kernels without "
+                                         "it only knowingly: isolate=False") from exc
         else:
             report["filesystem"] = "NOT isolated (host is not root, or isolation is off): the host user's view"
             import tempfile

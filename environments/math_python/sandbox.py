@@ -351,9 +351,10 @@ class Kernel:
             self.close()
         return result
 
-    def close(self) -> None:
+    def close(self, *, kill: bool = True) -> None:
         """Kill the kernel and every process it started; idempotent and cheap (one
-        request to the fork server; the host never forks)."""
+        request to the fork server; the host never forks). With ``kill=False`` only the
+        pipes are closed: the kernel's supervisor sees that and ends the kernel itself."""
         if not self._alive:
             return
         self._alive = False
@@ -362,12 +363,12 @@ class Kernel:
                 os.close(fd)
             except OSError:
                 pass
-        if os.getpid() == self._owner:
+        if kill and os.getpid() == self._owner:
             self.server.kill(self._pid)
 
     def __del__(self) -> None:
-        try:
-            self.close()
+        try:  # never a request from a finalizer: it may run while the server's lock is held
+            self.close(kill=False)
         except Exception:
             pass
 
