@@ -362,3 +362,37 @@ def test_a_kernel_answers_fast_after_the_server_started():
     result = kernel.execute("import sympy\nprint(sympy.Integer(6) * 7)")
     kernel.close()
     assert result.stdout.text() == "42\n" and time.monotonic() - t0 < 5  # generous: 2 shared cores
+
+
+def test_kernels_share_no_ipc_objects():
+    if os.geteuid() != 0:
+        pytest.skip("no IPC namespace without root")
+    msgget = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "print(libc.msgget(0x7ace, {flags}), ctypes.get_errno())")
+    a, b = Kernel(LIMITS, seed=1), Kernel(LIMITS, seed=2)
+    try:
+        made = a.execute(msgget.format(flags=0o1000 | 0o666)).stdout.text().split()  # IPC_CREAT, world-open
+        seen = b.execute(msgget.format(flags=0)).stdout.text().split()
+        assert int(made[0]) >= 0 and seen == ["-1", "2"]  # ENOENT: the other kernel's queue does not exist here
+    finally:
+        a.close()
+        b.close()
+
+
+def test_paths_inside_exposed_directories_can_be_hidden():
+    if os.geteuid() != 0:
+        pytest.skip("no sandbox root without root")
+    dirs = [p for p in ("/usr/share/zoneinfo", "/usr/share/doc") if os.path.isdir(p)]
+    files = [p for p in ("/etc/os-release", "/etc/hostname") if os.path.isfile(p)]
+    if not dirs or not files:
+        pytest.skip("no directory and file to hide on this machine")
+    hidden_dir, hidden_file = dirs[0], files[0]
+    server = ForkServer(preload=(), hide=(hidden_dir, hidden_file))
+    try:
+        kernel = Kernel(LIMITS, server=server, seed=0)
+        out = kernel.execute(f"import os\nprint(os.listdir({hidden_dir!r}), repr(open({hidden_file!r}).read()))")
+        assert out.stdout.text() == "[] ''\n", out
+        assert os.listdir(hidden_dir) and open(hidden_file).read()  # the host still sees them
+        kernel.close()
+    finally:
+        server.close()

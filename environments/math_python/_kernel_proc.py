@@ -20,7 +20,7 @@ import signal
 import struct
 import sys
 
-CLONE_NEWNS, CLONE_NEWNET = 0x20000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x20000, 0x8000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 MAX_FRAME = 64 << 20
@@ -489,8 +489,8 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
         uid = None
         if isolated:
             try:
-                check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-                report["network"] = "none (own network namespace, no interface up)"
+                check(_libc.unshare(CLONE_NEWNET | CLONE_NEWIPC), "unshare(CLONE_NEWNET | CLONE_NEWIPC)")
+                report["network"] = "none (own network and IPC namespaces, no interface up)"
             except OSError as exc:
                 report["network"] = f"NOT isolated ({exc})"
             check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")

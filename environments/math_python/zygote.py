@@ -74,6 +74,9 @@ class ForkServer:
         preload: modules the zygote imports, so every kernel starts with them.
         warmup: trusted Python source run once in the zygote after ``preload``; its
             globals are every kernel's initial namespace (the grader's functions).
+        hide: more paths the kernels must not see (task data, caches), besides the
+            project's own (:func:`hidden_paths`); only paths inside the directories the
+            sandbox exposes need it, the rest is not there anyway.
         startup_timeout_s: seconds the zygote may take to start.
     """
 
@@ -81,8 +84,9 @@ class ForkServer:
     _registry_lock = threading.Lock()
 
     def __init__(self, *, isolate: bool = True, preload: Sequence[str] = ("numpy", "sympy"),
-                 warmup: str | None = None, startup_timeout_s: float = 120.0):
+                 warmup: str | None = None, hide: Sequence[str] = (), startup_timeout_s: float = 120.0):
         self.isolate, self.preload, self.warmup = bool(isolate), tuple(preload), warmup
+        self.hide = tuple(os.path.realpath(p) for p in hide)
         self.startup_timeout_s = startup_timeout_s
         self.protections: dict = {}
         self._lock = threading.Lock()
@@ -135,7 +139,7 @@ class ForkServer:
         self._discard()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"isolate": self.isolate, "uid_base": UID_BASE, "preload": list(self.preload),
-                  "warmup": self.warmup, "env": KERNEL_ENV, "hide": hidden_paths()}
+                  "warmup": self.warmup, "env": KERNEL_ENV, "hide": sorted({*hidden_paths(), *self.hide})}
         try:
             parent.send(json.dumps(config).encode())  # queued until the zygote reads it
             proc = subprocess.Popen(
