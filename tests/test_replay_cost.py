@@ -48,3 +48,20 @@ class _Half:
 
     def update(self, contexts, targets, weights=None):
         return {}
+
+
+def test_math_python_reports_the_cells_a_restore_replays():
+    from environments.math_python.env import MathPythonEnv
+    from trace_gym.types import Task
+
+    task = Task(id="r", prompt="What is 2 + 3?", answer="5")
+    env = MathPythonEnv([task], prestart_kernel=False)
+    try:
+        env.reset(seed=0, options={"task": task})
+        assert isinstance(env, ReplayCost)
+        assert env.replay_steps(env.snapshot()) == 0
+        env.step("```python\nx = 2\n```\n```python\nprint(x + 3)\n```")
+        snap = env.snapshot()
+        assert env.replay_steps(snap) == 2
+    finally:
+        env.close()

@@ -395,6 +395,11 @@ class MathPythonEnv(gymnasium.Env):
             except KernelError:
                 pass  # the first cell tries again, and reports an infrastructure error if it must
 
+    def replay_steps(self, snapshot: Snapshot) -> int:
+        """Cells a restore of ``snapshot`` re-executes (``trace_gym.env.ReplayCost``): the
+        agent loop counts them as env steps, so exact costs include branching's price."""
+        return len(thaw(snapshot.state)["cells"])
+
     # -- helpers -----------------------------------------------------------------
     @property
     def grader(self) -> Grader:
