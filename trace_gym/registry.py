@@ -24,6 +24,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "GuessNumber-v0": "environments.guess_number.env:GuessNumberEnv",
     "MathPython-v0": "environments.math_python.env:MathPythonEnv",
     "BFCL-v0": "environments.bfcl.env:BFCLEnv",
+    "WikiQA-v0": "environments.wiki_qa.env:WikiQAEnv",
 }
 
 #: Env families the benches know by short name:
@@ -40,6 +41,7 @@ ENV_FAMILIES: dict[str, tuple[str, str, dict, dict]] = {
                          {"difficulty": (0, 1, 2)}, {}),
     "guess_number": ("trace_gym/GuessNumber-v0", "environments.guess_number.env:make_tasks", {}, {}),
     "bfcl": ("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks", {}, {}),
+    "wiki_qa": ("trace_gym/WikiQA-v0", "environments.wiki_qa.data:offline_tasks", {}, {"few_shot": True}),
 }
 
 _log = logging.getLogger(__name__)
