@@ -12,8 +12,9 @@ IVF-PQ     ``IVF{nlist},PQ{m}`` (``nprobe``)     (PQ codes are already compresse
 =========  ===================================  ===================================
 
 Any other string is passed to ``faiss.index_factory`` as is. ``nlist`` defaults to
-about ``4 sqrt(N)`` (at most 65536) and ``m`` to the largest divisor of the dimension
-that is at most ``dim / 4`` and 64. Trained indexes learn from an evenly strided sample
+about ``4 sqrt(N)`` (at most 65536, and at most N / 39 so k-means has data), ``m`` to
+the largest divisor of the dimension that is at most ``dim / 4`` and 64, and codes have
+8 bits (fewer for corpora under 256 passages). Trained indexes learn from an evenly strided sample
 of at most ``train_size`` vectors, read shard by shard, so memory stays bounded by the
 sample, never by the corpus. FAISS's k-means is seeded, so builds are reproducible.
 
@@ -42,8 +43,10 @@ def factory_string(index_type: str, dim: int, count: int, fp16: bool = False) ->
     if key.lower() == "hnsw":
         return "HNSW32,SQfp16" if fp16 else "HNSW32"
     if key.lower() in ("ivf-pq", "ivfpq", "ivf_pq"):
-        nlist = max(1, min(65536, int(4 * math.sqrt(count))))
-        return f"IVF{nlist},PQ{pq_subquantizers(dim)}"
+        # k-means wants >= 39 points per list, and a PQ codebook of 2**nbits entries as many points
+        nlist = max(1, min(65536, int(4 * math.sqrt(count)), count // 39))
+        nbits = max(1, min(8, int(math.log2(count))))
+        return f"IVF{nlist},PQ{pq_subquantizers(dim)}" + ("" if nbits == 8 else f"x{nbits}")
     if not key:
         raise ValueError(f"index_type must be one of {INDEX_TYPES} or a FAISS factory string, got {index_type!r}")
     return key  # a FAISS factory string, used as given

@@ -21,6 +21,9 @@ or mistyped field (422 ``missing_field`` / ``wrong_type``), an unknown field (42
 ``max_query_chars`` (422 ``query_too_long``), more than ``max_queries`` queries (422
 ``too_many_queries``), ``topk`` outside ``[1, max_topk]`` (422 ``topk_out_of_range``).
 
+A search that fails inside the searcher answers 503 ``search_failed`` (the client
+retries it).
+
 Batching: requests wait in a queue; one worker takes everything queued (up to
 ``max_batch_queries`` queries, waiting at most ``batch_wait_ms`` for more when the
 batch is small), runs *one* ``searcher.search`` over all of it (one encode, one FAISS
@@ -263,7 +266,11 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
             queries, topk, with_scores = parse_retrieve(bytes(body), limits)
         except RequestError as exc:
             return error(exc)
-        results = await batcher.submit(queries, topk) if queries else []
+        try:
+            results = await batcher.submit(queries, topk) if queries else []
+        except Exception as exc:  # the searcher failed; clients may retry a 503
+            return JSONResponse({"error": "search_failed", "detail": f"{type(exc).__name__}: {exc}"[:500]},
+                                status_code=503)
         return JSONResponse({"result": [[hit.to_json(with_scores) for hit in hits] for hits in results]})
 
     @app.get("/health")
