@@ -37,6 +37,7 @@ requests finish (up to ``graceful_seconds``), then the batcher drains and the pr
 import asyncio
 import contextlib
 import json
+import signal
 import socket
 import sys
 import threading
@@ -312,8 +313,13 @@ def serve(searcher: Searcher, host: str = "127.0.0.1", port: int = 8000, *, limi
     sock = bind(host, port)
     actual = sock.getsockname()[1]
     server = _server(create_app(searcher, limits), limits, log_level)
+    # uvicorn re-raises the signal that stopped it once shutdown is done, to the handler
+    # that was installed before it ran; a no-op handler there lets a graceful stop exit 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     print(f"serving on http://{host}:{actual}", flush=True)
     server.run(sockets=[sock])
+    print("retrieval server stopped", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
