@@ -11,7 +11,7 @@ The world (counts at ``scale=1``; every count scales, with small minimums):
 ==============  =====  =========================================================
 entity          count  passages (title = the entity's name)
 ==============  =====  =========================================================
-country            80  2: official name, region, capital; economy (names companies)
+country            80  2: official name, region, capital; economy (industries)
 city            1,500  2: country, river, founding year; culture (a twin city
                        *and its country*, a distractor)
 person          6,000  2: birth year, profession, birth city; studies (university)
@@ -58,7 +58,7 @@ from retrieval_index.protocol import make_contents
 #: Marked on every question and in every file name this module writes.
 LABEL = "synthetic"
 #: Bumped whenever generation changes, so cached corpora and indexes of an older world are not reused.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 BASE_COUNTS = {"country": 80, "city": 1500, "person": 6000, "university": 400, "company": 2500, "film": 2500,
                "event": 380}
@@ -174,9 +174,14 @@ def generate_world(seed: int = 0, scale: float = 1.0, questions_per_type: int | 
                   "founder": rng.randrange(n["person"]), "city": rng.randrange(n["city"])}
                  for _ in range(n["company"])]
     directors = rng.sample(range(n["person"]), max(4, n["film"] // 3))  # directors make ~3 films each
-    films = [{"name": names.unique(lambda: f"The {rng.choice(_ADJ)} {rng.choice(_NOUN)} of {names.word()}"),
-              "year": rng.randint(1950, 2020), "genre": rng.choice(_GENRES), "director": rng.choice(directors),
-              "actor": rng.randrange(n["person"])} for _ in range(n["film"])]
+    films = []
+    for _ in range(n["film"]):
+        director = rng.choice(directors)
+        # released when the director was at least 18, so the release year never equals the birth year
+        year = rng.randint(max(1950, people[director]["born"] + 18), 2020)
+        films.append({"name": names.unique(lambda: f"The {rng.choice(_ADJ)} {rng.choice(_NOUN)} of {names.word()}"),
+                      "year": year, "genre": rng.choice(_GENRES), "director": director,
+                      "actor": rng.randrange(n["person"])})
     for p, person in enumerate(people):
         if person["colleague"] == p:
             person["colleague"] = (p + 1) % n["person"]
@@ -214,9 +219,9 @@ def _write_passages(world: World, rng: random.Random) -> None:
         if kind == "country":
             add(r, "intro", r["name"], f"{r['name']}, officially the {r['form']} of {r['name']}, is a country in "
                 f"{r['region']}. Its capital is {cities[r['capital']]['name']}. It became independent in {r['founded']}.")
-            firms = [e["company"][j]["name"] for j in by_country.get(i, [])[:3]] or ["small family firms"]
-            add(r, "economy", r["name"], f"The economy of {r['name']} rests on trade along its rivers. Well-known "
-                f"employers include {', '.join(firms)}.")
+            industries = sorted({e["company"][j]["industry"] for j in by_country.get(i, [])})[:3] or ["farming"]
+            add(r, "economy", r["name"], f"The economy of {r['name']} rests on trade along its rivers. Its main "
+                f"industries are {', '.join(industries)}.")
         elif kind == "city":
             add(r, "intro", r["name"], f"{r['name']} is a city in {countries[r['country']]['name']}, on the "
                 f"{r['river']} {_RIVER[1]}. It was founded in {r['founded']} and has about {r['population']:,} inhabitants.")
