@@ -1,8 +1,8 @@
 """``trace-gym index build``: corpus -> embedding shards on disk -> FAISS index + manifest.
 
 The build streams the corpus shard by shard (``shard_size`` passages), encodes each
-shard and writes its embeddings atomically (``embeddings/shard_NNNNN.npy``, written to a
-temporary name and renamed), so:
+shard and writes its embeddings atomically (``embeddings/shard_NNNNN.npy``, written as
+``partial_NNNNN.npy`` and renamed), so:
 
 * memory is bounded by one shard (plus the index itself), never by the corpus;
 * a killed build resumes: finished shards are found on disk and not re-encoded, and
@@ -96,27 +96,29 @@ def build_dense_index(corpus: str | os.PathLike, out_dir: str | os.PathLike, *, 
                                           "normalize", "max_length")}}
     _check_state(out, state)
     n_shards = (count + shard_size - 1) // shard_size
-    done = [i for i in range(n_shards) if _shard_ok(shard_path(out, i), _rows(i, shard_size, count), encoder.dim)]
-    for stale in (out / "embeddings").glob("*.tmp.npy"):
+    done = {i for i in range(n_shards) if _shard_ok(shard_path(out, i), _rows(i, shard_size, count), encoder.dim)}
+    for stale in (out / "embeddings").glob("partial_*.npy"):
         stale.unlink()  # a shard being written when the last build was killed
 
     bar = _bar(count, "encode", progress)
     bar.update(sum(_rows(i, shard_size, count) for i in done))
     encode_seconds, encoded = 0.0, 0
-    for i in range(n_shards):
-        if i in done:
-            continue
-        start, stop = i * shard_size, min(count, (i + 1) * shard_size)
-        texts = [contents for _, contents in docs.rows(start, stop)]
-        t0 = time.perf_counter()
-        vectors = encoder.encode_passages(texts, progress=bar.update)
-        encode_seconds += time.perf_counter() - t0
-        encoded += len(texts)
-        tmp = shard_path(out, i).with_suffix(".tmp.npy")
-        np.save(tmp, vectors)
-        os.replace(tmp, shard_path(out, i))
-    bar.close()
-    docs.close()
+    try:
+        for i in range(n_shards):
+            if i in done:
+                continue
+            start, stop = i * shard_size, min(count, (i + 1) * shard_size)
+            texts = [contents for _, contents in docs.rows(start, stop)]
+            t0 = time.perf_counter()
+            vectors = encoder.encode_passages(texts, progress=bar.update)
+            encode_seconds += time.perf_counter() - t0
+            encoded += len(texts)
+            tmp = out / "embeddings" / f"partial_{i:05d}.npy"
+            np.save(tmp, vectors)
+            os.replace(tmp, shard_path(out, i))  # a shard exists whole or not at all
+    finally:
+        bar.close()
+        docs.close()
 
     factory = factory_string(index_type, encoder.dim, count, fp16)
     loaders = [lambda i=i: np.load(shard_path(out, i)) for i in range(n_shards)]
