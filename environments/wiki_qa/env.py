@@ -109,9 +109,10 @@ class WikiQAEnv(gymnasium.Env):
     """Multi-hop QA with a search tool (spec in the module docstring).
 
     Args:
-        tasks: the pool ``reset()`` draws from: ``Task`` objects or FlashRAG-style
-            dicts (``id``, ``question``, ``golden_answers``); default: the SYNTHETIC
-            offline world's questions.
+        tasks: the pool ``reset()`` draws from: ``Task`` objects, FlashRAG-style dicts
+            (``id``, ``question``, ``golden_answers``), or a dataset name for
+            :func:`~environments.wiki_qa.data.load_tasks`; default: the SYNTHETIC offline
+            world's questions.
         searcher: a spec string (see :mod:`environments.wiki_qa.searchers`) or any
             object with ``search(queries, topk)``; default ``"offline"``.
         topk: passages per search (Search-R1 uses 3).
@@ -129,7 +130,7 @@ class WikiQAEnv(gymnasium.Env):
     metadata = {"render_modes": []}
     snapshot_mode = "state"
 
-    def __init__(self, tasks: Sequence[Task | dict] | None = None, *, searcher: Any = "offline", topk: int = 3,
+    def __init__(self, tasks: Sequence[Task | dict] | str | None = None, *, searcher: Any = "offline", topk: int = 3,
                  max_turns: int = 4, protocol: str = "tags", reward: str = "em", max_action_chars: int = 65536,
                  max_query_chars: int = 512, few_shot: bool = False, observation_role: str = "user",
                  system_prompt: str | None = None, prompt_template: str = PROMPT_TEMPLATE, offline_seed: int = 0,
@@ -153,6 +154,10 @@ class WikiQAEnv(gymnasium.Env):
             from environments.wiki_qa.data import offline_tasks
 
             tasks = offline_tasks(seed=None, world_seed=offline_seed, scale=offline_scale)
+        elif isinstance(tasks, str):
+            from environments.wiki_qa.data import load_tasks
+
+            tasks = load_tasks(tasks)
         self.tasks = [t if isinstance(t, Task) else _task_from_row(t) for t in tasks]
         if not self.tasks:
             raise ValueError("WikiQAEnv needs at least one task")
@@ -289,4 +294,6 @@ class WikiQAEnv(gymnasium.Env):
 def _task_from_row(row: Any) -> Task:
     from environments.wiki_qa.data import row_to_task
 
-    return resolve_task(row) if isinstance(row, dict) and "prompt" in row else row_to_task(row, "custom")
+    if isinstance(row, Mapping) and "prompt" in row:  # a trace_gym Task dict
+        return resolve_task(dict(row))
+    return row_to_task(row, str(row.get("source") or "custom") if isinstance(row, Mapping) else "custom")
