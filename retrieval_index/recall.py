@@ -6,9 +6,10 @@ was P born?": ``q_1`` = the question, ``q_2`` = "In which country is <P's birth 
 
 * ``hop recall@k`` = mean over questions and hops of ``[g_h in top-k(q_h)]``;
 * ``hop1`` / ``hop2`` = the same restricted to the first / second hop;
-* ``all_gold_from_question@k`` = fraction of questions whose gold passages are *all* in
-  the top-k of the question alone. Low values say the questions need a second search:
-  the second passage cannot be found from the question's words.
+* ``hop2_from_question@k`` = fraction of questions whose *second* gold passage is in the
+  top-k of the question alone, and ``all_gold_from_question@k`` the fraction with *all*
+  gold passages there. Low values say the questions need a second search: the second
+  passage cannot be found from the question's words.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def hop_recall(searcher: Searcher, questions: Sequence[dict[str, Any]], k: int =
         batch_size: queries per ``search`` call.
 
     Returns:
-        ``{"k", "questions", "hop_recall", "hop1", "hop2", "all_gold_from_question",
-        "by_type": {type: {"hop1", "hop2", "all_gold_from_question", "n"}}}``.
+        ``{"k", "questions", "hop_recall", "hop1", "hop2", "hop2_from_question",
+        "all_gold_from_question", "by_type": {type: {"hop1", "hop2", "hop2_from_question",
+        "all_gold_from_question", "n"}}}``.
     """
     if not questions:
         raise ValueError("hop_recall needs at least one question")
@@ -51,11 +53,15 @@ def hop_recall(searcher: Searcher, questions: Sequence[dict[str, Any]], k: int =
     for (i, h, _, g), found in zip(jobs, top):
         hop_hits[h].append(g in found)
         per_type[questions[i]["metadata"].get("type", "?")][f"hop{h + 1}"].append(g in found)
-    all_from_question = []
+    all_from_question, hop2_from_question = [], []
     for q, found in zip(questions, top[len(jobs):]):
-        ok = all(g in found for g in q["metadata"]["gold_ids"])
+        gold = q["metadata"]["gold_ids"]
+        ok = all(g in found for g in gold)
         all_from_question.append(ok)
         per_type[q["metadata"].get("type", "?")]["all_gold_from_question"].append(ok)
+        if len(gold) > 1:
+            hop2_from_question.append(gold[1] in found)
+            per_type[q["metadata"].get("type", "?")]["hop2_from_question"].append(gold[1] in found)
 
     def mean(xs: Sequence[bool]) -> float:
         return sum(xs) / len(xs) if xs else float("nan")
@@ -67,6 +73,7 @@ def hop_recall(searcher: Searcher, questions: Sequence[dict[str, Any]], k: int =
         "hop_recall": mean(every),
         "hop1": mean(hop_hits[0]),
         "hop2": mean(hop_hits[1]),
+        "hop2_from_question": mean(hop2_from_question),
         "all_gold_from_question": mean(all_from_question),
         "by_type": {t: {name: mean(v) for name, v in d.items()} | {"n": len(d["all_gold_from_question"])}
                     for t, d in sorted(per_type.items())},
@@ -76,18 +83,19 @@ def hop_recall(searcher: Searcher, questions: Sequence[dict[str, Any]], k: int =
 def format_recall(results: dict[str, dict[str, Any]]) -> str:
     """A markdown table of :func:`hop_recall` results keyed by retriever name."""
     k = next(iter(results.values()))["k"]
-    lines = [f"| retriever | questions | hop recall@{k} | hop 1 | hop 2 | all gold from question alone |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [f"| retriever | questions | hop recall@{k} | hop 1 | hop 2 | hop 2 from the question alone | "
+             "all gold from the question alone |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['questions']} | {r['hop_recall']:.3f} | {r['hop1']:.3f} | {r['hop2']:.3f} | "
-                     f"{r['all_gold_from_question']:.3f} |")
+                     f"{r['hop2_from_question']:.3f} | {r['all_gold_from_question']:.3f} |")
     types = sorted({t for r in results.values() for t in r["by_type"]})
-    lines += ["", f"| type | " + " | ".join(f"{n} hop1 / hop2" for n in results) + " |",
+    nan = float("nan")
+    lines += ["", "| type | " + " | ".join(f"{n}: hop 1 / hop 2 / hop 2 from the question" for n in results) + " |",
               "|---|" + "---:|" * len(results)]
     for t in types:
         cells = []
         for r in results.values():
             d = r["by_type"].get(t, {})
-            cells.append(f"{d.get('hop1', float('nan')):.2f} / {d.get('hop2', float('nan')):.2f}")
+            cells.append(f"{d.get('hop1', nan):.2f} / {d.get('hop2', nan):.2f} / {d.get('hop2_from_question', nan):.2f}")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

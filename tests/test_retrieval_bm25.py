@@ -69,6 +69,8 @@ def test_recall_at_3_of_the_gold_passages_per_hop(built, world):
           f"all gold from the question alone {r['all_gold_from_question']:.3f}")
     assert r["questions"] == 400 and r["hop1"] >= 0.9 and r["hop2"] >= 0.9
     assert r["all_gold_from_question"] < 0.5  # the second passage needs a second search
+    assert all(r["by_type"][t]["hop2_from_question"] < 0.2 for t in ("birth_country", "director_birthplace",
+                                                                     "founder_university", "university_city"))
 
 
 def test_rebuild_reuses_and_another_corpus_is_refused(built, tmp_path):

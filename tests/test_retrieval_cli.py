@@ -21,7 +21,7 @@ def test_build_synthetic_both_kinds_prints_recall_at_3(capsys):
     assert set(rows) == {"dense", "bm25"}
     hop1 = {name: float(line.split("|")[5]) for name, line in rows.items()}
     assert min(hop1.values()) >= 0.8
-    assert "| birth_country |" in out
+    assert "| birth_country |" in out and "hop 2 from the question alone" in out
 
 
 def test_build_a_corpus_and_read_its_manifest(tmp_path, capsys):
