@@ -8,9 +8,10 @@ Rows (throughput in queries per second; latency per call, milliseconds):
 
 1. ``in-process, per call`` (the baseline of the goal): ``--clients`` threads share one
    ``DenseSearcher`` and call ``search([q], 3)``; each call is its own encode + FAISS search.
-2. ``server (loopback HTTP)``: ``--clients`` asyncio clients POST ``/retrieve`` to
-   ``trace-gym index serve`` running in this process on 127.0.0.1; the server batches
-   concurrent requests into one encode + search. Latency includes HTTP and queueing.
+2. ``server (loopback HTTP)``: ``--clients`` asyncio clients (aiohttp, else httpx) POST ``/retrieve``
+   to ``trace-gym index serve`` started in its own process on 127.0.0.1, as deployed;
+   the server batches concurrent requests into one encode + search. Latency includes
+   HTTP, JSON and queueing; the clients share the machine's cores with the server.
 3. ``in-process, batches of 64``: one thread, 64 queries per call: the ceiling of
    batching, no concurrency.
 
@@ -28,9 +29,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -83,38 +87,80 @@ def in_process_batched(searcher, queries: list[str], batch: int = 64) -> dict:
     return {"qps": len(queries) / seconds, "p50_ms": p50, "p99_ms": p99, "seconds": seconds}
 
 
-def through_server(searcher, queries: list[str], clients: int) -> dict:
+def through_server(kind: str, scale: float, queries: list[str], clients: int) -> dict:
+    """Start ``trace-gym index serve`` in its own process (as deployed), load it from here."""
     import httpx
 
-    from retrieval_index.server import ServerLimits, running_server
-
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    proc = subprocess.Popen([sys.executable, "-m", "trace_gym.cli", "index", "serve", "--synthetic", kind,
+                             "--scale", str(scale), "--port", "0"], cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
     latencies: list[float] = []
     errors: list[str] = []
+    body = lambda q: {"queries": [q], "topk": 3, "return_scores": True}  # noqa: E731
 
-    async def client(http, base: str, mine: list[str]) -> None:
+    async def client(post, base: str, mine: list[str]) -> None:
         for q in mine:
             t0 = time.perf_counter()
-            r = await http.post(base + "/retrieve", json={"queries": [q], "topk": 3, "return_scores": True})
+            status, text = await post(base + "/retrieve", body(q))
             latencies.append(time.perf_counter() - t0)
-            if r.status_code != 200:
-                errors.append(r.text[:200])
+            if status != 200:
+                errors.append(text[:200])
 
     async def run(base: str) -> None:
-        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-            await http.get(base + "/health")
-            await asyncio.gather(*(client(http, base, queries[c::clients]) for c in range(clients)))
+        async with _http_client(clients) as post:
+            warm = queries[: min(len(queries), 200)]  # connections, JIT and caches warm up first
+            await asyncio.gather(*(client(post, base, warm[c::clients]) for c in range(clients)))
+            latencies.clear()
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client(post, base, queries[c::clients]) for c in range(clients)))
+            timing["seconds"] = time.perf_counter() - t0
 
-    with running_server(searcher, limits=ServerLimits()) as base:
-        t0 = time.perf_counter()
+    timing: dict = {}
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("serving on "):
+            raise RuntimeError(f"the server did not start: {line!r}")
+        base = line.split()[-1]
         asyncio.run(asyncio.wait_for(run(base), timeout=1800))
-        seconds = time.perf_counter() - t0
         batching = httpx.get(base + "/info").json()["batching"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
     if errors:
         raise RuntimeError(f"{len(errors)} server errors, first: {errors[0]}")
     p50, p99 = percentiles(latencies)
-    return {"qps": len(queries) / seconds, "p50_ms": p50, "p99_ms": p99, "seconds": seconds,
+    return {"qps": len(queries) / timing["seconds"], "p50_ms": p50, "p99_ms": p99, "seconds": timing["seconds"],
             "mean_batch_queries": batching["mean_batch_queries"]}
+
+
+@contextlib.asynccontextmanager
+async def _http_client(clients: int):
+    """``post(url, json) -> (status, text)`` over aiohttp when installed (httpx's async client costs
+    several times more CPU per request, and the load generator shares the cores with the server)."""
+    try:
+        import aiohttp
+    except ImportError:
+        aiohttp = None
+    if aiohttp is not None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
+                                         timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async def post(url, payload):
+                async with session.post(url, json=payload) as r:
+                    return r.status, await r.text()
+
+            yield post
+    else:
+        import httpx
+
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            async def post(url, payload):
+                r = await http.post(url, json=payload)
+                return r.status_code, r.text
+
+            yield post
 
 
 def encode_throughput(encoder, passages: list[str]) -> float:
@@ -138,24 +184,25 @@ def main(argv: list[str] | None = None) -> int:
 
     from retrieval_index.dense import DenseSearcher
 
-    searchers = {"dense (MiniLM, FAISS Flat)": DenseSearcher.load(offline_index("dense", 0, args.scale))}
+    searchers = {"dense (MiniLM, FAISS Flat)": ("dense", DenseSearcher.load(offline_index("dense", 0, args.scale)))}
     if args.bm25:
         from retrieval_index.bm25 import BM25Searcher
 
-        searchers["bm25 (pyserini)"] = BM25Searcher(offline_index("bm25", 0, args.scale))
+        searchers["bm25 (pyserini)"] = ("bm25", BM25Searcher(offline_index("bm25", 0, args.scale)))
     pool = [q for row in offline_questions(0, args.scale) for q in row["metadata"]["hop_queries"]]
     rng = random.Random(0)
     queries = [rng.choice(pool) for _ in range(args.requests)]
-    count = next(iter(searchers.values())).info()["count"]
+    count = next(iter(searchers.values()))[1].info()["count"]
     results: dict = {"config": vars(args), "passages": count, "torch_threads": torch.get_num_threads(),
                      "cpus": os.cpu_count(), "rows": {}}
-    for name, searcher in searchers.items():
-        searcher.search(queries[:8], 3)  # warm-up
+    for name, (kind, searcher) in searchers.items():
+        for q in queries[:200]:  # warm-up, as the server gets
+            searcher.search([q], 3)
         rows = {"in-process, per call": in_process_per_call(searcher, queries, args.clients),
-                "server (loopback HTTP)": through_server(searcher, queries, args.clients),
+                "server (loopback HTTP)": through_server(kind, args.scale, queries, args.clients),
                 "in-process, batches of 64": in_process_batched(searcher, queries)}
         results["rows"][name] = rows
-    dense = next(iter(searchers.values()))
+    dense = next(iter(searchers.values()))[1]
     with open(offline_files(0, args.scale)[0], encoding="utf-8") as f:
         passages = [json.loads(next(f))["contents"] for _ in range(min(args.encode_passages, count))]
     results["encode_passages_per_second"] = encode_throughput(dense.encoder, passages)
