@@ -196,7 +196,7 @@ class Grader:
         self.server = server or ForkServer.shared(isolate=isolate, preload=("sympy", "math_verify"),
                                                   warmup=WORKER_WARMUP)
         self._worker: Kernel | None = None
-        self._busy = False
+        self._busy = self._starting = False
         self._lock = threading.Lock()
 
     @classmethod
@@ -207,9 +207,23 @@ class Grader:
         return cls._shared
 
     def start_background(self) -> None:
-        """Start the workers' fork server in the background (~2 s of imports), so the
-        first grading does not wait for it."""
-        self.server.start_background()
+        """Start the worker (and its fork server: ~2 s of imports) in a background
+        thread, so that the first grading does not wait for it."""
+        if self._starting or self.worker_pid is not None:
+            return
+        self._starting = True
+        threading.Thread(target=self._warm, daemon=True, name="grader-start").start()
+
+    def _warm(self) -> None:
+        try:
+            with self._lock:
+                if self._worker is None or not self._worker.alive:
+                    self._worker = Kernel(self.limits, server=self.server, seed=0)
+                    self._worker.wait_ready()
+        except KernelError:
+            self._worker = None  # the first grading tries again, and reports it if it must
+        finally:
+            self._starting = False
 
     @property
     def worker_pid(self) -> int | None:
