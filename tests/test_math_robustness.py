@@ -404,3 +404,16 @@ def test_paths_inside_exposed_directories_can_be_hidden():
         kernel.close()
     finally:
         server.close()
+
+
+def test_an_answer_that_kills_the_grader_every_time_is_wrong_not_excluded():
+    # a worker whose comparison dies on this answer (as a pathological expression might):
+    crashing = ForkServer(preload=(), warmup="import os\ndef _grade(gold, candidate, timeout_s):\n    os._exit(3)\n")
+    grader = Grader(server=crashing)
+    try:
+        result = grader.grade("\\boxed{5}", "5")
+        assert not result.correct and not result.infra_error and result.attempts == 2
+        assert result.reason.startswith("grader_crashed") and "code 3" in result.reason
+    finally:
+        grader.close()
+        crashing.close()

@@ -33,7 +33,10 @@ start (an infrastructure fault: the machine killed it, the fork server died...) 
 replaced by a fresh one and the answer regraded; if no worker could grade it after
 ``attempts`` tries, the result is an *infrastructure error* (``GradeResult.infra_error``):
 its reward was not computed, and a trainer must exclude the episode instead of counting
-it as wrong.
+it as wrong. One exception: a worker that dies *while grading this answer* on two
+attempts was killed by the answer (a pathological expression), and the answer is wrong
+(``grader_crashed``); otherwise a policy could learn to dodge wrong answers by crashing
+the grader, since excluded episodes carry no penalty.
 """
 
 from __future__ import annotations
@@ -152,7 +155,8 @@ class GradeResult:
         extracted: the last boxed answer as written (``None`` when there is none).
         gold: the normalised gold.
         reason: ``equivalent``, ``not_equivalent``, ``no_boxed_answer``, ``too_long``,
-            ``timeout``, ``grader_error: ...`` (math-verify failed on the answer) or
+            ``timeout``, ``grader_error: ...`` (math-verify failed on the answer),
+            ``grader_crashed: ...`` (the answer killed the worker twice) or
             ``infrastructure_error: ...``.
         infra_error: the verdict could not be computed (no worker could grade it):
             ``correct`` is False but means nothing; exclude the episode.
@@ -269,12 +273,15 @@ class Grader:
         """(equal, reason, infra_error, attempts) for two normalised answers."""
         if len(candidate) > MAX_ANSWER_CHARS:
             return False, "too_long", False, 0
-        why = ""
+        why, crashes = "", 0
         for attempt in range(1, self.attempts + 1):
             equal, reason = self._attempt(gold, candidate)
             if equal is not None:
                 return equal, reason, False, attempt
             why = reason
+            crashes += reason.startswith("grader worker crashed")
+        if crashes >= 2:  # it died *on this answer* every time: the answer's doing, not the machine's
+            return False, f"grader_crashed: {why}", False, self.attempts
         return False, f"infrastructure_error: {why}", True, self.attempts
 
     def equivalent(self, gold: str, candidate: str) -> tuple[bool, str]:
