@@ -179,9 +179,16 @@ def test_the_kernel_cannot_import_the_project_or_read_task_data(env, tmp_path):
 def test_grader_killed_between_gradings_regrades_in_a_fresh_worker():
     grader = Grader(timeout_s=10)
     assert grader.grade("\\boxed{5}", "5").correct
-    os.kill(grader.server.pid, signal.SIGKILL)  # the workers' fork server dies between gradings
+    os.kill(grader.worker_pid, signal.SIGKILL)  # the worker dies between gradings
+    time.sleep(0.2)
     result = grader.grade("\\boxed{5}", "5")
-    assert result.correct and result.reason == "equivalent" and not result.infra_error
+    assert result.correct and result.reason == "equivalent" and result.attempts == 2 and not result.infra_error
+    os.kill(grader.server.pid, signal.SIGKILL)  # so does the workers' fork server
+    os.kill(grader.worker_pid, signal.SIGKILL)
+    time.sleep(0.2)
+    result = grader.grade("\\boxed{5}", "5")
+    assert result.correct and not result.infra_error
+    grader.close()
 
 
 def test_grader_worker_killed_while_grading_is_regraded():
@@ -191,19 +198,19 @@ def test_grader_worker_killed_while_grading_is_regraded():
 
     def killer():
         deadline = time.monotonic() + 10
-        while not killed and time.monotonic() < deadline:
-            for pid in grader.worker_pids():
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                return
-            time.sleep(0.0005)
+        while not grader.grading and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # well inside math-verify's parse of the long sum below
+        killed.append(grader.worker_pid)
+        os.kill(killed[0], signal.SIGKILL)
 
     thread = threading.Thread(target=killer)
     thread.start()
-    result = grader.grade("\\boxed{\\frac{10}{2}}", "5")
+    result = grader.grade("\\boxed{5" + "+0" * 300 + "}", "5")  # ~0.5 s of parsing, and correct
     thread.join()
-    assert killed, "the worker was never seen"
+    assert killed, "the worker was never seen grading"
     assert result.correct and result.attempts == 2 and not result.infra_error
+    grader.close()
 
 
 def test_an_ungradable_answer_is_an_infrastructure_error_not_a_wrong_answer():
@@ -343,11 +350,12 @@ def test_the_grader_starts_in_the_background_at_env_creation():
     env = MathPythonEnv([TASK], grader=grader)
     try:
         deadline = time.monotonic() + 60
-        while grader.server.pid is None and time.monotonic() < deadline:
+        while grader.worker_pid is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert grader.server.pid is not None  # started without any grading request
+        assert grader.server.pid is not None and grader.worker_pid is not None  # no grading asked for them
     finally:
         env.close()
+        grader.close()
         grader.server.close()
 
 
@@ -396,3 +404,16 @@ def test_paths_inside_exposed_directories_can_be_hidden():
         kernel.close()
     finally:
         server.close()
+
+
+def test_an_answer_that_kills_the_grader_every_time_is_wrong_not_excluded():
+    # a worker whose comparison dies on this answer (as a pathological expression might):
+    crashing = ForkServer(preload=(), warmup="import os\ndef _grade(gold, candidate, timeout_s):\n    os._exit(3)\n")
+    grader = Grader(server=crashing)
+    try:
+        result = grader.grade("\\boxed{5}", "5")
+        assert not result.correct and not result.infra_error and result.attempts == 2
+        assert result.reason.startswith("grader_crashed") and "code 3" in result.reason
+    finally:
+        grader.close()
+        crashing.close()

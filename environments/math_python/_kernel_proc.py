@@ -41,7 +41,7 @@ def check(ret, what):
 def mount(source, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
     check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {target}")
+          f"mount {target}")
 
 
 def prctl(option, value):
@@ -497,7 +497,7 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
             if pidns:
                 mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
             mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-                   f"size={limits['disk_mb']}m,nr_inodes=4096,mode=0755")
+                  f"size={limits['disk_mb']}m,nr_inodes=4096,mode=0755")
             workdir = "/tmp/work"
             os.mkdir(workdir, 0o700)
             uid = cfg["uid_base"] + gpid

@@ -23,22 +23,27 @@ parsed by math-verify with ``LatexExtractionConfig`` then ``ExprExtractionConfig
 a gold ``x=3`` accepts ``3``). math-verify's own normalisation handles ``\\text{}``,
 units, ``\\dfrac``, percent, ``\\$``, thousands separators, intervals, sets and tuples.
 
-:class:`Grader` runs each comparison in a fresh sandboxed worker (sympy's parser
+:class:`Grader` runs the comparison in a persistent sandboxed worker (sympy's parser
 evaluates strings, and a pathological expression may not terminate), forked in
-milliseconds from a fork server that has math-verify imported and warmed up. The
-worker never sees the project or any task data: it gets the gold and the candidate as
-two strings. A call that exceeds ``timeout_s`` is killed and counts as not equivalent
-(the answer's fault). A worker that dies or cannot start (an infrastructure fault: the
-machine killed it, the fork server died...) is replaced and the answer regraded; if no
-worker could grade it after ``attempts`` tries, the result is an *infrastructure error*
-(``GradeResult.infra_error``): its reward was not computed, and a trainer must exclude
-the episode instead of counting it as wrong.
+milliseconds from a fork server that has math-verify imported and warmed up; a call
+costs about a millisecond. The worker never sees the project or any task data: it gets
+the gold and the candidate as two strings. A call that exceeds ``timeout_s`` kills the
+worker and counts as not equivalent (the answer's fault). A worker that died or cannot
+start (an infrastructure fault: the machine killed it, the fork server died...) is
+replaced by a fresh one and the answer regraded; if no worker could grade it after
+``attempts`` tries, the result is an *infrastructure error* (``GradeResult.infra_error``):
+its reward was not computed, and a trainer must exclude the episode instead of counting
+it as wrong. One exception: a worker that dies *while grading this answer* on two
+attempts was killed by the answer (a pathological expression), and the answer is wrong
+(``grader_crashed``); otherwise a policy could learn to dodge wrong answers by crashing
+the grader, since excluded episodes carry no penalty.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -150,7 +155,8 @@ class GradeResult:
         extracted: the last boxed answer as written (``None`` when there is none).
         gold: the normalised gold.
         reason: ``equivalent``, ``not_equivalent``, ``no_boxed_answer``, ``too_long``,
-            ``timeout``, ``grader_error: ...`` (math-verify failed on the answer) or
+            ``timeout``, ``grader_error: ...`` (math-verify failed on the answer),
+            ``grader_crashed: ...`` (the answer killed the worker twice) or
             ``infrastructure_error: ...``.
         infra_error: the verdict could not be computed (no worker could grade it):
             ``correct`` is False but means nothing; exclude the episode.
@@ -170,11 +176,11 @@ class GradeResult:
 
 
 class Grader:
-    """Grades answers, each in a fresh sandboxed worker; thread-safe (graders run in parallel).
+    """Grades answers in a persistent sandboxed worker, replaced whenever it dies; thread-safe.
 
     Args:
         timeout_s: wall-clock seconds per comparison before the worker is killed.
-        isolate: sandbox the workers like code kernels (own uid, no network, no project).
+        isolate: sandbox the worker like code kernels (own uid, no network, no project).
         attempts: workers tried per answer when workers die (infrastructure faults).
         server: the fork server of the workers; default: the process-wide one.
     """
@@ -193,7 +199,9 @@ class Grader:
                                    output_bytes=4096, startup_timeout_s=120.0)
         self.server = server or ForkServer.shared(isolate=isolate, preload=("sympy", "math_verify"),
                                                   warmup=WORKER_WARMUP)
-        self._active: set[Kernel] = set()
+        self._worker: Kernel | None = None
+        self._busy = self._starting = False
+        self._lock = threading.Lock()
 
     @classmethod
     def shared(cls) -> "Grader":
@@ -203,30 +211,51 @@ class Grader:
         return cls._shared
 
     def start_background(self) -> None:
-        """Start the workers' fork server in the background (~2 s of imports), so the
-        first grading does not wait for it."""
-        self.server.start_background()
+        """Start the worker (and its fork server: ~2 s of imports) in a background
+        thread, so that the first grading does not wait for it."""
+        if self._starting or self.worker_pid is not None:
+            return
+        self._starting = True
+        threading.Thread(target=self._warm, daemon=True, name="grader-start").start()
 
-    def worker_pids(self) -> list[int]:
-        """Pids of the workers grading right now (for tests and monitoring)."""
-        return [k.pid for k in list(self._active)]
+    def _warm(self) -> None:
+        try:
+            with self._lock:
+                if self._worker is None or not self._worker.alive:
+                    self._worker = Kernel(self.limits, server=self.server, seed=0)
+                    self._worker.wait_ready()
+        except KernelError:
+            self._worker = None  # the first grading tries again, and reports it if it must
+        finally:
+            self._starting = False
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker's pid (``None`` before the first grading or after it died)."""
+        worker = self._worker
+        return worker.pid if worker is not None and worker.alive else None
+
+    @property
+    def grading(self) -> bool:
+        """Whether the worker is grading right now."""
+        return self._busy
 
     def _attempt(self, gold: str, candidate: str) -> tuple[bool | None, str]:
         """One worker's verdict: (equal, reason), or (None, why) when the worker failed."""
         inner = max(1, int(self.timeout_s / 2))
-        try:
-            kernel = Kernel(self.limits, server=self.server)
-        except KernelError as exc:
-            return None, f"no grader worker: {exc}"
-        self._active.add(kernel)
-        try:
-            kernel.start(0)
-            result = kernel.execute(f"_grade({gold!r}, {candidate!r}, {inner})")
-        except KernelError as exc:
-            return None, f"grader worker did not start: {exc}"
-        finally:
-            self._active.discard(kernel)
-            kernel.close()
+        with self._lock:
+            try:
+                if self._worker is None or not self._worker.alive:
+                    self._worker = Kernel(self.limits, server=self.server, seed=0)
+                self._worker.wait_ready()
+            except KernelError as exc:
+                self._worker = None
+                return None, f"no grader worker: {exc}"
+            self._busy = True
+            try:
+                result = self._worker.execute(f"_grade({gold!r}, {candidate!r}, {inner})")
+            finally:
+                self._busy = False
         if result.status == "timeout":
             return False, "timeout"
         if result.status != "ok":
@@ -244,12 +273,15 @@ class Grader:
         """(equal, reason, infra_error, attempts) for two normalised answers."""
         if len(candidate) > MAX_ANSWER_CHARS:
             return False, "too_long", False, 0
-        why = ""
+        why, crashes = "", 0
         for attempt in range(1, self.attempts + 1):
             equal, reason = self._attempt(gold, candidate)
             if equal is not None:
                 return equal, reason, False, attempt
             why = reason
+            crashes += reason.startswith("grader worker crashed")
+        if crashes >= 2:  # it died *on this answer* every time: the answer's doing, not the machine's
+            return False, f"grader_crashed: {why}", False, self.attempts
         return False, f"infrastructure_error: {why}", True, self.attempts
 
     def equivalent(self, gold: str, candidate: str) -> tuple[bool, str]:
@@ -275,6 +307,8 @@ class Grader:
         return [self.grade(response, gold) for response, gold in pairs]
 
     def close(self) -> None:
-        """Kill workers still grading (the fork server is shared by the process)."""
-        for kernel in list(self._active):
-            kernel.close()
+        """Kill the worker (the fork server is shared by the process)."""
+        with self._lock:
+            if self._worker is not None:
+                self._worker.close()
+                self._worker = None

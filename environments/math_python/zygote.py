@@ -94,7 +94,6 @@ class ForkServer:
         self._proc: subprocess.Popen | None = None
         self._owner = os.getpid()
         self._starter: threading.Thread | None = None
-        self._start_error: BaseException | None = None
         self.starts = 0  # how many zygote processes this server has started
 
     @classmethod
@@ -127,8 +126,8 @@ class ForkServer:
         try:
             with self._lock:
                 self._ensure_started()
-        except BaseException as exc:  # reported by the next request, which retries
-            self._start_error = exc
+        except KernelError:
+            pass  # the next request starts it again, and reports the error if it persists
 
     def _ensure_started(self) -> socket.socket:
         """The live socket to the zygote, starting one if needed (call with the lock held)."""
@@ -137,7 +136,10 @@ class ForkServer:
         if self._sock is not None and self._proc is not None and self._proc.poll() is None:
             return self._sock
         self._discard()
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as exc:
+            raise KernelError(f"could not start the kernel zygote: {exc}") from exc
         config = {"isolate": self.isolate, "uid_base": UID_BASE, "preload": list(self.preload),
                   "warmup": self.warmup, "env": KERNEL_ENV, "hide": sorted({*hidden_paths(), *self.hide})}
         try:
@@ -155,7 +157,7 @@ class ForkServer:
         self.starts += 1
         try:
             hello = self._recv(parent, time.monotonic() + self.startup_timeout_s)
-        except (TimeoutError, EOFError, ValueError) as exc:
+        except (TimeoutError, EOFError, ValueError, OSError) as exc:
             proc.kill()
             proc.wait()
             stderr = proc.stderr.read()[-2000:].decode(errors="replace")
@@ -220,8 +222,16 @@ class ForkServer:
 
     def fork(self, limits: dict[str, Any]) -> tuple[int, int, int]:
         """A new kernel: ``(pid, request fd to write, response fd to read)``."""
-        req_r, req_w = os.pipe()
-        resp_r, resp_w = os.pipe()
+        try:
+            req_r, req_w = os.pipe()
+        except OSError as exc:  # out of descriptors: the host's fault, never the model's
+            raise KernelError(f"no pipe for a new kernel: {exc}") from exc
+        try:
+            resp_r, resp_w = os.pipe()
+        except OSError as exc:
+            os.close(req_r)
+            os.close(req_w)
+            raise KernelError(f"no pipe for a new kernel: {exc}") from exc
         try:
             reply = self._request({"op": "fork", "limits": limits}, (req_r, resp_w), restart=True)
         except BaseException:
