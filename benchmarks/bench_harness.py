@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from trace_gym.engines import make_engine
     from trace_gym.registry import env_family
 
-    env_id, _, _, env_kwargs = env_family("math_python")
-    make_env = lambda: gymnasium.make(env_id, disable_env_checker=True, **env_kwargs)  # noqa: E731
+    make_env = env_family("math_python").make_env
     t0 = time.perf_counter()
     engine = make_engine(args.engine, "smollm2-135m")
     print(f"engine: {type(engine).__name__} (loaded in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)

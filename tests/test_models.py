@@ -9,9 +9,9 @@ import time
 import pytest
 from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401
 
-from trace_gym import models
+from trace_gym import cli, models
 from trace_gym.models import (
-    MANIFEST, MODELS, cache_root, model_dir, models_main, pull_model, resolve_model, verify_manifest,
+    MANIFEST, MODELS, cache_root, model_dir, pull_model, resolve_model, verify_manifest,
 )
 
 
@@ -96,10 +96,10 @@ def test_tiny_random_model_shares_the_tokenizer(tiny_model_path, smollm2_path):
 
 
 def test_cli_list_and_pull(capsys, smollm2_path):
-    assert models_main(["list"]) == 0
+    assert cli.main(["models", "list"]) == 0
     assert "smollm2-135m\tpulled" in capsys.readouterr().out
-    assert models_main(["pull", "smollm2-135m"]) == 0
+    assert cli.main(["models", "pull", "smollm2-135m"]) == 0
     assert capsys.readouterr().out.strip() == str(smollm2_path)
     with pytest.raises(SystemExit):
-        models_main(["pull", "not-a-model"])
+        cli.main(["models", "pull", "not-a-model"])
     assert set(MODELS) == {"smollm2-135m"}

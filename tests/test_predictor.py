@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trace_gym.predictor import ConstantPredictor, Context, EmbeddingPredictor, spearman_by_depth
+from trace_gym.predictor import ConstantPredictor, Context, EmbeddingPredictor
+from trace_gym.report import spearman, spearman_by_depth
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_embedding_predictor_learns_a_success_signal_from_binary_outcomes(embedd
         metrics = embedding_predictor.update(contexts[:120], outcomes)
     assert metrics["n"] == 120 and np.isfinite(metrics["loss"])
     after = embedding_predictor.predict(contexts[120:])
-    rho = spearman_by_depth(after, truth[120:], [0] * 40)["prompt"]
+    rho = spearman(after, truth[120:])
     assert rho > 0.8
     easy, hard = after[truth[120:] > 0.5].mean(), after[truth[120:] < 0.5].mean()
     assert easy > 0.6 and hard < 0.35
@@ -67,13 +68,13 @@ def test_spearman_by_depth_matches_hand_computed_ranks():
     emp = [0.0, 0.5, 1.0, 0.0, 0.5, 1.0, 0.3]
     depth = [0, 0, 0, 1, 1, 1, 2]
     out = spearman_by_depth(pred, emp, depth)
-    assert out["prompt"] == pytest.approx(1.0)  # same order
-    assert out["depth_1"] == pytest.approx(-1.0)  # reversed order
-    assert np.isnan(out["depth_2"])  # one anchor: undefined
-    # overall: ranks of pred 1..7 vs emp ranks; d^2 by hand = 47.5 with ties -> use scipy's tie rule
+    assert out[0] == pytest.approx(1.0)  # same order
+    assert out[1] == pytest.approx(-1.0)  # reversed order
+    assert np.isnan(out[2])  # one anchor: undefined
+    # overall: ranks of pred 1..7 vs emp ranks, with scipy's tie rule
     from scipy.stats import spearmanr
 
-    assert out["all"] == pytest.approx(spearmanr(pred, emp).statistic)
+    assert spearman(pred, emp) == pytest.approx(spearmanr(pred, emp).statistic)
 
 
 def test_lm_critic_learns_to_rank_prompts(tmp_path_factory):
@@ -90,4 +91,4 @@ def test_lm_critic_learns_to_rank_prompts(tmp_path_factory):
     for _ in range(40):
         critic.update(contexts[:48], (rng.random(48) < truth[:48]).astype(float))
     held_out = critic.predict(contexts[48:])
-    assert spearman_by_depth(held_out, truth[48:], [0] * 16)["prompt"] > 0.6
+    assert spearman(held_out, truth[48:]) > 0.6

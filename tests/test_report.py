@@ -38,7 +38,6 @@ def test_contrast_pairs_by_depth_sums_over_trees():
     # Anchored at the root: s1-f3, s2-f3, s2-f_cont (3); at node 1 (depth 1): s1-f_cont.
     assert t2.contrast_pairs() == {0: 3, 1: 1}
     assert report.contrast_pairs_by_depth([t1, t2]) == {0: 5, 1: 1}
-    assert report.total_contrast_pairs([t1, t2]) == 6
 
 
 def test_spearman_hand_values():
@@ -53,10 +52,25 @@ def test_spearman_hand_values():
     assert by_depth == {0: pytest.approx(1.0), 1: pytest.approx(-1.0)}
 
 
-def test_mean_std_and_pm():
-    assert report.mean_std([1.0, 3.0, math.nan]) == (2.0, 1.0)
-    assert all(math.isnan(x) for x in report.mean_std([math.nan]))
+def test_mean_ci_and_pm_hand_values():
+    # [1, 3]: mean 2, sample sd sqrt(2), t_{0.975, 1} = 12.7062 -> half = 12.7062 * sqrt(2) / sqrt(2)
+    mean, half, n = report.mean_ci([1.0, 3.0, math.nan])
+    assert (mean, n) == (2.0, 2) and half == pytest.approx(12.7062, abs=1e-4)
+    # [1, 2, 3]: sd 1, t_{0.975, 2} = 4.3027 -> half = 4.3027 / sqrt(3)
+    assert report.mean_ci([1.0, 2.0, 3.0])[1] == pytest.approx(4.3027 / math.sqrt(3), abs=1e-4)
+    one = report.mean_ci([0.25])
+    assert one[0] == 0.25 and math.isnan(one[1]) and one[2] == 1
     assert report.pm(0.5, 0.25, 2) == "0.50 ± 0.25"
+    assert report.pm(0.5, math.nan, 2) == "0.50"  # one repetition: no interval printed
+
+
+def test_paired_difference_tells_apart_only_consistent_gaps():
+    mean, half, n = report.paired_difference([0.5, 0.6, 0.7], [0.3, 0.4, 0.5])
+    assert mean == pytest.approx(0.2) and half == pytest.approx(0.0, abs=1e-12) and n == 3
+    mean, half, _ = report.paired_difference([0.5, 0.1, 0.7], [0.3, 0.4, 0.5])
+    assert abs(mean) < half  # inconsistent sign: not distinguishable
+    with pytest.raises(ValueError, match="length"):
+        report.paired_difference([1.0], [1.0, 2.0])
 
 
 def test_markdown_table_exact():

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from baselines import UniformRootAllocator
-from trace_gym import sim
+from trace_gym import sim, sim_predictors
 from trace_gym.allocation import TracePrefixAllocator, TraceRootAllocator
 from trace_gym.budget import BudgetLedger
 from trace_gym.report import effective_ratio, spearman
@@ -74,7 +74,7 @@ def test_uniform_groups_in_the_sim_are_mixed_27_percent_of_the_time():
     rng = np.random.default_rng(2)
     pool = sim.make_pool(WORLD, 1000, rng)
     uniform = Strategy(UniformRootAllocator(8))
-    trees, _, m = sim.run_step(pool, np.arange(1000), uniform, sim.OraclePredictor(), 8 * 1000, WORLD, rng, BudgetLedger())
+    trees, _, m = sim.run_step(pool, np.arange(1000), uniform, sim_predictors.OraclePredictor(), 8 * 1000, WORLD, rng, BudgetLedger())
     assert (m == 8).all() and len(trees) == 1000
     assert effective_ratio(trees) == pytest.approx(0.27, abs=0.045)  # SE ~ 0.014
 
@@ -85,18 +85,18 @@ def test_noisy_oracle_hits_the_chosen_spearman():
     p = rng.beta(a, b, size=20_000)
     states = [sim.SimState(task=0, turn=0, value=float(x)) for x in p]
     for target in (0.5, 0.8):
-        pred = sim.NoisyOraclePredictor.with_spearman(target, WORLD, seed=4)
+        pred = sim_predictors.NoisyOraclePredictor.with_spearman(target, WORLD, seed=4)
         achieved = stats.spearmanr(pred.predict(states), p).statistic
         assert achieved == pytest.approx(target, abs=0.02)
-    assert sim.noise_for_spearman(1.0, (a, b)) == 0.0
+    assert sim_predictors.noise_for_spearman(1.0, (a, b)) == 0.0
     with pytest.raises(ValueError, match="1.5"):
-        sim.noise_for_spearman(1.5, (a, b))
+        sim_predictors.noise_for_spearman(1.5, (a, b))
 
 
 def test_learned_predictor_learns_from_tree_targets():
     rng = np.random.default_rng(5)
     pool = sim.make_pool(WORLD, 2000, rng)
-    pred = sim.LearnedPredictor(pool.features)
+    pred = sim_predictors.LearnedPredictor(pool.features)
     trace = Strategy(TraceRootAllocator(), TracePrefixAllocator(), 2)
     cands = np.arange(200)
     roots = [sim.root_state(pool, t, WORLD) for t in cands]
@@ -123,7 +123,7 @@ def test_run_step_spends_exactly_the_strategy_budget():
     pool = sim.make_pool(WORLD, 500, rng)
     trace = Strategy(TraceRootAllocator(), TracePrefixAllocator(), 2)
     led = BudgetLedger()
-    trees, values, m = sim.run_step(pool, np.arange(100), trace, sim.OraclePredictor(), 128, WORLD, rng, led)
+    trees, values, m = sim.run_step(pool, np.arange(100), trace, sim_predictors.OraclePredictor(), 128, WORLD, rng, led)
     assert m.sum() == 64 and set(m.tolist()) <= {0} | set(range(2, 65))
     assert led.rollouts == 64 and led.continuations == 128 and led.nominal == 128
     assert len(trees) == int((m > 0).sum())
@@ -146,7 +146,7 @@ def test_recursive_targets_track_the_truth_better_than_pooled_leaves():
     rec, pooled, truth = [], [], []
     for _ in range(3):
         trees, _, _ = sim.run_step(pool, rng.choice(2000, 256, replace=False), STRATEGIES["trace_prefix_only"],
-                                   sim.OraclePredictor(), 512, WORLD, rng, BudgetLedger())  # fmt: skip
+                                   sim_predictors.OraclePredictor(), 512, WORLD, rng, BudgetLedger())  # fmt: skip
         for t in trees:
             rec.append(t.targets()[ROOT])
             pooled.append(t.pooled_targets()[ROOT])

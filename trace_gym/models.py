@@ -24,7 +24,6 @@ CLI (wired by ``trace_gym/cli.py``): ``trace-gym models pull smollm2-135m [--for
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -353,62 +352,3 @@ def tiny_random_model(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-# --------------------------------------------------------------------------- CLI hook
-
-
-def add_models_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``models pull NAME [--force] [--cache-dir DIR]`` and ``models list``.
-
-    ``cli.py`` calls this with its top-level subparsers; the parsed namespace carries
-    ``func=cli_models``, so ``args.func(args)`` runs it and returns an exit code.
-    """
-    parser = subparsers.add_parser("models", help="pull and list local models")
-    _add_models_arguments(parser)
-    return parser
-
-
-def _add_models_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="models_command", required=True)
-    pull = sub.add_parser("pull", help="pull a known model into the local cache")
-    pull.add_argument("name", choices=sorted(MODELS))
-    pull.add_argument("--force", action="store_true", help="pull again even if cached")
-    pull.add_argument("--cache-dir", default=None, help="parent folder (default $TRACE_GYM_CACHE/models)")
-    sub.add_parser("list", help="known models and where they are cached")
-    parser.set_defaults(func=cli_models)
-
-
-def cli_models(args: argparse.Namespace) -> int:
-    """Run a parsed ``models`` subcommand; prints the folder (pull) or a table (list)."""
-    if args.models_command == "pull":
-        print(pull_model(args.name, cache_dir=args.cache_dir, force=args.force))
-        return 0
-    if args.models_command == "list":
-        for name, spec in MODELS.items():
-            folder = model_dir(name)
-            state = "pulled" if verify_manifest(folder, full=False)[0] else "not pulled"
-            print(f"{name}\t{state}\t{folder}\t{spec.description}")
-        return 0
-    raise ValueError(f"unknown models subcommand {args.models_command!r}; expected 'pull' or 'list'")
-
-
-def cli_pull(args: argparse.Namespace) -> int:
-    """``trace-gym models pull``: for a CLI that parses ``name``/``force``/``cache_dir`` itself."""
-    print(pull_model(args.name, cache_dir=getattr(args, "cache_dir", None), force=getattr(args, "force", False)))
-    return 0
-
-
-def models_main(argv: list[str] | None = None) -> int:
-    """Entry for the words after ``models``: ``models_main(["pull", "smollm2-135m"])``.
-
-    Also ``python -m trace_gym.models pull smollm2-135m``.
-    """
-    parser = argparse.ArgumentParser(prog="trace-gym models")
-    _add_models_arguments(parser)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(models_main())

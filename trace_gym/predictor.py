@@ -279,26 +279,3 @@ class LMCriticPredictor:
             loss_sum += float(loss.detach())
         self.optimizer.step()
         return {"loss": loss_sum, "n": float(len(y)), "seconds": time.perf_counter() - start}
-
-
-def spearman_by_depth(predicted: Sequence[float], empirical: Sequence[float], depths: Sequence[int]) -> dict[str, float]:
-    """Spearman correlation overall, at prompt level (depth 0) and per prefix depth.
-
-    Keys: ``"all"``, ``"prompt"``, ``"depth_<d>"`` for d >= 1; NaN where fewer than 3
-    anchors or no variance.
-    """
-    from scipy.stats import spearmanr
-
-    p, e, d = np.asarray(predicted, float), np.asarray(empirical, float), np.asarray(depths, int)
-    if not (p.shape == e.shape == d.shape):
-        raise ValueError(f"shapes differ: predicted {p.shape}, empirical {e.shape}, depths {d.shape}")
-
-    def rho(mask: np.ndarray) -> float:
-        if mask.sum() < 3 or np.ptp(p[mask]) == 0 or np.ptp(e[mask]) == 0:
-            return float("nan")
-        return float(spearmanr(p[mask], e[mask]).statistic)
-
-    out = {"all": rho(np.ones_like(d, bool)), "prompt": rho(d == 0)}
-    for depth in sorted(set(d.tolist()) - {0}):
-        out[f"depth_{depth}"] = rho(d == depth)
-    return out

@@ -13,8 +13,9 @@ ids. See ``docs/adding-an-environment.md``.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Callable
+from typing import Any, Mapping
 
 NAMESPACE = "trace_gym"
 ENTRY_POINT_GROUP = "trace_gym.envs"
@@ -26,20 +27,56 @@ BUILTIN_ENVS: dict[str, str] = {
     "BFCL-v0": "environments.bfcl.env:BFCLEnv",
 }
 
-#: Env families the benches know by short name:
-#: name -> (gym id, task loader "module:function", loader kwargs, env kwargs).
-#: The loader is called as ``loader(n, seed=seed, **loader_kwargs)`` -> ``list[Task]``.
-#: ``math_python`` is the offline CPU default: digit sums (which a 135M model often
-#: solves) interleaved with harder generated algebra (which it rarely does), a one-shot
-#: demonstration of the tool format (so episodes have several turns), and a
-#: last-number fallback (the model rarely writes \boxed{}).
-ENV_FAMILIES: dict[str, tuple[str, str, dict, dict]] = {
-    "math_python": ("trace_gym/MathPython-v0", "environments.math_python.generated:generate_mixed_tasks", {},
-                    {"answer_extraction": "boxed_or_last_number", "few_shot": True}),
-    "math_python_hard": ("trace_gym/MathPython-v0", "environments.math_python.generated:generate_tasks",
-                         {"difficulty": (0, 1, 2)}, {}),
-    "guess_number": ("trace_gym/GuessNumber-v0", "environments.guess_number.env:make_tasks", {}, {}),
-    "bfcl": ("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks", {}, {}),
+@dataclass(frozen=True)
+class EnvFamily:
+    """An environment as the benches and the trainer use it: how to make one, how to load tasks.
+
+    Attributes:
+        env_id: the registered Gymnasium id (``trace_gym/...``).
+        task_loader: ``"module:function"``, called as ``loader(n, seed=seed, **loader_kwargs)``
+            and returning ``list[Task]``; imported only when tasks are loaded.
+        loader_kwargs: extra keyword arguments of the task loader.
+        env_kwargs: keyword arguments of ``gymnasium.make``.
+        description: one line for ``trace-gym envs``.
+    """
+
+    env_id: str
+    task_loader: str
+    loader_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def load_tasks(self, n: int, seed: int = 0) -> list:
+        """``n`` tasks from the family's loader."""
+        import importlib
+
+        module, _, function = self.task_loader.partition(":")
+        return getattr(importlib.import_module(module), function)(n, seed=seed, **dict(self.loader_kwargs))
+
+    def make_env(self) -> Any:
+        """A fresh env instance (``Callable[[], AgentEnv]``); the id is registered first."""
+        import gymnasium
+
+        register_envs()
+        return gymnasium.make(self.env_id, disable_env_checker=True, **dict(self.env_kwargs))
+
+
+#: Env families the benches know by short name. ``math_python`` is the offline CPU
+#: default: digit sums (which a 135M model often solves) interleaved with harder
+#: generated algebra (which it rarely does), a one-shot demonstration of the tool format
+#: (so episodes have several turns), and a last-number fallback (the model rarely
+#: writes \boxed{}).
+ENV_FAMILIES: dict[str, EnvFamily] = {
+    "math_python": EnvFamily("trace_gym/MathPython-v0", "environments.math_python.generated:generate_mixed_tasks",
+                             env_kwargs={"answer_extraction": "boxed_or_last_number", "few_shot": True},
+                             description="Python-interpreter math, generated digit sums + algebra (CPU default)"),
+    "math_python_hard": EnvFamily("trace_gym/MathPython-v0", "environments.math_python.generated:generate_tasks",
+                                  loader_kwargs={"difficulty": (0, 1, 2)},
+                                  description="Python-interpreter math, generated algebra of difficulty 0-2"),
+    "guess_number": EnvFamily("trace_gym/GuessNumber-v0", "environments.guess_number.env:make_tasks",
+                              description="the reference env: guess a hidden number with feedback"),
+    "bfcl": EnvFamily("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks",
+                      description="BFCL v4 multi-turn on the real backends"),
 }
 
 _log = logging.getLogger(__name__)
@@ -97,13 +134,8 @@ def env_ids() -> list[str]:
     return sorted(k for k in registry if k.startswith(NAMESPACE + "/"))
 
 
-def env_family(name: str) -> tuple[str, Callable[..., list], dict, dict]:
-    """``(gym id, task loader, loader kwargs, env kwargs)`` of a family in :data:`ENV_FAMILIES`."""
-    import importlib
-
+def env_family(name: str) -> EnvFamily:
+    """The :class:`EnvFamily` registered under the short ``name``."""
     if name not in ENV_FAMILIES:
         raise ValueError(f"unknown env family {name!r}; known: {sorted(ENV_FAMILIES)}")
-    env_id, loader, loader_kwargs, env_kwargs = ENV_FAMILIES[name]
-    module, _, function = loader.partition(":")
-    register_envs()
-    return env_id, getattr(importlib.import_module(module), function), dict(loader_kwargs), dict(env_kwargs)
+    return ENV_FAMILIES[name]

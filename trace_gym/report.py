@@ -7,6 +7,7 @@ Metrics (the method page's definitions, computed on :class:`~trace_gym.tree.Roll
 - :func:`contrast_pairs_by_depth`: opposite-reward leaf pairs per anchor depth (the
   depth of their deepest common ancestor), summed over trees.
 - :func:`spearman`, :func:`spearman_by_depth`: predictor quality against the truth.
+- :func:`mean_ci`, :func:`paired_difference`: uncertainty across repetitions.
 
 Plots use matplotlib's Agg backend (no display needed); matplotlib is imported only
 when a plot is drawn, so importing this module stays cheap.
@@ -44,19 +45,15 @@ def contrast_pairs_by_depth(trees: Iterable[RolloutTree]) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def total_contrast_pairs(trees: Iterable[RolloutTree]) -> int:
-    return sum(contrast_pairs_by_depth(trees).values())
-
-
 def spearman(predicted: Sequence[float] | np.ndarray, truth: Sequence[float] | np.ndarray) -> float:
-    """Spearman rank correlation (scipy); NaN when either side is constant or empty."""
+    """Spearman rank correlation (scipy); NaN with fewer than 3 entries or a constant side."""
     from scipy import stats
 
     p = np.asarray(predicted, dtype=float)
     t = np.asarray(truth, dtype=float)
     if p.shape != t.shape:
         raise ValueError(f"predicted shape {p.shape} != truth shape {t.shape}")
-    if len(p) < 2 or np.ptp(p) == 0 or np.ptp(t) == 0:
+    if len(p) < 3 or np.ptp(p) == 0 or np.ptp(t) == 0:
         return math.nan
     return float(stats.spearmanr(p, t).statistic)
 
@@ -71,6 +68,34 @@ def spearman_by_depth(
     if not p.shape == t.shape == d.shape:
         raise ValueError(f"shapes differ: predicted {p.shape}, truth {t.shape}, depth {d.shape}")
     return {int(k): spearman(p[d == k], t[d == k]) for k in np.unique(d)}
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:
+    """Mean, half-width of the Student-t confidence interval, and n (NaN ignored).
+
+    The half-width is NaN with fewer than 2 values: one repetition has no interval.
+    """
+    from scipy import stats
+
+    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    n = int(arr.size)
+    if n == 0:
+        return math.nan, math.nan, 0
+    if n == 1:
+        return float(arr[0]), math.nan, 1
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * arr.std(ddof=1) / math.sqrt(n))
+    return float(arr.mean()), half, n
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:
+    """Mean of a_i - b_i over paired repetitions (common random numbers) and its CI half-width.
+
+    Two strategies are *distinguishable* at ``level`` when ``abs(mean) > half``; with
+    fewer than 2 pairs the half-width is NaN and nothing can be told apart.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
+    return mean_ci([x - y for x, y in zip(a, b)], level)
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -103,11 +128,14 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     return "\n".join(out)
 
 
-def pm(mean: float, std: float, digits: int = 3) -> str:
-    """``mean ± std`` with ``digits`` decimals."""
+def pm(mean: float, half: float, digits: int = 3) -> str:
+    """``mean ± half`` with ``digits`` decimals; just the mean when ``half`` is NaN
+    (one repetition: no interval to print)."""
     if math.isnan(mean):
         return "n/a"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    if math.isnan(half):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
 # ---------------------------------------------------------------------- plots

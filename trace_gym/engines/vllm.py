@@ -56,10 +56,72 @@ def _has_cuda() -> bool:
 
 
 def configure_vllm_env() -> None:
-    """Set CPU env defaults for vLLM (no-op with CUDA); call before ``import vllm``."""
+    """Env defaults for vLLM; call before ``import vllm``.
+
+    vLLM logs at WARNING unless the user set ``VLLM_LOGGING_LEVEL`` (``trace-gym
+    --verbose`` sets INFO); on CPU the backend defaults of the module docstring apply.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if not _has_cuda():
         for key, value in CPU_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
+
+
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "half": "float16",
+                 "float": "float32"}
+
+
+def dtype_matched_checkpoint(model_path: str | os.PathLike, dtype: str) -> str:
+    """A copy of ``model_path``'s safetensors in ``dtype`` (made once, cached), so vLLM loads
+    every weight in its own dtype instead of casting (and logging) tensor by tensor.
+
+    Returns ``model_path`` itself when its weights already have that dtype, when
+    ``dtype`` is ``"auto"``, or when the folder holds no single safetensors file.
+    The copy lives under the model cache (``$TRACE_GYM_CACHE/models/converted/``),
+    keyed by the source folder and its weights' size and mtime.
+    """
+    import hashlib
+    import json
+    import shutil
+
+    from trace_gym.models import cache_root
+
+    src = Path(model_path)
+    target_dtype = _TORCH_DTYPES.get(dtype)
+    weights = sorted(src.glob("*.safetensors"))
+    config = src / "config.json"
+    if target_dtype is None or len(weights) != 1 or not config.is_file():
+        return str(model_path)
+    source_dtype = json.loads(config.read_text()).get("torch_dtype") or json.loads(config.read_text()).get("dtype")
+    if source_dtype == target_dtype:
+        return str(model_path)
+    stat = weights[0].stat()
+    key = hashlib.blake2b(f"{src.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{target_dtype}".encode(),
+                          digest_size=8).hexdigest()
+    out = cache_root() / "converted" / f"{src.name}-{target_dtype}-{key}"
+    if (out / ".complete").is_file():
+        return str(out)
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy2(f, tmp / f.name)
+    cast = {k: (v.to(getattr(torch, target_dtype)) if v.is_floating_point() else v)
+            for k, v in load_file(str(weights[0])).items()}
+    save_file(cast, str(tmp / weights[0].name), metadata={"format": "pt"})
+    cfg = json.loads((tmp / "config.json").read_text())
+    cfg["torch_dtype"] = target_dtype
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    (tmp / ".complete").write_text(str(src.resolve()))
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(out)
 
 
 def _refresh_tied_lm_head(worker) -> bool:
@@ -235,7 +297,8 @@ class VLLMEngine:
             kwargs["block_size"] = block_size
         kwargs.update(llm_kwargs)
         t0 = time.perf_counter()
-        self.llm = self.api.make_llm(str(model_path), **kwargs)
+        # weights in the engine's dtype: no per-tensor cast (and no per-tensor warning) at load
+        self.llm = self.api.make_llm(dtype_matched_checkpoint(model_path, dtype), **kwargs)
         self.load_seconds = time.perf_counter() - t0
         self.model_path = str(model_path)
         self.tokenizer = self.llm.get_tokenizer()
@@ -312,7 +375,7 @@ class VLLMEngine:
                 raise KeyError(f"update_weights: {name!r} is not a tensor of {self.model_path} (e.g. {sorted(known)[:3]})")
             # CPU tensors: in-process they pass by reference; to GPU workers they serialise,
             # and each weight loader copies into its (device) parameter itself
-            weights.append((name, tensor.detach().to("cpu").contiguous()))
+            weights.append((name, tensor.detach().to("cpu", self._param_dtype(tensor)).contiguous()))
             sent.add(name)
         for group, members in groups.items():
             touched = members & sent
@@ -324,6 +387,13 @@ class VLLMEngine:
         self.api.reset_prefix_cache(self.llm)
         self.last_update_seconds = time.perf_counter() - t0
         self._version = int(version)
+
+    def _param_dtype(self, tensor: Any) -> Any:
+        """The engine's parameter dtype for floating tensors (sent already cast, so the
+        loader copies without a cast warning); other tensors keep theirs."""
+        if not tensor.is_floating_point():
+            return tensor.dtype
+        return self.llm.llm_engine.model_config.dtype
 
     def _checkpoint_groups(self) -> dict[str, set[str]]:
         if self._groups is None:

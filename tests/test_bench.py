@@ -1,0 +1,249 @@
+"""`trace-gym bench`: one bench for simulated and real rollouts, checks that can fail,
+exact costs beside nominal ones, the token-budget mode, and the CLI around it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
+
+from trace_gym import bench, cli
+from trace_gym.config import EnvBenchConfig, SimBenchConfig
+from trace_gym.strategies import STRATEGIES, shaped_strategies
+
+SMALL = dict(seeds=2, steps=3, warmup_steps=1, pool_size=1024, candidates=128, root_budget=128)
+SMALL_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
+
+
+def strategies_for(cfg, names=()):
+    return shaped_strategies(names or cfg.strategies, group_size=cfg.group_size,
+                             continuations_per_root=cfg.continuations_per_root)
+
+
+def run_sim(**kw):
+    cfg = SimBenchConfig(**{**SMALL, **kw})
+    return bench.run_sim_bench(cfg, strategies_for(cfg))
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_sim()
+
+
+def test_headline_is_the_learned_predictor_and_the_oracle_is_a_labelled_upper_bound(results):
+    s = results["strategies"]
+    headline = [n for n, v in s.items() if not v["upper_bound"]]
+    assert set(headline) == set(STRATEGIES)
+    assert all(s[n]["predictor"] == "learned" for n in headline)
+    oracle = "trace" + bench.UPPER_BOUND
+    assert s[oracle]["upper_bound"] and s[oracle]["predictor"] == "oracle"
+    assert s[oracle]["prompt_spearman"] == pytest.approx(1.0)
+    assert 0 < s["trace"]["prompt_spearman"] < 1  # learned: informative, not perfect
+    printed = bench.format_bench(results)
+    assert "(oracle, upper bound)" in printed and "Headline predictor: learned" in printed
+    # the checks read only headline rows
+    assert all("oracle" not in c["detail"] for c in results["checks"])
+
+
+def test_equal_nominal_budget_and_exact_units(results):
+    budget = SMALL["root_budget"] * 2  # M (1 + N/2) with N = 2
+    assert results["nominal_budget"] == budget
+    s = results["strategies"]
+    for name, entry in s.items():
+        assert entry["nominal_cost"] == budget, name
+        assert entry["env_steps"] > 0 and entry["generated_tokens"] > 0 and entry["prefill_tokens"] > 0
+        assert len(entry["per_rep"]) == SMALL["seeds"]
+        for row in entry["per_rep"]:  # ratios recomputed from the per-step totals
+            assert row["pairs_per_1k_tokens"] == pytest.approx(1e3 * row["contrast_pairs"] / row["generated_tokens"])
+            assert row["pairs_per_env_step"] == pytest.approx(row["contrast_pairs"] / row["env_steps"])
+    assert (s["uniform"]["rollouts"], s["uniform"]["continuations"]) == (budget, 0)
+    assert s["uniform"]["distinct_prompts"] == budget / 8
+    assert set(s["uniform"]["contrast_pairs_by_depth"]) == {"0"}  # flat: pairs only at the root
+    assert any(int(d) > 0 for d in s["trace"]["contrast_pairs_by_depth"])
+    assert "1" in s["trace"]["per_rep"][0]["prefix_spearman_by_depth"]
+
+
+def test_confidence_intervals_only_with_repetitions(results):
+    s = results["strategies"]["trace"]
+    mean, half, n = __import__("trace_gym.report", fromlist=["mean_ci"]).mean_ci(
+        [r["effective_ratio"] for r in s["per_rep"]])
+    assert (s["effective_ratio"], s["effective_ratio_ci"]) == pytest.approx((mean, half)) and n == 2
+    assert "±" in bench.format_bench(results)
+    one = run_sim(seeds=1, steps=2, strategies=("uniform", "trace"))
+    assert math.isnan(one["strategies"]["trace"]["effective_ratio_ci"])
+    printed = bench.format_bench(one)
+    assert "±" not in printed.split("### Checks")[0] and "no confidence interval" in printed
+    assert "one repetition: cannot tell apart" in printed
+
+
+class ShuffledValues:
+    """A broken TRACE root allocator: solves the right problem on the wrong prompts."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def allocate(self, values, budget, rng):
+        return self.inner.allocate(rng.permutation(np.asarray(values)), budget, rng)
+
+
+def test_a_planted_broken_trace_fails_a_check(results):
+    good = {c["name"]: c["status"] for c in results["checks"]}
+    cfg = SimBenchConfig(**SMALL, strategies=("uniform", "pcl", "trace"))
+    table = strategies_for(cfg)
+    table["trace"] = dataclasses.replace(table["trace"], root_allocator=ShuffledValues(table["trace"].root_allocator))
+    broken = bench.run_sim_bench(cfg, table)
+    bad = {c["name"]: c["status"] for c in broken["checks"]}
+    name = "trace effective ratio above pcl"
+    assert good[name] == "PASS" and bad[name] == "FAIL"
+    assert broken["strategies"]["trace"]["effective_ratio"] < results["strategies"]["trace"]["effective_ratio"]
+
+
+def test_checks_fail_and_skip_when_they_should():
+    row = lambda eff, cost: {"effective_ratio": eff, "nominal_cost": cost, "upper_bound": False,  # noqa: E731
+                             "per_rep": [{"effective_ratio": eff}], "generated_tokens": 1.0}
+    fake = {"nominal_budget": 10.0, "config": {"budget_unit": "nominal"},
+            "strategies": {"uniform": row(0.3, 10.0), "trace": row(0.5, 9.0)}}
+    status = {c["name"]: c["status"] for c in bench.bench_checks(fake)}
+    assert status["trace effective ratio above uniform"] == "PASS"
+    assert status["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "FAIL"
+    assert status["trace effective ratio above pcl"] == "SKIP"
+    assert status["equal nominal budget"] == "FAIL"
+
+
+def test_token_budget_mode_equalises_generated_tokens():
+    res = run_sim(seeds=1, steps=3, budget_unit="tokens")
+    tokens = [v["generated_tokens"] for v in res["strategies"].values()]
+    assert max(tokens) <= 1.02 * min(tokens)
+    check = next(c for c in res["checks"] if c["name"].startswith("equal generated tokens"))
+    assert check["status"] == "PASS"
+    # the tree strategies pay for their continuations with a smaller nominal budget
+    scales = {n: v["budget_scale"] for n, v in res["strategies"].items()}
+    assert scales["uniform"] == 1.0 and scales["trace_prefix_only"] < 1.0
+    assert "exact generated tokens" in bench.format_bench(res)
+
+
+def test_prefix_weight_for_share_hand_values():
+    # 10 prompts, 90 prefixes, 6 % share: w * 90 / (10 + w * 90) = 0.06
+    w = bench.prefix_weight_for_share(10, 90, 0.06)
+    assert w * 90 / (10 + w * 90) == pytest.approx(0.06)
+    assert bench.prefix_weight_for_share(10, 0, 0.06) == 1.0
+    with pytest.raises(ValueError, match="1.5"):
+        bench.prefix_weight_for_share(1, 1, 1.5)
+
+
+def test_root_allocation_demo_follows_the_method_page(results):
+    demo = results["root_allocation_demo"]
+    alloc = dict(zip(demo["budgets"], demo["allocations"]))
+    assert all(sum(m) == b for b, m in alloc.items())
+    assert alloc[4] == [0, 0, 2, 2, 0, 0]  # tight budget: only the 0.5 prompts
+    assert all(m[0] == 0 for m in alloc.values())  # 0.99 never worth it in this range
+    assert alloc[64][2] <= 7 and alloc[64][1] > alloc[64][2]  # 0.5s saturate; 0.9 takes more
+    assert alloc[32][5] == 0 and alloc[64][5] > 0  # 0.02 only near the top of the range
+
+
+# ---------------------------------------------------------------------- CLI
+def test_cli_bench_writes_json_and_plots(tmp_path, capsys):
+    out_json = tmp_path / "bench.json"
+    rc = cli.main(["bench", "--sim", *SMALL_FLAGS, "--seeds=1", "--strategies=uniform,trace",
+                   "--json", str(out_json), "--out", str(tmp_path / "plots")])
+    printed = capsys.readouterr().out
+    data = json.loads(out_json.read_text())
+    assert set(data["strategies"]) == {"uniform", "trace", "trace" + bench.UPPER_BOUND}
+    assert data["strategies"]["trace"]["nominal_cost"] == 256.0
+    assert "| trace " in printed and "trace effective ratio above uniform" in printed
+    assert "SKIP: trace_root_only between uniform and trace" in printed
+    assert "pairs/1k tok" in printed and "Root allocation demo" in printed
+    for name in ("effective_ratio.png", "contrast_pairs_by_depth.png", "root_allocation.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    assert rc == 0
+
+
+def test_flags_are_typed_per_mode_and_refused_in_the_wrong_mode(capsys):
+    help_text = cli.build_parser(["bench"])._subparsers._group_actions[0].choices["bench"].format_help()
+    assert "256 with --sim, 8 with --env" in " ".join(help_text.split())  # each mode's own default
+    assert cli.main(["bench", "--sim", "--warmup-budget", "4"]) == 2
+    assert "--warmup-budget does not apply to --sim (only to --env)" in capsys.readouterr().err
+    assert cli.main(["bench", "--env", "math_python", "--feature-spearman", "0.5"]) == 2
+    assert "does not apply to --env" in capsys.readouterr().err
+    assert cli.main(["bench", "--sim", "--seeds", "two"]) == 2
+    assert "seeds: expected an int, got 'two'" in capsys.readouterr().err
+    assert cli.main(["bench"]) == 2
+    assert "--sim" in capsys.readouterr().err
+
+
+def test_config_from_yaml_and_flags(tmp_path):
+    path = tmp_path / "bench.yaml"
+    path.write_text("seeds: 4\nroot_budget: 64\nstrategies: [uniform, pcl]\n")
+    args = cli.build_parser(["bench"]).parse_args(["bench", "--sim", "--config", str(path), "--root-budget", "32"])
+    cfg = cli.mode_config(args, "sim", cli.BENCH_MODES)
+    assert (cfg.seeds, cfg.root_budget, cfg.strategies) == (4, 32, ("uniform", "pcl"))
+    assert cfg.nominal_budget == 64
+    path.write_text("sedes: 4\n")
+    with pytest.raises(ValueError, match="unknown key\\(s\\) \\['sedes'\\]"):
+        cli.mode_config(cli.build_parser(["bench"]).parse_args(["bench", "--config", str(path)]), "sim",
+                        cli.BENCH_MODES)
+    path.write_text("root_budget: [1, 2]\n")
+    with pytest.raises(ValueError, match="root_budget: expected an int"):
+        cli.mode_config(cli.build_parser(["bench"]).parse_args(["bench", "--config", str(path)]), "sim",
+                        cli.BENCH_MODES)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        SimBenchConfig(steps=2, warmup_steps=2)
+    with pytest.raises(ValueError, match="unknown strategies \\['nope'\\]"):
+        strategies_for(SimBenchConfig(), ("nope",))
+
+
+def test_shipped_yaml_matches_the_defaults():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "bench_sim.yaml"
+    args = cli.build_parser(["bench"]).parse_args(["bench", "--sim", "--config", str(path)])
+    assert cli.mode_config(args, "sim", cli.BENCH_MODES) == SimBenchConfig()
+
+
+def test_adding_a_strategy_is_one_entry(monkeypatch):
+    from baselines import UniformRootAllocator
+    from trace_gym import strategies
+    from trace_gym.allocation import TracePrefixAllocator
+    from trace_gym.strategy import Strategy
+
+    entry = Strategy(UniformRootAllocator(4), TracePrefixAllocator(), 2, description="mine")
+    monkeypatch.setitem(strategies.STRATEGIES, "my_tree", entry)
+    res = run_sim(seeds=1, steps=2, strategies=("my_tree",))
+    assert res["strategies"]["my_tree"]["nominal_cost"] == 256
+    assert res["strategies"]["my_tree"]["description"] == "mine"
+
+
+def test_noisy_predictor_mode_runs():
+    res = run_sim(seeds=1, steps=2, predictor="noisy", noisy_spearman=0.7, strategies=("pcl", "trace"))
+    assert 0.4 < res["strategies"]["trace"]["prompt_spearman"] < 0.95
+
+
+def test_envs_and_strategies_listings(capsys):
+    assert cli.main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "trace_gym/GuessNumber-v0" in out.split() and "math_python" in out
+    assert cli.main(["strategies"]) == 0
+    assert "random_tree" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- real rollouts
+def test_env_bench_on_a_tiny_model_reports_through_the_same_path(tiny_engine):
+    from trace_gym.registry import env_family
+
+    cfg = EnvBenchConfig(env="guess_number", candidates=4, root_budget=2, continuations_per_root=2, group_size=2,
+                         warmup_budget=0, max_turns=2, max_turn_tokens=8, max_episode_tokens=512,
+                         predictor="constant", strategies=("uniform", "trace"))
+    res = bench.run_env_bench(cfg, strategies_for(cfg), env_family("guess_number"), engine=tiny_engine)
+    s = res["strategies"]
+    assert set(s) == {"uniform", "trace"}
+    for entry in s.values():
+        assert entry["nominal_cost"] == cfg.nominal_budget == 4
+        assert entry["generated_tokens"] > 0 and entry["env_steps"] > 0
+        assert math.isnan(entry["effective_ratio_ci"])  # one repetition
+    printed = bench.format_bench(res)
+    assert "Allocation benchmark on real rollouts: guess_number" in printed and "gen s" in printed
+    assert any(c["name"] == "equal nominal budget" and c["status"] == "PASS" for c in res["checks"])

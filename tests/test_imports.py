@@ -1,0 +1,112 @@
+"""Imports point down: the core of trace_gym/ imports nothing of the face or the families.
+
+Two independent checks: a static scan of every import statement (module level and
+inside functions) of every core module, and a fresh interpreter per core module that
+imports it alone and looks at ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "trace_gym"
+#: The face: the only modules of trace_gym/ that may name everything.
+FACE = {"cli.py", "registry.py", "strategies.py"}
+#: Packages outside the core, and the face's modules.
+FORBIDDEN_PACKAGES = ("environments", "baselines", "evaluators", "retrieval_index")
+FORBIDDEN_MODULES = ("trace_gym.cli", "trace_gym.registry", "trace_gym.strategies")
+
+
+def core_modules() -> list[Path]:
+    return sorted(p for p in CORE.rglob("*.py") if p.relative_to(CORE).as_posix() not in FACE)
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imported_names(path: Path) -> list[tuple[int, str]]:
+    """Every module an ``import`` / ``from ... import`` in ``path`` names (relative ones resolved)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((node.lineno, base))
+            out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]  # `from trace_gym import cli`
+    return out
+
+
+def forbidden(name: str) -> bool:
+    return name.split(".")[0] in FORBIDDEN_PACKAGES or any(
+        name == m or name.startswith(m + ".") for m in FORBIDDEN_MODULES)
+
+
+def test_the_scan_sees_imports_inside_functions(tmp_path):
+    planted = CORE / "_planted_for_scan_test.py"
+    planted.write_text("def f():\n    from trace_gym import strategies\n    import baselines.uniform\n")
+    try:
+        names = [n for _, n in imported_names(planted)]
+        assert forbidden("trace_gym.strategies") and "trace_gym.strategies" in names
+        assert "baselines.uniform" in names
+    finally:
+        planted.unlink()
+
+
+def test_no_core_module_imports_the_face_or_the_families():
+    bad = []
+    for path in core_modules():
+        rel = path.relative_to(ROOT).as_posix()
+        for line, name in imported_names(path):
+            if not forbidden(name):
+                continue
+            if rel == "trace_gym/__init__.py" and name.startswith("trace_gym.registry"):
+                continue  # the one exception: `import trace_gym` registers the Gymnasium ids
+            bad.append(f"{rel}:{line} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", [module_name(p) for p in core_modules() if p.name != "__init__.py"])
+def test_each_core_module_alone_loads_nothing_of_the_face(module):
+    code = (
+        "import importlib, json, sys\n"
+        f"importlib.import_module({module!r})\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    # trace_gym/__init__.py registering the ids is the one allowed use of the registry
+    leaked = [m for m in loaded if forbidden(m) and m != "trace_gym.registry"]
+    assert not leaked, f"importing {module} loaded {leaked}"
+
+
+def test_import_trace_gym_registers_ids_without_importing_envs():
+    code = (
+        "import json, sys, trace_gym\n"
+        "from gymnasium.envs.registration import registry\n"
+        "ids = sorted(k for k in registry if k.startswith('trace_gym/'))\n"
+        "print(json.dumps([ids, sorted(sys.modules)]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ids, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"trace_gym/MathPython-v0", "trace_gym/BFCL-v0", "trace_gym/GuessNumber-v0"} <= set(ids)
+    assert not [m for m in loaded if m.split(".")[0] in FORBIDDEN_PACKAGES]
