@@ -168,6 +168,9 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
 
 def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
     """Evaluate every policy on every suite (cached); writes ``results.json`` and ``results.md``."""
+    from trace_gym.train import quiet_third_party
+
+    quiet_third_party()
     out = out or sys.stdout
     rows = []
     for spec in cfg.policy:

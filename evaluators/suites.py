@@ -181,8 +181,11 @@ def get_suite(name: str) -> Suite:
 # ---------------------------------------------------------------------- running
 def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: int, temperature: float, seed: int,
                  max_turns: int | None = None, max_turn_tokens: int | None = None,
-                 max_episode_tokens: int | None = None, progress: bool = False, batch_tasks: int = 8) -> list[list[Any]]:
-    """Run ``samples`` episodes of every task; returns the finished episodes per task."""
+                 max_episode_tokens: int | None = None, progress: bool = False, batch_episodes: int = 64) -> list[list[Any]]:
+    """Run ``samples`` episodes of every task; returns the finished episodes per task.
+
+    Episodes run ``batch_episodes`` at a time (the engine decodes them as one batch).
+    """
     import gymnasium
     from tqdm.auto import tqdm
 
@@ -201,13 +204,14 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
     out: list[list[Any]] = [[] for _ in tasks]
     bar = tqdm(total=len(tasks), desc=f"eval {suite.name}", disable=not progress, leave=False, dynamic_ncols=True)
     runner = AgentRunner(engine, engine.tokenizer, make_env, sampling, agent_cfg)
+    per_batch = max(1, batch_episodes // samples)
     try:
-        for lo in range(0, len(tasks), batch_tasks):
+        for lo in range(0, len(tasks), per_batch):
             episodes = [runner.start(tasks[i], seed=seed + 1000 * i + j, group=i)
-                        for i in range(lo, min(lo + batch_tasks, len(tasks))) for j in range(samples)]
+                        for i in range(lo, min(lo + per_batch, len(tasks))) for j in range(samples)]
             for ep in runner.run(episodes):
                 out[ep.group].append(ep)
-            bar.update(min(batch_tasks, len(tasks) - lo))
+            bar.update(min(per_batch, len(tasks) - lo))
     finally:
         runner.close()
         bar.close()

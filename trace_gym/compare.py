@@ -32,7 +32,7 @@ from trace_gym.checkpoint import RunDir
 
 #: Time phases reported, in the order of a training step.
 PHASES = ("generation", "environment", "predictor_scoring", "predictor_update", "allocation", "policy_update",
-          "weight_sync")
+          "weight_sync", "eval")
 
 
 @dataclass
@@ -151,7 +151,7 @@ def compare_table(groups: Mapping[str, list[Run]]) -> str:
         def stat(fn) -> str:
             values = [fn(r) for r in runs]
             mean, half, _ = report.mean_ci(values)
-            return report.pm(mean, half, 3)
+            return report.pm(mean, half, 3 if abs(mean) < 10 else 0)
 
         before = [_before_after(r)[0] for r in runs]
         after = [_before_after(r)[1] for r in runs]

@@ -333,15 +333,17 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
         # 6. weight sync to the rollout engine (version-checked)
         sync_seconds = trainer.sync_weights(engine, version=step)
         # 7. evaluate every K steps (and at the end)
-        evaluation = None
+        evaluation, eval_seconds = None, 0.0
         if setup.evaluate is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
             bar.set_postfix_str("eval")
+            t_eval = time.perf_counter()
             evaluation = setup.evaluate(engine, step)
+            eval_seconds = time.perf_counter() - t_eval
             (run.path / "evals").mkdir(exist_ok=True)
             (run.path / "evals" / f"step-{step}.json").write_text(json.dumps(evaluation, default=str))
         # 8. log and checkpoint (atomic; the metrics line is appended after the checkpoint)
         record = step_record(step, batch, update, predictor_stats, sync_seconds, evaluation,
-                             time.perf_counter() - t_step, advantages)
+                             time.perf_counter() - t_step, advantages, eval_seconds)
         checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
         bar.set_postfix_str("checkpoint" if checkpoint else "")
         run.commit(step, record, (lambda folder: _write_checkpoint(folder, step, trainer, predictor, cursor, rng))
@@ -405,7 +407,7 @@ def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> Non
 # ---------------------------------------------------------------------- metrics
 def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_stats: Mapping[str, Any],
                 sync_seconds: float, evaluation: Mapping[str, Any] | None, seconds: float,
-                advantages: Sequence[Mapping[int, float]]) -> dict[str, Any]:
+                advantages: Sequence[Mapping[int, float]], eval_seconds: float = 0.0) -> dict[str, Any]:
     """One ``metrics.jsonl`` line (see ``docs/training.md`` for every field)."""
     from trace_gym import report
 
@@ -424,6 +426,8 @@ def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_st
     phases = dict(led.seconds)
     phases["policy_update"] = float(update.get("seconds", 0.0))
     phases["weight_sync"] = float(sync_seconds)
+    if evaluation is not None:
+        phases["eval"] = float(eval_seconds)
     nonzero = sum(1 for a in advantages for v in a.values() if v != 0.0)
     record: dict[str, Any] = {
         "step": step,
