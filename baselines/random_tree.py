@@ -16,8 +16,8 @@ import numpy as np
 class RandomPrefixAllocator:
     """k ~ Multinomial(budget, uniform over prefixes)."""
 
-    def allocate(self, repeat_probs: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
-        n = len(repeat_probs)
+    def allocate(self, repeat_probabilities: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
+        n = len(repeat_probabilities)
         if budget < 0 or int(budget) != budget:
             raise ValueError(f"continuation budget must be an integer >= 0, got {budget!r}")
         if n == 0:

@@ -32,20 +32,18 @@ def _clear_cache(engine) -> None:
 
 def bench_overhead(engine, make_env, tasks, samples: int, max_tokens: int, repeats: int) -> dict:
     from trace_gym.agent import AgentConfig, AgentRunner
-    from trace_gym.budget import BudgetLedger
     from trace_gym.types import SamplingParams
 
     sampling = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=0)
     raw, harness, harness_own, bookkeeping = [], [], [], []
     for rep in range(repeats):
         runner = AgentRunner(engine, engine.tokenizer, make_env, sampling,
-                             AgentConfig(max_turn_tokens=max_tokens, max_episode_tokens=4096, max_turns=1),
-                             BudgetLedger())
+                             AgentConfig(max_turn_tokens=max_tokens, max_episode_tokens=4096, max_turns=1))
         episodes = [runner.start(t, seed=rep * 100 + j) for t in tasks for j in range(samples)]
         prefixes = [list(e.context) for e in episodes]
         _clear_cache(engine)
         t0 = time.perf_counter()
-        # the runner's first step uses seed + 7919 (see AgentRunner._step): same draws
+        # the runner's first generate call uses seed + 7919 (see AgentRunner._generate): same draws
         outs = engine.generate(prefixes, [1] * len(prefixes), replace(runner.sampling, seed=runner.sampling.seed + 7919))
         raw_s = time.perf_counter() - t0
         raw_tokens = sum(len(c.token_ids) for o in outs for c in o)
@@ -88,7 +86,6 @@ def bench_continuation(engine, prefix: list[int], k: int, max_tokens: int, repea
 
 def bench_predictor(engine, make_env, tasks, budget: float) -> dict:
     from trace_gym.agent import AgentConfig, AgentRunner
-    from trace_gym.budget import BudgetLedger
     from trace_gym.predictor import EmbeddingPredictor
     from trace_gym.rollout import collect, update_predictor
     from trace_gym.strategies import shaped_strategies
@@ -96,17 +93,17 @@ def bench_predictor(engine, make_env, tasks, budget: float) -> dict:
 
     predictor = EmbeddingPredictor()
     runner = AgentRunner(engine, engine.tokenizer, make_env, SamplingParams(temperature=1.0, seed=2),
-                         AgentConfig(max_turn_tokens=96, max_episode_tokens=2048, max_turns=3), BudgetLedger())
+                         AgentConfig(max_turn_tokens=96, max_episode_tokens=2048, max_turns=3))
     strategy = shaped_strategies(["trace"], group_size=4, continuations_per_root=2)["trace"]
     batch = collect(tasks, strategy, predictor, runner, budget, np.random.default_rng(0))
     update_predictor(predictor, batch)
     runner.close()
-    sec = runner.ledger.seconds
+    sec = batch.ledger.seconds
     rollout = sec.get("generation", 0.0) + sec.get("environment", 0.0)
     pred = sec.get("predictor_scoring", 0.0) + sec.get("predictor_update", 0.0)
     return {"rollout_s": rollout, "scoring_s": sec.get("predictor_scoring", 0.0),
             "update_s": sec.get("predictor_update", 0.0), "share": pred / (rollout + pred),
-            "rollouts": runner.ledger.rollouts, "continuations": runner.ledger.continuations}
+            "rollouts": batch.ledger.rollouts, "continuations": batch.ledger.continuations}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,15 +8,17 @@ branch replay), which must hold whatever the model writes.
 from __future__ import annotations
 
 import pickle
+import time
 
 import gymnasium
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
+from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401  (fixtures)
+from planted_env import SLOW, PlantedEnv, planted_tasks
 
 import trace_gym  # noqa: F401
 from environments.bfcl.data import sample_tasks
 from environments.math_python.generated import generate_digit_sums
-from trace_gym.agent import AgentConfig, AgentRunner, ChatRenderer, TemplateError, token_masks
+from trace_gym.agent import AgentConfig, AgentRunner, ChatRenderer, TemplateError
 from trace_gym.types import Message, SamplingParams
 
 
@@ -112,15 +114,15 @@ def _episodes(engine, make_env, tasks, min_turns=2, tries=3):
 def test_context_is_the_concatenation_of_segments(engine):
     runner, eps, _ = _episodes(engine, _math_env, generate_digit_sums(4, seed=2))
     for ep in eps:
-        ids, mask, logps = token_masks(ep)
-        assert tuple(ids) == ep.context
-        assert sum(mask) == sum(len(t.action_ids) for t in ep.turns)
+        assert ep.context == ep.prompt_ids + tuple(t for turn in ep.turns for t in (*turn.action_ids, *turn.obs_ids))
         for t in ep.turns:
             assert len(t.action_logprobs) == len(t.action_ids)
             assert all(lp <= 0.0 for lp in t.action_logprobs)
         # the policy's tokens are kept as sampled, never re-tokenised from text
-        assert ep.turns[0].action_ids == tuple(ids[len(ep.prompt_ids):len(ep.prompt_ids) + len(ep.turns[0].action_ids)])
-    led = runner.ledger
+        start = len(ep.prompt_ids)
+        assert ep.turns[0].action_ids == ep.context[start:start + len(ep.turns[0].action_ids)]
+        assert ep.env_closed and ep.error is None
+    led = runner.ledger  # episodes started without a ledger of their own
     assert led.generated_tokens == sum(len(t.action_ids) for e in eps for t in e.turns)
     assert led.env_steps == sum(len(e.turns) for e in eps)
     runner.close()
@@ -154,18 +156,35 @@ def test_branching_reproduces_recorded_observation_tokens_and_env_state(engine, 
     runner.close()
 
 
-def test_continuations_run_batched_from_one_shared_prefix(engine):
+class RecordingEngine:
+    """A real engine whose ``generate`` calls are recorded (prefix lengths and n)."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prefixes, n, sampling):
+        self.calls.append([(len(p), k) for p, k in zip(prefixes, n)])
+        return self.engine.generate(prefixes, n, sampling)
+
+
+def test_continuations_with_one_anchor_run_as_one_request(engine):
     runner, _, multi = _episodes(engine, _math_env, generate_digit_sums(4, seed=7))
     ep = multi[0]
-    children = runner.branch(ep, 1, k=3)
-    assert len({id(c.context) for c in children}) == 1  # one prefix, n = 3
+    runner.engine = RecordingEngine(engine)
+    children = runner.branch(ep, 1, k=3, anchor=("tree", 7))
+    loose = runner.branch(ep, 1, k=2)  # no anchor: nothing says they share a prefix
+    shared = len(children[0].context)
     before = runner.ledger.prefill_tokens
-    done = runner.run(children)
-    assert len(done) == 3 and all(c.done for c in done)
+    done = runner.run(children + loose)
+    assert len(done) == 5 and all(c.done and c.env_closed for c in done)
     assert all(c.turns[0].action_ids == ep.turns[0].action_ids for c in done)  # inherited turn
-    # the shared prefix was prefilled once for the three children, not three times
-    first_step_prefill = runner.ledger.prefill_tokens - before
-    assert first_step_prefill < 3 * len(children[0].context)
+    first = runner.engine.calls[0]
+    assert sorted(first) == sorted([(shared, 3), (shared, 1), (shared, 1)])
+    # the shared prefix was prefilled once for the three anchored children, not three times
+    assert runner.ledger.prefill_tokens - before < 5 * shared
     runner.close()
 
 
@@ -184,9 +203,72 @@ def test_episode_token_limit_truncates_and_reports(engine):
     runner.close()
 
 
-def test_prompt_longer_than_the_episode_limit_is_a_clear_error(engine):
+def test_prompt_longer_than_the_episode_limit_ends_that_episode_with_a_clear_error(engine):
     runner = AgentRunner(engine, engine.tokenizer, _math_env, SamplingParams(),
                          AgentConfig(max_turn_tokens=16, max_episode_tokens=20))
-    with pytest.raises(ValueError, match="max_episode_tokens"):
-        runner.start(generate_digit_sums(1)[0], seed=0)
+    ep = runner.start(generate_digit_sums(1)[0], seed=0)
+    assert ep.done and "max_episode_tokens=20" in ep.error and "tokens, at or over" in ep.error
+    assert runner.run() == [ep] and ep.env_closed and not ep.turns
+    assert runner.ledger.errors == 1 and runner.ledger.generated_tokens == 0
     runner.close()
+
+
+# ---------------------------------------------------------------------- planted env failures
+@pytest.fixture
+def planted(tiny_engine):  # noqa: F811
+    PlantedEnv.instances = []
+    runner = AgentRunner(tiny_engine, tiny_engine.tokenizer, PlantedEnv, SamplingParams(temperature=1.0, seed=5),
+                         AgentConfig(max_turn_tokens=8, max_episode_tokens=1024, max_turns=4, straggler_seconds=0.2))
+    yield runner
+    runner.close()
+    assert PlantedEnv.instances and all(env.closed for env in PlantedEnv.instances)  # no env leaks
+
+
+def test_an_env_that_raises_in_step_ends_only_its_own_episode(planted):
+    eps = planted.start_many([(t, 0) for t in planted_tasks(None, "step", None)])
+    done = planted.run(eps)
+    assert {e.uid for e in done} == {e.uid for e in eps}
+    ok, bad = [eps[0], eps[2]], eps[1]
+    assert all(e.error is None and len(e.turns) == 4 for e in ok)  # the env's own truncation at 4 steps
+    assert bad.error == "RuntimeError in env.step: planted step failure"
+    assert len(bad.turns) == 2 and bad.turns[-1].truncation == "env_error" and bad.turns[-1].truncated
+    assert bad.turns[-1].info == {"env_error": bad.error} and bad.turns[-1].reward == 0.0
+    assert planted.ledger.errors == 1 and planted.truncations["env_error"] == 1
+    assert planted.ledger.env_steps == 4 + 2 + 4
+
+
+def test_envs_that_raise_in_reset_restore_or_close_end_only_their_episode(planted):
+    tasks = planted_tasks(None, "reset", "restore", "close")
+    eps = planted.start_many([(t, 0) for t in tasks])
+    assert eps[1].done and eps[1].error == "RuntimeError in env.reset: planted reset failure" and not eps[1].turns
+    done = planted.run(eps)
+    assert len(done) == 4 and done[0] is eps[1]  # the failed start comes back first
+    assert eps[3].error == "RuntimeError in env.close: planted close failure" and len(eps[3].turns) == 4
+    children = planted.branch(eps[2], 1, 2, anchor=("t", 1))
+    assert all(c.done and c.error == "RuntimeError in env.restore: planted restore failure" for c in children)
+    assert planted.run(children) == children
+    healthy = planted.branch(eps[0], 2, 1)
+    assert planted.run(healthy) == healthy and healthy[0].error is None
+    assert eps[0].error is None and eps[2].error is None
+    assert planted.ledger.errors == 1 + 1 + 2
+
+
+def test_a_slow_env_step_does_not_hold_up_the_other_episodes(planted):
+    """One episode's first step sleeps 3 s; the others play all 4 turns meanwhile."""
+    eps = planted.start_many([(t, 0) for t in planted_tasks("slow", None, None)])
+    returned = {}
+    while planted.live:
+        for ep in planted.advance():
+            returned[ep.uid] = time.perf_counter()
+    slow_env = next(env for env in PlantedEnv.instances if env.mode == "slow")
+    for ep in eps[1:]:
+        assert len(ep.turns) == 4 and returned[ep.uid] < slow_env.slow_step_ended
+    assert len(eps[0].turns) == 4 and returned[eps[0].uid] > slow_env.slow_step_ended
+    assert planted.ledger.seconds["environment_busy"] >= SLOW  # the sleep, in the pool's time
+
+
+def test_cancel_closes_every_live_env(planted):
+    eps = planted.start_many([(t, 0) for t in planted_tasks(None, None, None)])
+    planted.advance()  # steps are in flight now
+    planted.cancel()
+    assert planted.live == 0 and all(e.env_closed for e in eps)

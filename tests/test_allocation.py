@@ -329,13 +329,13 @@ def test_root_edge_cases_that_are_valid():
 @pytest.mark.parametrize(
     "values, budget, cap, message",
     [
-        ([0.2, float("nan")], 4, None, r"repeat_probs\[1\] = nan"),
-        ([0.2, 1.01], 4, None, r"repeat_probs\[1\] = 1.01"),
-        (np.zeros((2, 2)), 4, None, r"repeat_probs must be 1-D"),
+        ([0.2, float("nan")], 4, None, r"repeat_probabilities\[1\] = nan"),
+        ([0.2, 1.01], 4, None, r"repeat_probabilities\[1\] = 1.01"),
+        (np.zeros((2, 2)), 4, None, r"repeat_probabilities must be 1-D"),
         ([0.2], -1, None, r"budget must be a non-negative int, got -1"),
         ([0.2], 2.5, None, r"budget must be a non-negative int, got 2.5"),
         ([0.2], np.True_, None, r"budget must be a non-negative int, got .*True"),
-        ([], 3, None, r"budget = 3 but repeat_probs is empty"),
+        ([], 3, None, r"budget = 3 but repeat_probabilities is empty"),
         ([0.2, 0.3], 5, 2, r"budget = 5 is infeasible for 2 prefixes with max_per_prefix = 2"),
         ([0.2, 0.3], 1, 0, r"budget = 1 is infeasible"),
         ([0.2, 0.3], 1, -3, r"max_per_prefix must be a non-negative int, got -3"),

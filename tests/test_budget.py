@@ -60,6 +60,20 @@ def test_merge_sums_and_leaves_inputs_alone():
     assert (a + b).to_dict() == c.to_dict()
 
 
+def test_include_adds_in_place_including_errors_and_unspent_units():
+    a = BudgetLedger(rollouts=2, seconds={"g": 1.0})
+    a.add_errors(1)
+    b = BudgetLedger(continuations=3, seconds={"g": 0.5})
+    b.add_errors(2)
+    b.add_unspent_continuations(1)
+    a.include(b)
+    assert (a.rollouts, a.continuations, a.errors, a.unspent_continuations) == (2, 3, 3, 1)
+    assert a.seconds == {"g": 1.5} and b.errors == 2
+    assert a.nominal == 2 + 3 / 2  # unspent units cost nothing; the ledger shows them
+    with pytest.raises(ValueError, match="errors must be >= 0, got -1"):
+        a.add_errors(-1)
+
+
 def test_to_dict_and_validation():
     led = BudgetLedger()
     led.add_rollouts(2)
@@ -74,6 +88,8 @@ def test_to_dict_and_validation():
         "generated_tokens": 100,
         "prefill_tokens": 40,
         "env_steps": 9,
+        "errors": 0,
+        "unspent_continuations": 0,
         "seconds": {"allocation": 0.25},
     }
     with pytest.raises(ValueError, match="env steps must be >= 0, got -1"):

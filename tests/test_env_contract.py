@@ -201,7 +201,7 @@ def test_third_party_plugin_registers_through_entry_points(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     import trace_gym.registry as reg
 
-    monkeypatch.setattr(reg, "_registered", False)
+    monkeypatch.setattr(reg, _plugin_flag(reg), False)
     added = register_envs()
     assert "trace_gym/Tiny-v0" in added
     env = gymnasium.make("trace_gym/Tiny-v0")
@@ -221,10 +221,37 @@ def test_check_env_replays_an_env_registered_outside_trace_gym_in_a_fresh_proces
         gymnasium.registry.pop("custom_ns/Guess-v0")
 
 
+def test_check_env_worker_builds_a_factory_that_names_an_id_only_this_process_registered():
+    """A ``gymnasium.make`` partial by id travels as the id's spec: the worker registers nothing."""
+    import functools
+
+    gymnasium.register(id="custom_ns/GuessById-v0", entry_point="environments.guess_number.env:GuessNumberEnv")
+    try:
+        factory = functools.partial(gymnasium.make, "custom_ns/GuessById-v0", disable_env_checker=True)
+        report = check_env(GuessNumberEnv(), TASKS[:1], make_env=factory)
+        assert report.passed["snapshot_pickle_process"] >= 2 and not report.skipped
+    finally:
+        gymnasium.registry.pop("custom_ns/GuessById-v0")
+    source = open(sys.modules["trace_gym.env"].__file__).read()
+    assert "registry" not in source.split('if __name__ == "__main__":')[1]
+
+
+def test_reference_actions_is_an_optional_protocol():
+    from trace_gym.env import ReferenceActions
+
+    assert isinstance(GuessNumberEnv(), ReferenceActions)
+    assert not isinstance(object(), ReferenceActions)
+
+
+def _plugin_flag(reg) -> str:
+    """The registry's "plugins loaded" flag (renamed while the registry grows plugin groups)."""
+    return "_plugins_loaded" if hasattr(reg, "_plugins_loaded") else "_registered"
+
+
 def test_importing_trace_gym_does_not_mark_plugins_loaded():
     import trace_gym.registry as reg
 
     reg.register_envs(plugins=False)
-    before = reg._registered
+    before = getattr(reg, _plugin_flag(reg))
     reg.register_envs(plugins=False)
-    assert reg._registered == before  # only a plugin load sets the flag
+    assert getattr(reg, _plugin_flag(reg)) == before  # only a plugin load sets the flag

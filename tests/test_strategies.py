@@ -13,7 +13,7 @@ from baselines import PCLRootAllocator, RandomPrefixAllocator, UniformRootAlloca
 from trace_gym import planning
 from trace_gym.allocation import TracePrefixAllocator, TraceRootAllocator, solve_prefix
 from trace_gym.budget import nominal_cost
-from trace_gym.strategies import STRATEGIES, Strategy, get_strategy
+from trace_gym.strategies import STRATEGIES, Strategy
 from trace_gym.tree import ROOT, RolloutTree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,8 +67,22 @@ def test_strategy_table_has_the_six_names():
     assert isinstance(STRATEGIES["trace"].prefix_allocator, TracePrefixAllocator)
     assert isinstance(STRATEGIES["trace_root_only"].prefix_allocator, RandomPrefixAllocator)
     assert isinstance(STRATEGIES["trace_prefix_only"].root_allocator, UniformRootAllocator)
-    with pytest.raises(KeyError, match="unknown strategy 'nope'"):
-        get_strategy("nope")
+
+
+def test_register_strategy_adds_one_entry_and_refuses_clashes(monkeypatch):
+    from trace_gym import strategies
+
+    monkeypatch.setattr(strategies, "STRATEGIES", dict(STRATEGIES))
+    mine = Strategy(UniformRootAllocator(4), TracePrefixAllocator(), 2, description="mine")
+    strategies.register_strategy("mine", mine)
+    strategies.register_strategy("mine", mine)  # the same object again: fine
+    assert strategies.STRATEGIES["mine"] is mine
+    with pytest.raises(ValueError, match="'trace' is taken"):
+        strategies.register_strategy("trace", mine)
+    with pytest.raises(ValueError, match="must be a trace_gym.strategy.Strategy, got dict"):
+        strategies.register_strategy("bad", {})
+    with pytest.raises(ValueError, match="non-empty"):
+        strategies.register_strategy(" ", mine)
 
 
 @pytest.mark.parametrize("m,n", [(256, 2), (512, 6), (100, 1)])
@@ -108,12 +122,12 @@ def test_continuation_budgets_proportional_to_rollout_counts():
         planning.continuation_budgets([1], -2)
 
 
-def test_repeat_probs_hand_values():
+def test_repeat_probabilities_hand_values():
     # success observed: q = V; failure observed: q = 1 - V
-    q = planning.repeat_probs([0.9, 0.9, 0.2, 0.0], [1.0, 0.0, 0.0, 1.0])
+    q = planning.repeat_probabilities([0.9, 0.9, 0.2, 0.0], [1.0, 0.0, 0.0, 1.0])
     assert q == pytest.approx([0.9, 0.1, 0.8, 0.0])
-    with pytest.raises(ValueError, match="entry 1 is 1.5"):
-        planning.repeat_probs([0.5, 1.5], [0, 1])
+    with pytest.raises(ValueError, match=r"prefix values\[1\] = 1.5"):
+        planning.repeat_probabilities([0.5, 1.5], [0, 1])
 
 
 def test_allocate_roots_validates_allocators():
@@ -123,7 +137,7 @@ def test_allocate_roots_validates_allocators():
 
     with pytest.raises(ValueError, match="exactly 1 rollout"):
         planning.allocate_roots([0.5, 0.5], 4, Bad(), RNG)
-    with pytest.raises(ValueError, match="entry 0 is nan"):
+    with pytest.raises(ValueError, match=r"candidate values\[0\] = nan"):
         planning.allocate_roots([np.nan], 4, TraceRootAllocator(), RNG)
     m = planning.allocate_roots([0.99, 0.5, 0.5, 0.01], 4, TraceRootAllocator(), RNG)
     assert m.tolist() == [0, 2, 2, 0]
@@ -146,13 +160,29 @@ def test_plan_expansion_hand_example():
     cands = tree.expansion_candidates()
     assert cands == [(nodes[0], 0.0), (nodes[1], 0.0), (nodes[3], 1.0)]
     plan = planning.plan_expansion(tree, [0.9, 0.1, 0.6], 2, TracePrefixAllocator(), RNG)
-    assert plan == [(nodes[0], 1), (nodes[3], 1)]
-    q = planning.repeat_probs([0.9, 0.1, 0.6], [0.0, 0.0, 1.0])
+    assert plan == planning.ExpansionPlan(((nodes[0], 1), (nodes[3], 1)))
+    assert plan.spent_continuations == 2 and plan.extra_roots == plan.unspent_continuations == 0
+    q = planning.repeat_probabilities([0.9, 0.1, 0.6], [0.0, 0.0, 1.0])
     for budget in range(8):  # same answer as the solver called directly
         k = planning.allocate_prefixes([0.9, 0.1, 0.6], [0.0, 0.0, 1.0], budget, TracePrefixAllocator(), RNG)
         assert k.tolist() == solve_prefix(q, budget).tolist()
     with pytest.raises(ValueError, match="got 2 prefix values for 3"):
         planning.plan_expansion(tree, [0.5, 0.5], 2, TracePrefixAllocator(), RNG)
+
+
+def test_single_turn_fallback_buys_roots_at_two_to_one_and_names_an_odd_unit():
+    """Roots that all ended after one turn leave no prefix: budget // 2 fresh roots;
+    an odd budget leaves one continuation unit unspent, in the plan (never silently)."""
+    tree = RolloutTree()
+    for reward in (0.0, 1.0):
+        tree.add_turn(ROOT, branch=tree.start_branch(ROOT), reward=reward, terminal=True)
+    assert tree.expansion_candidates() == []
+    for budget, roots, unspent in ((4, 2, 0), (5, 2, 1), (1, 0, 1), (0, 0, 0)):
+        plan = planning.plan_expansion(tree, [], budget, TracePrefixAllocator(), RNG)
+        assert plan == planning.ExpansionPlan(extra_roots=roots, unspent_continuations=unspent)
+        assert 2 * plan.extra_roots + plan.unspent_continuations + plan.spent_continuations == budget
+    with pytest.raises(ValueError, match="-1"):
+        planning.single_turn_fallback(-1)
 
 
 # ---------------------------------------------------------------------- import direction
@@ -172,9 +202,10 @@ def test_baselines_import_only_the_core_and_the_core_not_baselines():
             if mod.startswith("trace_gym"):
                 assert mod in ("trace_gym.allocation", "trace_gym.tree"), (path, mod)
             assert not mod.startswith(("environments", "evaluators", "retrieval_index")), (path, mod)
-    for name in ("tree", "budget", "planning", "sim", "report"):
+    for name in ("tree", "budget", "planning", "sim", "report", "strategy", "driver", "rollout", "agent", "env"):
         for mod in _imports(REPO / "trace_gym" / f"{name}.py"):
-            assert not mod.startswith(("baselines", "trace_gym.strategies", "trace_gym.cli")), (name, mod)
+            assert not mod.startswith(("baselines", "trace_gym.strategies", "trace_gym.cli", "trace_gym.registry",
+                                       "environments", "evaluators", "retrieval_index")), (name, mod)
 
 
 def test_zero_continuations_make_a_tree_strategy_flat():

@@ -65,6 +65,40 @@ def test_recursive_targets_differ_from_pooled_mean_after_expansion_below_failure
     assert all(t[leaf.id] == leaf.reward for leaf in tree.leaves())
 
 
+def test_fresh_targets_drop_the_child_that_triggered_the_expansion():
+    tree, n = failure_expanded_tree()
+    fresh = tree.targets("fresh")
+    # a1 was expanded (c2, d2 are continuations anchored there): mean(1, 0) = 1/2, without a2.
+    assert fresh[n["a1"]] == pytest.approx(1 / 2)
+    assert fresh[n["b1"]] == pytest.approx(1.0)  # not expanded: its one child, as before
+    assert fresh[ROOT] == pytest.approx((1 / 2 + 1.0) / 2)  # root rollouts are never outcome-triggered
+    recursive = tree.targets("recursive")
+    assert recursive == tree.targets()
+    assert {k: v for k, v in fresh.items() if k != n["a1"] and k != ROOT} == {
+        k: v for k, v in recursive.items() if k != n["a1"] and k != ROOT}
+    # a tree without continuations: both estimators are the same numbers
+    plain = RolloutTree()
+    rollout(plain, ROOT, 3, 1.0)
+    rollout(plain, ROOT, 2, 0.0)
+    assert plain.targets("fresh") == plain.targets("recursive")
+    with pytest.raises(ValueError, match="unknown target estimator 'pooled'"):
+        tree.targets("pooled")  # type: ignore[arg-type]
+
+
+def test_path_tokens_is_one_episode_for_a_trainer():
+    tree, n = failure_expanded_tree()
+    tokens, mask, logprobs = tree.path_tokens(n["c2"])  # the continuation from a1: root, a1, c2
+    a1 = n["a1"]  # the helper names each turn's tokens after its parent's id
+    assert tokens == [1, 2, 3, 100, 200, 300, 100 + a1, 200 + a1, 300 + a1]
+    assert mask == [0, 0, 0, 1, 1, 0, 1, 1, 0]
+    assert logprobs == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, -0.5, -0.25, 0.0]
+    assert (tokens, mask) == tree.context(n["c2"])
+    bare = RolloutTree(prompt_token_ids=[7])
+    leaf = bare.add_turn(ROOT, branch=bare.start_branch(), policy_token_ids=[8, 9], reward=1.0, terminal=True)
+    t, m, lp = bare.path_tokens(leaf)
+    assert (t, m) == ([7, 8, 9], [0, 1, 1]) and lp[0] == 0.0 and all(np.isnan(lp[1:]))  # unrecorded: NaN
+
+
 def test_contrast_pairs_hand_example():
     tree, n = failure_expanded_tree()
     # Pairs: (a2,b2),(d2,b2) anchored at the root; (a2,c2),(d2,c2) anchored at a1 (depth 1).

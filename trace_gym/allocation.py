@@ -81,6 +81,7 @@ __all__ = [
     "root_utility",
     "prefix_utility",
     "repeat_probability",
+    "probabilities_1d",
 ]
 
 # --------------------------------------------------------------------------- helpers
@@ -148,7 +149,9 @@ def _probabilities(x, name: str) -> np.ndarray:
     return a
 
 
-def _values_1d(x, name: str) -> np.ndarray:
+def probabilities_1d(x, name: str) -> np.ndarray:
+    """``x`` as a 1-d float array of probabilities, or a ``ValueError`` naming ``name``,
+    the bad entry and its value (shared by the solvers and :mod:`trace_gym.planning`)."""
     a = _probabilities(x, name)
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
@@ -174,7 +177,7 @@ def _nonneg_int(x, name: str) -> int:
 
 def _root_problem(values, budget, max_per_prompt) -> tuple[np.ndarray, int, int]:
     """Validate a root problem; return (v, budget, c) with c the effective per-prompt cap."""
-    v = _values_1d(values, "values")
+    v = probabilities_1d(values, "values")
     budget = _nonneg_int(budget, "budget")
     cap = None if max_per_prompt is None else _nonneg_int(max_per_prompt, "max_per_prompt")
     n = len(v)
@@ -407,7 +410,7 @@ def _prefix_count_ge(x: float, b, lq, c: int) -> np.ndarray:
     return count
 
 
-def solve_prefix(repeat_probs, budget, max_per_prefix=None) -> np.ndarray:
+def solve_prefix(repeat_probabilities, budget, max_per_prefix=None) -> np.ndarray:
     """Exact Stage-2 allocation: k_j >= 0 maximising sum_j V_pref = sum_j (1 - q_j^k_j).
 
     1 - q^k is concave in k (marginal gains q^k (1 - q) nonincreasing), so taking the
@@ -415,20 +418,20 @@ def solve_prefix(repeat_probs, budget, max_per_prefix=None) -> np.ndarray:
     (the lexicographically greatest optimal allocation).
 
     Args:
-        repeat_probs: q_j in [0, 1], shape (n,) (see :func:`repeat_probability`).
+        repeat_probabilities: q_j in [0, 1], shape (n,) (see :func:`repeat_probability`).
         budget: continuations to spend (int >= 0); sum(k) == budget.
         max_per_prefix: optional cap on k_j (int >= 0).
     Returns:
         int64 array k, shape (n,).
     """
-    q = _values_1d(repeat_probs, "repeat_probs")
+    q = probabilities_1d(repeat_probabilities, "repeat_probabilities")
     budget = _nonneg_int(budget, "budget")
     cap = None if max_per_prefix is None else _nonneg_int(max_per_prefix, "max_per_prefix")
     n = len(q)
     if budget == 0:
         return np.zeros(n, np.int64)
     if n == 0:
-        raise ValueError(f"budget = {budget} but repeat_probs is empty; expected at least one prefix")
+        raise ValueError(f"budget = {budget} but repeat_probabilities is empty; expected at least one prefix")
     c = budget if cap is None else min(cap, budget)
     if budget > n * c:
         raise ValueError(
@@ -536,11 +539,11 @@ class RootAllocator(Protocol):
 class PrefixAllocator(Protocol):
     """Stage-2 strategy: split one prompt's continuation budget over its visited prefixes.
 
-    ``allocate(repeat_probs, budget, rng)``: repeat probabilities q, shape (n,); returns
+    ``allocate(repeat_probabilities, budget, rng)``: repeat probabilities q, shape (n,); returns
     int64 continuation counts >= 0, shape (n,), summing to ``budget``.
     """
 
-    def allocate(self, repeat_probs: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray: ...
+    def allocate(self, repeat_probabilities: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -575,5 +578,5 @@ class TracePrefixAllocator:
         if self.max_per_prefix is not None:
             _nonneg_int(self.max_per_prefix, "max_per_prefix")
 
-    def allocate(self, repeat_probs: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
-        return solve_prefix(repeat_probs, budget, self.max_per_prefix)
+    def allocate(self, repeat_probabilities: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
+        return solve_prefix(repeat_probabilities, budget, self.max_per_prefix)

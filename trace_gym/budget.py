@@ -46,6 +46,14 @@ def nominal_cost(root_rollouts: float, continuations_per_root: float = 0.0) -> f
     return root_rollouts * ROLLOUT_COST + root_rollouts * continuations_per_root * CONTINUATION_COST
 
 
+#: Phases timed on other threads, overlapping the main thread's phases.
+OVERLAPPING_PHASES = frozenset({"environment_busy"})
+
+#: The integer counters of a ledger (summed by :meth:`BudgetLedger.include`).
+_COUNTS = ("rollouts", "continuations", "generated_tokens", "prefill_tokens", "env_steps", "errors",
+           "unspent_continuations")
+
+
 def _nonneg(name: str, value: float) -> None:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
@@ -63,8 +71,17 @@ class BudgetLedger:
             (prompt plus, for continuations, the replayed prefix), not counting
             tokens the engine reported as served from its prefix cache.
         env_steps: ``env.step`` calls.
+        errors: episodes ended by an error rather than by the env or a limit (an env
+            that raised in reset, restore, step, snapshot or close; a prompt over the
+            token limit). Each such episode's error is also on the episode and in the
+            rollout batch.
+        unspent_continuations: continuation units a plan left unspent (the
+            single-turn fallback buys one root rollout per two; an odd budget leaves
+            one), so ``nominal`` falls short of the budget by half of this, visibly.
         seconds: wall-clock seconds per phase name (``generation``, ``environment``,
-            ``allocation``, ``predictor_scoring``, ``predictor_update``, ...).
+            ``allocation``, ``predictor_scoring``, ``predictor_update``, ...), plus
+            ``environment_busy``: env work summed over the agent runner's threads, which
+            overlaps the other phases (see :class:`trace_gym.agent.AgentRunner`).
         clock: the time source for :meth:`phase` (seconds; injectable for tests).
     """
 
@@ -73,6 +90,8 @@ class BudgetLedger:
     generated_tokens: int = 0
     prefill_tokens: int = 0
     env_steps: int = 0
+    errors: int = 0
+    unspent_continuations: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
 
@@ -94,6 +113,14 @@ class BudgetLedger:
     def add_env_steps(self, n: int = 1) -> None:
         _nonneg("env steps", n)
         self.env_steps += int(n)
+
+    def add_errors(self, n: int = 1) -> None:
+        _nonneg("errors", n)
+        self.errors += int(n)
+
+    def add_unspent_continuations(self, n: int = 1) -> None:
+        _nonneg("unspent continuations", n)
+        self.unspent_continuations += int(n)
 
     def add_seconds(self, phase: str, seconds: float) -> None:
         _nonneg(f"seconds for phase {phase!r}", seconds)
@@ -120,20 +147,23 @@ class BudgetLedger:
 
     @property
     def total_seconds(self) -> float:
-        return sum(self.seconds.values())
+        """Seconds over all phases except :data:`OVERLAPPING_PHASES` (which overlap the
+        others); nested phases are counted in each."""
+        return sum(v for k, v in self.seconds.items() if k not in OVERLAPPING_PHASES)
 
     def merge(self, *others: "BudgetLedger") -> "BudgetLedger":
         """A new ledger holding the sums of this one and ``others`` (none is modified)."""
         out = BudgetLedger(clock=self.clock)
         for led in (self, *others):
-            out.rollouts += led.rollouts
-            out.continuations += led.continuations
-            out.generated_tokens += led.generated_tokens
-            out.prefill_tokens += led.prefill_tokens
-            out.env_steps += led.env_steps
-            for k, v in led.seconds.items():
-                out.seconds[k] = out.seconds.get(k, 0.0) + v
+            out.include(led)
         return out
+
+    def include(self, other: "BudgetLedger") -> None:
+        """Add ``other``'s counts and seconds to this ledger, in place."""
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for k, v in other.seconds.items():
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
 
     def __add__(self, other: "BudgetLedger") -> "BudgetLedger":
         return self.merge(other)
@@ -147,5 +177,7 @@ class BudgetLedger:
             "generated_tokens": self.generated_tokens,
             "prefill_tokens": self.prefill_tokens,
             "env_steps": self.env_steps,
+            "errors": self.errors,
+            "unspent_continuations": self.unspent_continuations,
             "seconds": dict(sorted(self.seconds.items())),
         }

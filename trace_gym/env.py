@@ -130,6 +130,22 @@ class AgentEnv(Protocol):
     def close(self) -> None: ...
 
 
+#: A zero-argument factory of fresh env instances (``gymnasium.make`` partials, classes).
+EnvFactory = Callable[[], AgentEnv]
+
+
+@runtime_checkable
+class ReferenceActions(Protocol):
+    """Optional: an env that can script a task's intended solution.
+
+    ``reference_actions(task)`` returns the actions (raw model text per turn) that play
+    ``task`` the way its author meant; :func:`check_env` plays them by default, so the
+    checks reach deep turns that random text would never reach.
+    """
+
+    def reference_actions(self, task: Task) -> Sequence[str]: ...
+
+
 class EnvCheckError(AssertionError):
     """Raised by :func:`check_env`; ``check`` names the failed check."""
 
@@ -181,7 +197,7 @@ def _diff(a: Sequence[Step], b: Sequence[Step]) -> str | None:
     return None
 
 
-def _replay_in_fresh_env(make_env: Callable[[], Any], jobs: list[tuple[bytes, list[str]]]) -> list:
+def _replay_in_fresh_env(make_env: EnvFactory, jobs: list[tuple[bytes, list[str]]]) -> list:
     """Worker body: restore each pickled snapshot into a fresh env, play its actions."""
     results = []
     env = make_env()
@@ -197,12 +213,38 @@ def _replay_in_fresh_env(make_env: Callable[[], Any], jobs: list[tuple[bytes, li
     return results
 
 
-def _cross_process(make_env: Callable[[], Any], jobs, timeout: float) -> list:
-    """Replay ``jobs`` in a fresh interpreter (``python -m trace_gym.env``), via pickle."""
+def _portable(make_env: EnvFactory) -> EnvFactory:
+    """A factory a fresh interpreter can call without any registration of its own.
+
+    ``functools.partial(gymnasium.make, "ns/Id-v0", ...)`` names an id that only this
+    process may have registered (a plugin, a test): swap the id for its ``EnvSpec``,
+    which carries the entry point string. Other factories pass through unchanged.
+    """
+    import functools
+
+    if isinstance(make_env, functools.partial) and make_env.args and isinstance(make_env.args[0], str):
+        import gymnasium
+
+        if make_env.func is gymnasium.make:
+            spec = gymnasium.spec(make_env.args[0])
+            return functools.partial(gymnasium.make, spec, *make_env.args[1:], **make_env.keywords)
+    return make_env
+
+
+def _cross_process(make_env: EnvFactory, jobs, timeout: float) -> list:
+    """Replay ``jobs`` in a fresh interpreter (``python -m trace_gym.env``), via pickle.
+
+    The worker gets this process's ``sys.path`` (so the factory's module imports there
+    too) and a :func:`_portable` factory; it imports nothing but this module.
+    """
     import subprocess
     import sys
 
-    payload = pickle.dumps((make_env, jobs), protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        factory = pickle.dumps(_portable(make_env), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise EnvCheckError("snapshot_pickle_process", f"make_env {make_env!r:.100} does not pickle: {exc}") from exc
+    payload = pickle.dumps((list(sys.path), factory, jobs), protocol=pickle.HIGHEST_PROTOCOL)
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "trace_gym.env"], input=payload, capture_output=True, timeout=timeout
@@ -215,7 +257,7 @@ def _cross_process(make_env: Callable[[], Any], jobs, timeout: float) -> list:
     return pickle.loads(proc.stdout)
 
 
-def _default_make_env(env: Any) -> Callable[[], Any] | None:
+def _default_make_env(env: Any) -> EnvFactory | None:
     spec = getattr(env, "spec", None)
     if spec is None or spec.id is None:
         return None
@@ -253,9 +295,8 @@ def _check_step_types(check: str, result: Any, where: str) -> None:
 
 def _actions_for(env: Any, task: Task, actions: Any, max_steps: int, seed: int) -> list[str]:
     if actions is None:
-        ref = getattr(env.unwrapped, "reference_actions", None)
-        if ref is not None:
-            return list(ref(task))[:max_steps]
+        if isinstance(env.unwrapped, ReferenceActions):
+            return list(env.unwrapped.reference_actions(task))[:max_steps]
         space = env.action_space
         space.seed(seed)
         return [space.sample() for _ in range(max_steps)]
@@ -270,7 +311,7 @@ def check_env(
     *,
     actions: Mapping[str, Sequence[str]] | Callable[[Task], Sequence[str]] | None = None,
     branch_actions: Sequence[str] | None = None,
-    make_env: Callable[[], Any] | None = None,
+    make_env: EnvFactory | None = None,
     max_steps: int = 12,
     seed: int = 0,
     gymnasium_checks: bool = True,
@@ -309,7 +350,8 @@ def check_env(
         env: the env to check (closed at the end).
         tasks: tasks to reset to (``options={"task": task}``).
         actions: per-task action lists (by id) or a function task -> actions; default:
-            the env's ``reference_actions(task)`` if it has one, else seeded
+            the env's ``reference_actions(task)`` if it has one
+            (:class:`ReferenceActions`), else seeded
             ``action_space.sample()`` strings.
         branch_actions: actions for the alternative branch; default: seeded samples.
         make_env: zero-argument, picklable factory for fresh instances; default from
@@ -456,9 +498,8 @@ def check_env(
 if __name__ == "__main__":  # the cross-process worker of check_env
     import sys as _sys
 
-    from trace_gym.registry import register_envs as _register_envs
-
-    _register_envs()
-    _make_env, _jobs = pickle.loads(_sys.stdin.buffer.read())
+    _path, _factory, _jobs = pickle.loads(_sys.stdin.buffer.read())
+    _sys.path[:0] = [p for p in _path if p not in _sys.path]
+    _make_env = pickle.loads(_factory)  # after sys.path: unpickling imports the factory's module
     _out = _replay_in_fresh_env(_make_env, _jobs)
     _sys.stdout.buffer.write(pickle.dumps(_out, protocol=pickle.HIGHEST_PROTOCOL))

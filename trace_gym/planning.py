@@ -1,7 +1,8 @@
 """One step's allocation decisions, as pure functions shared by every rollout driver.
 
-The simulator (:mod:`trace_gym.sim`) and the real rollout loop (``trace_gym.rollout``)
-both call these, so a strategy means the same thing in a benchmark and in training:
+The one step driver (:func:`trace_gym.driver.run_step`) calls these for the simulator
+and for real rollouts alike, so a strategy means the same thing in a benchmark and in
+training:
 
 1. ``allocate_roots(values, root_budget, allocator, rng)``: predicted prompt success
    -> m_i root rollouts per candidate (0 or >= 2), validated.
@@ -11,31 +12,26 @@ both call these, so a strategy means the same thing in a benchmark and in traini
 3. As soon as prompt i's root rollouts return:
    ``plan_expansion(tree, prefix_values, budget, allocator, rng)``: its visited prefixes
    (``tree.expansion_candidates()``), their predicted values Ṽ(H_ijt) and the observed
-   rewards r_ij -> repeat probabilities q -> k continuations per prefix, returned as
-   ``[(node_id, k), ...]`` for the driver to restore-and-continue.
+   rewards r_ij -> repeat probabilities q -> k continuations per prefix. When the
+   prompt has no visited prefix (every root rollout ended after one turn), the
+   *single-turn fallback*: a continuation from the root is a fresh rollout, so the
+   budget buys ``budget // 2`` more root rollouts at the nominal rate (two
+   continuations = one rollout), and an odd budget leaves one continuation unit
+   unspent, which the plan says (``ExpansionPlan.unspent_continuations``) and the
+   driver records in the ledger.
 
 No function here generates, steps an environment, or reads a clock.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from trace_gym.allocation import PrefixAllocator, RootAllocator, repeat_probability
+from trace_gym.allocation import PrefixAllocator, RootAllocator, probabilities_1d, repeat_probability
 from trace_gym.tree import SUCCESS_THRESHOLD, RolloutTree
-
-
-def _values_1d(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
-    arr = np.asarray(values, dtype=float)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-d, got shape {arr.shape}")
-    bad = ~np.isfinite(arr) | (arr < 0) | (arr > 1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must lie in [0, 1]; entry {i} is {float(arr[i])!r}")
-    return arr
 
 
 def _check_counts(name: str, counts: np.ndarray, n: int, budget: int) -> np.ndarray:
@@ -70,7 +66,7 @@ def allocate_roots(
     Returns:
         int64 (n_candidates,), every entry 0 or >= 2, sum <= M.
     """
-    v = _values_1d("candidate values", values)
+    v = probabilities_1d(values, "candidate values")
     if root_budget < 0 or int(root_budget) != root_budget:
         raise ValueError(f"root_budget must be an integer >= 0, got {root_budget!r}")
     if root_budget == 0 or len(v) == 0:
@@ -114,7 +110,7 @@ def continuation_budgets(root_counts: Sequence[int] | np.ndarray, continuation_b
     return out
 
 
-def repeat_probs(prefix_values: Sequence[float] | np.ndarray, observed_rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+def repeat_probabilities(prefix_values: Sequence[float] | np.ndarray, observed_rewards: Sequence[float] | np.ndarray) -> np.ndarray:
     """q = r V + (1 - r)(1 - V): chance one fresh continuation repeats the outcome.
 
     Rewards are read as outcomes: success (1) when ``reward >= SUCCESS_THRESHOLD``,
@@ -124,7 +120,7 @@ def repeat_probs(prefix_values: Sequence[float] | np.ndarray, observed_rewards: 
         prefix_values: Ṽ(H_ijt) in [0, 1], shape (n_prefixes,).
         observed_rewards: r_ij of the rollout each prefix lies on, shape (n_prefixes,).
     """
-    v = _values_1d("prefix values", prefix_values)
+    v = probabilities_1d(prefix_values, "prefix values")
     r = np.asarray(observed_rewards, dtype=float)
     if r.shape != v.shape:
         raise ValueError(f"observed_rewards shape {r.shape} != prefix_values shape {v.shape}")
@@ -144,7 +140,7 @@ def allocate_prefixes(
     Returns int64 (n_prefixes,) summing to ``budget`` (zeros when there are no
     prefixes: that budget stays unspent, and the ledger shows it).
     """
-    q = repeat_probs(prefix_values, observed_rewards)
+    q = repeat_probabilities(prefix_values, observed_rewards)
     if budget < 0 or int(budget) != budget:
         raise ValueError(f"continuation budget must be an integer >= 0, got {budget!r}")
     if len(q) == 0 or budget == 0:
@@ -155,32 +151,65 @@ def allocate_prefixes(
     return k
 
 
+@dataclass(frozen=True)
+class ExpansionPlan:
+    """What one prompt does with its continuation budget once its roots are back.
+
+    Attributes:
+        continuations: ``((node_id, k), ...)``: k >= 1 continuations from each listed
+            prefix, in candidate order.
+        extra_roots: fresh root rollouts instead (the single-turn fallback).
+        unspent_continuations: continuation units left unspent (0, or 1 when the
+            fallback meets an odd budget: half a rollout cannot be bought).
+    """
+
+    continuations: tuple[tuple[int, int], ...] = ()
+    extra_roots: int = 0
+    unspent_continuations: int = 0
+
+    @property
+    def spent_continuations(self) -> int:
+        """Continuations the plan starts."""
+        return sum(k for _, k in self.continuations)
+
+
+def single_turn_fallback(budget: int) -> ExpansionPlan:
+    """The plan for a prompt without visited prefixes: ``budget // 2`` more root
+    rollouts (a continuation from the root is a fresh rollout, and two continuations
+    cost one rollout); an odd budget leaves one continuation unit unspent."""
+    if budget < 0 or int(budget) != budget:
+        raise ValueError(f"continuation budget must be an integer >= 0, got {budget!r}")
+    return ExpansionPlan(extra_roots=int(budget) // 2, unspent_continuations=int(budget) % 2)
+
+
 def plan_expansion(
     tree: RolloutTree,
     prefix_values: Sequence[float] | np.ndarray,
     budget: int,
     allocator: PrefixAllocator,
     rng: np.random.Generator,
-) -> list[tuple[int, int]]:
+) -> ExpansionPlan:
     """Where one prompt's continuations go, once its root rollouts have finished.
 
     Args:
         tree: the prompt's tree with its root rollouts finished.
         prefix_values: predicted Ṽ for each node of ``tree.expansion_candidates()``,
-            in that order.
+            in that order (empty when there is none).
         budget: this prompt's continuation budget.
         allocator: any ``PrefixAllocator``.
         rng: randomness for stochastic allocators.
 
     Returns:
-        ``[(node_id, k), ...]`` for every prefix that gets k >= 1 continuations, in
-        candidate order.
+        An :class:`ExpansionPlan`: continuations from the prefixes, or, when the tree
+        has no visited prefix, :func:`single_turn_fallback`.
     """
     cands = tree.expansion_candidates()
     if len(prefix_values) != len(cands):
         raise ValueError(
             f"got {len(prefix_values)} prefix values for {len(cands)} expansion candidates"
         )
+    if not cands:
+        return single_turn_fallback(budget)
     rewards = [r for _, r in cands]
     k = allocate_prefixes(prefix_values, rewards, budget, allocator, rng)
-    return [(node_id, int(kk)) for (node_id, _), kk in zip(cands, k) if kk > 0]
+    return ExpansionPlan(tuple((node_id, int(kk)) for (node_id, _), kk in zip(cands, k) if kk > 0))

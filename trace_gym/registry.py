@@ -1,24 +1,44 @@
-"""The face's name tables: every built-in env id, and third-party env plugins.
+"""The face's name tables: built-in env ids, env families, and plugins.
 
-This module (with ``cli.py``) is the only place that names things outside the core.
-Entry points are strings, so registering imports nothing heavy: an env's module is
-imported by ``gymnasium.make`` on first use.
+This module (with ``cli.py`` and ``strategies.py``) is the only place that names things
+outside the core. Entry points are strings, so registering imports nothing heavy: an
+env's module is imported by ``gymnasium.make`` on first use.
 
-Third-party packages add envs through the entry-point group ``trace_gym.envs``: each
-entry point names either a ``gymnasium.Env`` subclass (registered as
-``trace_gym/<entry point name>``) or a zero-argument function that registers its own
-ids. See ``docs/adding-an-environment.md``.
+Plugins (see ``docs/adding-an-environment.md`` and ``docs/strategies.md``) arrive one way,
+:func:`load_plugins`, from three sources:
+
+- the entry-point group ``trace_gym.envs``: a name shaped like an env id
+  (``ArithChain-v0``) names a ``gymnasium.Env`` class, registered as
+  ``trace_gym/<name>`` by string *at* ``import trace_gym`` (nothing of the plugin is
+  imported until the env is made); any other name names a zero-argument function that
+  registers its own ids, called when plugins load;
+- the group ``trace_gym.tasks``: ``<env id or name> = "pkg.module:load_tasks"``, a task
+  loader ``load_tasks(n, seed=0, **kwargs) -> list[Task]`` (an env class may instead
+  carry a ``load_tasks`` classmethod);
+- the group ``trace_gym.strategies``: ``<name> = "pkg.module:OBJECT"``, a ``Strategy``, or
+  a zero-argument function returning one or a ``{name: Strategy}`` dict;
+- ``--plugin MODULE`` (config key ``plugins``): a module that is not installed; importing
+  it runs its own registration calls (``trace_gym.api.register_env`` /
+  ``register_strategy``).
+
+A plugin that fails to load is reported in one line naming it; the built-ins still work.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import re
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 NAMESPACE = "trace_gym"
 ENTRY_POINT_GROUP = "trace_gym.envs"
+TASKS_GROUP = "trace_gym.tasks"
+STRATEGIES_GROUP = "trace_gym.strategies"
+#: an entry-point name of this shape names an Env class (registered lazily by string)
+ENV_ID_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*-v\d+$")
 
 #: Built-in env ids -> entry point ("module:Class"). One explicit table.
 BUILTIN_ENVS: dict[str, str] = {
@@ -33,25 +53,27 @@ class EnvFamily:
 
     Attributes:
         env_id: the registered Gymnasium id (``trace_gym/...``).
-        task_loader: ``"module:function"``, called as ``loader(n, seed=seed, **loader_kwargs)``
-            and returning ``list[Task]``; imported only when tasks are loaded.
+        task_loader: ``"module:function"`` (imported only when tasks are loaded) or a
+            callable, called as ``loader(n, seed=seed, **loader_kwargs)`` and returning
+            ``list[Task]``.
         loader_kwargs: extra keyword arguments of the task loader.
         env_kwargs: keyword arguments of ``gymnasium.make``.
         description: one line for ``trace-gym envs``.
     """
 
     env_id: str
-    task_loader: str
+    task_loader: str | Callable[..., list]
     loader_kwargs: Mapping[str, Any] = field(default_factory=dict)
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
 
     def load_tasks(self, n: int, seed: int = 0) -> list:
         """``n`` tasks from the family's loader."""
-        import importlib
-
-        module, _, function = self.task_loader.partition(":")
-        return getattr(importlib.import_module(module), function)(n, seed=seed, **dict(self.loader_kwargs))
+        loader = _load_object(self.task_loader) if isinstance(self.task_loader, str) else self.task_loader
+        tasks = list(loader(n, seed=seed, **dict(self.loader_kwargs)))
+        if not tasks:
+            raise ValueError(f"the task loader of {self.env_id} returned no tasks for n={n}, seed={seed}")
+        return tasks
 
     def make_env(self) -> Any:
         """A fresh env instance (``Callable[[], AgentEnv]``); the id is registered first."""
@@ -80,62 +102,141 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
 }
 
 _log = logging.getLogger(__name__)
-_registered = False  # plugins of the entry-point group loaded
+_plugins_loaded = False
+#: task loaders registered in code (``trace_gym.api.register_env``): env id -> loader
+TASK_LOADERS: dict[str, str | Callable[..., list]] = {}
+#: what the last :func:`load_plugins` found: source -> error, for plugins that failed
+PLUGIN_ERRORS: dict[str, str] = {}
+
+
+def _load_object(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    return obj
 
 
 def register_envs(*, plugins: bool = True) -> list[str]:
-    """Register built-in ids (and plugins) with Gymnasium; idempotent. Returns new ids."""
-    global _registered
+    """Register built-in ids and the id-named env plugins (by string, nothing imported);
+    with ``plugins`` also run every other plugin (:func:`load_plugins`). Idempotent.
+    Returns the ids added by this call."""
     import gymnasium
     from gymnasium.envs.registration import registry
 
     added: list[str] = []
-    for name, entry_point in BUILTIN_ENVS.items():
-        env_id = f"{NAMESPACE}/{name}"
+    lazy = {f"{NAMESPACE}/{name}": ep for name, ep in BUILTIN_ENVS.items()}
+    lazy |= {f"{NAMESPACE}/{ep.name}": ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)
+             if ENV_ID_NAME.match(ep.name)}
+    for env_id, entry_point in lazy.items():
         if env_id not in registry:
             gymnasium.register(id=env_id, entry_point=entry_point)
             added.append(env_id)
-    if plugins and not _registered:
-        added.extend(_load_plugins())
-        _registered = True  # set only once plugins were actually loaded
+    if plugins:
+        added += load_plugins()
     return added
 
 
-def _load_plugins() -> list[str]:
-    import gymnasium
+def _report(source: str, exc: BaseException) -> None:
+    PLUGIN_ERRORS[source] = f"{type(exc).__name__}: {exc}"
+    _log.warning("trace_gym plugin %s failed to load (%s: %s); the built-ins still work", source,
+                 type(exc).__name__, exc)
+
+
+def load_plugins(modules: Sequence[str] = ()) -> list[str]:
+    """Load every plugin once: registration functions of ``trace_gym.envs``, strategies of
+    ``trace_gym.strategies``, and the given modules (``--plugin``; imported every call
+    that names them, which is a no-op after the first).
+
+    Returns the env ids the plugins added. Failures are logged in one line each and kept
+    in :data:`PLUGIN_ERRORS`; they never stop the built-ins.
+    """
+    global _plugins_loaded
     from gymnasium.envs.registration import registry
 
-    added: list[str] = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    before = set(registry)
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ENV_ID_NAME.match(ep.name):
+                continue  # registered by string in register_envs
+            try:
+                target = ep.load()
+                if not callable(target):
+                    raise TypeError(f"{ep.value} is not a registration function")
+                target()
+            except Exception as exc:  # a broken plugin must not break the core; say so
+                _report(f"{ENTRY_POINT_GROUP}:{ep.name} ({ep.value})", exc)
+        from trace_gym.strategies import register_strategy
+
+        for ep in entry_points(group=STRATEGIES_GROUP):
+            try:
+                target = ep.load()
+                made = target() if callable(target) and not hasattr(target, "root_allocator") else target
+                for name, strategy in (made.items() if isinstance(made, Mapping) else [(ep.name, made)]):
+                    register_strategy(name, strategy)
+            except Exception as exc:
+                _report(f"{STRATEGIES_GROUP}:{ep.name} ({ep.value})", exc)
+    for module in modules:
         try:
-            target = ep.load()
-        except Exception as exc:  # a broken plugin must not break the core; say so loudly
-            _log.warning("trace_gym env plugin %r failed to load: %s", ep.value, exc)
-            continue
-        if isinstance(target, type) and issubclass(target, gymnasium.Env):
-            env_id = f"{NAMESPACE}/{ep.name}"
-            if env_id not in registry:
-                gymnasium.register(id=env_id, entry_point=ep.value)
-                added.append(env_id)
-        elif callable(target):
-            before = set(registry)
-            target()
-            added.extend(sorted(set(registry) - before))
-        else:
-            _log.warning("trace_gym env plugin %r is neither an Env class nor a function", ep.value)
-    return added
+            importlib.import_module(module)
+        except Exception as exc:
+            _report(f"--plugin {module}", exc)
+            raise ValueError(f"--plugin {module}: cannot import it ({type(exc).__name__}: {exc})") from None
+    return sorted(set(registry) - before)
 
 
 def env_ids() -> list[str]:
-    """All ids registered under the ``trace_gym/`` namespace."""
+    """All ids registered under the ``trace_gym/`` namespace (plugins loaded)."""
     from gymnasium.envs.registration import registry
 
     register_envs()
     return sorted(k for k in registry if k.startswith(NAMESPACE + "/"))
 
 
+def _task_loader_for(env_id: str) -> Callable[..., list] | str:
+    """An env's task loader: one registered in code (:data:`TASK_LOADERS`), else a
+    ``trace_gym.tasks`` entry point named by its id (or short name), else a
+    ``load_tasks`` classmethod on its env class."""
+    from gymnasium.envs.registration import registry
+
+    if env_id in TASK_LOADERS:
+        return TASK_LOADERS[env_id]
+    short = env_id.split("/", 1)[-1]
+    for ep in entry_points(group=TASKS_GROUP):
+        if ep.name in (env_id, short):
+            return ep.value
+    spec = registry[env_id]
+    cls = spec.entry_point if callable(spec.entry_point) else _load_object(spec.entry_point)
+    loader = getattr(cls, "load_tasks", None)
+    if loader is None:
+        raise ValueError(f"env {env_id} declares no task loader: give its class a classmethod "
+                         f"load_tasks(n, seed=0, **kwargs) -> list[Task], or add a '{TASKS_GROUP}' entry point "
+                         f"named {short!r}")
+    return loader
+
+
+def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
+                task_kwargs: Mapping[str, Any] | None = None) -> EnvFamily:
+    """The env a command names: a family short name (:data:`ENV_FAMILIES`) or any
+    registered id (``trace_gym/ArithChain-v0``, ``ArithChain-v0``, ``my_ns/Env-v1``),
+    with extra env and task-loader keyword arguments on top."""
+    from gymnasium.envs.registration import registry
+
+    env_kwargs, task_kwargs = dict(env_kwargs or {}), dict(task_kwargs or {})
+    if name in ENV_FAMILIES:
+        fam = ENV_FAMILIES[name]
+        return EnvFamily(fam.env_id, fam.task_loader, {**fam.loader_kwargs, **task_kwargs},
+                         {**fam.env_kwargs, **env_kwargs}, fam.description)
+    register_envs()
+    env_id = name if name in registry else f"{NAMESPACE}/{name}"
+    if env_id not in registry:
+        ids = sorted(k for k in registry if k.startswith(NAMESPACE + "/"))
+        raise ValueError(f"unknown env {name!r}: not an env family ({sorted(ENV_FAMILIES)}) nor a registered id "
+                         f"({ids}); plugins load from installed entry points or --plugin MODULE")
+    return EnvFamily(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs)
+
+
 def env_family(name: str) -> EnvFamily:
-    """The :class:`EnvFamily` registered under the short ``name``."""
-    if name not in ENV_FAMILIES:
-        raise ValueError(f"unknown env family {name!r}; known: {sorted(ENV_FAMILIES)}")
-    return ENV_FAMILIES[name]
+    """The :class:`EnvFamily` a short family name or an env id names (see :func:`resolve_env`)."""
+    return resolve_env(name)

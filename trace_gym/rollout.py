@@ -1,34 +1,34 @@
-"""Tree rollouts: roots where the strategy says, then per-prompt prefix expansion.
+"""Tree rollouts on real episodes: the agent loop as a branch runner of the step driver.
 
-One call to :func:`collect` is the rollout half of a training step (trace-method.md,
-"One training step", steps 1-3):
+One call to :func:`collect` is the rollout half of a training step: it runs the one
+step driver (:func:`trace_gym.driver.run_step`) with an :class:`AgentBranchRunner`,
+which turns the driver's requests (root rollouts of a prompt, k continuations from a
+tree node) into agent episodes (:class:`~trace_gym.agent.AgentRunner`) and appends
+every finished episode to its prompt's tree. Every allocation decision (roots, the
+per-prompt continuation budget, where continuations go, the single-turn fallback)
+is the driver's and :mod:`trace_gym.planning`'s, the same as in the simulator.
 
-1. score the candidate pool with the predictor (``predictor_scoring`` phase);
-2. allocate root rollouts with the strategy's root allocator (:mod:`trace_gym.planning`);
-3. run all root rollouts batched together; *as soon as one prompt's roots have all
-   finished*, score its visited prefixes, allocate its continuation budget with the
-   prefix allocator, restore the snapshots into fresh envs and continue from the
-   cached token prefix; those continuations join the running batch at once. A prompt
-   whose roots all ended after a single turn has no prefix to continue from; its
-   continuation budget becomes ``budget // 2`` more root rollouts (a continuation from
-   the root *is* a fresh rollout), so every strategy spends the same nominal budget.
+Each call gets its own :class:`~trace_gym.budget.BudgetLedger` (``RolloutBatch.ledger``).
+An env that raises ends only its own episode: that episode is a truncated failure leaf
+(``info["env_error"]`` on its last node; or no leaf when reset/restore failed), and the
+error is in ``RolloutBatch.errors`` and counted in ``ledger.errors``.
 
-Trees, the ledger (nominal and exact costs) and the predictor's view of every anchor
-come back in a :class:`RolloutBatch`. :func:`predictor_samples` turns finished trees
-into the predictor's regression set (recursive-mean targets).
+:func:`predictor_samples` turns finished trees into the predictor's regression set.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 
 from trace_gym.agent import AgentRunner, Episode
 from trace_gym.budget import BudgetLedger
-from trace_gym.planning import allocate_roots, continuation_budgets, plan_expansion
+from trace_gym.driver import BranchResult, run_step
+from trace_gym.planning import ExpansionPlan
 from trace_gym.predictor import Context, SuccessPredictor
+from trace_gym.strategy import Strategy
 from trace_gym.tree import ROOT, RolloutTree
 from trace_gym.types import Task
 
@@ -52,15 +52,101 @@ def node_context(tree: RolloutTree, node_id: int, prompt: str) -> Context:
     return Context(prompt, history_text(tree, node_id), tree.nodes[node_id].depth)
 
 
-@dataclass
-class _PromptState:
-    task: Task
-    roots_left: int
-    continuation_budget: int
-    seed: int = 0
-    tree: RolloutTree | None = None
-    # tree node id -> (episode that produced it, number of that episode's turns up to it)
-    origin: dict[int, tuple[Episode, int]] = field(default_factory=dict)
+class AgentBranchRunner:
+    """The :class:`~trace_gym.driver.BranchRunner` of real rollouts (one per step).
+
+    Root rollout j of the tree keyed ``i`` resets its env with seed
+    ``seed + 1000 i + j`` (j counts on through fallback roots). Episodes carry the
+    explicit anchor ``(i, node id)``, so continuations from one node are generated as
+    one request with ``n = k``.
+
+    Attributes:
+        truncations: count per truncation reason over this runner's episodes.
+    """
+
+    def __init__(self, agent: AgentRunner, seed: int = 0):
+        self.agent = agent
+        self.seed = seed
+        self.truncations: dict[str, int] = {}
+        self._tasks: dict[Hashable, Task] = {}
+        self._trees: dict[Hashable, RolloutTree] = {}
+        self._roots_started: dict[Hashable, int] = {}
+        self._origin: dict[tuple[Hashable, int], tuple[Episode, int]] = {}  # node -> (episode, turns up to it)
+        self._live: set[int] = set()
+
+    def prompt_context(self, candidate: Task) -> Context:
+        return Context(candidate.prompt)
+
+    def node_context(self, key: Hashable, node_id: int) -> Context:
+        return node_context(self._trees[key], node_id, self._tasks[key].prompt)
+
+    def new_tree(self, key: Hashable, candidate: Task) -> RolloutTree:
+        self._tasks[key] = candidate
+        self._trees[key] = RolloutTree(candidate.id, text=candidate.prompt)
+        self._roots_started[key] = 0
+        return self._trees[key]
+
+    def start_roots(self, key: int, count: int, ledger: BudgetLedger) -> None:
+        j0 = self._roots_started[key]
+        self._roots_started[key] += count
+        jobs = [(self._tasks[key], self.seed + 1000 * int(key) + j0 + j) for j in range(count)]
+        self._track(self.agent.start_many(jobs, anchor=(key, ROOT), ledger=ledger))
+
+    def start_continuations(self, key: Hashable, node_id: int, count: int, ledger: BudgetLedger) -> None:
+        episode, turns = self._origin[(key, node_id)]
+        self._track(self.agent.branch(episode, turns, count, anchor=(key, node_id), ledger=ledger))
+
+    def _track(self, episodes: list[Episode]) -> None:
+        self._live.update(ep.uid for ep in episodes)
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    def advance(self, ledger: BudgetLedger) -> list[BranchResult]:
+        out = []
+        for ep in self.agent.advance():
+            if ep.uid not in self._live:
+                continue  # not this step's (the agent runner was shared)
+            self._live.discard(ep.uid)
+            key, anchor = ep.anchor
+            for turn in ep.own_turns:
+                if turn.truncation:
+                    self.truncations[turn.truncation] = self.truncations.get(turn.truncation, 0) + 1
+            leaf = self._append(key, ep, anchor) if ep.own_turns else None
+            out.append(BranchResult(key, anchor, leaf, ep.error))
+        return out
+
+    def cancel(self) -> None:
+        self.agent.cancel()
+        self._live.clear()
+
+    def _append(self, key: Hashable, ep: Episode, anchor: int) -> int:
+        """Append the episode's own turns below ``anchor``; returns its leaf."""
+        tree = self._trees[key]
+        if not tree.root.observation_token_ids:
+            tree.root.observation_token_ids = ep.prompt_ids
+        branch = tree.start_branch(anchor)
+        node = anchor
+        inherited = len(ep.turns) - len(ep.own_turns)
+        own = ep.own_turns
+        for n, turn in enumerate(own):
+            last = n == len(own) - 1
+            info: dict[str, Any] = {"observation": [m.to_dict() for m in turn.obs_messages],
+                                    "finish_reason": turn.finish_reason}
+            if turn.truncation:
+                info["truncation"] = turn.truncation
+            if turn.cached_tokens is not None:
+                info["cached_tokens"] = turn.cached_tokens
+            if "env_error" in turn.info:
+                info["env_error"] = turn.info["env_error"]
+            node = tree.add_turn(
+                node, branch=branch, policy_token_ids=turn.action_ids, observation_token_ids=turn.obs_ids,
+                logprobs=turn.action_logprobs, text=turn.action_text, snapshot=turn.snapshot,
+                reward=ep.reward if last else None, terminal=last, info=info,
+            )
+            self._origin[(key, node)] = (ep, inherited + n + 1)
+        return node
 
 
 @dataclass
@@ -70,12 +156,22 @@ class RolloutBatch:
     Attributes:
         tasks: the candidate pool, in order.
         values: predicted success per candidate, shape (n_candidates,).
-        root_counts: m_i root rollouts per candidate.
+        root_counts: m_i root rollouts allocated per candidate (fallback roots not
+            included; they are in ``plans`` and the ledger).
         continuation_budgets: continuations allotted per candidate.
-        trees: one finished tree per chosen candidate (in candidate order).
+        trees: one tree per chosen candidate (m_i > 0), in candidate order. Nodes carry
+            ``policy_token_ids`` (loss mask 1), ``observation_token_ids`` (mask 0),
+            ``logprobs`` and, at leaves, ``reward``; ``RolloutTree.path_tokens(leaf)``
+            gives a trainer one episode's ids, loss mask and logprobs. A tree whose
+            root rollouts all failed to start has no leaves.
         prefix_predictions: ``(tree index, node id, predicted value)`` for every prefix
             scored during expansion.
-        ledger: nominal and exact costs of this batch.
+        ledger: nominal and exact costs of this batch (its own, never shared).
+        plans: ``(candidate index, ExpansionPlan)`` for each prompt that expanded.
+        errors: ``{"candidate", "task_id", "anchor", "leaf", "error"}`` per episode that
+            ended on an error.
+        truncations: count per truncation reason (``turn_tokens``, ``episode_tokens``,
+            ``max_turns``, ``env_error``).
     """
 
     tasks: list[Task]
@@ -85,11 +181,14 @@ class RolloutBatch:
     trees: list[RolloutTree]
     prefix_predictions: list[tuple[int, int, float]]
     ledger: BudgetLedger
+    plans: list[tuple[int, ExpansionPlan]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    truncations: dict[str, int] = field(default_factory=dict)
 
 
 def collect(
     tasks: Sequence[Task],
-    strategy: Any,
+    strategy: Strategy,
     predictor: SuccessPredictor,
     runner: AgentRunner,
     nominal_budget: float,
@@ -101,103 +200,21 @@ def collect(
 
     Args:
         tasks: candidate pool.
-        strategy: a :class:`~trace_gym.strategies.Strategy` (root allocator, prefix
-            allocator, ``budget_split``).
-        predictor: scores prompts and prefixes.
-        runner: the agent loop (engine + env factory); its ledger receives exact costs.
+        strategy: a :class:`~trace_gym.strategy.Strategy`.
+        predictor: scores prompts (``Context(prompt)``) and prefixes (:func:`node_context`).
+        runner: the agent loop (engine + env factory). It keeps no ledger of this call.
         nominal_budget: B; the strategy spends M roots + C continuations with
             M + C / 2 <= B.
         rng: randomness for stochastic allocators.
         seed: base env seed; root rollout j of candidate i resets with
             ``seed + 1000 * i + j``.
     """
-    ledger = runner.ledger
-    roots, continuations = strategy.budget_split(nominal_budget)
-    with ledger.phase("predictor_scoring"):
-        values = np.asarray(predictor.predict([Context(t.prompt) for t in tasks]), dtype=float)
-    with ledger.phase("allocation"):
-        m = allocate_roots(values, roots, strategy.root_allocator, rng)
-        c = continuation_budgets(m, continuations) if strategy.expands else np.zeros(len(tasks), np.int64)
-    states = {i: _PromptState(tasks[i], int(m[i]), int(c[i]), seed) for i in np.flatnonzero(m)}
-    prefix_predictions: list[tuple[int, int, float]] = []
-    order = {i: k for k, i in enumerate(states)}
-
-    episodes = []
-    try:
-        for i, st in states.items():
-            for j in range(st.roots_left):
-                episodes.append(runner.start(st.task, seed=seed + 1000 * int(i) + j, group=(i, ROOT)))
-    except BaseException:
-        for ep in episodes:  # a later start failed (e.g. a prompt over the token limit)
-            ep.env.close()
-        raise
-    ledger.add_rollouts(len(episodes))
-
-    def on_finish(ep: Episode) -> list[Episode]:
-        i, anchor = ep.group
-        st = states[i]
-        if st.tree is None:
-            st.tree = RolloutTree(st.task.id, ep.prompt_ids, text=st.task.prompt)
-        _append_episode(st, ep, anchor)
-        if anchor != ROOT:
-            return []
-        st.roots_left -= 1
-        if st.roots_left or not st.continuation_budget:
-            return []
-        return _expand(st, order[i], i, strategy, predictor, runner, rng, prefix_predictions)
-
-    runner.run(episodes, on_finish)
-    trees = [states[i].tree for i in states]
-    return RolloutBatch(list(tasks), values, m, c, trees, prefix_predictions, ledger)
-
-
-def _append_episode(st: _PromptState, ep: Episode, anchor: int) -> None:
-    tree = st.tree
-    branch = tree.start_branch(anchor)
-    parent = anchor
-    inherited = len(ep.turns) - len(ep.own_turns)
-    own = ep.own_turns
-    for n, turn in enumerate(own):
-        last = n == len(own) - 1
-        info = {"observation": [m.to_dict() for m in turn.obs_messages], "finish_reason": turn.finish_reason}
-        if turn.truncation:
-            info["truncation"] = turn.truncation
-        if turn.cached_tokens is not None:
-            info["cached_tokens"] = turn.cached_tokens
-        parent = tree.add_turn(
-            parent, branch=branch, policy_token_ids=turn.action_ids, observation_token_ids=turn.obs_ids,
-            logprobs=turn.action_logprobs, text=turn.action_text, snapshot=turn.snapshot,
-            reward=ep.reward if last else None, terminal=last, info=info,
-        )
-        st.origin[parent] = (ep, inherited + n + 1)
-
-
-def _expand(st: _PromptState, tree_index: int, i: int, strategy: Any, predictor: SuccessPredictor,
-            runner: AgentRunner, rng: np.random.Generator, log: list) -> list[Episode]:
-    tree, ledger = st.tree, runner.ledger
-    candidates = tree.expansion_candidates()
-    if not candidates:
-        # Every root rollout ended after one turn: there is no saved prefix to continue
-        # from. A "continuation from the root" is a fresh rollout, so the budget flows
-        # back to this prompt as root rollouts at the nominal rate (2 continuations = 1).
-        extra = st.continuation_budget // 2
-        st.continuation_budget = 0
-        st.roots_left = extra
-        base = 1000 * int(i) + len(tree.branches)
-        new = [runner.start(st.task, seed=st.seed + base + j, group=(i, ROOT)) for j in range(extra)]
-        ledger.add_rollouts(len(new))
-        return new
-    with ledger.phase("predictor_scoring"):
-        values = np.asarray(predictor.predict([node_context(tree, n, st.task.prompt) for n, _ in candidates]))
-    log.extend((tree_index, n, float(v)) for (n, _), v in zip(candidates, values))
-    with ledger.phase("allocation"):
-        plan = plan_expansion(tree, values, st.continuation_budget, strategy.prefix_allocator, rng)
-    new: list[Episode] = []
-    for node_id, k in plan:
-        ep, turns = st.origin[node_id]
-        new.extend(runner.branch(ep, turns, k, group=(i, node_id)))
-    ledger.add_continuations(len(new))
-    return new
+    tasks = list(tasks)
+    branches = AgentBranchRunner(runner, seed)
+    step = run_step(tasks, strategy, predictor, branches, nominal_budget, rng)
+    errors = [e | {"task_id": tasks[e["candidate"]].id} for e in step.errors]
+    return RolloutBatch(tasks, step.values, step.root_counts, step.continuation_budgets, step.trees,
+                        step.prefix_predictions, step.ledger, step.plans, errors, dict(branches.truncations))
 
 
 def predictor_samples(

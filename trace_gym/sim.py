@@ -33,14 +33,16 @@ of a root rollout and, for a continuation, its whole replayed context (no prefix
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Literal, Sequence
 
 import numpy as np
 
 from trace_gym.budget import BudgetLedger
-from trace_gym.planning import allocate_roots, continuation_budgets, plan_expansion
-from trace_gym.tree import ROOT, RolloutTree
+from trace_gym.driver import BranchResult, run_step as drive_step
+from trace_gym.predictor import SuccessPredictor
+from trace_gym.strategy import Strategy
+from trace_gym.tree import ROOT, TARGET_ESTIMATORS, RolloutTree
 
 _EPS = 1e-12
 
@@ -206,8 +208,9 @@ def simulate_branches(
     From the root a rollout is a full rollout; from a deeper node a continuation
     (restore the node's state, resample the future). All branches are simulated in
     lockstep (vectorised over branches, turn by turn) and then appended to the tree one
-    branch at a time, in ``anchors`` order. Records rollouts / continuations, tokens and
-    env steps in ``ledger``. Returns the leaf id of each branch.
+    branch at a time, in ``anchors`` order. Records the exact units (generated and
+    prefill tokens, env steps) in ``ledger``; the nominal ones (rollouts,
+    continuations) are the step driver's. Returns the leaf id of each branch.
     """
     count = len(anchors)
     if count == 0:
@@ -245,8 +248,6 @@ def simulate_branches(
 
     is_root = np.array([a == ROOT for a in anchors])
     n_roots = int(is_root.sum())
-    ledger.add_rollouts(n_roots)
-    ledger.add_continuations(count - n_roots)
     ledger.add_tokens(
         generated=int(gen.sum()),
         prefill=int(obs.sum()) + n_roots * world.prompt_tokens
@@ -275,58 +276,169 @@ def simulate_branches(
     return leaves
 
 
+# ---------------------------------------------------------------------- the branch runner
+@dataclass
+class SimBranchRunner:
+    """The simulator as a :class:`~trace_gym.driver.BranchRunner`.
+
+    Candidates are task indices into ``pool``; the predictor reads :class:`SimState`
+    snapshots. Requested branches wait until :meth:`advance`, which simulates all of
+    them (per tree, in request order, vectorised) in the ``simulation`` phase.
+    """
+
+    pool: TaskPool
+    world: SimWorld
+    rng: np.random.Generator
+    _trees: dict[Hashable, RolloutTree] = field(default_factory=dict, init=False, repr=False)
+    _pending: dict[Hashable, list[int]] = field(default_factory=dict, init=False, repr=False)
+
+    def prompt_context(self, candidate: Any) -> SimState:
+        return root_state(self.pool, int(candidate), self.world)
+
+    def node_context(self, key: Hashable, node_id: int) -> SimState:
+        return self._trees[key].nodes[node_id].snapshot
+
+    def new_tree(self, key: Hashable, candidate: Any) -> RolloutTree:
+        tree = RolloutTree(task_id=f"sim/{int(candidate)}", snapshot=self.prompt_context(candidate))
+        self._trees[key] = tree
+        return tree
+
+    def start_roots(self, key: Hashable, count: int, ledger: BudgetLedger) -> None:
+        self._pending.setdefault(key, []).extend([ROOT] * count)
+
+    def start_continuations(self, key: Hashable, node_id: int, count: int, ledger: BudgetLedger) -> None:
+        self._pending.setdefault(key, []).extend([node_id] * count)
+
+    @property
+    def live(self) -> int:
+        return sum(len(anchors) for anchors in self._pending.values())
+
+    def advance(self, ledger: BudgetLedger) -> list[BranchResult]:
+        pending, self._pending = self._pending, {}
+        out: list[BranchResult] = []
+        with ledger.phase("simulation"):
+            for key, anchors in pending.items():
+                leaves = simulate_branches(self._trees[key], anchors, self.pool, self.world, self.rng, ledger)
+                out.extend(BranchResult(key, anchor, leaf) for anchor, leaf in zip(anchors, leaves))
+        return out
+
+    def cancel(self) -> None:
+        self._pending.clear()
+
+
 # ---------------------------------------------------------------------- one step
 def run_step(
     pool: TaskPool,
     candidates: np.ndarray,
-    strategy,
-    predictor: SimPredictor,
+    strategy: Strategy,
+    predictor: SuccessPredictor,
     nominal_budget: float,
     world: SimWorld,
     rng: np.random.Generator,
     ledger: BudgetLedger,
 ) -> tuple[list[RolloutTree], np.ndarray, np.ndarray]:
-    """One allocation step over a candidate pool, with any strategy object.
+    """One allocation step over a candidate pool: the step driver
+    (:func:`trace_gym.driver.run_step`) with a :class:`SimBranchRunner`.
 
-    ``strategy`` needs ``budget_split(nominal_budget) -> (M, C)``, ``root_allocator``,
-    ``prefix_allocator`` (or None) and ``expands`` (``trace_gym.strategies.Strategy``).
-    Follows the method page: score candidates, solve the root allocation, run each
-    chosen prompt's roots, then at once score its visited prefixes and spend its
-    proportional continuation budget. Returns (trees of the chosen prompts, the
-    predicted candidate values, m per candidate).
+    ``rng`` drives both the allocation and the simulation; the step's costs are added
+    to ``ledger``. Returns (trees of the chosen prompts, the predicted candidate
+    values, m per candidate).
     """
-    roots = [root_state(pool, t, world) for t in candidates]
-    with ledger.phase("predictor_scoring"):
-        values = predictor.predict(roots)
-    root_budget, cont_budget = strategy.budget_split(nominal_budget)
-    with ledger.phase("allocation"):
-        m = allocate_roots(values, root_budget, strategy.root_allocator, rng)
-        c = continuation_budgets(m, cont_budget) if strategy.expands else np.zeros_like(m)
-    trees = []
-    for i in np.flatnonzero(m):
-        tree = RolloutTree(task_id=f"sim/{int(candidates[i])}", snapshot=roots[i])
-        with ledger.phase("simulation"):
-            simulate_branches(tree, [ROOT] * int(m[i]), pool, world, rng, ledger)
-        if c[i] > 0:
-            prefixes = [tree.nodes[node_id].snapshot for node_id, _ in tree.expansion_candidates()]
-            with ledger.phase("predictor_scoring"):
-                pv = predictor.predict(prefixes) if prefixes else np.zeros(0)
-            with ledger.phase("allocation"):
-                plan = plan_expansion(tree, pv, int(c[i]), strategy.prefix_allocator, rng)
-            with ledger.phase("simulation"):
-                simulate_branches(tree, [n for n, k in plan for _ in range(k)], pool, world, rng, ledger)
-        trees.append(tree)
-    return trees, values, m
+    step = drive_step([int(t) for t in candidates], strategy, predictor, SimBranchRunner(pool, world, rng),
+                      nominal_budget, rng)
+    ledger.include(step.ledger)
+    return step.trees, step.values, step.root_counts
 
 
-def training_examples(trees: Sequence[RolloutTree]) -> tuple[list[SimState], np.ndarray]:
-    """(states, recursive-mean targets) of every non-leaf node: the predictor's batch."""
+def training_examples(
+    trees: Sequence[RolloutTree], estimator: Literal["recursive", "fresh"] = "recursive",
+) -> tuple[list[SimState], np.ndarray]:
+    """(states, targets) of every non-leaf node: the predictor's batch.
+
+    ``estimator`` picks the target (``RolloutTree.targets``): the recursive mean, or the
+    mean over fresh continuations at expanded nodes.
+    """
     states: list[SimState] = []
     targets: list[float] = []
     for tree in trees:
-        for node_id, target in tree.targets().items():
+        for node_id, target in tree.targets(estimator).items():
             node = tree.nodes[node_id]
             if not node.terminal:
                 states.append(node.snapshot)
                 targets.append(target)
     return states, np.asarray(targets, dtype=float)
+
+
+# ---------------------------------------------------------------------- target estimators
+def _expanded_nodes(tree: RolloutTree) -> dict[int, float]:
+    """Expanded node id -> the observed reward of the root rollout whose prefix it is."""
+    out: dict[int, float] = {}
+    for b in tree.branches:
+        if b.is_continuation and b.anchor not in out:
+            trigger_leaf = tree.branch_leaf(tree.nodes[b.anchor].branch)
+            out[b.anchor] = float(tree.nodes[trigger_leaf].reward)
+    return out
+
+
+def target_error_study(
+    strategy: Strategy,
+    predictor: SuccessPredictor | None = None,
+    world: SimWorld = SimWorld(),
+    *,
+    pool_size: int = 2000,
+    candidates: int = 256,
+    nominal_budget: float = 512,
+    steps: int = 3,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Which predictor target is closer to the true V: recursive mean or fresh continuations.
+
+    Runs ``steps`` simulated steps of ``strategy`` (default predictor: the oracle, so
+    expansion follows the method exactly) and compares each estimator's target with
+    the true value V (``SimState.value``) of the same node, in three groups: ``prompt``
+    (depth 0), ``prefix`` (every inner node at depth >= 1) and ``expanded`` (the
+    prefixes that received continuations, where the two estimators differ most).
+
+    Returns ``{group: {estimator: {"n", "bias", "rmse", "bias_toward_observed"},
+    "lower_error": estimator}}``: ``bias`` is the mean of target - V, ``rmse`` its root
+    mean square, ``bias_toward_observed`` (expanded group only) the mean of
+    (target - V) signed toward the outcome that triggered the expansion (> 0: the
+    target leans toward the observed outcome), and ``lower_error`` the estimator with
+    the lower rmse.
+    """
+    if predictor is None:
+        from trace_gym.sim_predictors import OraclePredictor
+
+        predictor = OraclePredictor()
+    rng = np.random.default_rng([seed, 9])
+    pool = make_pool(world, pool_size, rng)
+    errors: dict[str, dict[str, list[float]]] = {g: {e: [] for e in TARGET_ESTIMATORS}
+                                                 for g in ("prompt", "prefix", "expanded")}
+    toward: dict[str, list[float]] = {e: [] for e in TARGET_ESTIMATORS}
+    for _ in range(steps):
+        cands = rng.choice(len(pool), size=min(candidates, len(pool)), replace=False)
+        trees, _, _ = run_step(pool, cands, strategy, predictor, nominal_budget, world, rng, BudgetLedger())
+        for tree in trees:
+            expanded = _expanded_nodes(tree)
+            for est in TARGET_ESTIMATORS:
+                for node_id, target in tree.targets(est).items():
+                    node = tree.nodes[node_id]
+                    if node.terminal:
+                        continue
+                    err = target - node.snapshot.value
+                    errors["prompt" if node_id == ROOT else "prefix"][est].append(err)
+                    if node_id in expanded:
+                        errors["expanded"][est].append(err)
+                        toward[est].append(err if expanded[node_id] >= 0.5 else -err)
+    out: dict[str, dict[str, Any]] = {}
+    for group, by_est in errors.items():
+        row: dict[str, Any] = {}
+        for est, errs in by_est.items():
+            e = np.asarray(errs, dtype=float)
+            row[est] = {"n": int(e.size), "bias": float(e.mean()) if e.size else float("nan"),
+                        "rmse": float(np.sqrt(np.mean(e**2))) if e.size else float("nan")}
+            if group == "expanded":
+                row[est]["bias_toward_observed"] = float(np.mean(toward[est])) if toward[est] else float("nan")
+        row["lower_error"] = min(TARGET_ESTIMATORS, key=lambda est: row[est]["rmse"])
+        out[group] = row
+    return out

@@ -8,7 +8,7 @@ the charset, so these two small spaces say exactly what is allowed.
 from __future__ import annotations
 
 import string
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -74,7 +74,3 @@ class ChatObservation(spaces.Space[list]):
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, ChatObservation)
 
-
-def messages_to_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """Chat-template form of a message list."""
-    return [m.to_dict() for m in messages]

@@ -25,22 +25,30 @@ Definitions used throughout (the method page's words, made exact here):
   never have children, so it is a proper ancestor of both). Every contrast pair has
   exactly one anchor, so ``contrast_pairs()`` partitions all S * F pairs of the tree
   (S successes, F failures) by the anchor's depth.
-- target (``targets``): the predictor's regression target for a node, the *recursive
-  mean*: a leaf's target is its reward; an inner node's target is the unweighted
-  mean of its children's targets. Each child is one independently sampled next turn
-  from the node's history (a fresh continuation of it), so each counts once however
-  many leaves were later grown below it. The pooled mean of the leaves below a node
-  (``pooled_targets``, kept for comparison) instead weights a child by its number of
-  leaves; since TRACE expands where a flip of the *observed* outcome is likely, the
-  expanded subtrees are exactly those below observed failures (or successes), and the
-  pooled mean over-weights them. The recursive mean removes that weighting: the number
-  of continuations a subtree received never changes its weight. It is not exactly
-  unbiased either: a node that was expanded still counts the original child whose
-  observed outcome triggered the expansion (a node with value V whose one rollout
-  gets k continuations there only when it failed has
-  E[target] = V + (1 - V) k V / (k + 1)).
-  On the simulator its prompt-level error against the true success probability is
-  far below the pooled mean's (``tests/test_sim.py``).
+- target (``targets``): the predictor's regression target for a node. Two estimators:
+
+  * ``"recursive"`` (the default), the *recursive mean*: a leaf's target is its
+    reward; an inner node's target is the unweighted mean of its children's targets.
+    Each child is one independently sampled next turn from the node's history, so
+    each counts once however many leaves were later grown below it. The pooled mean
+    of the leaves below a node (``pooled_targets``, kept for comparison) instead
+    weights a child by its number of leaves; since TRACE expands where a flip of the
+    *observed* outcome is likely, the expanded subtrees are exactly those below
+    observed failures (or successes), and the pooled mean over-weights them. The
+    recursive mean removes that weighting, but a node that was expanded still counts
+    the original child whose observed outcome triggered the expansion (a node with
+    value V whose one rollout gets k continuations there only when it failed has
+    E[target] = V + (1 - V) k V / (k + 1)).
+  * ``"fresh"``: the same, except that at an *expanded* node (one with children
+    from continuations anchored there) the target is the mean over those fresh
+    continuations only, without the pass-through child of the rollout whose outcome
+    triggered the expansion. Fresh continuations are drawn after the decision and
+    independently of the outcome behind it, so the target is unbiased for V at the
+    expanded node itself. Above it, which rollouts got expanded still depended on
+    their outcomes, so ancestors are not exactly unbiased either.
+
+  Which estimator is closer to the true V, at prompt and prefix depth, is measured
+  on the simulator (``trace_gym.sim.target_error_study``).
 
 Nothing here knows about tokenizers, engines or environments; the snapshot is an
 opaque object, never serialised (``to_json`` drops it).
@@ -50,12 +58,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 #: A leaf with ``reward >= SUCCESS_THRESHOLD`` counts as a success.
 SUCCESS_THRESHOLD = 0.5
 
 ROOT = 0  #: id of the root node of every tree
+
+#: The target estimators of :meth:`RolloutTree.targets`.
+TARGET_ESTIMATORS = ("recursive", "fresh")
 
 
 @dataclass(eq=False, slots=True)
@@ -264,15 +275,29 @@ class RolloutTree:
         The concatenation, root to node, of each node's policy tokens (mask 1) then
         observation tokens (mask 0). A continuation from the node generates after it.
         """
+        tokens, mask, _ = self.path_tokens(node_id)
+        return tokens, mask
+
+    def path_tokens(self, node_id: int) -> tuple[list[int], list[int], list[float]]:
+        """One episode's training view, root to ``node_id`` (a leaf for a whole episode).
+
+        Returns ``(token_ids, loss_mask, logprobs)``, all the same length: the tokens
+        of :meth:`context`, the loss mask (1 on policy tokens) and, per token, the
+        sampling log-probability (nats) of a policy token, 0.0 on observation tokens,
+        and NaN on a policy token whose logprobs were not recorded (never a silent 0).
+        """
         tokens: list[int] = []
         mask: list[int] = []
+        logprobs: list[float] = []
         for i in self.path(node_id):
             n = self.nodes[i]
             tokens += n.policy_token_ids
             mask += [1] * len(n.policy_token_ids)
+            logprobs += list(n.logprobs) if n.logprobs else [float("nan")] * len(n.policy_token_ids)
             tokens += n.observation_token_ids
             mask += [0] * len(n.observation_token_ids)
-        return tokens, mask
+            logprobs += [0.0] * len(n.observation_token_ids)
+        return tokens, mask, logprobs
 
     def edges(self) -> list[tuple[int, int]]:
         """Every (parent, child) edge once, in creation order.
@@ -364,18 +389,26 @@ class RolloutTree:
             out[d] = out.get(d, 0) + pairs
         return dict(sorted(out.items()))
 
-    def targets(self) -> dict[int, float]:
-        """Node id -> recursive-mean target (see the module docstring), every node.
+    def targets(self, estimator: Literal["recursive", "fresh"] = "recursive") -> dict[int, float]:
+        """Node id -> target (see the module docstring), every node with one.
 
-        Leaves: their reward. Inner nodes: the mean of their children's targets.
-        Nodes below which no branch has finished are omitted.
+        Leaves: their reward. Inner nodes: the mean of their children's targets; with
+        ``estimator="fresh"``, at a node with children from continuations anchored
+        there, the mean of those children only. Nodes below which no branch has
+        finished are omitted.
         """
+        if estimator not in TARGET_ESTIMATORS:
+            raise ValueError(f"unknown target estimator {estimator!r}; expected one of {TARGET_ESTIMATORS}")
+        fresh_only = estimator == "fresh"
         t: dict[int, float] = {}
         for n in reversed(self.nodes):
             if n.terminal:
                 t[n.id] = float(n.reward)  # type: ignore[arg-type]
                 continue
             vals = [t[c] for c in n.children if c in t]
+            if fresh_only and n.id != ROOT:
+                fresh = [t[c] for c in n.children if c in t and self.branches[self.nodes[c].branch].anchor == n.id]
+                vals = fresh or vals
             if vals:
                 t[n.id] = sum(vals) / len(vals)
         return t
