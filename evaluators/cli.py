@@ -216,12 +216,11 @@ def resolve_train_setup(cfg: Any) -> Any:
     """A :class:`trace_gym.train.TrainSetup` from the config's names (env family, strategy,
     data, eval suite); raises ``ValueError`` naming an unknown one. Loads no model."""
     from evaluators import suites
-    from trace_gym.registry import ENV_FAMILIES
+    from trace_gym.registry import resolve_env
     from trace_gym.strategies import STRATEGIES, shaped_strategies
     from trace_gym.train import TrainSetup, split_tasks
 
-    if cfg.env not in ENV_FAMILIES:
-        raise ValueError(f"unknown env family {cfg.env!r}; known: {sorted(ENV_FAMILIES)}")
+    family = resolve_env(cfg.env)  # a family short name or any registered env id
     if cfg.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {cfg.strategy!r}; known: {sorted(STRATEGIES)}")
     if cfg.data and cfg.data not in suites.TRAIN_DATA:
@@ -229,7 +228,6 @@ def resolve_train_setup(cfg: Any) -> Any:
                          "(empty: the env family's own tasks)")
     if cfg.eval_every:
         suites.get_suite(cfg.eval_suite)
-    family = ENV_FAMILIES[cfg.env]
     strategy = shaped_strategies([cfg.strategy], group_size=cfg.group_size,
                                  continuations_per_root=cfg.continuations_per_root)[cfg.strategy]
     if cfg.data:

@@ -207,10 +207,11 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
     per_batch = max(1, batch_episodes // samples)
     try:
         for lo in range(0, len(tasks), per_batch):
-            episodes = [runner.start(tasks[i], seed=seed + 1000 * i + j, group=i)
-                        for i in range(lo, min(lo + per_batch, len(tasks))) for j in range(samples)]
+            episodes = []
+            for i in range(lo, min(lo + per_batch, len(tasks))):  # a task's samples: one request, n = samples
+                episodes += runner.start_many([(tasks[i], seed + 1000 * i + j) for j in range(samples)], anchor=i)
             for ep in runner.run(episodes):
-                out[ep.group].append(ep)
+                out[ep.anchor].append(ep)
             bar.update(min(per_batch, len(tasks) - lo))
     finally:
         runner.close()
@@ -260,7 +261,7 @@ def bfcl_entry_results(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]])
         if last is not None and "valid" in last.info and last.terminated:
             out.append(EntryResult.from_info(last.info, len(ep.turns)))
         else:
-            reason = (last.truncation if last is not None else None) or "no_turn"
+            reason = (last.truncation if last is not None else None) or ("error" if ep.error else "no_turn")
             out.append(EntryResult(task.id, data.category_of(task.id), False, {"check": f"trace_gym:{reason}"},
                                    len(ep.turns)))
     return out

@@ -40,7 +40,7 @@ def test_bad_keys_and_values_name_themselves(overrides, message):
 
 def test_cli_errors_are_one_line_before_any_model_loads(tmp_path):
     for args, needle in ((["stepz=3"], "unknown key"), (["strategy=best"], "unknown strategy 'best'"),
-                         (["env=nowhere"], "unknown env family 'nowhere'")):
+                         (["env=nowhere"], "unknown env 'nowhere'")):
         out = subprocess.run([sys.executable, "-m", "evaluators.cli", "train", f"run_dir={tmp_path / 'r'}", *args],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2, out.stderr
