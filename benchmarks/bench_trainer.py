@@ -13,7 +13,7 @@
    ``configs/train_cpu_trace.yaml`` for one step (rollouts with the sandboxed Python tool,
    predictor, update, sync, checkpoint) in a child process. Goal: <= 12 GiB.
 
-Usage: ``python benchmarks/bench_trainer.py [--repeats 3] [--vllm] [--skip-step]``.
+Usage: ``python benchmarks/bench_trainer.py [--repeats 2] [--trees 2] [--vllm] [--skip-step]``.
 The trees of part 1 are synthetic with the CPU default's shape (a prompt of 230 tokens,
 trees of 2 root rollouts of 3 turns with 4 continuations from their first turns, turns of
 60 policy + 30 observation tokens), so the numbers do not depend on what the model samples.
@@ -88,8 +88,8 @@ def bare_update(trainer: PolicyTrainer, rows, optimizer) -> float:
     return time.perf_counter() - t0
 
 
-def throughput(model_path: Path, repeats: int) -> list[list]:
-    trees = synthetic_trees(6)
+def throughput(model_path: Path, repeats: int, n_trees: int) -> list[list]:
+    trees = synthetic_trees(n_trees)
     cfg = TrainerConfig(lr=1e-6, micro_batch_tokens=2048)
     trainer = PolicyTrainer(model_path, cfg, total_steps=100, device="cpu")
     batch = [token_tree(t, treerpo(t)) for t in trees]
@@ -142,14 +142,15 @@ def step_rss() -> list:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--trees", type=int, default=2, help="synthetic trees per update (~1.5k tokens each)")
     parser.add_argument("--vllm", action="store_true", help="also time the weight sync into vLLM")
     parser.add_argument("--skip-step", action="store_true", help="skip the peak-RSS training step")
     args = parser.parse_args()
     torch.manual_seed(0)
     model_path = pull_model("smollm2-135m", progress=False)
     print(f"torch threads: {torch.get_num_threads()}; load average: {os.getloadavg()[0]:.1f}")
-    rows, trainer, (n_rows, row_tokens, trained) = throughput(model_path, args.repeats)
+    rows, trainer, (n_rows, row_tokens, trained) = throughput(model_path, args.repeats, args.trees)
     print(f"\n## Trainer throughput (SmolLM2-135M, CPU, float32; {n_rows} packed rows, {row_tokens} row tokens, "
           f"{trained} trained tokens per update; median of {args.repeats})\n")
     print(markdown_table(["loop", "row tokens/s", "seconds/update", "overhead"], rows))

@@ -326,7 +326,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
             len(batch.trees), n_prefix, cfg.prefix_share))
         # 4. advantages, per tree (pure functions over the trees)
         advantages = [estimator(t, eps=cfg.advantage_eps, std_normalize=cfg.advantage_std_normalize)
-                      for t in batch.trees]
+                      if t.leaves() else {} for t in batch.trees]  # a tree whose roots all failed to start: nothing
         # 5. policy update (PPO-clip on packed trees, each edge once)
         bar.set_postfix_str("policy update")
         update = trainer.step([token_tree(t, a) for t, a in zip(batch.trees, advantages)])
