@@ -46,6 +46,9 @@ def test_paired_verdicts_and_seed_groups(tmp_path):
     assert f"+30.0 ± {100 * half:.1f} pts (paired over 40 tasks): distinguishable" in rows["trace / treerpo (1 seed)"]
     assert "-2.5 ± 5.1 pts (paired over 40 tasks): cannot be told apart" in rows["pcl / treerpo (1 seed)"]
     assert "reference" in rows["uniform / treerpo (1 seed)"]
+    # within a run: after - before, paired over the same 40 tasks
+    assert f"+30.0 ± {100 * half:.1f} pts (paired over 40 tasks): a real change" in rows["trace / treerpo (1 seed)"]
+    assert "+0.0 ± 0.0 pts (paired over 40 tasks): no detectable change" in rows["uniform / treerpo (1 seed)"]
     for png in ("reward.png", "effective_ratio.png", "accuracy.png"):
         assert (tmp_path / "out" / png).stat().st_size > 1000
     assert (tmp_path / "out" / "compare.md").read_text().startswith("| run")

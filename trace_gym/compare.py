@@ -10,6 +10,8 @@ Uncertainty, stated rather than hidden:
 - runs whose configs differ only in ``seed`` (and ``run_dir``) form one row; with two or
   more seeds every number is a mean with a 95 % Student-t interval over seeds;
 - held-out accuracy with one seed carries the evaluation's own 95 % interval over tasks;
+- each row's gain (after minus before) is paired over the evaluation tasks (one seed) or
+  taken over seeds, with its interval;
 - every row is compared with the first one on held-out accuracy after training: by the
   paired difference over the same evaluation tasks (one seed each) or over seeds, and the
   table says when the two cannot be told apart (the interval contains 0).
@@ -143,6 +145,24 @@ def _versus(ref: list[Run], other: list[Run]) -> str:
     return f"{100 * diff:+.1f} ± {100 * half:.1f} pts ({n}): {verdict}"
 
 
+def _gain(runs: list[Run]) -> str:
+    """Held-out accuracy after minus before training: paired over the evaluation tasks (one
+    seed) or over seeds (several), with its 95 % interval and whether it excludes 0."""
+    pairs = [_before_after(r) for r in runs]
+    if any(b is None or a is None for b, a in pairs):
+        return "-"
+    if len(runs) == 1:
+        before, after = _task_scores(pairs[0][0]), _task_scores(pairs[0][1])
+        shared = sorted(set(before) & set(after))
+        diff, half, _ = report.paired_difference([after[t] for t in shared], [before[t] for t in shared])
+        n = f"paired over {len(shared)} tasks"
+    else:
+        diff, half, _ = report.mean_ci([a["accuracy"] - b["accuracy"] for b, a in pairs])
+        n = f"over {len(runs)} seeds"
+    verdict = "no detectable change" if math.isnan(half) or abs(diff) <= half else "a real change"
+    return f"{100 * diff:+.1f} ± {100 * half:.1f} pts ({n}): {verdict}"
+
+
 def compare_table(groups: Mapping[str, list[Run]]) -> str:
     """The markdown comparison (main table, time by phase, per-step table)."""
     rows = []
@@ -168,11 +188,12 @@ def compare_table(groups: Mapping[str, list[Run]]) -> str:
             stat(lambda r: float(r.cumulative("nominal_budget")[-1])),
             stat(lambda r: float(r.cumulative("generated_tokens")[-1])),
             stat(lambda r: float(r.cumulative("step_seconds")[-1])),
-            acc_before, acc_after,
+            acc_before, acc_after, _gain(runs),
             "reference" if runs is first else _versus(first, runs),
         ])
     headers = ["run", "steps", "effective ratio", "train reward", "nominal budget", "generated tokens",
-               "wall-clock s", "held-out acc % before", "held-out acc % after", "after vs first row"]
+               "wall-clock s", "held-out acc % before", "held-out acc % after", "after - before",
+               "after vs first row"]
     parts = [report.markdown_table(headers, rows), "", "Time by phase (share of step time, summed over steps):", ""]
     phase_rows = []
     for label, runs in groups.items():
