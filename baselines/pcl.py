@@ -21,6 +21,10 @@ class PCLRootAllocator:
 
     group_size: int = 8
 
+    def with_group_size(self, group_size: int) -> "PCLRootAllocator":
+        """The same allocator with another group size (``trace_gym.allocation.GroupSized``)."""
+        return type(self)(group_size)
+
     def allocate(self, values: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
         values = np.asarray(values, dtype=float)
         if values.ndim != 1 or np.isnan(values).any() or (values < 0).any() or (values > 1).any():

@@ -56,6 +56,10 @@ class UniformRootAllocator:
 
     group_size: int = 8
 
+    def with_group_size(self, group_size: int) -> "UniformRootAllocator":
+        """The same allocator with another group size (``trace_gym.allocation.GroupSized``)."""
+        return type(self)(group_size)
+
     def allocate(self, values: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
         values = np.asarray(values, dtype=float)
         return fixed_groups(np.arange(len(values)), budget, self.group_size, len(values))

@@ -201,7 +201,7 @@ def test_third_party_plugin_registers_through_entry_points(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     import trace_gym.registry as reg
 
-    monkeypatch.setattr(reg, _plugin_flag(reg), False)
+    monkeypatch.setattr(reg, "_plugins_loaded", False)
     added = register_envs()
     assert "trace_gym/Tiny-v0" in added
     env = gymnasium.make("trace_gym/Tiny-v0")
@@ -243,15 +243,10 @@ def test_reference_actions_is_an_optional_protocol():
     assert not isinstance(object(), ReferenceActions)
 
 
-def _plugin_flag(reg) -> str:
-    """The registry's "plugins loaded" flag (renamed while the registry grows plugin groups)."""
-    return "_plugins_loaded" if hasattr(reg, "_plugins_loaded") else "_registered"
-
-
 def test_importing_trace_gym_does_not_mark_plugins_loaded():
     import trace_gym.registry as reg
 
     reg.register_envs(plugins=False)
-    before = getattr(reg, _plugin_flag(reg))
+    before = reg._plugins_loaded
     reg.register_envs(plugins=False)
-    assert getattr(reg, _plugin_flag(reg)) == before  # only a plugin load sets the flag
+    assert reg._plugins_loaded == before  # only a plugin load sets the flag

@@ -89,7 +89,8 @@ def test_extraction_rules_through_the_env_reward(env, response, gold, reward):
 
 def test_no_answer_reason(env):
     _, grading = reward_for(env, "2", "I give up.")
-    assert grading == {"correct": False, "extracted": None, "gold": "2", "reason": "no_boxed_answer"}
+    assert grading == {"correct": False, "extracted": None, "gold": "2", "reason": "no_boxed_answer",
+                       "infra_error": False, "attempts": 1}
 
 
 def test_code_is_never_graded(env):

@@ -128,12 +128,10 @@ def test_cpu_limit_kills_the_kernel():
     assert result.status == "crashed" and result.error_name in ("SIGXCPU", "SIGKILL")
 
 
-def test_factory_keeps_a_warm_spare():
+def test_factory_forks_kernels_from_one_server():
     factory = KernelFactory(KernelLimits(), prestart=True, preload=())
-    first = factory.new_kernel(1)
-    spare_pid = factory._spare.pid
-    second = factory.new_kernel(2)
-    assert second.pid == spare_pid
+    first, second = factory.new_kernel(1), factory.new_kernel(2)
+    assert first.pid != second.pid and first.server is second.server and first.server.pid is not None
     assert first.execute("print(1)").stdout.text() == "1\n" and second.execute("print(2)").stdout.text() == "2\n"
     for k in (first, second):
         k.close()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Hashable, Sequence
 
 from trace_gym.budget import BudgetLedger
-from trace_gym.env import AgentEnv, EnvFactory, Snapshot
+from trace_gym.env import AgentEnv, EnvFactory, ReplayCost, Snapshot
 from trace_gym.types import Completion, Message, SamplingParams, Task
 
 _log = logging.getLogger(__name__)
@@ -334,6 +334,9 @@ class AgentRunner:
         t0 = time.perf_counter()
         out = list(self._pool.map(lambda job: self._open_env(*job), jobs))
         ledger.add_seconds("environment", time.perf_counter() - t0)
+        for (env, _, _, error, _), (_, _, snapshot) in zip(out, jobs):
+            if snapshot is not None and error is None and isinstance(env.unwrapped, ReplayCost):
+                ledger.add_replayed_env_steps(int(env.unwrapped.replay_steps(snapshot)))
         ledger.add_seconds("environment_busy", sum(seconds for *_, seconds in out))
         return [row[:4] for row in out]
 

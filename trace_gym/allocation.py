@@ -536,6 +536,17 @@ class RootAllocator(Protocol):
 
 
 @runtime_checkable
+class GroupSized(Protocol):
+    """A root allocator with a fixed group size G (GRPO, PCL, ...): the one knob a bench's
+    ``group_size`` turns. Any allocator that declares it is reshaped; others are left
+    alone, and the bench says which strategies the knob reached."""
+
+    group_size: int
+
+    def with_group_size(self, group_size: int) -> "GroupSized": ...
+
+
+@runtime_checkable
 class PrefixAllocator(Protocol):
     """Stage-2 strategy: split one prompt's continuation budget over its visited prefixes.
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from trace_gym.allocation import solve_root
+from trace_gym.allocation import GroupSized, solve_root
 from trace_gym.budget import BudgetLedger
 from trace_gym.config import EnvBenchConfig, SimBenchConfig
 
@@ -94,6 +94,9 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
         "rollouts": ledger.rollouts / steps,
         "continuations": ledger.continuations / steps,
         "env_steps": ledger.env_steps / steps,
+        "replayed_env_steps": ledger.replayed_env_steps / steps,
+        "episode_errors": ledger.errors / steps,
+        "unspent_continuations": ledger.unspent_continuations / steps,
         "generated_tokens": ledger.generated_tokens / steps,
         "prefill_tokens": ledger.prefill_tokens / steps,
         "allocator_ms": 1e3 * ledger.seconds.get("allocation", 0.0) / steps,
@@ -119,6 +122,42 @@ def summarise(per_rep: Mapping[str, list[dict[str, Any]]], arms: Mapping[str, Ar
             d: float(np.mean([r.get("contrast_pairs_by_depth", {}).get(d, 0.0) for r in rows])) for d in depths}
         entry["per_rep"] = rows
         out[name] = entry
+    return out
+
+
+def reward_warning(trees: Sequence[Any]) -> str | None:
+    """A one-line warning when every finished leaf of a step has the same outcome (all
+    0 or all 1): then no prompt is mixed and no strategy can find contrast; the step
+    teaches a group-relative update nothing. ``None`` otherwise (or with no leaves)."""
+    from trace_gym.tree import SUCCESS_THRESHOLD
+
+    rewards = [leaf.reward for t in trees for leaf in t.leaves() if leaf.reward is not None]
+    if not rewards:
+        return None
+    wins = sum(r >= SUCCESS_THRESHOLD for r in rewards)
+    if 0 < wins < len(rewards):
+        return None
+    outcome = "0 (every rollout failed)" if wins == 0 else "1 (every rollout succeeded)"
+    return (f"every one of the {len(rewards)} rollouts got reward {outcome}: no prompt is mixed, so there is no "
+            "contrast to find and a group-relative update learns nothing; make the tasks "
+            + ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder"))
+
+
+def transcripts(trees: Sequence[Any], limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` full episodes (root to leaf): prompt, each turn's action and
+    observation messages, the reward, and how the episode ended."""
+    out: list[dict[str, Any]] = []
+    for tree in trees:
+        for leaf in tree.leaves():
+            if len(out) >= limit:
+                return out
+            turns = []
+            for node_id in tree.path(leaf.id)[1:]:
+                node = tree.nodes[node_id]
+                turns.append({"action": node.text, "observation": node.info.get("observation", []),
+                              **{k: node.info[k] for k in ("truncation", "error") if k in node.info}})
+            out.append({"task_id": tree.task_id, "prompt": tree.nodes[0].text, "leaf": leaf.id,
+                        "depth": leaf.depth, "reward": leaf.reward, "turns": turns})
     return out
 
 
@@ -180,6 +219,10 @@ def bench_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             lambda: max(costs) - min(costs) <= 1e-9 * max(1.0, results["nominal_budget"]),
             lambda: f"per step: {sorted(set(round(c, 6) for c in costs))} (budget {results['nominal_budget']:g})")
     return checks
+
+
+def _group_sized(strategies: Mapping[str, Strategy]) -> list[str]:
+    return [n for n, s in strategies.items() if isinstance(s.root_allocator, GroupSized)]
 
 
 # ---------------------------------------------------------------------- the simulator bench
@@ -272,6 +315,7 @@ def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, pr
     measured = cfg.steps - cfg.warmup_steps
     per_rep: dict[str, list[dict[str, Any]]] = {n: [] for n in arms}
     reference = "uniform" if "uniform" in arms else next(iter(arms))
+    warnings: list[str] = []
     order = [reference] + [n for n in arms if n != reference]
     bar = _progress(cfg.seeds * len(arms), "bench --sim", progress)
     from trace_gym import sim
@@ -310,6 +354,9 @@ def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, pr
                     trees += step_trees
                     preds.append(values)
                     truth.append(pool.success[cands])
+            warning = reward_warning(trees)
+            if warning:
+                warnings.append(f"seed {seed}, {name}: {warning}")
             row = tree_metrics(trees, ledger, measured)
             pp, pt, pd = (np.concatenate(x) for x in (prefix_pred, prefix_true, prefix_depth))
             row |= {
@@ -322,11 +369,15 @@ def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, pr
             bar.update(1)
     bar.close()
     results: dict[str, Any] = {"mode": "sim", "config": dataclasses.asdict(cfg), "nominal_budget": budget,
+                               "warnings": warnings, "group_sized": _group_sized(strategies),
                                "strategies": summarise({n: per_rep[n] for n in arms}, arms)}
     results["root_allocation_demo"] = {
         "values": list(cfg.demo_values), "budgets": list(cfg.demo_budgets),
         "allocations": [solve_root(np.array(cfg.demo_values), b).tolist() for b in cfg.demo_budgets],
     }
+    if "trace" in strategies:  # which predictor target is closer to the true V (oracle-driven expansion)
+        results["target_estimators"] = sim.target_error_study(strategies["trace"], world=world,
+                                                              nominal_budget=budget, candidates=cfg.candidates)
     results["checks"] = bench_checks(results)
     results["seconds"] = time.perf_counter() - t_start
     return results
@@ -366,13 +417,12 @@ def _env_metrics(batch: Any) -> dict[str, Any]:
         "mean_reward": float(np.mean(leaves)) if leaves else math.nan,
         "prompt_spearman": report.spearman(batch.values[chosen], empirical),
         "truncations": dict(batch.truncations),
-        "episode_errors": float(len(batch.errors)),
     }
 
 
 def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], family: Any, *,
-                  engine: Any = None, progress: bool = False, say: Callable[[str], None] | None = None
-                  ) -> dict[str, Any]:
+                  engine: Any = None, progress: bool = False, say: Callable[[str], None] | None = None,
+                  out_dir: str | None = None) -> dict[str, Any]:
     """Run the benchmark on real rollouts; returns JSON-ready results.
 
     Args:
@@ -382,7 +432,8 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
             ``load_tasks(n, seed) -> list[Task]`` (``trace_gym.registry.EnvFamily``).
         engine: an already-built rollout engine (else one is made from ``cfg``).
         progress: show a progress bar.
-        say: receives one-line progress messages.
+        say: receives one-line progress messages (and the all-same-reward warnings).
+        out_dir: where ``cfg.dump_episodes`` transcripts go (``episodes-<strategy>.jsonl``).
     """
     from trace_gym.agent import AgentConfig, AgentRunner
     from trace_gym.engines import make_engine
@@ -401,7 +452,9 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
     arms = {name: Arm(name, s, cfg.predictor) for name, s in strategies.items()}
     policy_path = str(resolve_model(cfg.policy)) if cfg.predictor == "lm_critic" else None
     per_rep: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
-    warmups = []
+    warmups, warnings, dumped = [], [], {}
+    if cfg.dump_episodes and out_dir is None:
+        raise ValueError("dump_episodes needs an output folder (--out DIR)")
     bar = _progress(cfg.seeds * len(arms), f"bench --env {cfg.env}", progress)
 
     def run_batch(tasks, strategy, predictor, budget, seed, seed_offset):
@@ -435,13 +488,30 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
         for name, arm in arms.items():
             batch, runner = run_batch(candidates, arm.strategy, copy.deepcopy(predictor), cfg.nominal_budget, seed, 2)
             per_rep[name].append(_env_metrics(batch))
+            warning = reward_warning(batch.trees)
+            if warning:
+                warnings.append(f"rep {rep + 1}, {name}: {warning}")
+                say(f"WARNING: {warnings[-1]}")
+            if cfg.dump_episodes:
+                dumped[name] = dumped.get(name, []) + transcripts(batch.trees, cfg.dump_episodes - len(dumped.get(name, [])))
             bar.update(1)
             say(f"rep {rep + 1}: {name} done, effective ratio {per_rep[name][-1]['effective_ratio']:.2f} "
                 f"({time.perf_counter() - t_start:.1f} s)")
     bar.close()
     results: dict[str, Any] = {"mode": "env", "config": dataclasses.asdict(cfg), "nominal_budget": cfg.nominal_budget,
-                               "engine": type(engine).__name__, "warmup": warmups,
+                               "engine": type(engine).__name__, "warmup": warmups, "warnings": warnings,
+                               "group_sized": _group_sized(strategies),
                                "strategies": summarise(per_rep, arms)}
+    if dumped:
+        import json
+        from pathlib import Path
+
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        results["episode_files"] = []
+        for name, episodes in dumped.items():
+            path = Path(out_dir) / f"episodes-{name}.jsonl"
+            path.write_text("".join(json.dumps(e, default=str) + "\n" for e in episodes))
+            results["episode_files"].append(str(path))
     results["checks"] = bench_checks(results)
     results["seconds"] = time.perf_counter() - t_start
     return results
@@ -464,8 +534,15 @@ _COLUMNS: list[tuple[str, str]] = [
     ("Spearman prompt", "prompt_spearman"),
 ]
 _SIM_COLUMNS = _COLUMNS + [("Spearman prefix", "prefix_spearman")]
-_ENV_COLUMNS = _COLUMNS + [("gen s", "generation_seconds"), ("env s", "environment_seconds"),
+_ENV_COLUMNS = _COLUMNS + [("replayed steps", "replayed_env_steps"), ("errors", "episode_errors"),
+                           ("unspent cont.", "unspent_continuations"),
+                           ("gen s", "generation_seconds"), ("env s", "environment_seconds"),
                            ("predictor share", "predictor_share"), ("mean reward", "mean_reward")]
+
+
+def _applies(results: Mapping[str, Any]) -> str:
+    names = results.get("group_sized", [])
+    return f"applied to {', '.join(names)}" if names else "applies to no strategy run here"
 
 
 def format_bench(results: Mapping[str, Any]) -> str:
@@ -495,7 +572,8 @@ def format_bench(results: Mapping[str, Any]) -> str:
         title = (f"## Simulated allocation benchmark ({reps} seeds x {cfg['steps'] - cfg['warmup_steps']} measured "
                  f"steps; {results['seconds']:.1f} s)")
         lines = [title, "", f"Budget per step: {unit}, M = {cfg['root_budget']}, N = {cfg['continuations_per_root']}; "
-                 f"{cfg['candidates']} candidates per step; group size {cfg['group_size']}. Headline predictor: "
+                 f"{cfg['candidates']} candidates per step; group size {cfg['group_size']} "
+                 f"({_applies(results)}). Headline predictor: "
                  f"{cfg['predictor']} (task feature Spearman {cfg['feature_spearman']:g}, prefix share "
                  f"{100 * cfg['prefix_share']:.0f} %); rows marked 'upper bound' use the oracle. "
                  f"Per-step means; effective ratio: {interval}."]
@@ -504,9 +582,13 @@ def format_bench(results: Mapping[str, Any]) -> str:
                  f"({results['engine']}; {reps} repetition(s); {results['seconds']:.0f} s)")
         lines = [title, "", f"Nominal budget per strategy: {results['nominal_budget']:g} trajectory-equivalents = "
                  f"M (1 + N/2) with M = {cfg['root_budget']}, N = {cfg['continuations_per_root']}; "
-                 f"{cfg['candidates']} candidates; group size {cfg['group_size']}; predictor: {cfg['predictor']} "
+                 f"{cfg['candidates']} candidates; group size {cfg['group_size']} ({_applies(results)}); "
+                 f"predictor: {cfg['predictor']} "
                  f"(warmed up on {cfg['warmup_budget']} rollouts of other tasks). Effective ratio: {interval}."]
-    lines += ["", markdown_table(headers, rows), "", "### Checks", ""]
+    lines += ["", markdown_table(headers, rows), ""]
+    if results.get("warnings"):
+        lines += ["### Warnings", "", *[f"- {w}" for w in results["warnings"]], ""]
+    lines += ["### Checks", ""]
     lines += [f"{c['status']}: {c['name']} ({c['detail']})" for c in results["checks"]]
     if not sim_mode:
         trunc: dict[str, int] = {}
@@ -517,6 +599,14 @@ def format_bench(results: Mapping[str, Any]) -> str:
         if trunc:
             lines += ["", "Truncated turns/episodes (all strategies): "
                       + ", ".join(f"{k}: {v}" for k, v in sorted(trunc.items()))]
+    study = results.get("target_estimators")
+    if study:
+        lines += ["", "### Predictor targets: recursive mean vs fresh continuations only (error against the true V)", ""]
+        study_rows = [[group, est, r[est]["n"], r[est]["bias"], r[est]["rmse"],
+                       r[est].get("bias_toward_observed", math.nan), "lower" if r["lower_error"] == est else ""]
+                      for group, r in study.items() for est in ("recursive", "fresh")]
+        lines.append(markdown_table(["nodes", "estimator", "n", "bias", "RMSE", "bias toward observed", ""],
+                                    study_rows))
     demo = results.get("root_allocation_demo")
     if demo:
         lines += ["", "### Root allocation demo (TRACE solve_root, m_i per budget)", ""]

@@ -50,8 +50,8 @@ def nominal_cost(root_rollouts: float, continuations_per_root: float = 0.0) -> f
 OVERLAPPING_PHASES = frozenset({"environment_busy"})
 
 #: The integer counters of a ledger (summed by :meth:`BudgetLedger.include`).
-_COUNTS = ("rollouts", "continuations", "generated_tokens", "prefill_tokens", "env_steps", "errors",
-           "unspent_continuations")
+_COUNTS = ("rollouts", "continuations", "generated_tokens", "prefill_tokens", "env_steps", "replayed_env_steps",
+           "errors", "unspent_continuations")
 
 
 def _nonneg(name: str, value: float) -> None:
@@ -70,7 +70,9 @@ class BudgetLedger:
         prefill_tokens: context tokens the engine had to process before sampling
             (prompt plus, for continuations, the replayed prefix), not counting
             tokens the engine reported as served from its prefix cache.
-        env_steps: ``env.step`` calls.
+        env_steps: ``env.step`` calls, plus the steps a ``restore`` re-executes in a
+            replay-snapshot env (``trace_gym.env.ReplayCost``).
+        replayed_env_steps: the part of ``env_steps`` that restores re-executed.
         errors: episodes ended by an error rather than by the env or a limit (an env
             that raised in reset, restore, step, snapshot or close; a prompt over the
             token limit). Each such episode's error is also on the episode and in the
@@ -90,6 +92,7 @@ class BudgetLedger:
     generated_tokens: int = 0
     prefill_tokens: int = 0
     env_steps: int = 0
+    replayed_env_steps: int = 0
     errors: int = 0
     unspent_continuations: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -113,6 +116,12 @@ class BudgetLedger:
     def add_env_steps(self, n: int = 1) -> None:
         _nonneg("env steps", n)
         self.env_steps += int(n)
+
+    def add_replayed_env_steps(self, n: int = 1) -> None:
+        """Steps a restore re-executed: counted in ``env_steps`` and apart."""
+        _nonneg("replayed env steps", n)
+        self.env_steps += int(n)
+        self.replayed_env_steps += int(n)
 
     def add_errors(self, n: int = 1) -> None:
         _nonneg("errors", n)
@@ -177,6 +186,7 @@ class BudgetLedger:
             "generated_tokens": self.generated_tokens,
             "prefill_tokens": self.prefill_tokens,
             "env_steps": self.env_steps,
+            "replayed_env_steps": self.replayed_env_steps,
             "errors": self.errors,
             "unspent_continuations": self.unspent_continuations,
             "seconds": dict(sorted(self.seconds.items())),

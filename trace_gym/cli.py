@@ -96,26 +96,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("give exactly one of --sim or --env ENV (with --policy MODEL)")
     mode = "sim" if args.sim else "env"
     cfg = mode_config(args, mode, BENCH_MODES)
-    if mode == "env" and args.out:
-        raise ValueError("--out (plots) applies only to --sim")
+    from trace_gym.registry import load_plugins, resolve_env
+
+    load_plugins(cfg.plugins)
     strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
                                    continuations_per_root=cfg.continuations_per_root)
     if mode == "sim":
         results = bench.run_sim_bench(cfg, strategies, progress=True)
-        if args.out:
-            results["plots"] = bench.write_bench_plots(results, args.out)
     else:
-        from trace_gym.registry import env_family
-
-        results = bench.run_env_bench(cfg, strategies, env_family(cfg.env), progress=True,
+        family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
+        results = bench.run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out,
                                       say=lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.out:
+        results["plots"] = bench.write_bench_plots(results, args.out)
     print(bench.format_bench(results))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2))
         print(f"\nwrote {args.json}")
     if args.out:
-        print(f"wrote plots: {', '.join(results['plots'])}")
+        print(f"wrote {', '.join(results['plots'] + results.get('episode_files', []))}")
     failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
     return 1 if failed and args.strict else 0
 
@@ -127,7 +127,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                    "with --policy MODEL")
     p.add_argument("--config", help="YAML file with the mode's config fields (flags override it)")
     p.add_argument("--json", help="write the results as JSON to this path")
-    p.add_argument("--out", help="write PNG plots into this folder (--sim)")
+    p.add_argument("--out", help="write PNG plots (and with --dump-episodes, transcripts) into this folder")
     p.add_argument("--strict", action="store_true", help="exit 1 when a check FAILs")
     add_config_flags(p, BENCH_MODES, skip=("env",))
     p.set_defaults(func=cmd_bench)
@@ -135,7 +135,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
 
 # ---------------------------------------------------------------------- listings
 def cmd_envs(args: argparse.Namespace) -> int:
-    from trace_gym.registry import ENV_FAMILIES, env_ids
+    from trace_gym.registry import ENV_FAMILIES, PLUGIN_ERRORS, env_ids
 
     print("registered env ids:")
     for env_id in env_ids():
@@ -143,12 +143,16 @@ def cmd_envs(args: argparse.Namespace) -> int:
     print("env families (--env NAME):")
     for name, fam in ENV_FAMILIES.items():
         print(f"  {name:<18} {fam.env_id:<26} {fam.description}")
+    for source, error in PLUGIN_ERRORS.items():
+        print(f"plugin {source} failed to load: {error}", file=sys.stderr)
     return 0
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
+    from trace_gym.registry import load_plugins
     from trace_gym.strategies import STRATEGIES
 
+    load_plugins()
     for name, s in STRATEGIES.items():
         print(f"{name:<18} {s.description}")
     return 0
@@ -206,6 +210,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     (so ``trace-gym bench`` never imports the trainer); the others are listed by name."""
     parser = argparse.ArgumentParser(prog="trace-gym", description=__doc__.split("\n\n")[0])
     parser.add_argument("--verbose", action="store_true", help="show third-party INFO logs (vLLM, transformers)")
+    parser.add_argument("--plugin", metavar="MODULE", help="import MODULE first (an uninstalled plugin: its envs and "
+                        "strategies register on import); repeatable, allowed anywhere on the line")
     names = ["bench", "envs", "strategies", "models", *SUBCOMMANDS]
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(names) + "}")
     _add_bench(sub)
@@ -231,10 +237,32 @@ def configure_logging(verbose: bool) -> None:
         logging.getLogger(name).setLevel(level)
 
 
+def split_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``--plugin MODULE`` / ``--plugin=MODULE`` anywhere on the line (any subcommand):
+    returns (modules, the other arguments)."""
+    modules, rest, it = [], [], iter(argv)
+    for arg in it:
+        if arg == "--plugin":
+            value = next(it, None)
+            if value is None or value.startswith("-"):
+                raise SystemExit("trace-gym: error: --plugin needs a module name")
+            modules.append(value)
+        elif arg.startswith("--plugin="):
+            modules.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return modules, rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    modules, argv = split_plugins(list(sys.argv[1:] if argv is None else argv))
     args = build_parser(argv).parse_args(argv)
     configure_logging(args.verbose)
     try:
+        if modules:
+            from trace_gym.registry import load_plugins
+
+            load_plugins(modules)
         return int(args.func(args) or 0)
     except ValueError as exc:  # bad configuration or input: say what, without a traceback
         print(f"trace-gym {args.command}: error: {exc}", file=sys.stderr)

@@ -281,6 +281,8 @@ class SimBenchConfig:
     budget_unit: str = field(default="nominal", metadata=doc(
         "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (exact generated tokens)"))
     strategies: tuple[str, ...] = field(default=(), metadata=doc("comma-separated strategy names (default: all)"))
+    plugins: tuple[str, ...] = field(default=(), metadata=doc(
+        "modules to import first (not installed plugins: their envs and strategies register on import)"))
     target_mixed: float = field(default=0.27, metadata=doc("P(uniform group of G is mixed) to calibrate to"))
     mean_success: float = field(default=0.5, metadata=doc("mean task success probability"))
     step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
@@ -324,6 +326,8 @@ class EnvBenchConfig:
     """
 
     env: str = field(default="math_python", metadata=doc("env family short name or registered env id"))
+    env_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the env"))
+    task_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the task loader"))
     policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder"))
     engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
     seeds: int = field(default=1, metadata=doc("independent repetitions (fresh pools each)"))
@@ -333,6 +337,10 @@ class EnvBenchConfig:
     group_size: int = field(default=4, metadata=doc("G: group size of every fixed-group strategy (uniform, pcl)"))
     warmup_budget: int = field(default=16, metadata=doc("rollouts of the predictor warm-up batch (0: none)"))
     strategies: tuple[str, ...] = field(default=(), metadata=doc("comma-separated strategy names (default all)"))
+    plugins: tuple[str, ...] = field(default=(), metadata=doc(
+        "modules to import first (not installed plugins: their envs and strategies register on import)"))
+    dump_episodes: int = field(default=0, metadata=doc(
+        "write this many full transcripts per strategy (messages, actions, rewards) into --out"))
     max_turns: int = field(default=3, metadata=doc("turns per episode"))
     max_turn_tokens: int = field(default=160, metadata=doc("generated tokens per turn"))
     max_episode_tokens: int = field(default=1024, metadata=doc("context limit per episode, tokens"))
@@ -345,6 +353,8 @@ class EnvBenchConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "seeds", "candidates", "group_size", "max_turns", "max_turn_tokens", "max_episode_tokens")
+        if self.dump_episodes < 0:
+            raise ValueError(f"dump_episodes must be >= 0, got {self.dump_episodes!r}")
         if self.root_budget < 2 or self.continuations_per_root < 0 or self.warmup_budget < 0:
             raise ValueError(f"need root_budget >= 2, continuations_per_root >= 0, warmup_budget >= 0; got "
                              f"{self.root_budget}, {self.continuations_per_root}, {self.warmup_budget}")

@@ -135,6 +135,18 @@ EnvFactory = Callable[[], AgentEnv]
 
 
 @runtime_checkable
+class ReplayCost(Protocol):
+    """Optional: an env whose ``restore`` re-executes work (``snapshot_mode = "replay"``).
+
+    ``replay_steps(snapshot)`` is how many env steps (for math_python: executed cells)
+    restoring ``snapshot`` re-runs. The agent loop counts them as env steps (and apart,
+    as replayed steps), so exact costs include the price of branching.
+    """
+
+    def replay_steps(self, snapshot: Snapshot) -> int: ...
+
+
+@runtime_checkable
 class ReferenceActions(Protocol):
     """Optional: an env that can script a task's intended solution.
 

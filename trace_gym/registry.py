@@ -45,6 +45,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "GuessNumber-v0": "environments.guess_number.env:GuessNumberEnv",
     "MathPython-v0": "environments.math_python.env:MathPythonEnv",
     "BFCL-v0": "environments.bfcl.env:BFCLEnv",
+    "WikiQA-v0": "environments.wiki_qa.env:WikiQAEnv",
 }
 
 @dataclass(frozen=True)
@@ -99,6 +100,9 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
                               description="the reference env: guess a hidden number with feedback"),
     "bfcl": EnvFamily("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks",
                       description="BFCL v4 multi-turn on the real backends"),
+    "wiki_qa": EnvFamily("trace_gym/WikiQA-v0", "environments.wiki_qa.data:offline_tasks",
+                         env_kwargs={"few_shot": True},
+                         description="multi-hop QA over the synthetic offline Wikipedia-style corpus (retrieval)"),
 }
 
 _log = logging.getLogger(__name__)

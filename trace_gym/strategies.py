@@ -27,10 +27,10 @@ from typing import Mapping, Sequence
 from baselines.pcl import PCLRootAllocator
 from baselines.random_tree import RandomPrefixAllocator
 from baselines.uniform import UniformRootAllocator
-from trace_gym.allocation import TracePrefixAllocator, TraceRootAllocator
+from trace_gym.allocation import GroupSized, TracePrefixAllocator, TraceRootAllocator
 from trace_gym.strategy import Strategy
 
-__all__ = ["STRATEGIES", "Strategy", "register_strategy", "shaped_strategies", "DEFAULT_GROUP_SIZE",
+__all__ = ["STRATEGIES", "Strategy", "group_sized", "register_strategy", "shaped_strategies", "DEFAULT_GROUP_SIZE",
            "DEFAULT_CONTINUATIONS_PER_ROOT"]
 
 #: GRPO's group size in the paper's setups (and the baselines' default).
@@ -99,7 +99,9 @@ def shaped_strategies(names: Sequence[str], *, group_size: int, continuations_pe
 
     Args:
         names: strategy names (``STRATEGIES`` keys or ``extra`` keys); empty means all.
-        group_size: G for ``UniformRootAllocator`` / ``PCLRootAllocator``.
+        group_size: G for every root allocator that declares a group size
+            (:class:`~trace_gym.allocation.GroupSized`: the built-in uniform and PCL ones,
+            and any user allocator with ``group_size`` and ``with_group_size``).
         continuations_per_root: N for strategies that expand.
         extra: additional named strategies (e.g. a variant with another predictor).
     """
@@ -111,7 +113,13 @@ def shaped_strategies(names: Sequence[str], *, group_size: int, continuations_pe
     out = {}
     for name in names:
         s = table[name].with_continuations(continuations_per_root)
-        if isinstance(s.root_allocator, (UniformRootAllocator, PCLRootAllocator)):
-            s = dataclasses.replace(s, root_allocator=type(s.root_allocator)(group_size))
+        if isinstance(s.root_allocator, GroupSized):
+            s = dataclasses.replace(s, root_allocator=s.root_allocator.with_group_size(group_size))
         out[name] = s
     return out
+
+
+def group_sized(strategies: Mapping[str, Strategy]) -> list[str]:
+    """The strategies a ``group_size`` knob reaches: those whose root allocator declares
+    one (``trace_gym.allocation.GroupSized``)."""
+    return [name for name, s in strategies.items() if isinstance(s.root_allocator, GroupSized)]

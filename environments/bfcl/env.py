@@ -39,9 +39,18 @@ Terminated after the last user turn. Also terminated (reward 0, failure
 ``max_steps_per_turn`` (20, BFCL's limit) call steps in one turn; that response is not
 run. Never truncated.
 
+Every observation is valid UTF-8 (lone surrogates that JSON or Python escapes put in
+arguments are escaped). A tool message holds at most ``max_result_chars`` of its result
+(head 3/4, tail 1/4), and all tool messages of one step at most
+``max_observation_chars`` together; a tool message's ``name`` is the call text, cut at
+:data:`MAX_NAME_CHARS`. The checker sees each result up to
+:data:`MAX_STORED_RESULT_CHARS` (BFCL's longest ground-truth result is 31,706).
+
 ## Snapshot
 ``state``: deep copies (pickle) of the backend instances plus the task, turn and step
-position, the model's results so far and the per-turn verdicts.
+position, the model's results so far and the per-turn verdicts. The backend state and
+the results may not grow past ``max_state_bytes`` (pickled): a response whose calls
+would push them over is undone, and each of its tool messages says so.
 
 ## Version History
 v0: first version (bfcl-eval 2026.3.23 data and backends).
@@ -49,6 +58,7 @@ v0: first version (bfcl-eval 2026.3.23 data and backends).
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import gymnasium
@@ -67,6 +77,31 @@ TOOL_PROMPTS = ("system", "template")
 MAX_STEPS_PER_TURN = 20
 #: The response ``reference_actions`` uses to end a user turn (it holds no call).
 END_TURN = "I have completed this request."
+#: Characters of one result shown in its tool message (head 3/4, tail 1/4).
+MAX_RESULT_CHARS = 65536
+#: Characters all tool messages of one step may hold together.
+MAX_OBSERVATION_CHARS = 262144
+#: Characters of a call's text shown as the tool message's ``name``.
+MAX_NAME_CHARS = 512
+#: Characters of each result kept for the checker (the longest ground-truth result is 31,706).
+MAX_STORED_RESULT_CHARS = 65536
+#: Pickled size the backend state plus results may reach.
+MAX_STATE_BYTES = 8 << 20
+
+
+def safe_text(text: str) -> str:
+    """``text`` as a str that always encodes to UTF-8 (lone surrogates become ``\\udXXX``)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: head 3/4, a marker, tail 1/4."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text) - limit} characters omitted ...]\n"
+    keep = max(limit - len(marker), 0)
+    head = keep - keep // 4
+    return text[:head] + marker + text[len(text) - (keep - head):]
 
 # Rendered prompts and tool schemas, keyed by the list of function names they show.
 _PROMPTS: dict[tuple, str] = {}
@@ -89,6 +124,7 @@ class BFCLEnv(gymnasium.Env):
             as BFCL prompts; ``template`` (``tool_call`` format only): no system
             message, the schemas go to ``info["tools"]`` for the chat template (e.g.
             Qwen's, which renders the same tools block).
+        max_result_chars, max_observation_chars, max_state_bytes: the caps above.
     """
 
     metadata = {"render_modes": []}
@@ -96,7 +132,8 @@ class BFCLEnv(gymnasium.Env):
 
     def __init__(self, category: str = "multi_turn_base", split: str = "all", action_format: str = "python",
                  max_steps_per_turn: int = MAX_STEPS_PER_TURN, max_action_chars: int = MAX_ACTION_CHARS,
-                 tool_prompt: str = "system"):
+                 tool_prompt: str = "system", max_result_chars: int = MAX_RESULT_CHARS,
+                 max_observation_chars: int = MAX_OBSERVATION_CHARS, max_state_bytes: int = MAX_STATE_BYTES):
         data.check_category(category)
         if split not in data.SPLITS:
             raise ValueError(f"split must be one of {data.SPLITS}, got {split!r}")
@@ -106,6 +143,10 @@ class BFCLEnv(gymnasium.Env):
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
         if max_action_chars < 1:
             raise ValueError(f"max_action_chars must be >= 1, got {max_action_chars}")
+        for name, value in (("max_result_chars", max_result_chars), ("max_observation_chars", max_observation_chars),
+                            ("max_state_bytes", max_state_bytes)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if tool_prompt not in TOOL_PROMPTS:
             raise ValueError(f"tool_prompt must be one of {TOOL_PROMPTS}, got {tool_prompt!r}")
         if tool_prompt == "template" and action_format != "tool_call":
@@ -113,6 +154,8 @@ class BFCLEnv(gymnasium.Env):
         self.tool_prompt = tool_prompt
         self.category, self.split, self.action_format = category, split, action_format
         self.max_steps_per_turn, self.max_action_chars = max_steps_per_turn, max_action_chars
+        self.max_result_chars, self.max_observation_chars = max_result_chars, max_observation_chars
+        self.max_state_bytes = max_state_bytes
         self.tasks = data.load_tasks(category, split)
         self.action_space = TextAction(max_length=max_action_chars)
         self.observation_space = ChatObservation()
@@ -133,6 +176,7 @@ class BFCLEnv(gymnasium.Env):
         self._failure: dict | None = None
         self._steps = 0
         self._done = False
+        self._state_blob: bytes | None = None  # pickled instances before the next call step
 
     # -- gymnasium API ------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -168,13 +212,14 @@ class BFCLEnv(gymnasium.Env):
         if decoded.has_calls:
             if self._turn_steps >= self.max_steps_per_turn:
                 return self._force_terminate(info)
-            results = execute_calls(self._instances, self._table, decoded.calls)
-            self._results.extend(results)
+            results = self._run_calls(decoded.calls, info)
             self._turn_steps += 1
+            each = min(self.max_result_chars, max(self.max_observation_chars // len(results), 256))
+            shown = [cut(safe_text(r), each) for r in results]
             info["exec"] = [
-                {"call": c.text, "result": r, "refused": c.error is not None} for c, r in zip(decoded.calls, results)
+                {"call": c.text, "result": r, "refused": c.error is not None} for c, r in zip(decoded.calls, shown)
             ]
-            obs = [Message("tool", r, name=c.text) for c, r in zip(decoded.calls, results)]
+            obs = [Message("tool", r, name=cut(safe_text(c.text), MAX_NAME_CHARS)) for c, r in zip(decoded.calls, shown)]
             return obs, 0.0, False, False, info
         if decoded.error is not None:
             info["decode_error"] = decoded.error
@@ -183,6 +228,24 @@ class BFCLEnv(gymnasium.Env):
     def close(self) -> None:
         self._task = None
         self._clear()
+
+    def _run_calls(self, calls, info: dict[str, Any]) -> list[str]:
+        """Run the calls; undo them all if the state would grow past ``max_state_bytes``."""
+        if self._state_blob is None:
+            self._state_blob = pickle.dumps(self._instances)
+        results = execute_calls(self._instances, self._table, calls)
+        kept = [r[:MAX_STORED_RESULT_CHARS] for r in results]
+        blob = pickle.dumps(self._instances)
+        size = len(blob) + sum(len(r) for r in self._results) + sum(len(r) for r in kept)
+        if size > self.max_state_bytes:
+            self._instances = pickle.loads(self._state_blob)
+            self._table = method_table(self._instances)
+            info["state_too_large"] = size
+            return [f"Error: the calls of this response would grow the environment state to {size} bytes, over the "
+                    f"limit of {self.max_state_bytes}; all of them were undone."] * len(calls)
+        self._state_blob = blob
+        self._results.extend(kept)
+        return results
 
     # -- turns --------------------------------------------------------------------
     def _end_turn(self, info: dict[str, Any]):
@@ -284,6 +347,7 @@ class BFCLEnv(gymnasium.Env):
         (self._task, self._reference_key, self._instances, self._turn, self._turn_steps, self._results,
          self._checks, self._failure, self._steps, self._done, rng) = thaw(snapshot.state)
         self._table = method_table(self._instances)
+        self._state_blob = None
         self._reference = checker.reference(self._task, self._reference_key)
         self._load_docs()
         if rng is not None and self._np_random is not None and type(self._np_random.bit_generator).__name__ == rng["bit_generator"]:

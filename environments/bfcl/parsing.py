@@ -28,6 +28,13 @@ is *refused*: it becomes an error result and is not executed. A response that bf
 cannot decode at all (syntax error, a list item that is not a call, lambdas,
 comprehensions, f-strings, names inside arithmetic...) has no calls, which ends the user
 turn, as in BFCL's inference loop. Responses longer than ``max_chars`` are not parsed.
+
+Bounds (model text can never exhaust the stack or memory; a response over a bound has
+no calls, like any undecodable response): syntax nested more than
+:data:`MAX_NESTING` levels (``1+1+...+1`` with 100 terms, ``arguments`` nested 100
+deep in JSON), a folded string over :data:`MAX_FOLDED_CHARS`, folded strings adding up
+to more than :data:`MAX_DECODED_CHARS` per response, more than
+:data:`MAX_CALLS_PER_RESPONSE` calls.
 """
 
 from __future__ import annotations
@@ -43,6 +50,14 @@ from typing import Any, Mapping
 
 #: Responses longer than this many characters are not parsed (treated as no call).
 MAX_ACTION_CHARS = 65536
+#: Deepest syntax (AST levels, or JSON levels of a tool call) a response may have.
+MAX_NESTING = 64
+#: Longest string that arithmetic on literals may build ('a' * n, 'a' + 'b').
+MAX_FOLDED_CHARS = 65536
+#: Characters all folded strings of one response may add up to.
+MAX_DECODED_CHARS = 4 * MAX_ACTION_CHARS
+#: Calls one response may hold (BFCL's ground truth has at most 34 per turn).
+MAX_CALLS_PER_RESPONSE = 128
 #: Names bfcl-eval's executor refuses to call (``execute_multi_turn_func_call``).
 BLOCKED_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
 ACTION_FORMATS = ("python", "tool_call")
@@ -59,6 +74,39 @@ _SOURCE_NAME = "<bfcl-action>"
 def _parse(source: str) -> ast.Expression:
     warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_SOURCE_NAME))
     return ast.parse(source, filename=_SOURCE_NAME, mode="eval")
+
+
+def _too_deep(root: Any, children: Any) -> bool:
+    """True when ``root`` is nested more than :data:`MAX_NESTING` levels (iterative: a
+    deep input cannot exhaust the stack here)."""
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return True
+        stack.extend((child, depth + 1) for child in children(node))
+    return False
+
+
+def _json_children(value: Any) -> Any:
+    if isinstance(value, dict):
+        return [*value.keys(), *value.values()]
+    return value if isinstance(value, list) else ()
+
+
+class _Budget:
+    """Characters that folded strings of one response may still add up to."""
+
+    def __init__(self, limit: int = MAX_DECODED_CHARS):
+        self.left = limit
+
+    def charge(self, text: str) -> None:
+        if len(text) > MAX_FOLDED_CHARS:
+            raise DecodeError(f"arithmetic result too large: a string of {len(text)} characters "
+                              f"(limit {MAX_FOLDED_CHARS})")
+        self.left -= len(text)
+        if self.left < 0:
+            raise DecodeError(f"the computed arguments of this response exceed {MAX_DECODED_CHARS} characters")
 
 
 @dataclass(frozen=True)
@@ -137,8 +185,12 @@ def decode(text: Any, action_format: str = "python", max_chars: int = MAX_ACTION
     text = strip_reasoning(text)
     try:
         calls = _decode_python(text) if action_format == "python" else _decode_tool_calls(text)
+        if len(calls) > MAX_CALLS_PER_RESPONSE:
+            raise DecodeError(f"the response has {len(calls)} calls, over the limit of {MAX_CALLS_PER_RESPONSE}")
     except DecodeError as exc:
         return Decoded((), str(exc))
+    except (RecursionError, MemoryError) as exc:  # never reached within the bounds; a net, not a path
+        return Decoded((), f"the response could not be decoded ({type(exc).__name__})")
     return Decoded(tuple(calls))
 
 
@@ -157,6 +209,8 @@ def _decode_python(text: str) -> list[Call]:
         tree = _parse(s)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
         raise DecodeError(f"not a list of function calls ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if _too_deep(tree, ast.iter_child_nodes):
+        raise DecodeError(f"the response is nested more than {MAX_NESTING} levels deep")
     body = tree.body
     if isinstance(body, ast.Call):
         elements = [body]
@@ -164,17 +218,20 @@ def _decode_python(text: str) -> list[Call]:
         elements = list(body.elts)
     else:
         raise DecodeError(f"expected a list of calls like [f(a=1), g()], got a {type(body).__name__} expression")
-    calls = []
+    if len(elements) > MAX_CALLS_PER_RESPONSE:
+        raise DecodeError(f"the response has {len(elements)} calls, over the limit of {MAX_CALLS_PER_RESPONSE}")
+    calls, budget = [], _Budget()
     for element in elements:
         if not isinstance(element, ast.Call):
             raise DecodeError(f"every list item must be a function call, got a {type(element).__name__}")
-        calls.append(_python_call(element))
+        calls.append(_python_call(element, budget))
     return calls
 
 
-def _python_call(node: ast.Call) -> Call:
+def _python_call(node: ast.Call, budget: _Budget) -> Call:
     name, plain = _func_name(node.func)
-    resolved = {arg.arg: _resolve(arg.value) for arg in node.keywords}  # positional args dropped, as bfcl-eval
+    # positional args dropped, as bfcl-eval
+    resolved = {arg.arg: _resolve(arg.value, budget) for arg in node.keywords}
     rendered = [(k, _render(v)) for k, v in resolved.items()]
     text = f"{name}({', '.join(f'{k}={r}' for k, r in rendered)})"
     if not plain:
@@ -204,7 +261,7 @@ def _func_name(func: ast.AST) -> tuple[str, bool]:
     return ".".join(reversed(parts)), isinstance(func, ast.Name)
 
 
-def _resolve(node: ast.AST) -> Any:
+def _resolve(node: ast.AST, budget: _Budget) -> Any:
     """bfcl-eval's ``resolve_ast_by_type``, minus its two ``eval`` calls."""
     if isinstance(node, ast.Constant):
         return "..." if node.value is Ellipsis else node.value
@@ -214,22 +271,22 @@ def _resolve(node: ast.AST) -> Any:
             return -operand.value
         raise DecodeError(f"unsupported unary expression {type(node.op).__name__} on {type(operand).__name__}")
     if isinstance(node, ast.List):
-        return [_resolve(v) for v in node.elts]
+        return [_resolve(v, budget) for v in node.elts]
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise DecodeError("dict unpacking (**) is not supported in arguments")
-        return {_resolve(k): _resolve(v) for k, v in zip(node.keys, node.values)}
+        return {_resolve(k, budget): _resolve(v, budget) for k, v in zip(node.keys, node.values)}
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.BinOp):
-        return _fold(node)
+        return _fold(node, budget)
     if isinstance(node, ast.Call):
         if not node.keywords:  # bfcl-eval passes a keyword-less call on as its source text
             return _CallSource(ast.unparse(node))
         name, _ = _func_name(node.func)  # bfcl-eval renders it back as a nested call (refused below)
-        return {name: {k.arg: _resolve(k.value) for k in node.keywords}}
+        return {name: {k.arg: _resolve(k.value, budget) for k in node.keywords}}
     if isinstance(node, ast.Tuple):
-        return tuple(_resolve(v) for v in node.elts)
+        return tuple(_resolve(v, budget) for v in node.elts)
     if isinstance(node, ast.Subscript):
         return ast.unparse(node.value) + "[" + ast.unparse(node.slice) + "]"
     raise DecodeError(f"unsupported argument expression: {type(node).__name__}")
@@ -246,17 +303,17 @@ _BINOPS = {
 }
 
 
-def _fold(node: ast.AST) -> Any:
+def _fold(node: ast.AST, budget: _Budget) -> Any:
     """Arithmetic on literals (bfcl-eval ``eval``s it; we compute it safely, with limits)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, complex, str, bool)):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _fold(node.operand)
+        value = _fold(node.operand, budget)
         if not isinstance(value, (int, float, complex)):
             raise DecodeError("unary +/- needs a number")
         return -value if isinstance(node.op, ast.USub) else +value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        left, right = _fold(node.left), _fold(node.right)
+        left, right = _fold(node.left, budget), _fold(node.right, budget)
         if isinstance(node.op, ast.Pow):
             if isinstance(left, int) and isinstance(right, int) and right > 0:
                 if right > _MAX_INT_BITS or max(left.bit_length(), 1) * right > _MAX_INT_BITS:
@@ -266,7 +323,10 @@ def _fold(node: ast.AST) -> Any:
         if isinstance(node.op, ast.Mult) and any(isinstance(x, str) for x in (left, right)):
             count = right if isinstance(left, str) else left
             text = left if isinstance(left, str) else right
-            if isinstance(count, int) and count * len(text) > MAX_ACTION_CHARS:
+            if isinstance(count, int) and count * len(text) > MAX_FOLDED_CHARS:
+                raise DecodeError("arithmetic result too large")
+        if isinstance(node.op, ast.Add) and isinstance(left, str) and isinstance(right, str):
+            if len(left) + len(right) > MAX_FOLDED_CHARS:
                 raise DecodeError("arithmetic result too large")
         try:
             value = _BINOPS[type(node.op)](left, right)
@@ -274,6 +334,8 @@ def _fold(node: ast.AST) -> Any:
             raise DecodeError(f"arithmetic failed: {type(exc).__name__}: {exc}") from None
         if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
             raise DecodeError("arithmetic result too large")
+        if isinstance(value, str):
+            budget.charge(value)
         return value
     raise DecodeError(f"only arithmetic on literal numbers and strings is supported, got {type(node).__name__}")
 
@@ -326,6 +388,8 @@ def _decode_tool_calls(text: str) -> list[Call]:
             items.append(json.loads(block))
         except (ValueError, RecursionError):
             pass  # bfcl-eval skips blocks that are not JSON
+    if any(_too_deep(item, _json_children) for item in items):
+        raise DecodeError(f"a <tool_call> block is nested more than {MAX_NESTING} levels deep")
     if any(not isinstance(item, dict) for item in items):
         raise DecodeError("every <tool_call> block must hold a JSON object")
     calls = []
@@ -338,6 +402,8 @@ def _decode_tool_calls(text: str) -> list[Call]:
                 args = json.loads(args)
             except (ValueError, RecursionError):
                 raise DecodeError(f"the arguments of {str(name)[:60]!r} are a string that is not JSON") from None
+            if _too_deep(args, _json_children):
+                raise DecodeError(f"the arguments of {str(name)[:60]!r} are nested more than {MAX_NESTING} levels deep")
         if not isinstance(args, dict):
             raise DecodeError(f'"arguments" must be a JSON object, got {type(args).__name__}')
         try:

@@ -1,415 +1,291 @@
-"""The sandboxed kernel process (run as a script; imports nothing of this project).
+"""The sandboxed kernel processes (run as a script; imports nothing of this project).
 
-The host (``sandbox.py``) starts ``python -s _kernel_driver.py CONFIG_JSON`` in a new
-session with a scrubbed environment and two pipes (``req_fd`` host->kernel,
-``resp_fd`` kernel->host). Frames on both are a 4-byte big-endian length and UTF-8
-JSON. The driver, in order:
+Process tree on a root host::
 
-1. (as root) moves into fresh network and mount namespaces: no network interface is
-   up; ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` become small private
-   tmpfs mounts; directories the interpreter needs that an unprivileged user could not
-   traverse (e.g. a Python under ``/root``) are re-exposed read-only by bind mounts
-   over a tmpfs that hides the rest of their parent;
-2. preloads numpy and sympy;
-3. sets resource limits and drops to a uid/gid of its own (``uid_base + pid``) with
-   ``no_new_privs``, so file permissions, ``RLIMIT_NPROC`` and signal permissions
-   apply to it;
-4. sends ``{"op": "hello", ...}`` describing what it could enforce, then waits for
-   ``{"op": "start", "seed": S}`` (seeds ``random`` and numpy's global RNG);
-5. serves ``{"op": "exec", "id": N, "code": str}`` requests one at a time.
+    host (any size)
+     └─ zygote       ``python -I _kernel_driver.py CONFIG``: one per host process and preload
+        │            set. Moves into a mount namespace whose root is a read-only tmpfs that
+        │            shows only the system directories and the interpreter (never the
+        │            project or task data), imports numpy/sympy there, then forks kernels.
+        └─ supervisor  pid 1 of a fresh pid namespace, in fresh network and mount
+           │           namespaces (no interface up; private /proc, /tmp); root; holds the
+           │           host's pipes; trusted code only
+           └─ executor own uid (``uid_base`` + the supervisor's pid), rlimits,
+                       ``no_new_privs``; runs the model's cells; its stdout/stderr and a
+                       result pipe go to the supervisor, never to the host
 
-Each step that fails for lack of privilege is reported in ``hello["protections"]``,
-never silently assumed.
+The host starts it as ``python -I _kernel_driver.py FD`` and sends its configuration as
+the first message on the ``SOCK_SEQPACKET`` socket ``FD``. Then it asks: ``{"op": "fork", "limits":
+{...}}`` with the kernel's two pipe ends attached (``SCM_RIGHTS``), answered by
+``{"op": "forked", "pid": P}``; ``{"op": "kill", "pid": P}`` SIGKILLs a supervisor, and
+with it (pid namespace) every process of that kernel. Frames between host and
+supervisor, and between supervisor and executor, are a 4-byte big-endian length and
+UTF-8 JSON.
+
+The protocol channel belongs to the host: model code runs in the executor, which has
+no descriptor of the host. What it sends the supervisor (one ``done`` message per cell)
+is checked field by field; anything else ends the executor (a crashed cell), and the
+supervisor alone writes host frames, from values it built itself. Output is captured by
+the supervisor (head + tail kept, the rest counted); output that arrives between cells
+is reported apart, as background output.
+
+Each setup step that fails for lack of privilege is reported in the hello's
+``protections``, never silently assumed.
 """
 
-import ctypes
 import errno
 import json
 import os
+import platform
+import select
 import signal
-import struct
+import socket
 import sys
-import threading
 
-if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]  # the user's `import env` must not find this package's modules
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loaded before the project is hidden
+import _kernel_proc as kp  # noqa: E402
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_NO_NEW_PRIVS = 38
-F_SETPIPE_SZ = 1031
-FIONREAD = 0x541B
-MAX_FRAME = 64 << 20
+sys.path.pop(0)
 
-_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWPID = 0x20000, 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_CHILD_SUBREAPER = 36
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+DEVICES = ("null", "zero", "full", "random", "urandom")
 
-
-def _check(ret, what):
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+_libc = kp._libc
+check, mount, prctl = kp.check, kp.mount, kp.prctl
 
 
-def _mount(source, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {target}")
+# --- the zygote's view of the filesystem -----------------------------------------------
+
+def _covered(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-# --- framing ---------------------------------------------------------------------------
-
-def _read_exact(fd, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
-
-
-def read_frame(fd):
-    (n,) = struct.unpack(">I", _read_exact(fd, 4))
-    if n > MAX_FRAME:
-        raise ValueError(f"frame of {n} bytes")
-    return json.loads(_read_exact(fd, n).decode())
-
-
-def write_frame(fd, obj):
-    data = json.dumps(obj).encode()
-    data = struct.pack(">I", len(data)) + data
-    while data:
-        data = data[os.write(fd, data):]
-
-
-# --- isolation (runs as root, before any user code) ------------------------------------
-
-def _world_searchable(path):
-    try:
-        return bool(os.stat(path).st_mode & 0o001)
-    except OSError:
-        return False
-
-
-def _hidden_roots(paths):
-    """Map each topmost non-world-searchable ancestor to the needed paths below it."""
-    groups = {}
-    for p in sorted(set(paths)):
-        parts = p.strip("/").split("/")
-        for i in range(1, len(parts)):
-            anc = "/" + "/".join(parts[:i])
-            if not _world_searchable(anc):
-                groups.setdefault(anc, []).append(p)
-                break
-    for anc, ps in groups.items():  # drop paths nested in another needed path
-        groups[anc] = [p for p in ps if not any(p != q and p.startswith(q + "/") for q in ps)]
-    return groups
-
-
-def _interpreter_paths():
-    """Directories the interpreter reads from (prefixes and ``sys.path``), resolved."""
-    needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+def _exposed_paths(hide):
+    """Directories the sandbox shows (read-only): system directories and the interpreter's."""
+    interp = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
               os.path.dirname(os.path.realpath(sys.executable))]
-    needed += [p for p in sys.path if p and os.path.isdir(p)]
-    # the project's packages (the grader worker imports ``environments.math_python.grading``,
-    # which imports ``trace_gym``); the packages, not the project root, since the root
-    # may itself be untraversable (a 0700 checkout such as ``mktemp -d``)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    needed += [os.path.join(root, pkg) for pkg in ("environments", "trace_gym")
-               if os.path.isdir(os.path.join(root, pkg))]
-    return [os.path.realpath(p) for p in needed]
+    interp += [p for p in sys.path if p and os.path.isdir(p)]
+    paths = []
+    for p in sorted({os.path.realpath(p) for p in interp}, key=len):
+        if not _covered(p, paths) and p not in hide and not _covered(p, SYSTEM_DIRS):
+            paths.append(p)
+    return paths
 
 
-def _tmpfs_keeping(path, keep, options):
-    """Mount a fresh tmpfs over ``path``, then bind the directories ``keep`` (absolute
-    paths below ``path``, opened before the mount hides them) back, read-only."""
-    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in keep]
-    _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
-    for p, fd in zip(keep, fds):
-        os.makedirs(p, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-        _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+def build_root(cfg, report):
+    """Private mount namespace whose root is a read-only tmpfs holding only what the
+    interpreter needs; the host's project and task data are not in it."""
+    check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    hide = [os.path.realpath(p) for p in cfg.get("hide", ())]
+    exposed = _exposed_paths(hide)
+    # open everything before the staging tmpfs may shadow it (an interpreter under /tmp)
+    sources = {}
+    for p in [d for d in SYSTEM_DIRS if os.path.lexists(d)] + exposed + ["/proc"]:
+        sources[p] = os.readlink(p) if os.path.islink(p) else os.open(p, os.O_PATH | os.O_DIRECTORY)
+    devices = {d: os.open(f"/dev/{d}", os.O_PATH) for d in DEVICES if os.path.exists(f"/dev/{d}")}
+    stage = "/tmp"
+    mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    for p, src in sources.items():
+        target = stage + p
+        if isinstance(src, str):  # /bin -> usr/bin on merged-/usr systems
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.symlink(src, target)
+            continue
+        os.makedirs(target, mode=0o755, exist_ok=True)
+        flags = MS_NOSUID | MS_NODEV | (MS_NOEXEC if p == "/proc" else 0)
+        mount(f"/proc/self/fd/{src}", target, None, MS_BIND | MS_REC)
+        mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
+        os.close(src)
+    masked = [h for h in hide if _covered(h, exposed + [d for d in SYSTEM_DIRS if d in sources])]
+    for h in masked:  # a project installed inside an exposed directory (site-packages)
+        if os.path.isdir(stage + h):
+            mount("tmpfs", stage + h, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+        elif os.path.exists(stage + h):
+            mount(f"/proc/self/fd/{devices['null']}", stage + h, None, MS_BIND)
+    os.makedirs(stage + "/dev", 0o755)
+    for name, fd in devices.items():
+        open(f"{stage}/dev/{name}", "w").close()
+        mount(f"/proc/self/fd/{fd}", f"{stage}/dev/{name}", None, MS_BIND)
         os.close(fd)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{stage}/dev/{name}")
+    os.makedirs(stage + "/tmp", 0o755)
+    mount(None, stage, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    os.chdir(stage)
+    try:  # pivot_root detaches the host's tree; where it is refused (an initramfs root), chroot
+        if SYS_PIVOT_ROOT is None:
+            raise OSError(errno.ENOSYS, "no pivot_root number for this machine")
+        check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+        check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    except OSError:
+        os.chroot(".")  # the executor has no capability, and no descriptor outside, to leave it
+    os.chdir("/")
+    sys.path[:] = [p for p in sys.path if p and os.path.isdir(p)]
+    report["filesystem"] = ("read-only: " + ", ".join(d for d in SYSTEM_DIRS if d in sources) + ", the interpreter ("
+                            + ", ".join(exposed) + "); writable: only the workdir /tmp/work (private tmpfs, "
+                            f"{cfg.get('disk_mb', 64)} MB); nothing else of the host")
+    report["hidden"] = sorted(hide)
 
 
-def _setup_namespaces(cfg, report):
-    """Private network and mount namespaces; returns the working directory to use."""
-    try:
-        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-        report["network"] = "none (own network namespace, no interface up)"
-    except OSError as exc:
-        report["network"] = f"NOT isolated ({exc})"
-    before = os.readlink("/proc/self/ns/mnt")
-    try:
-        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-        if os.readlink("/proc/self/ns/mnt") == before:
-            raise OSError(errno.EPERM, "mount namespace did not change")
-        # Without this every mount below would propagate to the host's namespace.
-        _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    except OSError as exc:
-        report["filesystem"] = f"shared with host ({exc}); workdir is a host temp dir"
-        return None
-    needed = _interpreter_paths()
-    for anc, ps in _hidden_roots(needed).items():
-        _tmpfs_keeping(anc, ps, "size=1m,mode=0755")
-        _mount(None, anc, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    # The world-writable places become private, root-owned tmpfs mounts: the working
-    # directory (owned by the kernel's uid) is the only place it can write. An
-    # interpreter or project that lives below one of them (a checkout under /tmp) stays
-    # visible there, read-only.
-    disk = int(cfg["disk_mb"])
-    for path, size in (("/tmp", disk), ("/var/tmp", 1), ("/dev/shm", 1), ("/run/lock", 1)):
-        if os.path.isdir(path):
-            below = [p for p in needed if p.startswith(path + "/")]
-            below = [p for p in below if not any(p != q and p.startswith(q + "/") for q in below)]
-            _tmpfs_keeping(path, below, f"size={size}m,nr_inodes=4096,mode=0755")
-    workdir = "/tmp/work"
-    os.mkdir(workdir, 0o700)
-    report["filesystem"] = ("writable: only the workdir /tmp/work (private tmpfs, %d MB); /tmp, /var/tmp, "
-                            "/dev/shm, /run/lock are private and read-only to the kernel" % disk)
-    if _hidden_roots(needed):
-        report["filesystem"] += "; hidden: " + ", ".join(sorted(_hidden_roots(needed)))
-    return workdir
+# --- zygote: the fork server -----------------------------------------------------------
+
+NAMESPACE = {"__name__": "__main__", "__builtins__": __builtins__}
 
 
-def _set_limits(cfg, report):
-    import resource
-
-    mb = 1 << 20
-    limits = {
-        "RLIMIT_AS": (cfg["memory_mb"] * mb,) * 2,
-        "RLIMIT_CPU": (cfg["cpu_time_s"], cfg["cpu_time_s"] + 1),
-        "RLIMIT_NOFILE": (cfg["max_open_files"],) * 2,
-        "RLIMIT_NPROC": (cfg["max_processes"],) * 2,
-        "RLIMIT_FSIZE": (cfg["disk_mb"] * mb,) * 2,
-        "RLIMIT_CORE": (0, 0),
-    }
-    for name, value in limits.items():
+def _sweep_uid(uid):
+    """SIGKILL every process of ``uid`` (used only where no pid namespace holds the kernel)."""
+    pid = os.fork()
+    if pid == 0:
         try:
-            resource.setrlimit(getattr(resource, name), value)
-            report[name] = value[0]
-        except (OSError, ValueError) as exc:
-            report[name] = f"not set ({exc})"
-
-
-def _drop_privileges(cfg, workdir, mount_ns, report):
-    """Switch to a uid of our own; returns whether that happened."""
-    if os.geteuid() != 0:
-        report["user"] = f"same uid as the host ({os.geteuid()}): file permissions of the host user apply"
-        return False
-    hidden = _hidden_roots(_interpreter_paths())
-    if hidden and not mount_ns:
-        # Another uid could not import the rest of the standard library from there.
-        report["user"] = (f"root, NOT dropped: the interpreter lies under {sorted(hidden)}, which another uid "
-                          "cannot traverse, and no mount namespace was available to expose it")
-        return False
-    uid = gid = cfg["uid_base"] + os.getpid()
-    os.chown(workdir, uid, gid)
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-    report["user"] = f"uid {uid} (own uid, no capabilities)"
-    return True
-
-
-def _no_new_privs(report):
-    try:
-        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-        report["no_new_privs"] = True
-    except OSError as exc:
-        report["no_new_privs"] = f"not set ({exc})"
-
-
-# --- output capture ----------------------------------------------------------------------
-
-class Capture:
-    """A pipe on fd ``target`` drained by a thread: keeps ``head`` + ``tail`` bytes, counts the rest."""
-
-    def __init__(self, target, limit):
-        self.head_limit = limit - limit // 4
-        self.tail_limit = limit // 4
-        self.lock = threading.Lock()
-        r, w = os.pipe()
-        try:
-            import fcntl
-
-            fcntl.fcntl(w, F_SETPIPE_SZ, 1 << 20)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            for _ in range(20):
+                os.kill(-1, signal.SIGKILL)
         except OSError:
             pass
-        os.dup2(w, target)
-        os.close(w)
-        self.fd = r
-        self.reset()
+        os._exit(0)
+    os.waitpid(pid, 0)
 
-    def reset(self):
-        with self.lock:
-            self.head, self.tail, self.omitted = bytearray(), bytearray(), 0
 
-    def start(self):
-        threading.Thread(target=self._drain, daemon=True).start()
+class Zygote:
+    def __init__(self, sock, cfg, report, isolated):
+        self.sock, self.cfg, self.report, self.isolated = sock, cfg, report, isolated
+        self.kernels = {}  # supervisor pid -> own uid (None: no uid of its own)
+        self.pidns = False
+        self.self_ns = None
+        if isolated:
+            try:  # can we give each kernel a pid namespace? (undone at once)
+                self.self_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+                check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+                check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
+                self.pidns = True
+            except OSError as exc:
+                report["processes"] = f"no pid namespace ({exc}); kills sweep the kernel's uid"
 
-    def _drain(self):
-        import select
+    def fork(self, limits, fds):
+        if self.pidns:
+            check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        try:
+            pid = os.fork()
+        finally:
+            if self.pidns and os.getpid() != 1:
+                check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
+        if pid == 0:
+            try:
+                self.sock.close()
+                if self.self_ns is not None:
+                    os.close(self.self_ns)
+                kp.supervisor(fds[0], fds[1], limits, self.report, self.cfg, self.isolated, self.pidns, NAMESPACE)
+            finally:
+                os._exit(1)
+        self.kernels[pid] = self.cfg["uid_base"] + pid if self.isolated else None
+        return pid
 
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
+    def kill(self, pid):
+        if pid not in self.kernels:
+            return False
+        uid = self.kernels[pid]
+        try:
+            os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: every process of the kernel dies
+            if not self.pidns:
+                os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if not self.pidns and uid is not None:
+            _sweep_uid(uid)
+        return True
+
+    def reap(self):
         while True:
-            poller.poll()
-            with self.lock:
-                data = os.read(self.fd, 1 << 20)
-                if not data:
-                    return
-                room = self.head_limit - len(self.head)
-                if room > 0:
-                    self.head += data[:room]
-                    data = data[room:]
-                if data:
-                    self.tail += data
-                    if len(self.tail) > self.tail_limit:
-                        self.omitted += len(self.tail) - self.tail_limit
-                        del self.tail[: len(self.tail) - self.tail_limit]
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.kernels.pop(pid, None)
+            if not self.isolated:
+                import shutil
 
-    def collect(self):
-        """Wait until everything written so far was read, then return and clear it."""
-        import fcntl
-        import time
+                shutil.rmtree(self.cfg["workdirs"] + f"/kernel_{pid}", ignore_errors=True)
 
-        buf = bytearray(4)
+    def serve(self):
         while True:
-            with self.lock:
-                fcntl.ioctl(self.fd, FIONREAD, buf)
-                if struct.unpack("i", buf)[0] == 0:
-                    out = (self.head.decode(errors="replace"), self.tail.decode(errors="replace"),
-                           self.omitted)
-                    self.head, self.tail, self.omitted = bytearray(), bytearray(), 0
-                    return out
-            time.sleep(0.0005)
-
-
-def _watchdog(req_fd, own_uid):
-    """Kill every process of this sandbox when the host goes away (POLLHUP on its pipe)."""
-    import select
-
-    poller = select.poll()
-    poller.register(req_fd, 0)  # only POLLHUP / POLLERR / POLLNVAL are reported
-    poller.poll()
-    try:
-        if own_uid:  # never with the host's uid: kill(-1) would reach the host's processes
-            os.kill(-1, signal.SIGKILL)
-    finally:
-        os.killpg(0, signal.SIGKILL)
-
-
-# --- execution ---------------------------------------------------------------------------
-
-def _run_cell(code, filename, namespace):
-    """Execute ``code``; return (error text or None, exception name or None)."""
-    import ast
-    import linecache
-    import traceback
-
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    try:
-        tree = ast.parse(code, filename, "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, filename, "exec"), namespace)
-        if last is not None:
-            value = eval(compile(last, filename, "eval"), namespace)
-            if value is not None:
-                print(repr(value))
-        return None, None
-    except BaseException as exc:  # the cell's error is data for the model, including SystemExit
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-            tb = tb.tb_next  # hide the driver's own frames
-        if isinstance(exc, SyntaxError):
-            text = "".join(traceback.format_exception_only(type(exc), exc))
-        else:
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
-        return text, type(exc).__name__
+            ready, _, _ = select.select([self.sock], [], [], 0.5)
+            self.reap()
+            if not ready:
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                break
+            try:
+                msg = json.loads(data.decode())
+                if msg["op"] == "fork":
+                    reply = {"op": "forked", "pid": self.fork(msg["limits"], fds)}
+                elif msg["op"] == "kill":
+                    reply = {"op": "killed", "known": self.kill(msg["pid"])}
+                else:
+                    reply = {"op": "error", "error": f"unknown op {msg['op']!r}"}
+            except Exception as exc:  # noqa: BLE001 - a bad request must not end the server
+                reply = {"op": "error", "error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            self.sock.send(json.dumps(reply).encode())
+        for pid in list(self.kernels):  # the host is gone: so are its kernels
+            self.kill(pid)
 
 
 def main():
-    cfg = json.loads(sys.argv[1])
-    req_fd, resp_fd = cfg["req_fd"], cfg["resp_fd"]
+    # the config comes as the first message: /proc/PID/cmdline is readable by every kernel
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    cfg = json.loads(sock.recv(1 << 22).decode())
     report = {}
+    isolated = bool(cfg["isolate"]) and os.geteuid() == 0
     try:
-        workdir = None
-        if cfg["isolate"] and os.geteuid() == 0:
-            workdir = _setup_namespaces(cfg, report)
-        elif cfg["isolate"]:
-            report["network"] = "NOT isolated (host is not root)"
-        mount_ns = workdir is not None
-        if workdir is None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of kernels are reaped here
+        if isolated:
+            try:
+                build_root(cfg, report)
+            except OSError as exc:  # fail closed: never run model code unsandboxed by surprise
+                raise OSError(exc.errno, f"the sandbox root could not be built ({exc}); run kernels without "
+                                         "it only knowingly: isolate=False") from exc
+        else:
+            report["filesystem"] = "NOT isolated (host is not root, or isolation is off): the host user's view"
             import tempfile
 
-            workdir = tempfile.mkdtemp(prefix="trace_gym_kernel_")
+            cfg["workdirs"] = tempfile.mkdtemp(prefix="trace_gym_kernels_")
         for name in cfg["preload"]:
             __import__(name)
-        _set_limits(cfg, report)
-        own_uid = cfg["isolate"] and _drop_privileges(cfg, workdir, mount_ns, report)
-        _no_new_privs(report)
-        os.environ.clear()
-        os.environ.update(cfg["env"], HOME=workdir, TMPDIR=workdir)
-        os.chdir(workdir)
-        os.umask(0o077)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
+        if "numpy" in sys.modules:
+            __import__("numpy.random")  # lazy in numpy 2: else each kernel pays it when seeded
+        if cfg.get("warmup"):
+            exec(compile(cfg["warmup"], "<warmup>", "exec"), NAMESPACE)
+        zygote = Zygote(sock, cfg, report, isolated)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
         os.close(devnull)
-        out, err = Capture(1, cfg["output_bytes"]), Capture(2, cfg["output_bytes"])
-        out.start()
-        err.start()
-        threading.Thread(target=_watchdog, args=(req_fd, own_uid), daemon=True).start()
     except BaseException as exc:  # report instead of dying silently
-        write_frame(resp_fd, {"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report})
+        sock.send(json.dumps({"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report}).encode())
         raise SystemExit(1)
-    write_frame(resp_fd, {"op": "hello", "pid": os.getpid(), "uid": os.geteuid(), "own_uid": own_uid, "workdir": workdir,
-                          "protections": report})
+    sock.send(json.dumps({"op": "hello", "pid": os.getpid(), "protections": report}).encode())
+    zygote.serve()
+    if not isolated:
+        import shutil
 
-    import io
-
-    stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                              errors="backslashreplace", write_through=True)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    cell_count = 0
-    while True:
-        try:
-            msg = read_frame(req_fd)
-        except EOFError:
-            os._exit(0)
-        if msg["op"] == "start":
-            import random
-
-            random.seed(msg["seed"])
-            if "numpy" in sys.modules:
-                sys.modules["numpy"].random.seed(msg["seed"] % (1 << 32))
-            write_frame(resp_fd, {"op": "started", "seed": msg["seed"]})
-            continue
-        if msg["op"] != "exec":
-            write_frame(resp_fd, {"op": "error", "error": f"unknown op {msg['op']!r}"})
-            continue
-        cell_count += 1
-        sys.stdout, sys.stderr, sys.stdin = stdout, stderr, io.StringIO()
-        error, error_name = _run_cell(msg["code"], f"<cell {cell_count}>", namespace)
-        for stream in (sys.stdout, sys.stderr, stdout, stderr):
-            try:
-                stream.flush()
-            except BaseException:  # a closed or replaced stream must not kill the kernel
-                pass
-        o_head, o_tail, o_omit = out.collect()
-        e_head, e_tail, e_omit = err.collect()
-        limit = cfg["output_bytes"]
-        if error is not None and len(error) > limit:
-            error = f"[... {len(error) - limit} characters of traceback omitted ...]\n" + error[-limit:]
-        write_frame(resp_fd, {
-            "op": "result", "id": msg["id"], "status": "ok" if error is None else "error",
-            "stdout": [o_head, o_tail, o_omit], "stderr": [e_head, e_tail, e_omit],
-            "error": error, "error_name": error_name,
-        })
+        shutil.rmtree(cfg["workdirs"], ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -24,19 +24,33 @@ larger than ``KernelLimits.output_bytes`` keeps its first 3/4 and last 1/4 aroun
     ```
 
 A cell that hits the wall-clock limit, or kills the interpreter (segfault, ``os._exit``,
-CPU limit), ends with ``timeout_notice`` / ``crash_notice``: the interpreter was
-restarted, and every variable, import and file of earlier cells is lost; later cells of
-the same response are not run (``skipped_notice``). Nothing is ever re-run behind the
-model's back. The step that ends the episode returns ``[Message(role, final_message)]``.
+CPU limit), ends with ``timeout_notice`` / ``crash_notice`` (with the real cause): the
+interpreter was restarted, and every variable, import and file of earlier cells is
+lost; the next cell runs in the new interpreter. If the interpreter died *between*
+cells (a background thread or process killed it), the next cell runs in a new one and
+its block starts with ``restart_notice``. Output printed between cells by background
+threads or processes is shown, labelled by ``background_notice``, before the next
+cell's output. Limits per response: ``max_action_chars`` (a longer response is not run
+and not graded), ``max_cells`` code blocks (the rest are not run, ``cells_notice``),
+``step_timeout_s`` seconds of code in total (later cells are not run,
+``skipped_notice``), ``max_observation_chars`` of observation. Nothing is ever re-run
+behind the model's back. The step that ends the episode returns
+``[Message(role, final_message)]``. Every observation is valid UTF-8 (lone surrogates
+are escaped).
 
 ## Rewards
 0.0 on every step but the last; on the step whose action has no code block, 1.0 if its
 last boxed answer is equivalent to the task's answer (see ``grading.py`` for the
 extraction rules), else 0.0. ``info["grading"]`` says what was extracted and why.
+When the reward could not be computed (no grader worker could run, or no kernel could
+be started), ``info["infra_error"]`` holds the reason and
+``info["reward_components"]["infra_error"]`` is 1.0: the reward (0.0) means nothing,
+and a trainer must drop the episode rather than count it as wrong.
 
 ## Episode End
 Terminated by the first action without a code block (that action is graded).
-Truncated, with reward 0, when ``max_turns`` actions with code have been taken.
+Truncated, with reward 0, when ``max_turns`` actions with code (or over-long actions)
+have been taken, or when no kernel could be started (``info["infra_error"]``).
 
 ## Info
 ``info["exec"]`` (steps with code): ``status`` (worst of ``ok`` < ``error`` <
@@ -47,9 +61,10 @@ after a restore, ``replay`` reports the cells re-executed and any that diverged.
 ## Snapshot
 ``replay``: the snapshot records the task, the episode seed, the turn, the kernel
 generation (how many times the interpreter was restarted) and the cells executed in
-the current interpreter with their status. ``restore`` discards the live interpreter;
-the next cell starts a fresh one seeded with ``(episode seed, generation)`` and
-re-executes the recorded cells first, discarding their output. Deterministic for code
+the current interpreter with their status. ``restore`` discards the live interpreter
+and forks a fresh one seeded with ``(episode seed, generation)`` (milliseconds; it sets
+itself up while the policy generates); the next cell re-executes the recorded cells in
+it first, discarding their output. Deterministic for code
 whose behaviour depends only on its inputs and the seeded ``random``/``numpy.random``
 (hash seed fixed to 0); not for wall-clock time, ``id()``/addresses, ``os.urandom``,
 PIDs, or cells near the time limit.
@@ -60,7 +75,9 @@ v0: first version.
 
 from __future__ import annotations
 
+import functools
 import re
+import time
 from typing import Any, Sequence
 
 import gymnasium
@@ -69,7 +86,8 @@ import numpy as np
 from environments.math_python.data import load_tasks
 from environments.math_python.generated import generate_tasks
 from environments.math_python.grading import EXTRACTIONS, Grader, normalize_answer
-from environments.math_python.sandbox import CellResult, Kernel, KernelFactory, KernelLimits
+from environments.math_python.sandbox import CellResult, Kernel, KernelError, KernelFactory, KernelLimits, safe_text
+from environments.math_python.zygote import ForkServer
 from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
@@ -100,7 +118,20 @@ CRASH_NOTICE = (
     "KernelDied: the Python process died ({reason}). The Python session was restarted: all variables, "
     "imports and files from earlier cells are lost."
 )
-SKIPPED_NOTICE = "(not executed: the Python session was restarted by an earlier block of this response)"
+SKIPPED_NOTICE = "(not executed: this response's code already ran for {limit:g} s, the limit per response)"
+RESTART_NOTICE = (
+    "(The Python session had died after the previous cell: {reason}. It was restarted for this cell: all "
+    "variables, imports and files from earlier cells are lost.)"
+)
+BACKGROUND_NOTICE = "(printed after the previous cell had finished, by a background thread or process:)\n{output}"
+CELLS_NOTICE = "({count} more code block(s) not executed: at most {limit} run per response)"
+ACTION_TOO_LONG = (
+    "Your response has {length} characters, over the limit of {limit}; it was not run and not graded. "
+    "Write a shorter response."
+)
+INFRA_NOTICE = "(not executed: the Python sandbox could not be started; this is an infrastructure error, not yours)"
+#: Characters of the response the env reads; longer responses are refused.
+MAX_ACTION_CHARS = 65536
 _SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
 
 
@@ -114,6 +145,12 @@ def kernel_seed(episode_seed: int, generation: int) -> int:
     return int(np.random.SeedSequence([int(episode_seed), int(generation)]).generate_state(1)[0])
 
 
+@functools.lru_cache(maxsize=1)
+def default_tasks() -> tuple[Task, ...]:
+    """The default pool (64 generated tasks, difficulty 0-2), made once per process, on first use."""
+    return tuple(generate_tasks(64, difficulty=(0, 1, 2), seed=0))
+
+
 class MathPythonEnv(gymnasium.Env):
     """Math problems with a persistent sandboxed Python tool (spec in the module docstring).
 
@@ -121,16 +158,25 @@ class MathPythonEnv(gymnasium.Env):
         tasks: the pool ``reset()`` draws from: a list of ``Task``/task dicts, or a
             dataset name for :func:`load_tasks`; default: 64 generated tasks of
             difficulty 0-2.
+            The default pool is made on first use (never, when every reset names a task).
         max_turns: actions with code before truncation.
         limits: :class:`KernelLimits` (or a dict of its fields).
         isolate: sandbox the interpreter (namespaces, own uid) where the host allows.
-        prestart_kernel: keep one interpreter warm so a new one costs no import time.
+        prestart_kernel: start the process-wide kernel fork server (and the grader's)
+            in the background now, so the first cell does not wait for imports.
+        max_action_chars: longer responses are not run and not graded.
+        max_cells: code blocks run per response; later ones are not run.
+        step_timeout_s: seconds all cells of one response may run together.
+        max_observation_chars: longest observation (head 3/4 and tail 1/4 kept).
         system_prompt, prompt_template: the first observation (``{question}`` field).
         output_template, empty_output, truncation_marker, timeout_notice,
-            crash_notice, skipped_notice, final_message: observation text (see the
-            module docstring; fields ``{output}``, ``{omitted}``, ``{limit}``, ``{reason}``).
+            crash_notice, skipped_notice, restart_notice, background_notice,
+            cells_notice, final_message: observation text (see the module docstring;
+            fields ``{output}``, ``{omitted}``, ``{limit}``, ``{reason}``, ``{count}``).
         observation_role: ``"user"`` or ``"tool"``.
         grader: a :class:`Grader`; default: the process-wide shared one.
+        kernel_server: the :class:`ForkServer` kernels are forked from; default: the
+            process-wide one.
         replay_timeout_factor: a replayed cell may run this many times the cell limit.
         few_shot: start with :data:`FEW_SHOT_DEMO` after the system prompt.
         answer_extraction: ``"boxed"`` (default: the last ``\\boxed{}``) or
@@ -148,27 +194,36 @@ class MathPythonEnv(gymnasium.Env):
                  crash_notice: str = CRASH_NOTICE, skipped_notice: str = SKIPPED_NOTICE,
                  final_message: str = "Final answer received.", observation_role: str = "user",
                  grader: Grader | None = None, replay_timeout_factor: float = 3.0,
-                 answer_extraction: str = "boxed", few_shot: bool = False):
+                 answer_extraction: str = "boxed", few_shot: bool = False,
+                 max_action_chars: int = MAX_ACTION_CHARS, max_cells: int = 8, step_timeout_s: float = 30.0,
+                 max_observation_chars: int = 32768, restart_notice: str = RESTART_NOTICE,
+                 background_notice: str = BACKGROUND_NOTICE, cells_notice: str = CELLS_NOTICE,
+                 kernel_server: ForkServer | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if observation_role not in ("user", "tool"):
             raise ValueError(f"observation_role must be 'user' or 'tool', got {observation_role!r}")
         if "{output}" not in output_template:
             raise ValueError(f"output_template must contain '{{output}}', got {output_template!r}")
+        for name, value in (("max_action_chars", max_action_chars), ("max_cells", max_cells),
+                            ("step_timeout_s", step_timeout_s), ("max_observation_chars", max_observation_chars)):
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
         if isinstance(tasks, str):
             tasks = load_tasks(tasks)
-        elif tasks is None:
-            tasks = generate_tasks(64, difficulty=(0, 1, 2), seed=0)
-        self.tasks = [resolve_task(t) for t in tasks]
-        if not self.tasks:
+        self._tasks = None if tasks is None else [resolve_task(t) for t in tasks]
+        if self._tasks is not None and not self._tasks:
             raise ValueError("MathPythonEnv needs at least one task")
         self.max_turns = max_turns
         self.limits = KernelLimits(**limits) if isinstance(limits, dict) else (limits or KernelLimits())
         self.templates = {
             "system": system_prompt, "prompt": prompt_template, "output": output_template,
             "empty": empty_output, "truncation": truncation_marker, "timeout": timeout_notice,
-            "crash": crash_notice, "skipped": skipped_notice, "final": final_message,
+            "crash": crash_notice, "skipped": skipped_notice, "final": final_message, "restart": restart_notice,
+            "background": background_notice, "cells": cells_notice,
         }
+        self.max_action_chars, self.max_cells = int(max_action_chars), int(max_cells)
+        self.step_timeout_s, self.max_observation_chars = float(step_timeout_s), int(max_observation_chars)
         self.observation_role = observation_role
         self.replay_timeout_factor = replay_timeout_factor
         if answer_extraction not in EXTRACTIONS:
@@ -176,8 +231,10 @@ class MathPythonEnv(gymnasium.Env):
         self.answer_extraction = answer_extraction
         self.few_shot = few_shot
         self._grader = grader
-        self._factory = KernelFactory(self.limits, isolate=isolate, prestart=prestart_kernel)
-        self.action_space = TextAction(max_length=65536)
+        self._factory = KernelFactory(self.limits, isolate=isolate, prestart=prestart_kernel, server=kernel_server)
+        if prestart_kernel:
+            self.grader.start_background()
+        self.action_space = TextAction(max_length=self.max_action_chars)
         self.observation_space = ChatObservation()
         self._task: Task | None = None
         self._episode_seed = 0
@@ -186,13 +243,22 @@ class MathPythonEnv(gymnasium.Env):
         self._generation = 0
         self._cells: list[tuple[str, str]] = []  # (code, status) run in the live interpreter
         self._kernel: Kernel | None = None
+        self._prefetched: tuple[int, Kernel] | None = None  # (seed, kernel) forked by restore()
         self._replay_report: dict | None = None
         self.kernel_protections: dict = {}
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The pool ``reset()`` draws from (the default pool is made on first access)."""
+        if self._tasks is None:
+            self._tasks = list(default_tasks())
+        return self._tasks
 
     # -- gymnasium API ------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = task_from_options(options, self.tasks, self.np_random, self._load)
+        named = options is not None and options.get("task", options.get("task_id")) is not None
+        task = task_from_options(options, () if named else self.tasks, self.np_random, self._load)
         self._close_kernel()
         self._task = task
         self._episode_seed = int(self.np_random.integers(2**31))
@@ -211,45 +277,93 @@ class MathPythonEnv(gymnasium.Env):
                     {"error": "episode_over", "turn": self._turn})
         self._turn += 1
         info: dict[str, Any] = {"turn": self._turn, "task_id": self._task.id}
-        cells = extract_code_blocks(action)
+        text = action if isinstance(action, str) else ""
+        if len(text) > self.max_action_chars:  # not run, not graded: a turn spent
+            self._done = self._turn >= self.max_turns
+            info.update(exec=None, action_too_long=len(text), reward_components={"correct": 0.0})
+            message = self.templates["output"].format(output=ACTION_TOO_LONG.format(
+                length=len(text), limit=self.max_action_chars))
+            return [Message(self.observation_role, message)], 0.0, False, self._done, info
+        cells = extract_code_blocks(text)
         if not cells:
-            result = self.grader.grade(action if isinstance(action, str) else "", self._task.answer,
-                                       self.answer_extraction)
-            reward = 1.0 if result.correct else 0.0
-            self._done = True
-            info.update(exec=None, grading=result.info(), reward_components={"correct": reward})
-            return [Message(self.observation_role, self.templates["final"])], reward, True, False, info
+            return self._final(text, info)
+        return self._run_cells(cells, info)
 
-        blocks, cell_infos, restarted = [], [], False
+    def _final(self, text: str, info: dict[str, Any]):
+        result = self.grader.grade(text, self._task.answer, self.answer_extraction)
+        reward = 1.0 if result.correct else 0.0
+        self._done = True
+        info.update(exec=None, grading=result.info(),
+                    reward_components={"correct": reward, "infra_error": float(result.infra_error)})
+        if result.infra_error:
+            info["infra_error"] = result.reason
+        return [Message(self.observation_role, self.templates["final"])], reward, True, False, info
+
+    def _run_cells(self, cells: list[str], info: dict[str, Any]):
+        blocks, cell_infos, restarted, infra = [], [], False, None
         worst = "ok"
-        for code in cells:
-            if restarted:
-                blocks.append(self.templates["output"].format(output=self.templates["skipped"]))
+        deadline = time.monotonic() + self.step_timeout_s
+        for code in cells[: self.max_cells]:
+            left = deadline - time.monotonic()
+            if infra is not None or left <= 0:
+                notice = INFRA_NOTICE if infra is not None else self.templates["skipped"].format(limit=self.step_timeout_s)
+                blocks.append(self.templates["output"].format(output=notice))
                 cell_infos.append({"status": "skipped"})
                 continue
-            kernel = self._ensure_kernel()
-            result = kernel.execute(code)
-            if result.kernel_alive:
-                self._cells.append((code, result.status))
-            else:  # the interpreter is gone: a new generation starts empty at the next cell
+            limit = min(self.limits.cell_timeout_s, left)
+            try:
+                result, note = self._execute(code, limit)
+            except KernelError as exc:  # no kernel could be started, even by a fresh fork server
+                infra = f"no Python kernel could be started: {exc}"
+                blocks.append(self.templates["output"].format(output=INFRA_NOTICE))
+                cell_infos.append({"status": "skipped"})
+                continue
+            if not result.kernel_alive:  # the interpreter is gone: a new generation starts empty
                 self._close_kernel()
                 self._generation += 1
                 self._cells = []
                 restarted = True
+            elif result.status != "dead":
+                self._cells.append((code, result.status))
+            if note is not None:
+                restarted = True
             worst = max(worst, result.status, key=_SEVERITY.__getitem__)
-            blocks.append(self.templates["output"].format(output=self._format(result)))
-            cell_infos.append(result.info())
-        truncated = self._turn >= self.max_turns
+            body = self._format(result, limit, step_cut=limit < self.limits.cell_timeout_s)
+            blocks.append(self.templates["output"].format(output=body if note is None else f"{note}\n{body}"))
+            cell_infos.append(dict(result.info(), restarted_before=note is not None))
+        if len(cells) > self.max_cells:
+            blocks.append(self.templates["output"].format(output=self.templates["cells"].format(
+                count=len(cells) - self.max_cells, limit=self.max_cells)))
+        truncated = self._turn >= self.max_turns or infra is not None
         self._done = truncated
         ran = [c for c in cell_infos if c["status"] != "skipped"]
         info["exec"] = {
             "status": worst, "timed_out": any(c["timed_out"] for c in ran), "oom": any(c["oom"] for c in ran),
             "elapsed": sum(c["elapsed"] for c in ran), "kernel_restarted": restarted, "cells": cell_infos,
+            "cells_not_run": max(0, len(cells) - self.max_cells) + len(cell_infos) - len(ran),
         }
         if self._replay_report is not None:
             info["exec"]["replay"], self._replay_report = self._replay_report, None
-        info["reward_components"] = {"correct": 0.0}
-        return [Message(self.observation_role, "\n\n".join(blocks))], 0.0, False, truncated, info
+        info["reward_components"] = {"correct": 0.0, "infra_error": float(infra is not None)}
+        if infra is not None:
+            info["infra_error"] = infra
+        return [Message(self.observation_role, self._cap("\n\n".join(blocks)))], 0.0, False, truncated, info
+
+    def _execute(self, code: str, limit: float) -> tuple[CellResult, str | None]:
+        """Run one cell; if the kernel had died since the last cell, run it in a new one
+        and return the notice that says so. Raises KernelError when no kernel starts."""
+        result = self._ensure_kernel().execute(code, timeout=limit)
+        if result.status != "dead":
+            return result, None
+        note = self.templates["restart"].format(reason=result.error)
+        self._close_kernel()
+        self._generation += 1
+        self._cells = []
+        result = self._ensure_kernel().execute(code, timeout=limit)
+        if result.status == "dead":  # twice in a row: report it as this cell's crash
+            result = CellResult(status="crashed", error=result.error, error_name=result.error_name,
+                                elapsed=result.elapsed, kernel_alive=False)
+        return result, note
 
     def close(self) -> None:
         self._close_kernel()
@@ -274,6 +388,17 @@ class MathPythonEnv(gymnasium.Env):
         self._done, self._generation, self._cells = state["done"], state["generation"], list(state["cells"])
         self._np_random = rng_from_state(state["rng"])
         self._replay_report = None
+        if not self._done:  # fork the next kernel now: it sets itself up while the policy generates
+            seed = kernel_seed(self._episode_seed, self._generation)
+            try:
+                self._prefetched = (seed, self._factory.new_kernel(seed))
+            except KernelError:
+                pass  # the first cell tries again, and reports an infrastructure error if it must
+
+    def replay_steps(self, snapshot: Snapshot) -> int:
+        """Cells a restore of ``snapshot`` re-executes (``trace_gym.env.ReplayCost``): the
+        agent loop counts them as env steps, so exact costs include branching's price."""
+        return len(thaw(snapshot.state)["cells"])
 
     # -- helpers -----------------------------------------------------------------
     @property
@@ -298,8 +423,7 @@ class MathPythonEnv(gymnasium.Env):
         """The live interpreter, built (and the recorded cells replayed) when needed."""
         if self._kernel is not None:
             return self._kernel
-        kernel = self._factory.new_kernel(kernel_seed(self._episode_seed, self._generation))
-        self.kernel_protections = kernel.wait_ready()["protections"]
+        kernel = self._new_kernel()
         if self._cells:
             diverged, elapsed = [], 0.0
             timeout = self.limits.cell_timeout_s * self.replay_timeout_factor
@@ -309,26 +433,69 @@ class MathPythonEnv(gymnasium.Env):
                 if result.status != status:
                     diverged.append({"cell": i, "recorded": status, "replayed": result.status})
                 if not result.kernel_alive:  # cannot rebuild the rest; carry on in a fresh one
-                    kernel = self._factory.new_kernel(kernel_seed(self._episode_seed, self._generation))
+                    kernel = self._new_kernel()
             self._replay_report = {"cells": len(self._cells), "elapsed": elapsed, "diverged": diverged}
         self._kernel = kernel
         return kernel
 
-    def _close_kernel(self) -> None:
-        if self._kernel is not None:
-            self._kernel.close()
-            self._kernel = None
+    def _new_kernel(self) -> Kernel:
+        """A ready kernel for the current generation; one retry (a kernel that died while
+        starting is an infrastructure fault). Raises KernelError."""
+        seed = kernel_seed(self._episode_seed, self._generation)
+        for attempt in (0, 1):
+            kernel = None
+            try:
+                prefetched, self._prefetched = self._prefetched, None
+                if prefetched is not None and prefetched[0] == seed and prefetched[1].alive:
+                    kernel = prefetched[1]
+                else:
+                    if prefetched is not None:
+                        prefetched[1].close()
+                    kernel = self._factory.new_kernel(seed)
+                self.kernel_protections = kernel.wait_ready()["protections"]
+                return kernel
+            except KernelError:
+                if kernel is not None:
+                    kernel.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
-    def _format(self, result: CellResult) -> str:
+    def _close_kernel(self) -> None:
+        """Close the live kernel and any prefetched one."""
+        for kernel in (self._kernel, self._prefetched and self._prefetched[1]):
+            if kernel is not None:
+                kernel.close()
+        self._kernel = self._prefetched = None
+
+    def _format(self, result: CellResult, limit: float, step_cut: bool = False) -> str:
         marker = self.templates["truncation"]
-        parts = [s.text(marker).rstrip("\n") for s in (result.stdout, result.stderr) if s.head or s.tail]
+        parts = []
+        background = "\n".join(s.text(marker).rstrip("\n") for s in result.background if s.head or s.tail)
+        if background:
+            parts.append(self.templates["background"].format(output=background))
+        parts += [s.text(marker).rstrip("\n") for s in (result.stdout, result.stderr) if s.head or s.tail]
         if result.status == "error" and result.error:
             parts.append(result.error.rstrip("\n"))
         elif result.status == "timeout":
-            parts.append(self.templates["timeout"].format(limit=self.limits.cell_timeout_s))
-        elif result.status == "crashed":
-            parts.append(self.templates["crash"].format(reason=result.error_name or result.error))
-        return "\n".join(parts) if parts else self.templates["empty"]
+            if step_cut:  # stopped by the per-response budget, not the cell's own limit
+                parts.append(self.templates["timeout"].format(limit=limit).replace(
+                    "the cell ran longer than", "this response's code ran longer than its remaining"))
+            else:
+                parts.append(self.templates["timeout"].format(limit=limit))
+        elif result.status in ("crashed", "dead"):
+            parts.append(self.templates["crash"].format(reason=result.error or result.error_name))
+        return safe_text("\n".join(parts)) if parts else self.templates["empty"]
+
+    def _cap(self, text: str) -> str:
+        """The observation within ``max_observation_chars`` (head 3/4, tail 1/4)."""
+        text = safe_text(text)
+        if len(text) <= self.max_observation_chars:
+            return text
+        keep = self.max_observation_chars - 80
+        head, tail = keep - keep // 4, keep // 4
+        marker = self.templates["truncation"].format(omitted=len(text) - head - tail)
+        return text[:head] + marker + text[len(text) - tail:]
 
     def _load(self, task_id: str) -> Task:
         for task in self.tasks:

@@ -23,22 +23,27 @@ parsed by math-verify with ``LatexExtractionConfig`` then ``ExprExtractionConfig
 a gold ``x=3`` accepts ``3``). math-verify's own normalisation handles ``\\text{}``,
 units, ``\\dfrac``, percent, ``\\$``, thousands separators, intervals, sets and tuples.
 
-:class:`Grader` runs that comparison in a persistent sandboxed :class:`Kernel` (sympy's
-parser evaluates strings, and a pathological expression may not terminate): one call
-costs milliseconds; a call that exceeds ``timeout_s`` kills the worker, counts as not
-equivalent, and the next call starts a fresh worker.
+:class:`Grader` runs each comparison in a fresh sandboxed worker (sympy's parser
+evaluates strings, and a pathological expression may not terminate), forked in
+milliseconds from a fork server that has math-verify imported and warmed up. The
+worker never sees the project or any task data: it gets the gold and the candidate as
+two strings. A call that exceeds ``timeout_s`` is killed and counts as not equivalent
+(the answer's fault). A worker that dies or cannot start (an infrastructure fault: the
+machine killed it, the fork server died...) is replaced and the answer regraded; if no
+worker could grade it after ``attempts`` tries, the result is an *infrastructure error*
+(``GradeResult.infra_error``): its reward was not computed, and a trainer must exclude
+the episode instead of counting it as wrong.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from environments.math_python.sandbox import Kernel, KernelError, KernelLimits
+from environments.math_python.zygote import ForkServer
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*(\{)|\\boxed[ \t]+([^\s$]+)")
 _DIGIT_GROUP = re.compile(r"(?<=\d)(?:\\,|\\!|\\;|\\ |\{,\})(?=\d{3}(?!\d))")
@@ -99,16 +104,41 @@ def normalize_answer(answer: Any) -> str:
     return text
 
 
-def verify_equivalent(gold: str, candidate: str, timeout_s: int = 5) -> bool:
-    """math-verify equivalence of two normalised answers, gold first (in this process)."""
+#: The grader worker's code: sent as source to the sandboxed fork server (which must not
+#: import this project), and also run here by :func:`verify_equivalent`.
+WORKER_SOURCE = """
+import json as _json
+
+
+def verify_equivalent(gold, candidate, timeout_s=5):
+    \"\"\"math-verify equivalence of two normalised answers, gold first (in this process).\"\"\"
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     config = [LatexExtractionConfig(), ExprExtractionConfig()]
-    gold_parsed = parse("\\boxed{" + gold + "}", extraction_config=config, parsing_timeout=timeout_s)
-    cand_parsed = parse("\\boxed{" + candidate + "}", extraction_config=config, parsing_timeout=timeout_s)
+    gold_parsed = parse("\\\\boxed{" + gold + "}", extraction_config=config, parsing_timeout=timeout_s)
+    cand_parsed = parse("\\\\boxed{" + candidate + "}", extraction_config=config, parsing_timeout=timeout_s)
     if not gold_parsed or not cand_parsed:
         return False
     return bool(verify(gold_parsed, cand_parsed, timeout_seconds=timeout_s))
+
+
+def _grade(gold, candidate, timeout_s):
+    try:
+        print(_json.dumps({"equal": verify_equivalent(gold, candidate, timeout_s)}))
+    except Exception as exc:  # math-verify's own timeout or parse failure: not equivalent
+        print(_json.dumps({"equal": False, "error": type(exc).__name__ + ": " + str(exc)[:200]}))
+"""
+#: Run once in the fork server: warms math-verify's parsers for every worker.
+WORKER_WARMUP = WORKER_SOURCE + 'verify_equivalent("x^2 + 1/2", "0.5 + x^{2}", 5)\n'
+
+_LOCAL: dict = {}
+
+
+def verify_equivalent(gold: str, candidate: str, timeout_s: int = 5) -> bool:
+    """math-verify equivalence of two normalised answers, gold first (in this process)."""
+    if not _LOCAL:
+        exec(compile(WORKER_SOURCE, "<grader worker>", "exec"), _LOCAL)
+    return _LOCAL["verify_equivalent"](gold, candidate, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -120,92 +150,112 @@ class GradeResult:
         extracted: the last boxed answer as written (``None`` when there is none).
         gold: the normalised gold.
         reason: ``equivalent``, ``not_equivalent``, ``no_boxed_answer``, ``too_long``,
-            ``timeout`` or ``grader_error: ...``.
+            ``timeout``, ``grader_error: ...`` (math-verify failed on the answer) or
+            ``infrastructure_error: ...``.
+        infra_error: the verdict could not be computed (no worker could grade it):
+            ``correct`` is False but means nothing; exclude the episode.
+        attempts: workers used (more than 1 when a worker died and it was regraded).
     """
 
     correct: bool
     extracted: str | None
     gold: str
     reason: str
+    infra_error: bool = False
+    attempts: int = 1
 
     def info(self) -> dict:
-        return {"correct": self.correct, "extracted": self.extracted, "gold": self.gold, "reason": self.reason}
-
-
-_WORKER_SETUP = f"""
-import json
-import sys
-sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))!r})
-from environments.math_python.grading import verify_equivalent as _verify
-def _grade(gold, candidate, timeout_s):
-    try:
-        print(json.dumps({{"equal": _verify(gold, candidate, timeout_s)}}))
-    except Exception as exc:  # math-verify's own timeout or parse failure: not equivalent
-        print(json.dumps({{"equal": False, "error": type(exc).__name__ + ": " + str(exc)[:200]}}))
-_verify("x^2 + 1/2", "0.5 + x^{{2}}", 5)  # warm the parsers up inside the start-up allowance
-"""
+        return {"correct": self.correct, "extracted": self.extracted, "gold": self.gold, "reason": self.reason,
+                "infra_error": self.infra_error, "attempts": self.attempts}
 
 
 class Grader:
-    """Grades answers in a persistent sandboxed worker; thread-safe.
+    """Grades answers, each in a fresh sandboxed worker; thread-safe (graders run in parallel).
 
     Args:
         timeout_s: wall-clock seconds per comparison before the worker is killed.
-        isolate: sandbox the worker like a code kernel (own uid, no network).
+        isolate: sandbox the workers like code kernels (own uid, no network, no project).
+        attempts: workers tried per answer when workers die (infrastructure faults).
+        server: the fork server of the workers; default: the process-wide one.
     """
 
     _shared: "Grader | None" = None
-    _shared_lock = threading.Lock()
 
-    def __init__(self, timeout_s: float = 10.0, isolate: bool = True):
+    def __init__(self, timeout_s: float = 10.0, isolate: bool = True, attempts: int = 2,
+                 server: ForkServer | None = None):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
         self.timeout_s = float(timeout_s)
-        self.isolate = isolate
+        self.isolate, self.attempts = isolate, attempts
         self.limits = KernelLimits(cell_timeout_s=self.timeout_s, cpu_time_s=10**7, memory_mb=2048,
                                    output_bytes=4096, startup_timeout_s=120.0)
-        self._kernel: Kernel | None = None
-        self._owner = os.getpid()
-        self._lock = threading.Lock()
+        self.server = server or ForkServer.shared(isolate=isolate, preload=("sympy", "math_verify"),
+                                                  warmup=WORKER_WARMUP)
+        self._active: set[Kernel] = set()
 
     @classmethod
     def shared(cls) -> "Grader":
-        """One grader per host process (made on first use)."""
-        with cls._shared_lock:
-            if cls._shared is None or cls._shared._owner != os.getpid():
-                cls._shared = cls()
-            return cls._shared
+        """One grader per host process (its fork server is per process already)."""
+        if cls._shared is None:
+            cls._shared = cls()
+        return cls._shared
 
-    def _worker(self) -> Kernel:
-        if self._kernel is None or not self._kernel.alive or self._owner != os.getpid():
-            self._owner = os.getpid()
-            kernel = Kernel(self.limits, isolate=self.isolate, preload=("sympy", "math_verify"))
-            kernel.start(0)
-            setup = kernel.execute(_WORKER_SETUP, timeout=self.limits.startup_timeout_s)
-            if setup.status != "ok":
-                kernel.close()
-                raise KernelError(f"grader worker setup failed: {setup.error}")
-            self._kernel = kernel
-        return self._kernel
+    def start_background(self) -> None:
+        """Start the workers' fork server in the background (~2 s of imports), so the
+        first grading does not wait for it."""
+        self.server.start_background()
 
-    def equivalent(self, gold: str, candidate: str) -> tuple[bool, str]:
-        """(equal, reason) for two normalised answers."""
-        if len(candidate) > MAX_ANSWER_CHARS:
-            return False, "too_long"
+    def worker_pids(self) -> list[int]:
+        """Pids of the workers grading right now (for tests and monitoring)."""
+        return [k.pid for k in list(self._active)]
+
+    def _attempt(self, gold: str, candidate: str) -> tuple[bool | None, str]:
+        """One worker's verdict: (equal, reason), or (None, why) when the worker failed."""
         inner = max(1, int(self.timeout_s / 2))
-        with self._lock:
-            result = self._worker().execute(f"_grade({gold!r}, {candidate!r}, {inner})")
+        try:
+            kernel = Kernel(self.limits, server=self.server)
+        except KernelError as exc:
+            return None, f"no grader worker: {exc}"
+        self._active.add(kernel)
+        try:
+            kernel.start(0)
+            result = kernel.execute(f"_grade({gold!r}, {candidate!r}, {inner})")
+        except KernelError as exc:
+            return None, f"grader worker did not start: {exc}"
+        finally:
+            self._active.discard(kernel)
+            kernel.close()
         if result.status == "timeout":
             return False, "timeout"
         if result.status != "ok":
-            return False, f"grader_error: {result.error_name}"
+            return None, f"grader worker {result.status}: {result.error}"
         try:
             reply = json.loads(result.stdout.text().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return False, f"grader_error: unreadable reply {result.stdout.text()[:100]!r}"
+            equal = reply["equal"]
+        except (ValueError, IndexError, KeyError, TypeError):
+            return None, f"unreadable grader reply {result.stdout.text()[:100]!r}"
         if "error" in reply:
             return False, f"grader_error: {reply['error']}"
-        return bool(reply["equal"]), "equivalent" if reply["equal"] else "not_equivalent"
+        return bool(equal), "equivalent" if equal else "not_equivalent"
+
+    def equivalent_result(self, gold: str, candidate: str) -> tuple[bool, str, bool, int]:
+        """(equal, reason, infra_error, attempts) for two normalised answers."""
+        if len(candidate) > MAX_ANSWER_CHARS:
+            return False, "too_long", False, 0
+        why = ""
+        for attempt in range(1, self.attempts + 1):
+            equal, reason = self._attempt(gold, candidate)
+            if equal is not None:
+                return equal, reason, False, attempt
+            why = reason
+        return False, f"infrastructure_error: {why}", True, self.attempts
+
+    def equivalent(self, gold: str, candidate: str) -> tuple[bool, str]:
+        """(equal, reason) for two normalised answers."""
+        equal, reason, _, _ = self.equivalent_result(gold, candidate)
+        return equal, reason
 
     def grade(self, response: str, gold: Any, extraction: str = "boxed") -> GradeResult:
         """Extract the final answer of ``response`` (see :data:`EXTRACTIONS`) and compare
@@ -218,14 +268,13 @@ class Grader:
             extracted = extract_last_number(response)
         if extracted is None:
             return GradeResult(False, None, gold_text, "no_boxed_answer")
-        correct, reason = self.equivalent(gold_text, normalize_answer(extracted))
-        return GradeResult(correct, extracted, gold_text, reason)
+        correct, reason, infra, attempts = self.equivalent_result(gold_text, normalize_answer(extracted))
+        return GradeResult(correct, extracted, gold_text, reason, infra, attempts)
 
     def grade_many(self, pairs: Sequence[tuple[str, Any]]) -> list[GradeResult]:
         return [self.grade(response, gold) for response, gold in pairs]
 
     def close(self) -> None:
-        with self._lock:
-            if self._kernel is not None:
-                self._kernel.close()
-                self._kernel = None
+        """Kill workers still grading (the fork server is shared by the process)."""
+        for kernel in list(self._active):
+            kernel.close()

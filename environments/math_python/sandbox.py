@@ -1,35 +1,39 @@
 """Host side of the persistent, isolated Python kernel.
 
-A :class:`Kernel` is one interpreter process (``_kernel_driver.py``) that keeps its
-variables between :meth:`Kernel.execute` calls. What is enforced, and how:
+A :class:`Kernel` is one sandboxed interpreter that keeps its variables between
+:meth:`Kernel.execute` calls. Kernels are forked by a per-host fork server
+(:mod:`environments.math_python.zygote`), which has numpy and sympy imported already:
+a kernel is ready in milliseconds. What is enforced, and how (root host):
 
 ==========================  ===========================================================
 limit                       mechanism
 ==========================  ===========================================================
-wall clock per cell         the host waits ``cell_timeout_s``, then SIGKILLs the
-                            kernel's process group and every process of its uid; the
-                            kernel is dead afterwards (status ``timeout``)
+wall clock per cell         the host waits ``cell_timeout_s``, then has the zygote
+                            SIGKILL the kernel (status ``timeout``)
+every process of a kernel   a pid namespace per kernel: killing its pid 1 ends them
+                            all, ``setsid`` included; the kernel sees only its own
 CPU seconds                 ``RLIMIT_CPU`` (per process, cumulative over the kernel's
-                            life): SIGXCPU kills the kernel (status ``crashed``)
+                            life): SIGXCPU kills the interpreter (status ``crashed``)
 memory                      ``RLIMIT_AS`` (address space): allocations fail with
                             ``MemoryError`` inside the cell (``oom=True``)
 open files / file size      ``RLIMIT_NOFILE`` / ``RLIMIT_FSIZE``; no core dumps
-processes (fork bombs)      its own uid (root hosts) makes ``RLIMIT_NPROC`` count only
-                            the kernel's processes; the wall-clock kill sweeps them all
-output                      capped inside the kernel (head + tail kept, the middle
-                            counted and dropped), so the host never buffers it
-network                     its own network namespace (root hosts): no interface is up
-files                       its own uid: nothing outside world-writable places is
-                            writable; those (/tmp, /var/tmp, /dev/shm, /run/lock) are
-                            private tmpfs mounts in its own mount namespace
-environment                 a fixed, minimal set of variables; other processes' are
-                            unreadable (different uid)
+processes (fork bombs)      its own uid makes ``RLIMIT_NPROC`` count only the kernel's
+                            processes; ``fork`` then fails inside the cell
+output                      captured by the kernel's supervisor, outside the model's
+                            process (head + tail kept, the middle counted)
+protocol channel            only the supervisor writes host frames; the model's process
+                            has no descriptor of the host, and whatever it sends the
+                            supervisor is checked (anything else: a crashed cell)
+network                     its own network namespace: no interface is up
+files                       a read-only root showing only system directories and the
+                            interpreter (never the project or task data); the only
+                            writable place is a private tmpfs workdir
+environment                 a fixed, minimal set of variables
 ==========================  ===========================================================
 
-Without root (or where namespaces are refused) the uid, network and filesystem lines
-do not hold; :attr:`Kernel.protections` says what the driver could set up. Not
-enforced anywhere: CPU *share* (a cell may use a whole core for its time limit),
-reading world-readable files, seeing other processes in ``/proc``.
+Without root (or where namespaces are refused) the uid, pid, network and filesystem
+lines do not hold; :attr:`Kernel.protections` says what could be set up. Not enforced
+anywhere: CPU *share* (a cell may use a whole core for its time limit).
 """
 
 from __future__ import annotations
@@ -37,30 +41,15 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
-import signal
 import struct
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernel_driver.py")
+from environments.math_python.zygote import KERNEL_ENV, UID_BASE, ForkServer, KernelError
 
-#: Kernel uids are ``UID_BASE + pid``: unique among live kernels, never a real user.
-UID_BASE = 0x40000000
-
-#: Variables the kernel sees (everything else of the host's environment is dropped).
-KERNEL_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONHASHSEED": "0",  # str/bytes hashing, hence set iteration order, is reproducible
-    "PYTHONIOENCODING": "utf-8",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
+__all__ = ["KERNEL_ENV", "UID_BASE", "CellResult", "Kernel", "KernelError", "KernelFactory", "KernelLimits",
+           "StreamOutput", "safe_text"]
 
 
 @dataclass(frozen=True)
@@ -111,22 +100,30 @@ class StreamOutput:
         return self.head + marker.format(omitted=self.omitted) + self.tail
 
 
+def safe_text(text: str) -> str:
+    """``text`` as a str that always encodes to UTF-8: lone surrogates become ``\\udXXX``."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class CellResult:
     """What one cell did.
 
     Attributes:
         status: ``ok``; ``error`` (the cell raised, the kernel lives on); ``timeout``
-            (killed at the wall-clock limit); ``crashed`` (the kernel process died:
-            segfault, ``os._exit``, CPU limit, a broken protocol).
-        stdout, stderr: captured output (capped inside the kernel).
+            (killed at the wall-clock limit); ``crashed`` (the interpreter died, or broke
+            the protocol); ``dead`` (the kernel had died *before* this cell, which was
+            not run: start a new kernel and run it there).
+        stdout, stderr: captured output (capped by the kernel's supervisor).
         error: the formatted traceback, or a sentence on why the kernel died.
-        error_name: exception class name (``"MemoryError"``...), ``"Timeout"`` or the
-            signal name for a dead kernel.
+        error_name: exception class name (``"MemoryError"``...), ``"Timeout"``, the
+            signal name (``"SIGSEGV"``), ``"exit code N"`` or ``"ProtocolViolation"``.
         timed_out: the wall-clock limit was hit.
-        oom: a ``MemoryError`` was raised, or the kernel was killed by the OOM killer.
+        oom: the cell raised ``MemoryError`` (the address-space limit).
         elapsed: host-measured seconds (timing: never put it in an observation).
         kernel_alive: whether the kernel survived the cell.
+        background: output printed between the previous cell's end and this cell's
+            start (background threads or processes), ``(stdout, stderr)``.
     """
 
     status: str
@@ -138,16 +135,14 @@ class CellResult:
     oom: bool = False
     elapsed: float = 0.0
     kernel_alive: bool = True
+    background: tuple[StreamOutput, StreamOutput] = (StreamOutput(), StreamOutput())
 
     def info(self) -> dict:
         """The JSON-friendly summary used in ``info["exec"]``."""
         return {"status": self.status, "timed_out": self.timed_out, "oom": self.oom,
                 "elapsed": round(self.elapsed, 6), "error_name": self.error_name,
-                "stdout_omitted": self.stdout.omitted, "stderr_omitted": self.stderr.omitted}
-
-
-class KernelError(RuntimeError):
-    """The kernel could not be started (an infrastructure error, not a cell's fault)."""
+                "stdout_omitted": self.stdout.omitted, "stderr_omitted": self.stderr.omitted,
+                "background_bytes": sum(len(s.head) + len(s.tail) + s.omitted for s in self.background)}
 
 
 class _ProtocolError(Exception):
@@ -176,9 +171,14 @@ def _read_frame(fd: int, deadline: float, max_bytes: int) -> dict:
     if n > max_bytes:
         raise _ProtocolError(f"kernel sent a {n}-byte frame (limit {max_bytes})")
     try:
-        return json.loads(read_exact(n).decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _ProtocolError(f"kernel sent a malformed frame: {exc}") from exc
+        reply = json.loads(read_exact(n).decode())
+    except (TimeoutError, EOFError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - undecodable, too deep, ...: never the host's exception
+        raise _ProtocolError(f"kernel sent a malformed frame ({type(exc).__name__})") from None
+    if not isinstance(reply, dict):
+        raise _ProtocolError(f"kernel sent a {type(reply).__name__}, not an object")
+    return reply
 
 
 def _write_frame(fd: int, obj: dict) -> None:
@@ -188,59 +188,78 @@ def _write_frame(fd: int, obj: dict) -> None:
         data = data[os.write(fd, data):]
 
 
-def _signal_name(returncode: int | None) -> str:
-    if returncode is None:
-        return "unknown"
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
+def _stream(value: object) -> StreamOutput:
+    """A ``[head, tail, omitted]`` triple from the kernel, checked."""
+    if not (isinstance(value, list) and len(value) == 3 and isinstance(value[0], str) and isinstance(value[1], str)
+            and type(value[2]) is int and value[2] >= 0):
+        raise _ProtocolError(f"bad stream field {value!r:.100}")
+    return StreamOutput(safe_text(value[0]), safe_text(value[1]), value[2])
+
+
+def _optional_text(value: object, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise _ProtocolError(f"bad {name} field {value!r:.100}")
+    return None if value is None else safe_text(value)
+
+
+def parse_result(reply: dict, cell_id: int, elapsed: float) -> CellResult:
+    """A kernel's result frame as a :class:`CellResult`; any deviation raises ``_ProtocolError``."""
+    if reply.get("op") != "result" or reply.get("id") != cell_id:
+        raise _ProtocolError(f"kernel answered out of turn: {reply!r:.200}")
+    status = reply.get("status")
+    if status == "dead":
+        cause = _optional_text(reply.get("crashed"), "crashed") or "unknown cause"
+        return CellResult(status="dead", error=cause, error_name=_optional_text(reply.get("error_name"), "error_name"),
+                          elapsed=elapsed, kernel_alive=False)
+    if status not in ("ok", "error", "crashed"):
+        raise _ProtocolError(f"unknown status {status!r:.50}")
+    background = reply.get("background")
+    if not (isinstance(background, list) and len(background) == 2):
+        raise _ProtocolError(f"bad background field {background!r:.100}")
+    error_name = _optional_text(reply.get("error_name"), "error_name")
+    error = _optional_text(reply.get("error"), "error")
+    crashed = _optional_text(reply.get("crashed"), "crashed")
+    if status == "crashed":
+        error = crashed or f"the kernel died ({error_name})"
+    return CellResult(status=status, stdout=_stream(reply.get("stdout")), stderr=_stream(reply.get("stderr")),
+                      error=error, error_name=error_name, oom=error_name == "MemoryError", elapsed=elapsed,
+                      kernel_alive=status != "crashed", background=(_stream(background[0]), _stream(background[1])))
 
 
 class Kernel:
-    """One sandboxed interpreter process; variables persist across :meth:`execute` calls.
+    """One sandboxed interpreter; variables persist across :meth:`execute` calls.
 
-    The constructor only launches the process (numpy/sympy import in the background);
-    :meth:`start` sends the seed; :meth:`execute` waits for readiness when it must.
-    A kernel that timed out or crashed stays dead: make a new one.
+    The constructor asks the fork server for a new kernel (milliseconds once the
+    server runs); :meth:`start` sends the seed; :meth:`execute` waits for readiness
+    when it must. A kernel that timed out or crashed stays dead: make a new one.
 
     Args:
         limits: resource limits.
         isolate: use namespaces and a private uid where the host allows it.
-        preload: modules imported before the first cell.
+        preload: modules imported before the first cell (the fork server's).
+        server: the :class:`ForkServer` to fork from; default: the process-wide one
+            for ``(isolate, preload)``.
+        seed: seed the kernel as it is forked (then :meth:`start` is not called; this
+            saves a round trip).
     """
 
     def __init__(self, limits: KernelLimits | None = None, *, isolate: bool = True,
-                 preload: tuple[str, ...] = ("numpy", "sympy")):
+                 preload: Sequence[str] = ("numpy", "sympy"), server: ForkServer | None = None,
+                 seed: int | None = None):
         self.limits = limits or KernelLimits()
-        self._isolate = bool(isolate)
+        self.server = server or ForkServer.shared(isolate=isolate, preload=preload)
         self.protections: dict = {}
         self.uid: int | None = None
         self.workdir: str | None = None
         self._hello: dict | None = None
-        self._startup_stderr = ""
-        self._started = False
+        self._started = seed is not None
+        self._start_sent = False
         self._alive = True
+        self._dead: tuple[str, str] | None = None  # (why, name) learnt before a cell ran
         self._next_id = 0
-        req_r, self._req_w = os.pipe()
-        self._resp_r, resp_w = os.pipe()
-        config = {
-            "req_fd": req_r, "resp_fd": resp_w, "isolate": bool(isolate), "uid_base": UID_BASE,
-            "preload": list(preload), "env": KERNEL_ENV,
-            **{k: v for k, v in asdict(self.limits).items() if k not in ("cell_timeout_s", "startup_timeout_s")},
-        }
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-s", DRIVER, json.dumps(config)],
-                # stderr is read only if the driver dies before its hello (it then redirects fd 2)
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                pass_fds=(req_r, resp_w), start_new_session=True, env=dict(KERNEL_ENV), close_fds=True,
-            )
-        finally:
-            os.close(req_r)
-            os.close(resp_w)
+        config = {k: v for k, v in asdict(self.limits).items() if k not in ("cell_timeout_s", "startup_timeout_s")}
+        config["seed"] = None if seed is None else int(seed)
+        self._pid, self._req_w, self._resp_r = self.server.fork(config)
         self._launched = time.monotonic()
         self._owner = os.getpid()  # a forked copy of the host must not kill this kernel
 
@@ -251,14 +270,18 @@ class Kernel:
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        """The host pid of the kernel's supervisor (pid 1 of its namespace)."""
+        return self._pid
 
     def start(self, seed: int) -> None:
         """Seed ``random`` and numpy's global RNG; queued until the kernel is ready."""
         if self._started:
             raise RuntimeError("Kernel.start called twice")
-        _write_frame(self._req_w, {"op": "start", "seed": int(seed)})
-        self._started = True
+        self._started = self._start_sent = True
+        try:
+            _write_frame(self._req_w, {"op": "start", "seed": int(seed)})
+        except OSError as exc:  # died already: the next execute says so and a new kernel runs the cell
+            self._dead = (f"the kernel process was gone before its first cell ({exc.strerror})", "BrokenPipe")
 
     def wait_ready(self) -> dict:
         """Block until the kernel said hello and acknowledged ``start``; returns the hello."""
@@ -267,63 +290,71 @@ class Kernel:
         deadline = self._launched + self.limits.startup_timeout_s
         try:
             hello = _read_frame(self._resp_r, deadline, 1 << 20)
-            if "error" in hello:
-                raise KernelError(f"kernel failed to start: {hello['error']} (protections {hello['protections']})")
-            self.protections = hello["protections"]
-            self.uid = hello["uid"] if hello.get("own_uid") else None
-            self.workdir = hello["workdir"]
-            if self._started:
+            if hello.get("op") != "hello" or "error" in hello:
+                raise KernelError(f"kernel failed to start: {hello.get('error', hello)!r:.500}")
+            self.protections = dict(hello.get("protections") or {})
+            self.uid = hello.get("uid") if hello.get("own_uid") else None
+            self.workdir = hello.get("workdir")
+            if self._start_sent and self._dead is None:
                 ack = _read_frame(self._resp_r, deadline, 1 << 20)
                 if ack.get("op") != "started":
                     raise KernelError(f"kernel answered {ack!r:.200} to start")
-        except (TimeoutError, EOFError, _ProtocolError) as exc:
+        except (TimeoutError, EOFError, _ProtocolError, OSError) as exc:
             self.close()
-            raise KernelError(f"kernel did not start ({type(exc).__name__}: {exc}); it exited with "
-                              f"{_signal_name(self._proc.returncode)}; stderr: {self._startup_stderr!r}") from exc
+            raise KernelError(f"kernel did not start ({type(exc).__name__}: {exc})") from exc
         except KernelError:
             self.close()
             raise
-        self._proc.stderr.close()
         self._hello = hello
         return hello
 
     def execute(self, code: str, timeout: float | None = None) -> CellResult:
-        """Run one cell; ``timeout`` overrides ``limits.cell_timeout_s`` for this call."""
+        """Run one cell; ``timeout`` overrides ``limits.cell_timeout_s`` for this call.
+
+        Never raises on what the kernel does: a kernel that was already dead answers
+        ``status="dead"`` (the cell did not run), a kernel that dies or misbehaves
+        during the cell answers ``crashed``.
+        """
         if not self._alive:
             raise RuntimeError("this kernel is dead; start a new one")
         if not self._started:
             raise RuntimeError("call Kernel.start(seed) before execute()")
         self.wait_ready()
+        if self._dead is not None:
+            self.close()
+            return CellResult(status="dead", error=self._dead[0], error_name=self._dead[1], kernel_alive=False)
         self._next_id += 1
         limit = self.limits.cell_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
+        running = False  # the supervisor said the cell started
         try:
             _write_frame(self._req_w, {"op": "exec", "id": self._next_id, "code": code})
-            reply = _read_frame(self._resp_r, t0 + limit, 4 * self.limits.output_bytes + (256 << 10))
-            if reply.get("op") != "result" or reply.get("id") != self._next_id:
-                raise _ProtocolError(f"kernel answered out of turn: {reply!r:.200}")
-            elapsed = time.monotonic() - t0
-            out, err = (StreamOutput(*reply[k]) for k in ("stdout", "stderr"))
-            return CellResult(status=reply["status"], stdout=out, stderr=err, error=reply["error"],
-                              error_name=reply["error_name"], oom=reply["error_name"] == "MemoryError",
-                              elapsed=elapsed)
+            reply = _read_frame(self._resp_r, t0 + limit, 32 * self.limits.output_bytes + (1 << 20))
+            if reply == {"op": "running", "id": self._next_id}:
+                running = True
+                reply = _read_frame(self._resp_r, t0 + limit, 32 * self.limits.output_bytes + (1 << 20))
+            result = parse_result(reply, self._next_id, time.monotonic() - t0)
         except TimeoutError:
             self.close()
             return CellResult(status="timeout", error=f"cell timed out after {limit:g} s", error_name="Timeout",
                               timed_out=True, elapsed=time.monotonic() - t0, kernel_alive=False)
-        except (EOFError, BrokenPipeError, _ProtocolError, KeyError, TypeError, ValueError) as exc:
-            elapsed = time.monotonic() - t0
+        except (EOFError, OSError, _ProtocolError) as exc:
             self.close()
-            how = _signal_name(self._proc.returncode)
-            if isinstance(exc, (EOFError, BrokenPipeError)):
-                error = f"kernel died ({how})"
-            else:
-                error = f"kernel broke the protocol ({exc}) and was killed"
-            return CellResult(status="crashed", error=error, error_name=how,
-                              oom=self._proc.returncode == -signal.SIGKILL, elapsed=elapsed, kernel_alive=False)
+            if not running and isinstance(exc, (EOFError, BrokenPipeError)):  # gone before the cell started
+                return CellResult(status="dead", error="the kernel process was gone before this cell",
+                                  error_name="EOF", elapsed=time.monotonic() - t0, kernel_alive=False)
+            why = ("the kernel process ended unexpectedly" if isinstance(exc, (EOFError, OSError))
+                   else f"the kernel broke the protocol ({exc})")
+            return CellResult(status="crashed", error=why, error_name=type(exc).__name__,
+                              elapsed=time.monotonic() - t0, kernel_alive=False)
+        if not result.kernel_alive:
+            self.close()
+        return result
 
-    def close(self) -> None:
-        """Kill the kernel and every process it started; idempotent."""
+    def close(self, *, kill: bool = True) -> None:
+        """Kill the kernel and every process it started; idempotent and cheap (one
+        request to the fork server; the host never forks). With ``kill=False`` only the
+        pipes are closed: the kernel's supervisor sees that and ends the kernel itself."""
         if not self._alive:
             return
         self._alive = False
@@ -332,72 +363,39 @@ class Kernel:
                 os.close(fd)
             except OSError:
                 pass
-        if os.getpid() != self._owner:
-            return
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        if not self._proc.stderr.closed:  # never got ready: keep what the driver said, for errors
-            self._startup_stderr = self._proc.stderr.read()[-2000:].decode(errors="replace")
-            self._proc.stderr.close()
-        uid = self.uid if self.uid is not None else (UID_BASE + self._proc.pid if self._isolate and os.geteuid() == 0 else None)
-        if uid is not None:
-            _kill_uid(uid)
-        if self.workdir and self.workdir != "/tmp/work":
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        if kill and os.getpid() == self._owner:
+            self.server.kill(self._pid)
 
     def __del__(self) -> None:
-        try:
-            self.close()
+        try:  # never a request from a finalizer: it may run while the server's lock is held
+            self.close(kill=False)
         except Exception:
             pass
 
 
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of ``uid`` (escapees that left the process group with setsid)."""
-    for _ in range(10):  # until kill(-1) finds no live process (a fork bomb may race one sweep)
-        try:
-            proc = subprocess.run(["kill", "-9", "-1"], user=uid, group=uid, extra_groups=[],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10,
-                                  env={"PATH": "/usr/bin:/bin"})
-        except (OSError, subprocess.SubprocessError):
-            return
-        if proc.returncode != 0:  # nothing left to signal
-            return
-
-
 class KernelFactory:
-    """Makes seeded kernels, keeping one spare process warm so a new kernel costs no import.
+    """Makes seeded kernels from the fork server.
 
     Args:
         limits, isolate, preload: passed to every :class:`Kernel`.
-        prestart: keep a spare kernel launched ahead of need (one idle process).
+        prestart: start the fork server in the background now, so that the first
+            kernel does not wait for its imports.
+        server: the fork server; default: the process-wide one for ``(isolate, preload)``.
     """
 
     def __init__(self, limits: KernelLimits | None = None, *, isolate: bool = True,
-                 preload: tuple[str, ...] = ("numpy", "sympy"), prestart: bool = True):
+                 preload: Sequence[str] = ("numpy", "sympy"), prestart: bool = True,
+                 server: ForkServer | None = None):
         self.limits = limits or KernelLimits()
         self.isolate, self.preload, self.prestart = isolate, tuple(preload), prestart
-        self._spare: Kernel | None = None
-
-    def _launch(self) -> Kernel:
-        return Kernel(self.limits, isolate=self.isolate, preload=self.preload)
+        self.server = server or ForkServer.shared(isolate=isolate, preload=self.preload)
+        if prestart:
+            self.server.start_background()
 
     def new_kernel(self, seed: int) -> Kernel:
-        kernel, self._spare = self._spare, None
-        if kernel is None or not kernel.alive:
-            kernel = self._launch()
-        kernel.start(seed)
-        if self.prestart:
-            self._spare = self._launch()
-        return kernel
+        """A kernel seeded with ``seed``, being set up (raises :class:`KernelError` if none
+        can be forked); it answers once ready."""
+        return Kernel(self.limits, server=self.server, seed=seed)
 
     def close(self) -> None:
-        if self._spare is not None:
-            self._spare.close()
-            self._spare = None
+        """Nothing to release: the fork server is shared by the host process."""

@@ -1,0 +1,574 @@
+"""The two processes of one kernel: its supervisor and its executor (loaded by the zygote).
+
+Like ``_kernel_driver.py`` this runs inside the sandbox and imports nothing of this
+project. The supervisor is pid 1 of the kernel's pid namespace, root, in fresh network
+and mount namespaces, and owns the host's two pipes; it runs trusted code only. The
+executor is its child: own uid, rlimits, ``no_new_privs``; it runs the model's cells,
+and its stdout, stderr and result pipe lead to the supervisor, never to the host.
+Frames on every pipe are a 4-byte big-endian length and UTF-8 JSON.
+"""
+
+import ctypes
+import fcntl
+import io
+import json
+import os
+import random
+import resource
+import select
+import signal
+import struct
+import sys
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x20000, 0x8000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+MAX_FRAME = 64 << 20
+#: what the executor may send per cell (its ``done`` message), in bytes
+MAX_DONE_BYTES = 1 << 20
+#: the executor's exit code when its pipes to the supervisor are gone (a cell closed them)
+CHANNEL_LOST = 121
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(source, target, fstype, flags, data=None):
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {target}")
+
+
+def prctl(option, value):
+    check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
+
+
+def close_all_but(keep):
+    """Close every descriptor of this process except ``keep`` (inherited ones included)."""
+    low = 3
+    for fd in sorted(fd for fd in keep if fd >= 3):
+        if fd > low:  # closerange(a, b) with b < a would close everything from a up
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
+
+
+def clean(text, limit=None):
+    """``text`` as a str that encodes to UTF-8 (lone surrogates escaped), at most ``limit`` chars."""
+    if not isinstance(text, str):
+        return None
+    if limit is not None and len(text) > limit:
+        text = f"[... {len(text) - limit} characters omitted ...]\n" + text[-limit:]
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# --- framing ---------------------------------------------------------------------------
+
+def _read_exact(fd, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def read_frame(fd):
+    (n,) = struct.unpack(">I", _read_exact(fd, 4))
+    if n > MAX_FRAME:
+        raise ValueError(f"frame of {n} bytes")
+    return json.loads(_read_exact(fd, n).decode())
+
+
+def encode_frame(obj):
+    data = json.dumps(obj).encode()
+    return struct.pack(">I", len(data)) + data
+
+
+def write_frame(fd, obj):
+    data = encode_frame(obj)
+    while data:
+        data = data[os.write(fd, data):]
+
+
+# --- executor: runs the model's cells --------------------------------------------------
+
+def _set_limits(limits, report):
+    mb = 1 << 20
+    values = {
+        "RLIMIT_AS": (limits["memory_mb"] * mb,) * 2,
+        "RLIMIT_CPU": (limits["cpu_time_s"], limits["cpu_time_s"] + 1),
+        "RLIMIT_NOFILE": (limits["max_open_files"],) * 2,
+        "RLIMIT_NPROC": (limits["max_processes"],) * 2,
+        "RLIMIT_FSIZE": (limits["disk_mb"] * mb,) * 2,
+        "RLIMIT_CORE": (0, 0),
+    }
+    for name, value in values.items():
+        try:
+            resource.setrlimit(getattr(resource, name), value)
+            report[name] = value[0]
+        except (OSError, ValueError) as exc:
+            report[name] = f"not set ({exc})"
+
+
+def _run_cell(code, filename, namespace):
+    """Execute ``code``; return (error text or None, exception name or None)."""
+    import ast
+    import linecache
+    import traceback
+
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    try:
+        tree = ast.parse(code, filename, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, filename, "exec"), namespace)
+        if last is not None:
+            value = eval(compile(last, filename, "eval"), namespace)
+            if value is not None:
+                print(repr(value))
+        return None, None
+    except BaseException as exc:  # the cell's error is data for the model, including SystemExit
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next  # hide the driver's own frames
+        try:
+            if isinstance(exc, SyntaxError):
+                text = "".join(traceback.format_exception_only(type(exc), exc))
+            else:
+                text = "".join(traceback.format_exception(type(exc), exc, tb))
+        except BaseException as fmt_exc:  # an exception whose __str__ raises
+            text = f"{type(exc).__name__} (its message could not be formatted: {type(fmt_exc).__name__})\n"
+        return text, type(exc).__name__
+
+
+def executor(req, res, limits, uid, workdir, env, namespace, report):
+    """The model's interpreter: fds 1/2 go to the supervisor; ``req``/``res`` are its pipes."""
+    own = os.getpid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    _set_limits(limits, report)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        report["user"] = f"uid {uid} (own uid, no capabilities)"
+    else:
+        report["user"] = f"same uid as the host ({os.geteuid()}): file permissions of the host user apply"
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
+    try:
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        report["no_new_privs"] = True
+    except OSError as exc:
+        report["no_new_privs"] = f"not set ({exc})"
+    os.environ.clear()
+    os.environ.update(env, HOME=workdir, TMPDIR=workdir)
+    os.chdir(workdir)
+    os.umask(0o077)
+    if limits.get("seed") is not None:  # seeded at fork: no start round trip
+        _seed(limits["seed"])
+    write_frame(res, {"op": "ready", "protections": report})
+    stdout, stderr = _streams()
+    cells = 0
+    while True:
+        msg = _next_request(req, lambda: _flush((sys.stdout, sys.stderr, stdout, stderr)))
+        if msg.get("op") == "start":
+            _seed(msg["seed"])
+            _tell(res, {"op": "started"})
+            continue
+        cells += 1
+        if stdout.closed or stderr.closed:  # a cell closed them: later cells still print
+            stdout, stderr = _streams()
+        _flush((sys.stdout, sys.stderr, stdout, stderr))  # what background threads printed so far
+        _tell(res, {"op": "begin", "id": msg["id"]})
+        if _next_request(req, lambda: None).get("op") != "go":  # the supervisor has drained the pipes
+            os._exit(CHANNEL_LOST)
+        sys.stdout, sys.stderr, sys.stdin = stdout, stderr, io.StringIO()
+        error, error_name = _run_cell(msg["code"], f"<cell {cells}>", namespace)
+        _flush((sys.stdout, sys.stderr, stdout, stderr))
+        if os.getpid() != own:  # a process the cell forked never speaks the protocol
+            os._exit(0)
+        _tell(res, {"op": "done", "id": msg["id"], "status": "ok" if error is None else "error",
+                    "error": clean(error, limits["output_bytes"]), "error_name": clean(error_name, 200)})
+
+
+def _seed(seed):
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % (1 << 32))
+
+
+def _tell(res, obj):
+    try:
+        write_frame(res, obj)
+    except (OSError, ValueError):  # a cell closed or replaced the descriptor
+        os._exit(CHANNEL_LOST)
+
+
+def _streams():
+    """Text streams on fds 1 and 2 (never closing the descriptors)."""
+    stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                              write_through=True)
+    return stdout, stderr
+
+
+def _flush(streams):
+    for stream in streams:
+        try:
+            stream.flush()
+        except BaseException:  # a closed or replaced stream must not end the kernel
+            pass
+
+
+def _next_request(req, flush):
+    """The supervisor's next request; meanwhile, output of background threads is flushed
+    every 0.1 s so that it reaches the supervisor as between-cell output."""
+    try:
+        while not select.select([req], [], [], 0.1)[0]:
+            flush()
+        return read_frame(req)
+    except (EOFError, OSError, ValueError):  # the supervisor is gone, or a cell broke the pipe
+        os._exit(CHANNEL_LOST)
+
+
+# --- supervisor: pid 1 of the kernel, owner of the host's channel ----------------------
+
+class Capture:
+    """Head + tail of one stream, the middle counted."""
+
+    def __init__(self, limit):
+        self.head_limit, self.tail_limit = limit - limit // 4, limit // 4
+        self.clear()
+
+    def clear(self):
+        self.head, self.tail, self.omitted = bytearray(), bytearray(), 0
+
+    def add(self, data):
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.tail_limit:
+                self.omitted += len(self.tail) - self.tail_limit
+                del self.tail[: len(self.tail) - self.tail_limit]
+
+    def take(self):
+        out = [self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace"), self.omitted]
+        self.clear()
+        return out
+
+
+def _death_cause(status, limits):
+    """(sentence, short name) for a wait status of the executor."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = {
+            "SIGXCPU": f"it used up its CPU time limit of {limits['cpu_time_s']} s",
+            "SIGSEGV": "segmentation fault",
+            "SIGBUS": "bus error",
+            "SIGABRT": "aborted",
+            "SIGKILL": "killed by SIGKILL (by the cell's own code, or the machine's out-of-memory killer)",
+            "SIGXFSZ": f"a file grew over the {limits['disk_mb']} MB limit",
+        }.get(name, f"killed by {name}")
+        return f"{why}, {name}", name
+    code = os.WEXITSTATUS(status)
+    if code == CHANNEL_LOST:
+        return "the cell closed or replaced the interpreter's own pipes to the kernel", "ChannelLost"
+    return f"the process exited with code {code} (os._exit, exec or a C extension)", f"exit code {code}"
+
+
+class Supervisor:
+    """Relays host requests to the executor and builds every host frame itself.
+
+    A request is pending from the moment it is forwarded. For a cell, the executor
+    first says ``begin`` (after flushing what background threads printed) and waits for
+    ``go``, sent once the output pipes are drained; then it runs the cell and says
+    ``done``. Output read between ``begin`` and ``done`` is the cell's, any other output
+    is background output, reported with the next result. Any other message ends the
+    executor.
+    """
+
+    def __init__(self, host_req, host_resp, limits, child, pipes):
+        self.host_req, self.host_resp, self.limits, self.child = host_req, host_resp, limits, child
+        self.e_req, self.e_res, self.e_out, self.e_err, self.wake = pipes
+        n = limits["output_bytes"]
+        self.out, self.err, self.bg_out, self.bg_err = Capture(n), Capture(n), Capture(n), Capture(n)
+        self.pending = None  # ["start", seed] or ["exec", id, began] while the executor works
+        self.res_buf = bytearray()
+        self.to_exec = bytearray()
+        self.dead = None  # (sentence, name) once the executor is gone
+        self.streams = {self.e_out: (self.out, self.bg_out), self.e_err: (self.err, self.bg_err)}
+
+    def _in_cell(self):
+        return self.pending is not None and self.pending[0] == "exec" and self.pending[2]
+
+    def _read_stream(self, fd):
+        try:
+            data = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            del self.streams[fd]
+            os.close(fd)
+            return False
+        cell, bg = self.streams[fd]
+        (cell if self._in_cell() else bg).add(data)
+        return True
+
+    def _drain(self):
+        for fd in list(self.streams):
+            while fd in self.streams and self._read_stream(fd):
+                pass
+
+    def _reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.child and self.dead is None:
+                self._executor_gone(_death_cause(status, self.limits))
+
+    def _executor_gone(self, cause):
+        self.dead = cause
+        self.to_exec.clear()
+        if os.getpid() == 1:  # whatever the cell left behind goes with it
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        self._drain()
+        pending, self.pending = self.pending, None
+        if pending is not None and pending[0] == "exec":
+            self._reply_result(pending[1], "crashed", None, cause[1], crashed=cause[0])
+        elif pending is not None:
+            self._send({"op": "error", "error": f"the kernel died while starting: {cause[0]}"})
+
+    def _kill_executor(self, why):
+        try:
+            os.kill(self.child, signal.SIGKILL)
+        except OSError:
+            pass
+        self._executor_gone((why, "ProtocolViolation"))
+
+    def _send(self, obj):
+        write_frame(self.host_resp, obj)
+
+    def _reply_result(self, cell_id, status, error, error_name, crashed=None):
+        self._drain()
+        self._send({"op": "result", "id": cell_id, "status": status, "stdout": self.out.take(),
+                    "stderr": self.err.take(), "error": error, "error_name": error_name, "crashed": crashed,
+                    "background": [self.bg_out.take(), self.bg_err.take()]})
+
+    def _on_result_pipe(self):
+        try:
+            data = os.read(self.e_res, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            os.close(self.e_res)
+            self.e_res = None
+            return
+        self.res_buf += data
+        while self.dead is None and len(self.res_buf) >= 4:
+            (n,) = struct.unpack(">I", self.res_buf[:4])
+            if n > MAX_DONE_BYTES:
+                return self._kill_executor("the cell wrote an oversized message to the kernel's result channel")
+            if len(self.res_buf) < 4 + n:
+                return
+            raw, self.res_buf = bytes(self.res_buf[4:4 + n]), self.res_buf[4 + n:]
+            self._on_message(raw)
+
+    def _on_message(self, raw):
+        try:
+            msg = json.loads(raw.decode())
+        except Exception:  # noqa: BLE001 - anything unreadable is a violation
+            msg = None
+        pending = self.pending
+        if pending is None or not isinstance(msg, dict):
+            return self._kill_executor("the cell wrote to the kernel's result channel")
+        if pending[0] == "start":
+            if msg != {"op": "started"}:
+                return self._kill_executor("the kernel answered start out of protocol")
+            self.pending = None
+            return self._send({"op": "started", "seed": pending[1]})
+        if not pending[2]:
+            if msg != {"op": "begin", "id": pending[1]}:
+                return self._kill_executor("the kernel answered a cell out of protocol")
+            self._drain()  # output flushed before ``begin`` was printed between cells
+            pending[2] = True
+            self.to_exec += encode_frame({"op": "go"})  # only now does the cell start
+            return self._send({"op": "running", "id": pending[1]})  # the host: it did start
+        ok = (set(msg) == {"op", "id", "status", "error", "error_name"} and msg["op"] == "done"
+              and type(msg["id"]) is int and msg["id"] == pending[1] and msg["status"] in ("ok", "error")
+              and all(msg[k] is None or isinstance(msg[k], str) for k in ("error", "error_name"))
+              and (msg["status"] == "ok") == (msg["error"] is None))
+        if not ok:
+            return self._kill_executor("the cell wrote a forged message to the kernel's result channel")
+        self._reply_result(pending[1], msg["status"], clean(msg["error"], self.limits["output_bytes"]),
+                           clean(msg["error_name"], 200))
+        self.pending = None
+
+    def _on_host(self):
+        try:
+            msg = read_frame(self.host_req)
+        except (EOFError, OSError, ValueError):
+            raise SystemExit(0)  # the host is gone or closed us
+        op = msg.get("op")
+        if op not in ("start", "exec") or self.pending is not None:
+            return self._send({"op": "error", "error": f"unexpected request {op!r}"})
+        if self.dead is not None:
+            if op == "exec":  # the cell is not run: the host restarts the kernel and says why
+                return self._send({"op": "result", "id": msg["id"], "status": "dead", "crashed": self.dead[0],
+                                   "error_name": self.dead[1]})
+            return self._send({"op": "error", "error": f"the kernel died before start: {self.dead[0]}"})
+        self.pending = ["start", msg["seed"]] if op == "start" else ["exec", msg["id"], False]
+        self.to_exec += encode_frame(msg)
+
+    def serve(self):
+        while True:
+            readers = [self.host_req, self.wake, *self.streams]
+            if self.e_res is not None:
+                readers.append(self.e_res)
+            writers = [self.e_req] if self.to_exec else []
+            ready_r, ready_w, _ = select.select(readers, writers, [], 1.0)
+            for fd in ready_r:
+                if fd in self.streams:
+                    self._read_stream(fd)
+            if self.e_res is not None and self.e_res in ready_r:
+                self._on_result_pipe()
+            if ready_w and self.to_exec:
+                try:
+                    del self.to_exec[: os.write(self.e_req, self.to_exec)]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    self.to_exec.clear()
+            if self.wake in ready_r:
+                try:
+                    os.read(self.wake, 4096)
+                except BlockingIOError:
+                    pass
+            self._reap()  # after the result pipe: a cell that answered and then died did answer
+            if self.host_req in ready_r:
+                self._on_host()
+
+
+def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, namespace):
+    """Body of a forked kernel: namespaces, the executor, then the relay loop. Never returns."""
+    report = dict(base_report)
+    try:
+        # No parent-death signal: a dead zygote must not take live kernels with it. The
+        # kernel ends when the host closes (or loses) its pipes, or the zygote kills it.
+        close_all_but({host_req, host_resp})
+        if os.getpid() != 1:
+            os.setsid()
+        gpid = int(os.readlink("/proc/self")) if pidns else os.getpid()
+        uid = None
+        if isolated:
+            try:
+                check(_libc.unshare(CLONE_NEWNET | CLONE_NEWIPC), "unshare(CLONE_NEWNET | CLONE_NEWIPC)")
+                report["network"] = "none (own network and IPC namespaces, no interface up)"
+            except OSError as exc:
+                report["network"] = f"NOT isolated ({exc})"
+            check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            if pidns:
+                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+                   f"size={limits['disk_mb']}m,nr_inodes=4096,mode=0755")
+            workdir = "/tmp/work"
+            os.mkdir(workdir, 0o700)
+            uid = cfg["uid_base"] + gpid
+        else:
+            report["network"] = "NOT isolated (host is not root, or isolation is off)"
+            workdir = cfg["workdirs"] + f"/kernel_{gpid}"
+            os.mkdir(workdir, 0o700)
+        if pidns:
+            report["processes"] = "own pid namespace: the kernel sees and can signal only its own processes"
+        else:
+            report.setdefault("processes", "shares the host's pid namespace")
+        e_req_r, e_req_w = os.pipe()
+        e_res_r, e_res_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        wake_r, wake_w = os.pipe()
+        for fd in (out_w, err_w):
+            try:
+                fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer wake-ups on big output
+            except OSError:
+                pass
+        child = os.fork()
+        if child == 0:
+            try:
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                close_all_but({e_req_r, e_res_w})
+                os.set_inheritable(e_req_r, True)
+                os.set_inheritable(e_res_w, True)
+                executor(e_req_r, e_res_w, limits, uid, workdir, cfg["env"], namespace, report)
+            finally:
+                os._exit(1)
+        for fd in (e_req_r, e_res_w, out_w, err_w):
+            os.close(fd)
+        for fd in (e_req_w, e_res_r, out_r, err_r, wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(wake_w)
+        ready = _await_ready(e_res_r, child, limits)
+        if "error" in ready:
+            raise RuntimeError(ready["error"])
+        write_frame(host_resp, {"op": "hello", "pid": gpid, "uid": os.geteuid() if uid is None else uid,
+                                "own_uid": uid is not None, "workdir": workdir,
+                                "protections": ready["protections"]})
+        Supervisor(host_req, host_resp, limits, child, (e_req_w, e_res_r, out_r, err_r, wake_r)).serve()
+    except SystemExit:
+        pass
+    except BaseException as exc:  # report instead of dying silently
+        try:
+            write_frame(host_resp, {"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report})
+        except OSError:
+            pass
+    try:
+        os.kill(-1, signal.SIGKILL) if os.getpid() == 1 else os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _await_ready(fd, child, limits):
+    """The executor's first message (its protections), read before any model code runs."""
+    buf = bytearray()
+    while True:
+        select.select([fd], [], [], 1.0)
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            chunk = None
+        if chunk == b"":
+            pid, status = os.waitpid(child, 0)
+            return {"error": f"the executor died during set-up ({_death_cause(status, limits)[0]})"}
+        if chunk:
+            buf += chunk
+        if len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            return json.loads(bytes(buf[4:4 + struct.unpack(">I", buf[:4])[0]]).decode())

@@ -1,0 +1,193 @@
+"""QA task loaders in the FlashRAG format, and the offline SYNTHETIC question set.
+
+FlashRAG rows: ``{"id", "question", "golden_answers": [str, ...], "metadata": {...}}``.
+``golden_answers`` holds every accepted alias (a lone string is read as one alias).
+
+==========  ===========================  =================  =====  ========================
+name        hub id                       config             split  content
+==========  ===========================  =================  =====  ========================
+hotpotqa    RUC-NLPIR/FlashRAG_datasets  hotpotqa           dev    multi-hop (2 hops)
+2wiki       RUC-NLPIR/FlashRAG_datasets  2wikimultihopqa    dev    multi-hop (2-4 hops)
+musique     RUC-NLPIR/FlashRAG_datasets  musique            dev    multi-hop (2-4 hops)
+bamboogle   RUC-NLPIR/FlashRAG_datasets  bamboogle          test   multi-hop (2 hops)
+nq          RUC-NLPIR/FlashRAG_datasets  nq                 test   single-hop
+triviaqa    RUC-NLPIR/FlashRAG_datasets  triviaqa           test   single-hop
+popqa       RUC-NLPIR/FlashRAG_datasets  popqa              test   single-hop
+synthetic   (offline, generated)         -                  -      two-hop, SYNTHETIC world
+==========  ===========================  =================  =====  ========================
+
+These are the evaluation splits Search-R1 reports. ``load_tasks(name)`` reads the hub
+copy through the ``datasets`` package (imported only then; it is not a dependency, and
+nothing here downloads unless asked to). ``load_tasks(name, path=...)`` reads a local
+``.jsonl`` / ``.json`` / ``.parquet`` file in the FlashRAG schema, or a FlashRAG
+dataset folder holding ``{split}.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from trace_gym.types import Task
+
+
+@dataclass(frozen=True)
+class QADataset:
+    """Where a FlashRAG dataset lives."""
+
+    hub_id: str
+    config: str
+    split: str
+    multi_hop: bool
+
+
+FLASHRAG_HUB = "RUC-NLPIR/FlashRAG_datasets"
+DATASETS: dict[str, QADataset] = {
+    "hotpotqa": QADataset(FLASHRAG_HUB, "hotpotqa", "dev", True),
+    "2wiki": QADataset(FLASHRAG_HUB, "2wikimultihopqa", "dev", True),
+    "musique": QADataset(FLASHRAG_HUB, "musique", "dev", True),
+    "bamboogle": QADataset(FLASHRAG_HUB, "bamboogle", "test", True),
+    "nq": QADataset(FLASHRAG_HUB, "nq", "test", False),
+    "triviaqa": QADataset(FLASHRAG_HUB, "triviaqa", "test", False),
+    "popqa": QADataset(FLASHRAG_HUB, "popqa", "test", False),
+}
+ALIASES = {"hotpot": "hotpotqa", "hotpot_qa": "hotpotqa", "2wikimultihopqa": "2wiki", "2wikimqa": "2wiki",
+           "2wikimultihop": "2wiki", "trivia_qa": "triviaqa", "natural_questions": "nq", "offline": "synthetic"}
+MULTI_HOP = tuple(name for name, spec in DATASETS.items() if spec.multi_hop)
+
+
+def canonical_name(name: str) -> str:
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in DATASETS and key != "synthetic":
+        raise ValueError(f"unknown QA dataset {name!r}; expected one of {sorted([*DATASETS, 'synthetic'])}")
+    return key
+
+
+def row_to_task(row: Mapping[str, Any], source: str, index: int = 0) -> Task:
+    """One FlashRAG row as a :class:`Task` (``answer`` = the list of gold aliases)."""
+    if not isinstance(row, Mapping):
+        raise ValueError(f"{source} row {index} must be a JSON object, got {type(row).__name__}")
+    question = row.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{source} row {index} needs a non-empty 'question' string, got {question!r:.80}")
+    golds = row.get("golden_answers", row.get("answer"))
+    if isinstance(golds, str):
+        golds = [golds]
+    elif hasattr(golds, "tolist"):  # numpy arrays from parquet
+        golds = golds.tolist()
+    if not isinstance(golds, list) or not golds or not all(isinstance(g, (str, int, float)) for g in golds):
+        raise ValueError(f"{source} row {index} needs 'golden_answers', a non-empty list of strings, got {golds!r:.80}")
+    ident = row.get("id", index)
+    metadata = row.get("metadata") or {}
+    if not isinstance(metadata, Mapping):
+        metadata = {"metadata": metadata}
+    metadata = {k: _jsonable(v) for k, v in metadata.items() if _jsonable(v) is not None}
+    task_id = str(ident) if str(ident).startswith(f"{source}/") else f"{source}/{ident}"
+    return Task(id=task_id, prompt=question.strip(), answer=[str(g) for g in golds], source=source,
+                metadata=metadata)
+
+
+def rows_to_tasks(name: str, rows: Iterable[Mapping[str, Any]]) -> list[Task]:
+    return [row_to_task(row, name, i) for i, row in enumerate(rows)]
+
+
+def read_rows(path: str, split: str | None = None) -> list[dict]:
+    """Rows of a local ``.jsonl`` / ``.json`` / ``.parquet`` file, or of ``{split}.jsonl`` in a folder."""
+    if os.path.isdir(path):
+        for ext in (".jsonl", ".parquet", ".json"):
+            candidate = os.path.join(path, f"{split or 'test'}{ext}")
+            if os.path.exists(candidate):
+                return read_rows(candidate)
+        raise FileNotFoundError(f"no {split or 'test'}.jsonl/.parquet/.json in {path}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"QA data file {path!r} does not exist")
+    if path.endswith(".jsonl"):
+        rows = []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+        return rows
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data["data"] if isinstance(data, dict) and "data" in data else list(data)
+    if path.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from exc
+        return pq.read_table(path).to_pylist()
+    raise ValueError(f"unsupported file type {path!r}; expected .jsonl, .json or .parquet")
+
+
+def load_tasks(name: str, path: str | None = None, split: str | None = None, limit: int | None = None,
+               **synthetic_kwargs: Any) -> list[Task]:
+    """Tasks of QA dataset ``name`` from the hub or from ``path`` (see the module docstring).
+
+    Args:
+        name: a key of :data:`DATASETS` (or an alias), or ``synthetic``.
+        path: a local file or FlashRAG folder; ``None`` loads from the hub.
+        split: the split (default: the dataset's evaluation split).
+        limit: keep the first ``limit`` tasks.
+        synthetic_kwargs: for ``synthetic``: ``world_seed``, ``scale``.
+    """
+    key = canonical_name(name)
+    if key == "synthetic":
+        tasks = offline_tasks(seed=None, **synthetic_kwargs)
+        return tasks[:limit] if limit is not None else tasks
+    spec = DATASETS[key]
+    split = split or spec.split
+    if path is not None:
+        rows = read_rows(path, split)
+    else:
+        try:
+            import datasets
+        except ImportError as exc:
+            raise ImportError(f"loading {key!r} from the hub ({spec.hub_id}, {spec.config}) needs the `datasets` "
+                              "package; install it, or pass path= to a local FlashRAG .jsonl file") from exc
+        rows = datasets.load_dataset(spec.hub_id, spec.config, split=split)
+    if limit is not None:
+        rows = [rows[i] for i in range(min(limit, len(rows)))]
+    return rows_to_tasks(key, rows)
+
+
+def offline_tasks(n: int | None = None, seed: int | None = 0, *, world_seed: int = 0, scale: float = 1.0,
+                  types: Iterable[str] | None = None) -> list[Task]:
+    """Questions of the SYNTHETIC offline world (see :mod:`retrieval_index.synthetic`).
+
+    Args:
+        n: how many (``None``: all, in generation order).
+        seed: draws the ``n`` questions without replacement (``None``: the first ``n``).
+        world_seed, scale: which world (must match the env's ``offline_seed`` / ``offline_scale``).
+        types: keep only these question types.
+    """
+    from retrieval_index.offline import offline_questions
+
+    rows = offline_questions(world_seed, scale)
+    if types is not None:
+        wanted = set(types)
+        rows = [r for r in rows if r["metadata"]["type"] in wanted]
+    if n is not None and n > len(rows):
+        raise ValueError(f"asked for {n} offline questions, the world (scale {scale:g}) has {len(rows)}")
+    if n is not None:
+        picks = range(n) if seed is None else np.random.default_rng(seed).choice(len(rows), n, replace=False)
+        rows = [rows[int(i)] for i in picks]
+    return [row_to_task(r, "synthetic", i) for i, r in enumerate(rows)]
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return None
+    return value

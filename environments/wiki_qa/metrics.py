@@ -1,0 +1,79 @@
+"""Exact match and token F1 of short answers, as defined by the official HotpotQA evaluation script.
+
+One definition, used by the env's reward and by ``evaluators/qa``:
+
+* **Normalisation** (SQuAD's): lower-case; delete every ASCII punctuation character
+  (``string.punctuation``); replace the whole words ``a``, ``an``, ``the`` by a space;
+  collapse whitespace.
+* **EM** = 1 when the normalised prediction equals the normalised gold, else 0.
+* **F1** over whitespace tokens of the normalised strings: with ``c`` the size of the
+  multiset intersection, precision ``c / len(pred)``, recall ``c / len(gold)``,
+  F1 ``2 P R / (P + R)``; 0 when ``c = 0``.
+* **yes/no/noanswer rule** (HotpotQA): when either normalised string is ``yes``,
+  ``no`` or ``noanswer`` and the two differ, F1, precision and recall are all 0 (so
+  "no" earns nothing against "no way", although they share a token).
+* **Aliases**: with several gold answers (FlashRAG's ``golden_answers``), each metric
+  is the maximum over them, as Search-R1 and FlashRAG score.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from typing import Iterable
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_SPECIAL = ("yes", "no", "noanswer")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD/HotpotQA answer normalisation (see the module docstring)."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    """1.0 when the normalised strings are equal, else 0.0."""
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1_precision_recall(prediction: str, gold: str) -> tuple[float, float, float]:
+    """Token ``(F1, precision, recall)`` of one prediction against one gold answer."""
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    if (pred in _SPECIAL or ref in _SPECIAL) and pred != ref:
+        return 0.0, 0.0, 0.0
+    pred_tokens, ref_tokens = pred.split(), ref.split()
+    same = sum((Counter(pred_tokens) & Counter(ref_tokens)).values())
+    if same == 0:
+        return 0.0, 0.0, 0.0
+    precision, recall = same / len(pred_tokens), same / len(ref_tokens)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
+def f1_score(prediction: str, gold: str) -> float:
+    """Token F1 of one prediction against one gold answer."""
+    return f1_precision_recall(prediction, gold)[0]
+
+
+def _golds(golds: str | Iterable[str]) -> list[str]:
+    out = [golds] if isinstance(golds, str) else list(golds)
+    if not out:
+        raise ValueError("need at least one gold answer, got none")
+    for g in out:
+        if not isinstance(g, str):
+            raise TypeError(f"gold answers must be strings, got {type(g).__name__}: {g!r:.80}")
+    return out
+
+
+def best_exact_match(prediction: str | None, golds: str | Iterable[str]) -> float:
+    """EM maximised over gold aliases (a missing prediction scores 0)."""
+    golds = _golds(golds)
+    return 0.0 if prediction is None else max(exact_match(prediction, g) for g in golds)
+
+
+def best_f1(prediction: str | None, golds: str | Iterable[str]) -> float:
+    """F1 maximised over gold aliases (a missing prediction scores 0)."""
+    golds = _golds(golds)
+    return 0.0 if prediction is None else max(f1_score(prediction, g) for g in golds)

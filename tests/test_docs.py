@@ -1,0 +1,50 @@
+"""The tutorials' Python blocks run, in order, as a new user would paste them.
+
+A block whose first line is ``# file: PATH`` is written to PATH (relative to a fresh
+folder that is put on ``sys.path`` and ``PYTHONPATH``); every other ``python`` block is
+executed in one namespace per page, in page order. ``bash``/``toml`` blocks are shown,
+not run (the commands they show are tested in ``test_plugins.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from engine_fixtures import smollm2_path  # noqa: F401
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+TUTORIALS = ["adding-an-environment.md", "strategies.md"]
+
+
+def python_blocks(page: Path) -> list[str]:
+    return [m.group(1) for m in BLOCK.finditer(page.read_text())]
+
+
+@pytest.mark.parametrize("page", TUTORIALS)
+def test_tutorial_blocks_run(page, tmp_path, monkeypatch, smollm2_path):
+    blocks = python_blocks(DOCS / page)
+    assert blocks, f"{page} has no python blocks"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    namespace: dict = {"__name__": f"docs_{page.replace('-', '_').replace('.', '_')}"}
+    ran = 0
+    try:
+        for block in blocks:
+            first, _, body = block.partition("\n")
+            if first.startswith("# file: "):
+                path = tmp_path / first.removeprefix("# file: ").strip()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(body)
+                continue
+            exec(compile(block, f"{page} block {ran + 1}", "exec"), namespace)
+            ran += 1
+    finally:  # the tutorials' modules must not leak into other tests
+        for name in [m for m in sys.modules if m.split(".")[0] in ("arith_envs", "my_strategies")]:
+            del sys.modules[name]
+    assert ran >= 1

@@ -1,0 +1,94 @@
+"""Hostile outputs through ``AgentRunner`` (issue 11): a scripted policy answers every turn
+with a case of the hostile corpus; every episode finishes, every observation becomes
+token ids through SmolLM2's real chat template, and no batch is aborted.
+
+The policy is scripted (the point is *which* text reaches the envs); the tokenizer,
+the chat template, the runner and the envs are the real ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+from engine_fixtures import smollm2_path  # noqa: F401  (fixture)
+from hostile_corpus import BFCL_PYTHON, MATH_CODE, MATH_RESPONSES
+
+from environments.math_python.env import MathPythonEnv
+from environments.math_python.sandbox import KernelLimits
+from trace_gym.agent import AgentConfig, AgentRunner
+from trace_gym.types import Completion, SamplingParams, Task
+
+
+class ScriptedPolicy:
+    """Answers the ``t``-th generate call with ``script[t]`` for every completion asked."""
+
+    def __init__(self, tokenizer, script: list[str]):
+        self.tokenizer, self.script, self.calls = tokenizer, script, 0
+        self.weights_version = 0
+
+    def generate(self, prefixes, n, sampling):
+        text = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")  # what a tokenizer can emit
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[: sampling.max_tokens - 1]
+        ids.append(self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token))
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return [[Completion(tuple(ids), (0.0,) * len(ids), "stop", text=text) for _ in range(k)] for k in n]
+
+    def close(self):
+        pass
+
+
+def _cells(*sources: str) -> str:
+    return "\n".join(f"```python\n{s}\n```" for s in sources)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_path):  # noqa: F811
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+def _run(tokenizer, make_env, task, script, episodes=2, max_episode_tokens=8192):
+    runner = AgentRunner(ScriptedPolicy(tokenizer, script), tokenizer, make_env, SamplingParams(temperature=0.0),
+                         AgentConfig(max_turn_tokens=2048, max_episode_tokens=max_episode_tokens,
+                                     max_turns=len(script), env_workers=4))
+    try:
+        started = [runner.start(task, seed=s) for s in range(episodes)]
+        finished = runner.run(started)
+    finally:
+        runner.close()
+    assert len(finished) == episodes
+    for ep in finished:
+        assert ep.done and ep.turns
+        for turn in ep.turns:
+            for m in turn.obs_messages:
+                m.content.encode("utf-8")
+            if not (turn.terminated or turn.truncated):
+                assert turn.obs_ids  # the observation went through the chat template
+    return finished
+
+
+def test_math_hostile_script_through_the_runner(tokenizer):
+    script = [_cells(MATH_CODE[k], "print(6 * 7)") for k in (
+        "lone_surrogate_exception", "forged_frames", "fork_bomb", "close_all_fds", "background_exit",
+        "invalid_utf8_bytes", "chat_template_tokens", "huge_traceback", "import_project")]
+    script += [MATH_RESPONSES["four_hundred_kb"][:20000], MATH_RESPONSES["final_surrogate"]]
+    limits = KernelLimits(cell_timeout_s=2.0, memory_mb=512, output_bytes=2048)
+    task = Task(id="agent-hostile", prompt="What is 2 + 3?", answer="5")
+    finished = _run(tokenizer, lambda: MathPythonEnv([task], limits=limits, max_turns=50, prestart_kernel=False),
+                    task, script)
+    for ep in finished:
+        assert ep.turns[-1].terminated
+        assert all("42" in t.obs_messages[0].content for t in ep.turns[:9])  # the cell after each attack ran
+
+
+def test_bfcl_hostile_script_through_the_runner(tokenizer):
+    pytest.importorskip("bfcl_eval")
+    from environments.bfcl.data import load_task
+    from environments.bfcl.env import BFCLEnv
+
+    script = [BFCL_PYTHON[k] for k in ("surrogate_echo", "deep_parens", "many_big_args", "surrogate_escape",
+                                       "chat_tokens_in_arg", "int_division_huge")]
+    script += [BFCL_PYTHON["arith_chain_2000"], "[pwd()]", "Done."] * 3
+    _run(tokenizer, lambda: BFCLEnv(), load_task("multi_turn_base_0"), script, max_episode_tokens=32768)

@@ -1,0 +1,94 @@
+"""trace_gym's public API: everything a user's own package needs, in one module.
+
+The docs import only from here; names in :data:`__all__` are stable (a change is a
+breaking change and is announced). It is part of the face (with ``cli.py``,
+``registry.py`` and ``strategies.py``): it may name the built-in allocators.
+
+Contracts:
+    ``AgentEnv``, ``Snapshot``, ``freeze``/``thaw``, ``rng_state``/``rng_from_state``,
+    ``task_from_options``, ``check_env``, ``EnvCheckError``; ``Task``, ``Message``;
+    ``TextAction``, ``ChatObservation`` (spaces).
+Strategies:
+    ``Strategy``; the allocator Protocols ``RootAllocator``, ``PrefixAllocator``,
+    ``GroupSized``; ``fixed_groups(order, budget, group_size, n)`` (groups of G in a
+    priority order, the building block of GRPO/PCL); the built-in allocators
+    ``UniformRootAllocator``,
+    ``PCLRootAllocator``, ``RandomPrefixAllocator``, ``TraceRootAllocator``,
+    ``TracePrefixAllocator``; the exact solvers ``solve_root``, ``solve_prefix``;
+    ``STRATEGIES``, ``register_strategy`` and ``shaped_strategies`` (a table reshaped for a
+    bench: group size and tree shape).
+Environments:
+    ``register_env`` (a Gymnasium id + its task loader), ``resolve_env``, ``EnvFamily``.
+Trees and benches:
+    ``RolloutTree``, ``BudgetLedger``; ``run_sim_bench``, ``run_env_bench``,
+    ``format_bench``, ``SimBenchConfig``, ``EnvBenchConfig``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from baselines.pcl import PCLRootAllocator
+from baselines.random_tree import RandomPrefixAllocator
+from baselines.uniform import UniformRootAllocator, fixed_groups
+from trace_gym.allocation import (
+    GroupSized,
+    PrefixAllocator,
+    RootAllocator,
+    TracePrefixAllocator,
+    TraceRootAllocator,
+    solve_prefix,
+    solve_root,
+)
+from trace_gym.bench import format_bench, run_env_bench, run_sim_bench
+from trace_gym.budget import BudgetLedger
+from trace_gym.config import EnvBenchConfig, SimBenchConfig
+from trace_gym.env import (
+    AgentEnv,
+    EnvCheckError,
+    Snapshot,
+    check_env,
+    freeze,
+    rng_from_state,
+    rng_state,
+    task_from_options,
+    thaw,
+)
+from trace_gym.registry import EnvFamily, resolve_env
+from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.strategies import STRATEGIES, register_strategy, shaped_strategies
+from trace_gym.strategy import Strategy
+from trace_gym.tree import RolloutTree
+from trace_gym.types import Message, Task
+
+
+def register_env(env_id: str, entry_point: str | Callable[..., Any],
+                 task_loader: str | Callable[..., list] | None = None, **kwargs: Any) -> str:
+    """Register an env with Gymnasium (under ``trace_gym/`` when ``env_id`` has no namespace)
+    and, optionally, its task loader ``loader(n, seed=0, **kw) -> list[Task]`` (else the env
+    class's ``load_tasks`` classmethod is used). Returns the full id.
+
+    After this, every command takes the env by id: ``trace-gym bench --env ID``.
+    """
+    import gymnasium
+    from gymnasium.envs.registration import registry
+
+    from trace_gym import registry as face
+
+    full = env_id if "/" in env_id else f"{face.NAMESPACE}/{env_id}"
+    if full not in registry:
+        gymnasium.register(id=full, entry_point=entry_point, **kwargs)
+    if task_loader is not None:
+        face.TASK_LOADERS[full] = task_loader
+    return full
+
+
+__all__ = [
+    "AgentEnv", "BudgetLedger", "GroupSized", "ChatObservation", "EnvBenchConfig", "EnvCheckError", "EnvFamily", "Message",
+    "PCLRootAllocator", "PrefixAllocator", "RandomPrefixAllocator", "RolloutTree", "RootAllocator", "STRATEGIES",
+    "SimBenchConfig", "Snapshot", "Strategy", "Task", "TextAction", "TracePrefixAllocator", "TraceRootAllocator",
+    "UniformRootAllocator", "check_env", "fixed_groups", "format_bench", "freeze", "register_env",
+    "register_strategy", "resolve_env", "rng_from_state", "rng_state", "run_env_bench", "run_sim_bench",
+    "shaped_strategies",
+    "solve_prefix", "solve_root", "task_from_options", "thaw",
+]
