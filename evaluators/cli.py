@@ -40,6 +40,8 @@ class EvalConfig:
     seed: int = field(default=0, metadata=doc("sampling and env seed"))
     engine: str = field(default="hf", metadata=doc("rollout engine: auto | hf | vllm"))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
+    env_kwargs: dict = field(default_factory=dict, metadata=doc(
+        "extra env keyword arguments (e.g. the retrieval server of the QA suites)"))
     data_dir: str = field(default="", metadata=doc(
         "folder with local copies of the math suites (<suite>.jsonl / .parquet / .json or <suite>/)"))
     heldout_fraction: float = field(default=0.2, metadata=doc("held-out share of the generated family"))
@@ -137,6 +139,7 @@ def cache_key(cfg: EvalConfig, digest: str, suite: str) -> str:
     """The settings that determine a suite's numbers, hashed."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items()
                 if k not in ("policy", "suites", "out", "cache", "cache_dir", "progress", "engine_kwargs")}
+    settings["env_kwargs"] = json.dumps(cfg.env_kwargs, sort_keys=True, default=str)
     settings.update(weights=digest, suite=suite, data_path=_data_path(cfg, suite))
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -158,7 +161,7 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     result = suites.evaluate(engine, suite, limit=cfg.limit or None, samples=cfg.samples,
                              temperature=cfg.temperature, seed=cfg.seed, pass_k=cfg.pass_k,
                              data_path=_data_path(cfg, suite), heldout_fraction=cfg.heldout_fraction,
-                             progress=cfg.progress, agent_limits=limits)
+                             progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs)
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
@@ -205,6 +208,10 @@ def format_results(rows: Sequence[dict[str, Any]]) -> str:
                       f"{r['mean_reward']:.3f}", f"{r['seconds']:.0f}", "yes" if r.get("cached") else "no"])
     parts = [markdown_table(["policy", "suite", "tasks", "samples", "accuracy % [95 % CI]",
                              *[f"pass@{k} %" for k in ks], "mean reward", "seconds", "cached"], table)]
+    qa = [[r["label"], r["suite"], r["qa"]["n"], f"{100 * r['qa']['em']:.1f}", f"{100 * r['qa']['f1']:.1f}",
+           f"{100 * r['qa']['answered']:.1f}"] for r in rows if "qa" in r]
+    if qa:
+        parts += ["", markdown_table(["policy", "suite", "questions", "EM %", "F1 %", "answered %"], qa)]
     for r in rows:
         if "bfcl" in r:
             parts += ["", f"BFCL v4 multi-turn, {r['label']}:", "", r["bfcl"]["markdown"]]
@@ -220,7 +227,7 @@ def resolve_train_setup(cfg: Any) -> Any:
     from trace_gym.strategies import STRATEGIES, shaped_strategies
     from trace_gym.train import TrainSetup, split_tasks
 
-    family = resolve_env(cfg.env)  # a family short name or any registered env id
+    family = resolve_env(cfg.env, cfg.env_kwargs)  # a family short name or any registered env id
     if cfg.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {cfg.strategy!r}; known: {sorted(STRATEGIES)}")
     if cfg.data and cfg.data not in suites.TRAIN_DATA:
@@ -251,7 +258,8 @@ def resolve_train_setup(cfg: Any) -> Any:
                           samples=cfg.eval_samples, temperature=0.0 if cfg.eval_samples == 1 else cfg.temperature,
                           seed=cfg.seed, engine=cfg.engine, heldout_fraction=cfg.heldout_fraction,
                           max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
-                          max_episode_tokens=cfg.max_episode_tokens, progress=cfg.progress)
+                          max_episode_tokens=cfg.max_episode_tokens, env_kwargs=cfg.env_kwargs,
+                          progress=cfg.progress)
 
     def evaluate(engine: Any, step: int) -> dict[str, Any]:
         if step == 0:  # the initial policy: the same cache as `trace-gym eval` with these settings
@@ -262,7 +270,7 @@ def resolve_train_setup(cfg: Any) -> Any:
                   "max_episode_tokens": cfg.max_episode_tokens}
         return suites.evaluate(engine, cfg.eval_suite, limit=cfg.eval_tasks, samples=cfg.eval_samples,
                                temperature=eval_cfg.temperature, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction,
-                               progress=cfg.progress, agent_limits=limits)
+                               progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs)
 
     return TrainSetup(strategy=strategy, make_env=family.make_env, load_train_tasks=load,
                       evaluate=evaluate if cfg.eval_every else None, data_offline=offline,

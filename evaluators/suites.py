@@ -49,8 +49,8 @@ class Suite:
         env_id: registered Gymnasium id the episodes run in.
         load: ``load(limit, seed, path, heldout_fraction) -> list[Task]`` (``limit`` None: all).
         env_kwargs: keyword arguments of ``gymnasium.make``.
-        scorer: ``"reward"`` (per-sample reward, success at >= 0.5) or ``"bfcl"``
-            (the official checks, per category).
+        scorer: ``"reward"`` (per-sample reward, success at >= 0.5), ``"bfcl"`` (the
+            official checks, per category) or ``"qa"`` (EM and F1, :mod:`evaluators.qa`).
         offline: tasks load without network.
         max_turns, max_turn_tokens, max_episode_tokens: the agent loop's defaults here.
         description: one line.
@@ -119,6 +119,27 @@ def bfcl_eval_split(limit: int | None, seed: int = 0, path: str | None = None,
     return [t for c in data.CATEGORIES for t in data.load_tasks(c, "eval")[:limit]]
 
 
+def qa_dataset(name: str) -> Callable[..., list[Task]]:
+    """A loader of one QA dataset of :mod:`environments.wiki_qa.data` (local FlashRAG file or the hub)."""
+
+    def load(limit: int | None, seed: int = 0, path: str | None = None, heldout_fraction: float = 0.0) -> list[Task]:
+        from environments.wiki_qa.data import load_tasks
+
+        return load_tasks(name, path=path or None, limit=limit)
+
+    load.__name__ = f"load_{name}"
+    return load
+
+
+def offline_qa_heldout(limit: int | None, seed: int = 0, path: str | None = None,
+                       heldout_fraction: float = HELDOUT_FRACTION) -> list[Task]:
+    """The held-out split of the offline synthetic QA world's questions (``wiki_qa``'s own tasks)."""
+    from environments.wiki_qa.data import offline_tasks
+
+    held = split_tasks(offline_tasks(None, seed=None), "heldout", heldout_fraction)
+    return held[:limit] if limit is not None else held
+
+
 _MATH_ENV = "trace_gym/MathPython-v0"
 #: The CPU default's env settings: a one-shot tool demonstration and a last-number fallback.
 _TINY_MATH = {"answer_extraction": "boxed_or_last_number", "few_shot": True}
@@ -133,6 +154,15 @@ SUITES: dict[str, Suite] = {
        for name in ("aime24", "amc23", "math500", "minerva", "olympiadbench")},
     "bfcl": Suite("bfcl", "trace_gym/BFCL-v0", bfcl_eval_split, scorer="bfcl", max_turns=64, max_turn_tokens=512,
                   max_episode_tokens=16384, description="BFCL v4 multi-turn, eval split, per category"),
+    "wiki_qa": Suite("wiki_qa", "trace_gym/WikiQA-v0", offline_qa_heldout, {"few_shot": True}, scorer="qa",
+                     max_turns=4, max_turn_tokens=160, max_episode_tokens=2048,
+                     description="held-out split of the offline synthetic QA world (offline; EM and F1)"),
+    # the multi-hop QA suites of evaluators.qa (Search-R1's datasets); the env needs a Wikipedia index
+    # (env_kwargs), the questions come from data_dir or the hub
+    **{name: Suite(name, "trace_gym/WikiQA-v0", qa_dataset(name), scorer="qa", offline=False, max_turns=4,
+                   max_turn_tokens=512, max_episode_tokens=8192, description=f"{name} (EM and F1; local FlashRAG "
+                   "file via data_dir, else the hub; index via env_kwargs)")
+       for name in ("hotpotqa", "2wiki", "musique", "bamboogle")},
 }
 
 
@@ -169,7 +199,15 @@ TRAIN_DATA: dict[str, TrainData] = {
                            "generated math family minus its held-out split"),
     "deepscaler": TrainData(deepscaler_train, False, "DeepScaleR-Preview (hub agentica-org/DeepScaleR-Preview-Dataset)"),
     "bfcl": TrainData(bfcl_train_split, True, "BFCL v4 multi-turn train split (80 %, all categories)"),
+    "hotpotqa": TrainData(lambda n, seed=0, path=None: _shuffled(_qa_train("hotpotqa", path), n, seed), False,
+                          "HotpotQA train split (FlashRAG hub copy, or a local file)"),
 }
+
+
+def _qa_train(name: str, path: str | None) -> list[Task]:
+    from environments.wiki_qa.data import load_tasks
+
+    return load_tasks(name, path=path or None, split="train")
 
 
 def get_suite(name: str) -> Suite:
@@ -180,7 +218,7 @@ def get_suite(name: str) -> Suite:
 
 # ---------------------------------------------------------------------- running
 def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: int, temperature: float, seed: int,
-                 max_turns: int | None = None, max_turn_tokens: int | None = None,
+                 env_kwargs: Mapping[str, Any] | None = None, max_turns: int | None = None, max_turn_tokens: int | None = None,
                  max_episode_tokens: int | None = None, progress: bool = False, batch_episodes: int = 64) -> list[list[Any]]:
     """Run ``samples`` episodes of every task; returns the finished episodes per task.
 
@@ -200,7 +238,8 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
                             max_episode_tokens=max_episode_tokens or suite.max_episode_tokens,
                             max_turns=max_turns or suite.max_turns)
     sampling = SamplingParams(max_tokens=agent_cfg.max_turn_tokens, temperature=temperature, seed=seed)
-    make_env = lambda: gymnasium.make(suite.env_id, disable_env_checker=True, **dict(suite.env_kwargs))  # noqa: E731
+    kwargs = {**dict(suite.env_kwargs), **dict(env_kwargs or {})}
+    make_env = lambda: gymnasium.make(suite.env_id, disable_env_checker=True, **kwargs)  # noqa: E731
     out: list[list[Any]] = [[] for _ in tasks]
     bar = tqdm(total=len(tasks), desc=f"eval {suite.name}", disable=not progress, leave=False, dynamic_ncols=True)
     runner = AgentRunner(engine, engine.tokenizer, make_env, sampling, agent_cfg)
@@ -245,7 +284,24 @@ def score_episodes(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Seque
     }
     if suite.scorer == "bfcl":
         result["bfcl"] = bfcl_scores(tasks, episodes)
+    if suite.scorer == "qa":
+        result["qa"] = qa_scores(suite.name, tasks, episodes)
     return result
+
+
+def qa_scores(name: str, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """EM and F1 of the first sample per question with :mod:`evaluators.qa`'s scorer (an episode
+    without an answer scores 0)."""
+    from dataclasses import asdict
+
+    from evaluators.qa.score import QARecord, score_records
+
+    records = []
+    for task, eps in zip(tasks, episodes):
+        info = eps[0].turns[-1].info if eps and eps[0].turns else {}
+        golds = [task.answer] if isinstance(task.answer, str) else list(task.answer or [])
+        records.append(QARecord(task.id, info.get("prediction"), tuple(str(g) for g in golds)))
+    return asdict(score_records(name, records))
 
 
 def bfcl_entry_results(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> list[Any]:
@@ -277,7 +333,7 @@ def bfcl_scores(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> dic
 def evaluate(engine: Any, suite_name: str, *, limit: int | None, samples: int = 1, temperature: float = 0.0,
              seed: int = 0, pass_k: Sequence[int] = (1,), data_path: str | None = None,
              heldout_fraction: float = HELDOUT_FRACTION, progress: bool = False,
-             agent_limits: Mapping[str, int] | None = None) -> dict[str, Any]:
+             agent_limits: Mapping[str, int] | None = None, env_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Load a suite's tasks, run them through ``engine`` and score them (one suite)."""
     suite = get_suite(suite_name)
     t0 = time.perf_counter()
@@ -285,7 +341,7 @@ def evaluate(engine: Any, suite_name: str, *, limit: int | None, samples: int = 
     if not tasks:
         raise ValueError(f"suite {suite_name!r} has no tasks (limit={limit}, data_path={data_path!r})")
     episodes = run_episodes(engine, suite, tasks, samples=samples, temperature=temperature, seed=seed,
-                            progress=progress, **dict(agent_limits or {}))
+                            env_kwargs=env_kwargs, progress=progress, **dict(agent_limits or {}))
     result = score_episodes(suite, tasks, episodes, pass_k)
     result.update(temperature=temperature, seed=seed, seconds=time.perf_counter() - t0)
     if math.isnan(result["accuracy"]):

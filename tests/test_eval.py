@@ -100,9 +100,12 @@ def test_policy_specs_and_config_errors(tmp_path, tiny_model_path):  # noqa: F81
 
 def test_suite_table_entries_are_complete():
     for name, suite in SUITES.items():
-        assert suite.name == name and suite.env_id.startswith("trace_gym/") and suite.scorer in ("reward", "bfcl")
+        assert suite.name == name and suite.env_id.startswith("trace_gym/") and suite.scorer in ("reward", "bfcl", "qa")
         assert callable(suite.load) and suite.description
     assert SUITES["generated"].offline and not SUITES["math500"].offline
+    from evaluators.qa import SUITES as QA_SUITES
+
+    assert all(SUITES[name].scorer == "qa" for name in QA_SUITES)  # the retrieval issue's suites, one entry each
 
 
 def test_eval_cli_one_line_errors(tmp_path, capsys):

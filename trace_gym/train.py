@@ -47,7 +47,8 @@ class TrainConfig:
     engine_kwargs: dict = field(default_factory=dict, metadata=doc(
         "keyword arguments of the engine (e.g. {dtype: bfloat16, gpu_memory_utilization: 0.4})"))
     device: str = field(default="auto", metadata=doc("trainer device: auto | cpu | cuda"))
-    env: str = field(default="math_python", metadata=doc("env family (trace-gym envs)"))
+    env: str = field(default="math_python", metadata=doc("env family or registered env id (trace-gym envs)"))
+    env_kwargs: dict = field(default_factory=dict, metadata=doc("extra env keyword arguments (over the family's)"))
     data: str = field(default="", metadata=doc(
         "training data: empty for the env family's own tasks, else a dataset name (e.g. deepscaler)"))
     data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
