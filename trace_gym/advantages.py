@@ -1,0 +1,193 @@
+"""Advantage estimators: the finished rollout tree of one prompt -> an advantage per node.
+
+Every estimator is a pure function ``estimator(tree, *, eps, std_normalize) -> {node id: A}``
+over a finished :class:`~trace_gym.tree.RolloutTree` (one tree holds every rollout of one
+prompt: its root rollouts and their continuations). ``A[v]`` is the weight that *every
+policy token* of node ``v`` (the tokens the policy generated in that turn) carries in the
+policy loss; observation tokens (the env's answer, the chat template's glue, the prompt)
+carry none, and the root (the prompt) never appears in the result. The trainer trains
+each node's policy tokens exactly once (each tree edge once), with weight ``A[v]``.
+
+Groups and normalisation, shared by all estimators:
+
+- a *group* is a set of values ``x_1..x_n`` (leaf rewards or node values); its members
+  get ``(x_i - mean) / (std + eps)`` with the sample standard deviation (``ddof = 1``,
+  as ``torch.std`` in verl's and TRL's GRPO), or ``x_i - mean`` when
+  ``std_normalize=False`` (Dr. GRPO);
+- a group of one has nothing to be relative to: as in the references (verl's
+  ``compute_grpo_outcome_advantage``), its mean is taken as 0 and its std as 1, so its
+  member contributes ``x / (1 + eps)`` (``x`` without std normalisation);
+- a group whose members are all equal contributes exactly 0.
+
+Rewards need not be 0/1: BFCL's partial credit or an F1 score go through unchanged.
+
+Estimators (``ESTIMATORS`` names them; a new one is one entry):
+
+``grpo``
+    Flat GRPO: the group is every leaf of the prompt, ``A_i = (R_i - mean) / (std + eps)``.
+    Each leaf's whole path is its own trajectory, so a node carries the *sum* of ``A_i``
+    over the leaves below it (a prefix shared by continuations counts once per leaf, as if
+    each trajectory were trained as its own sequence).
+
+``treerpo``
+    TreeRPO on recursive node values ``V`` (``tree.targets()``: a leaf's reward, an inner
+    node's mean over its children). The tree is cut into *segments*: a segment starts at a
+    child ``c`` of the root or of a branching node (a node with two or more children) and
+    runs down through single-child nodes to the next branching node or leaf (which it
+    includes). Each sibling group (the children of the root or of one branching node) gets
+    ``A_c = (V_c - mean_sib) / (std_sib + eps)``, and every node of ``c``'s segment carries
+    ``A_c``. So each edge is trained once, with the contrast of the branch point it hangs
+    from; a sibling group without variance contributes zero. On a tree without
+    continuations (root rollouts only) every segment is one whole rollout and the root's
+    children are the GRPO group: ``treerpo == grpo`` (tested).
+
+``tree_grpo``
+    Tree-GRPO: ``A_i = (R_i - mu_prompt) / (sd_prompt + eps) + (R_i - mu_tree) / (sd_tree + eps)``
+    per leaf ``i``, where the prompt group is every leaf of the prompt and the tree group is
+    every leaf of ``i``'s own tree. A *tree* in Tree-GRPO's sense is one root rollout grown
+    by its continuations: the subtree below one child of the root (continuations always
+    start from a root rollout's prefix). A tree with a single leaf is a singleton group and
+    contributes ``R_i`` (see above). As in ``grpo``, every token on the leaf's path carries
+    ``A_i``, so a node carries the *sum* of ``A_i`` over the leaves below it: a shared
+    prefix receives the sum over its leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Protocol, Sequence
+
+from trace_gym.tree import ROOT, RolloutTree
+
+#: Default epsilon added to a group's standard deviation.
+DEFAULT_EPS = 1e-6
+
+
+class AdvantageEstimator(Protocol):
+    """``(tree, *, eps, std_normalize) -> {node id: advantage of each policy token}``."""
+
+    def __call__(self, tree: RolloutTree, *, eps: float = DEFAULT_EPS,
+                 std_normalize: bool = True) -> dict[int, float]: ...
+
+
+def group_normalize(values: Sequence[float], *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> list[float]:
+    """``(x_i - mean) / (std + eps)`` over one group (sample std, ``ddof = 1``).
+
+    A group of one uses mean 0 and std 1 (see the module docstring); ``std_normalize=False``
+    returns ``x_i - mean`` (Dr. GRPO).
+
+    >>> group_normalize([1.0, 0.0], eps=0.0)
+    [0.7071067811865475, -0.7071067811865475]
+    """
+    xs = [float(x) for x in values]
+    if not xs:
+        return []
+    bad = [x for x in xs if not math.isfinite(x)]
+    if bad:
+        raise ValueError(f"group values must be finite, got {bad[:3]}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    if len(xs) == 1:
+        mean, std = 0.0, 1.0
+    else:
+        mean = sum(xs) / len(xs)
+        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    if all(x == xs[0] for x in xs) and len(xs) > 1:
+        return [0.0] * len(xs)  # exactly zero, not rounding noise
+    if not std_normalize:
+        return [x - mean for x in xs]
+    if std + eps == 0:
+        raise ValueError("std + eps is 0; use eps > 0")
+    return [(x - mean) / (std + eps) for x in xs]
+
+
+def _check_finished(tree: RolloutTree) -> list[int]:
+    leaves = [n.id for n in tree.leaves()]
+    if not leaves:
+        raise ValueError(f"tree {tree.task_id!r} has no finished leaf; advantages need finished rollouts")
+    dangling = [n.id for n in tree.nodes[1:] if not n.terminal and not n.children]
+    if dangling:
+        raise ValueError(f"tree {tree.task_id!r} has unfinished branches ending at nodes {dangling[:5]}")
+    for i in leaves:
+        r = tree.nodes[i].reward
+        if r is None or not math.isfinite(r):
+            raise ValueError(f"leaf {i} of tree {tree.task_id!r} has reward {r!r}; expected a finite float")
+    return leaves
+
+
+def leaf_sums(tree: RolloutTree, leaf_advantages: Mapping[int, float]) -> dict[int, float]:
+    """Per non-root node: the sum of ``leaf_advantages`` over the leaves below it (itself
+    included), i.e. the weight a token gets when every leaf's path is trained with its own
+    ``A_i``."""
+    total = [0.0] * len(tree.nodes)
+    for n in reversed(tree.nodes):  # children always have larger ids
+        if n.terminal:
+            total[n.id] += float(leaf_advantages[n.id])
+        if n.parent is not None:
+            total[n.parent] += total[n.id]
+    return {n.id: total[n.id] for n in tree.nodes if n.id != ROOT}
+
+
+def grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> dict[int, float]:
+    """Flat GRPO over every leaf of the prompt; a node carries the sum over its leaves."""
+    leaves = _check_finished(tree)
+    rewards = [tree.nodes[i].reward for i in leaves]
+    return leaf_sums(tree, dict(zip(leaves, group_normalize(rewards, eps=eps, std_normalize=std_normalize))))
+
+
+def segment_heads(tree: RolloutTree) -> dict[int, int]:
+    """Node id -> the head of its segment (see ``treerpo``): the highest node on its path
+    that is a child of the root or of a branching node, with only single-child nodes
+    between them."""
+    head: dict[int, int] = {}
+    for n in tree.nodes[1:]:  # parents come before children
+        parent = tree.nodes[n.parent]  # type: ignore[index]
+        starts = parent.id == ROOT or len(parent.children) >= 2
+        head[n.id] = n.id if starts else head[parent.id]
+    return head
+
+
+def treerpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> dict[int, float]:
+    """TreeRPO: sibling-relative advantages of recursive node values, one per segment."""
+    _check_finished(tree)
+    values = tree.targets()
+    at_head: dict[int, float] = {}
+    for n in tree.nodes:
+        if n.terminal or not (n.id == ROOT or len(n.children) >= 2):
+            continue
+        kids = [c for c in n.children if c in values]
+        for c, a in zip(kids, group_normalize([values[c] for c in kids], eps=eps, std_normalize=std_normalize)):
+            at_head[c] = a
+    return {node: at_head.get(h, 0.0) for node, h in segment_heads(tree).items()}
+
+
+def tree_grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> dict[int, float]:
+    """Tree-GRPO: prompt-level plus tree-level group advantages per leaf; a node carries
+    the sum over its leaves."""
+    leaves = _check_finished(tree)
+    rewards = {i: float(tree.nodes[i].reward) for i in leaves}  # type: ignore[arg-type]
+    prompt_term = dict(zip(leaves, group_normalize([rewards[i] for i in leaves], eps=eps,
+                                                   std_normalize=std_normalize)))
+    by_tree: dict[int, list[int]] = {}
+    for i in leaves:
+        by_tree.setdefault(tree.path(i)[1], []).append(i)
+    total = dict(prompt_term)
+    for members in by_tree.values():
+        for i, a in zip(members, group_normalize([rewards[i] for i in members], eps=eps, std_normalize=std_normalize)):
+            total[i] += a
+    return leaf_sums(tree, total)
+
+
+#: Every advantage estimator by name. A new estimator is one entry.
+ESTIMATORS: dict[str, Callable[..., dict[int, float]]] = {
+    "grpo": grpo,
+    "treerpo": treerpo,
+    "tree_grpo": tree_grpo,
+}
+
+
+def get_estimator(name: str) -> Callable[..., dict[int, float]]:
+    """Look an estimator up by name, with the known names in the error."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
+    return ESTIMATORS[name]

@@ -1,0 +1,288 @@
+"""``trace-gym compare RUN [RUN ...]``: training runs side by side, with uncertainty.
+
+Reads each run directory (``config.yaml``, ``metrics.jsonl``, ``evals/step-N.json``) and
+prints one markdown table, plus PNG plots of reward, effective ratio and held-out
+accuracy against the nominal budget spent, the exact generated tokens and wall-clock
+seconds (the paper's axes).
+
+Uncertainty, stated rather than hidden:
+
+- runs whose configs differ only in ``seed`` (and ``run_dir``) form one row; with two or
+  more seeds every number is a mean with a 95 % Student-t interval over seeds;
+- held-out accuracy with one seed carries the evaluation's own 95 % interval over tasks;
+- each row's gain (after minus before) is paired over the evaluation tasks (one seed) or
+  taken over seeds, with its interval;
+- every row is compared with the first one on held-out accuracy after training: by the
+  paired difference over the same evaluation tasks (one seed each) or over seeds, and the
+  table says when the two cannot be told apart (the interval contains 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from trace_gym import report
+from trace_gym.checkpoint import RunDir
+
+#: Time phases reported, in the order of a training step.
+PHASES = ("generation", "environment", "predictor_scoring", "predictor_update", "allocation", "policy_update",
+          "weight_sync", "eval")
+
+
+@dataclass
+class Run:
+    """One run directory, loaded."""
+
+    path: Path
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    evals: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        c = self.config
+        return f"{c.get('strategy', '?')} / {c.get('advantage', '?')}"
+
+    def series(self, key: str) -> np.ndarray:
+        return np.array([math.nan if m.get(key) is None else float(m[key]) for m in self.metrics])
+
+    def cumulative(self, key: str) -> np.ndarray:
+        return np.cumsum([float(m.get(key) or 0.0) for m in self.metrics])
+
+    def phase_seconds(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for m in self.metrics:
+            for k, v in m.get("seconds", {}).items():
+                out[k] = out.get(k, 0.0) + float(v)
+        return out
+
+
+def load_run(path: str | Path) -> Run:
+    """A run directory as written by ``trace-gym train``; ValueError when it is not one."""
+    import yaml
+
+    rd = RunDir(path)
+    if not rd.config_path.exists():
+        raise ValueError(f"{str(path)!r} is not a run directory (no config.yaml)")
+    metrics = rd.read_metrics()
+    if not metrics:
+        raise ValueError(f"run {str(path)!r} has no finished step in metrics.jsonl")
+    evals = {}
+    for f in sorted((rd.path / "evals").glob("step-*.json")) if (rd.path / "evals").exists() else []:
+        evals[int(f.stem.split("-")[1])] = json.loads(f.read_text())
+    return Run(rd.path, yaml.safe_load(rd.config_path.read_text()) or {}, metrics, evals)
+
+
+def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Runs whose configs differ only in seed and run_dir, under one label (first seen first)."""
+    groups: dict[str, list[Run]] = {}
+    keys: dict[str, str] = {}
+    for run in runs:
+        key = json.dumps({k: v for k, v in run.config.items() if k not in ("seed", "run_dir", "progress")},
+                         sort_keys=True, default=str)
+        label = keys.get(key)
+        if label is None:
+            label = run.label
+            while label in groups:
+                label += "'"
+            keys[key] = label
+            groups[label] = []
+        groups[label].append(run)
+    return groups
+
+
+def _before_after(run: Run) -> tuple[dict | None, dict | None]:
+    if not run.evals:
+        return None, None
+    last = max(run.evals)
+    return run.evals.get(0), (run.evals[last] if last > 0 else None)
+
+
+def _acc(ev: Mapping[str, Any] | None) -> str:
+    if ev is None:
+        return "-"
+    lo, hi = ev.get("accuracy_ci", [math.nan, math.nan])
+    return f"{100 * ev['accuracy']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _task_scores(ev: Mapping[str, Any]) -> dict[str, float]:
+    return {t: float(np.mean([r >= 0.5 for r in rs])) for t, rs in ev.get("per_task", {}).items()}
+
+
+def _versus(ref: list[Run], other: list[Run]) -> str:
+    """Held-out accuracy after training, ``other`` minus ``ref``: difference, interval, verdict."""
+    if len(ref) >= 2 and len(other) >= 2:
+        a = [_before_after(r)[1] for r in other]
+        b = [_before_after(r)[1] for r in ref]
+        if any(x is None for x in a + b):
+            return "-"
+        mean, half, _ = report.mean_ci([x["accuracy"] for x in a])
+        mean_b, half_b, _ = report.mean_ci([x["accuracy"] for x in b])
+        diff = mean - mean_b
+        half = math.sqrt(half**2 + half_b**2)  # independent seeds: intervals add in quadrature
+        n = f"{min(len(a), len(b))} seeds each"
+    else:
+        after_o, after_r = _before_after(other[0])[1], _before_after(ref[0])[1]
+        if after_o is None or after_r is None:
+            return "-"
+        so, sr = _task_scores(after_o), _task_scores(after_r)
+        shared = sorted(set(so) & set(sr))
+        if not shared:
+            return "no shared eval tasks"
+        diff, half, _ = report.paired_difference([so[t] for t in shared], [sr[t] for t in shared])
+        if math.isnan(half) or half == 0:
+            half = 0.0 if all(so[t] == sr[t] for t in shared) else half
+        n = f"paired over {len(shared)} tasks"
+    verdict = "cannot be told apart" if math.isnan(half) or abs(diff) <= half else "distinguishable"
+    return f"{100 * diff:+.1f} ± {100 * half:.1f} pts ({n}): {verdict}"
+
+
+def _gain(runs: list[Run]) -> str:
+    """Held-out accuracy after minus before training: paired over the evaluation tasks (one
+    seed) or over seeds (several), with its 95 % interval and whether it excludes 0."""
+    pairs = [_before_after(r) for r in runs]
+    if any(b is None or a is None for b, a in pairs):
+        return "-"
+    if len(runs) == 1:
+        before, after = _task_scores(pairs[0][0]), _task_scores(pairs[0][1])
+        shared = sorted(set(before) & set(after))
+        diff, half, _ = report.paired_difference([after[t] for t in shared], [before[t] for t in shared])
+        n = f"paired over {len(shared)} tasks"
+    else:
+        diff, half, _ = report.mean_ci([a["accuracy"] - b["accuracy"] for b, a in pairs])
+        n = f"over {len(runs)} seeds"
+    verdict = "no detectable change" if math.isnan(half) or abs(diff) <= half else "a real change"
+    return f"{100 * diff:+.1f} ± {100 * half:.1f} pts ({n}): {verdict}"
+
+
+def compare_table(groups: Mapping[str, list[Run]]) -> str:
+    """The markdown comparison (main table, time by phase, per-step table)."""
+    rows = []
+    first = next(iter(groups.values()))
+    for label, runs in groups.items():
+        def stat(fn) -> str:
+            values = [fn(r) for r in runs]
+            mean, half, _ = report.mean_ci(values)
+            return report.pm(mean, half, 3 if abs(mean) < 10 else 0)
+
+        before = [_before_after(r)[0] for r in runs]
+        after = [_before_after(r)[1] for r in runs]
+        if len(runs) == 1:
+            acc_before, acc_after = _acc(before[0]), _acc(after[0])
+        else:
+            acc_before = stat(lambda r: (_before_after(r)[0] or {}).get("accuracy", math.nan))
+            acc_after = stat(lambda r: (_before_after(r)[1] or {}).get("accuracy", math.nan))
+        rows.append([
+            f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})",
+            len(runs[0].metrics),
+            stat(lambda r: float(np.nanmean(r.series("effective_ratio")))),
+            stat(lambda r: float(np.nanmean(r.series("reward")))),
+            stat(lambda r: float(r.cumulative("nominal_budget")[-1])),
+            stat(lambda r: float(r.cumulative("generated_tokens")[-1])),
+            stat(lambda r: float(r.cumulative("step_seconds")[-1])),
+            acc_before, acc_after, _gain(runs),
+            "reference" if runs is first else _versus(first, runs),
+        ])
+    headers = ["run", "steps", "effective ratio", "train reward", "nominal budget", "generated tokens",
+               "wall-clock s", "held-out acc % before", "held-out acc % after", "after - before",
+               "after vs first row"]
+    parts = [report.markdown_table(headers, rows), "", "Time by phase (share of step time, summed over steps):", ""]
+    phase_rows = []
+    for label, runs in groups.items():
+        total = {k: sum(r.phase_seconds().get(k, 0.0) for r in runs) for k in PHASES}
+        step_total = sum(float(r.cumulative("step_seconds")[-1]) for r in runs)
+        predictor = total["predictor_scoring"] + total["predictor_update"]
+        phase_rows.append([label, *[f"{100 * total[k] / max(step_total, 1e-9):.1f} %" for k in PHASES],
+                           f"{100 * predictor / max(step_total, 1e-9):.1f} %"])
+    parts.append(report.markdown_table(["run", *PHASES, "predictor (scoring + update)"], phase_rows))
+    parts += ["", "Per step (first seed of each run):", ""]
+    step_rows = []
+    for label, runs in groups.items():
+        for m in runs[0].metrics:
+            s = m.get("seconds", {})
+            step_rows.append([label, m["step"], m.get("effective_ratio", math.nan), m.get("reward", math.nan),
+                              m.get("nominal_budget", math.nan), m.get("generated_tokens", 0),
+                              m.get("prefill_tokens_uncached", 0), m.get("env_steps", 0),
+                              s.get("generation", 0.0), s.get("environment", 0.0),
+                              s.get("predictor_scoring", 0.0) + s.get("predictor_update", 0.0),
+                              s.get("policy_update", 0.0), s.get("weight_sync", 0.0)])
+    parts.append(report.markdown_table(["run", "step", "effective ratio", "reward", "nominal", "gen tokens",
+                                      "prefill tokens", "env steps", "gen s", "env s", "predictor s", "update s",
+                                      "sync s"], step_rows))
+    return "\n".join(parts)
+
+
+def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]:
+    """PNG plots: {reward, effective_ratio, accuracy} against {nominal budget, tokens, seconds}.
+
+    A line per run group; with several seeds the mean with a shaded 95 % band (runs aligned
+    by step)."""
+    plt = report._pyplot()
+    out = Path(out_dir)
+    paths = []
+    axes = {"nominal budget": "nominal_budget", "generated tokens": "generated_tokens", "wall-clock s": "step_seconds"}
+    for ykey, ylabel in (("reward", "train reward"), ("effective_ratio", "effective ratio"), ("accuracy", "held-out accuracy")):
+        fig, axs = plt.subplots(1, 3, figsize=(13, 3.6))
+        for ax, (xlabel, xkey) in zip(axs, axes.items()):
+            for label, runs in groups.items():
+                xs, ys = [], []
+                for r in runs:
+                    x = np.concatenate([[0.0], r.cumulative(xkey)])
+                    if ykey == "accuracy":
+                        steps = sorted(r.evals)
+                        xs.append(np.array([x[s] for s in steps if s < len(x)]))
+                        ys.append(np.array([r.evals[s]["accuracy"] for s in steps if s < len(x)]))
+                    else:
+                        xs.append(x[1:])
+                        ys.append(r.series(ykey))
+                n = min(len(y) for y in ys)
+                if n == 0:
+                    continue
+                x_mean = np.mean([x[:n] for x in xs], axis=0)
+                y_arr = np.array([y[:n] for y in ys])
+                y_mean = np.nanmean(y_arr, axis=0)
+                line, = ax.plot(x_mean, y_mean, marker="o", ms=3, label=f"{label} (n={len(runs)})")
+                if len(runs) > 1:
+                    half = np.array([report.mean_ci(y_arr[:, i])[1] for i in range(n)])
+                    ax.fill_between(x_mean, y_mean - half, y_mean + half, color=line.get_color(), alpha=0.2)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+        axs[0].legend(fontsize=8)
+        fig.suptitle(f"{ylabel} against budget, tokens and time")
+        paths.append(str(report._save(plt, fig, out / f"{ykey}.png")))
+    return paths
+
+
+def run_compare(paths: Sequence[str], out_dir: str | None = None, *, out: Any = None) -> str:
+    """Load, group, tabulate and plot; returns the markdown."""
+    out = out or sys.stdout
+    groups = group_runs([load_run(p) for p in paths])
+    text = compare_table(groups)
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "compare.md").write_text(text + "\n")
+        plots = plot_runs(groups, out_dir)
+        text += "\n\nwrote " + ", ".join([str(Path(out_dir) / "compare.md"), *plots])
+    print(text, file=out)
+    return text
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    run_compare(args.runs, args.out)
+    return 0
+
+
+def add_compare_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("compare", help="compare training runs: table + plots with confidence intervals")
+    p.add_argument("runs", nargs="+", help="run directories (seeds of one config are grouped)")
+    p.add_argument("--out", default=None, help="folder for compare.md and the PNG plots")
+    p.set_defaults(func=cmd_compare)
+    return p

@@ -1,0 +1,455 @@
+"""The policy trainer: PPO-clip on packed rollout trees, AdamW, and the weight sync to the engine.
+
+One call to :meth:`PolicyTrainer.step` is one policy update (trace-method.md, "One training
+step", step 5) on the finished trees of a batch and their per-node advantages
+(:mod:`trace_gym.advantages`):
+
+1. trees become token segments (:mod:`trace_gym.batches`); nodes whose advantage is 0
+   contribute exactly zero policy-gradient, so without a KL term they are not run
+   (their tokens still count in the loss normalisers, so the loss is unchanged);
+2. rows of at most ``micro_batch_tokens`` tokens are packed, each tree edge once;
+3. per token ``t`` (a policy token of a trained node, weight ``w_t`` from the aggregation
+   mode, advantage ``A_t``):
+
+   ``r_t = exp(logp_t - logp_old_t)`` with ``logp_old`` the trainer's own log-probabilities
+   at the start of the step (when the step is one epoch over one mini-batch, the very same
+   forward pass provides them, detached: ``r_t = 1`` with the right gradient, and no extra
+   pass is spent);
+
+   ``l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))``  (PPO-clip, asymmetric);
+
+   optionally ``l_t *= min(exp(logp_old_t - logp_engine_t), tis_cap)`` (truncated importance
+   weight against the engine's sampling log-probabilities, detached; off by default) and
+   ``l_t += kl_coef * (exp(d_t) - d_t - 1)`` with ``d_t = logp_ref_t - logp_t`` (the k3 KL
+   estimator to a frozen copy of the initial policy; off by default);
+
+   ``loss = sum_t w_t l_t``, backpropagated per micro-batch (gradients accumulate);
+4. gradient clipping to ``max_grad_norm``, one AdamW step per mini-batch, the LR schedule
+   (linear warm-up, then constant or cosine) advanced once per policy update.
+
+Log-probabilities use the logits divided by the rollout temperature, as the engine sampled
+(top-k / top-p truncation is not reproduced: keep them off when training). The mean
+trainer/engine mismatch ``|logp_old - logp_engine|`` is reported every step.
+
+:meth:`PolicyTrainer.sync_weights` pushes the weights to a rollout engine with
+``update_weights`` and checks that the engine reports the new version.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from trace_gym.batches import (
+    LOSS_AGGREGATIONS,
+    Row,
+    TokenTree,
+    build_row,
+    node_weights,
+    plan_rows,
+    slot_bases,
+)
+
+LR_SCHEDULES = ("constant", "cosine")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Loss, optimiser and memory settings of the policy update (one help string per field)."""
+
+    lr: float = field(default=1e-6, metadata=_help("AdamW peak learning rate"))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW decoupled weight decay"))
+    adam_betas: tuple[float, ...] = field(default=(0.9, 0.999), metadata=_help("AdamW (beta1, beta2)"))
+    warmup_steps: int = field(default=0, metadata=_help("policy updates of linear LR warm-up from 0"))
+    lr_schedule: str = field(default="constant", metadata=_help("after warm-up: constant | cosine"))
+    min_lr_ratio: float = field(default=0.0, metadata=_help("cosine floor, as a fraction of lr"))
+    max_grad_norm: float = field(default=1.0, metadata=_help("clip the global gradient norm (0: off)"))
+    clip_low: float = field(default=0.2, metadata=_help("PPO clip: ratio >= 1 - clip_low"))
+    clip_high: float = field(default=0.2, metadata=_help("PPO clip: ratio <= 1 + clip_high (DAPO uses 0.28)"))
+    loss_aggregation: str = field(default="token-mean", metadata=_help(
+        "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"))
+    loss_norm_tokens: int = field(default=0, metadata=_help(
+        "L of seq-mean-token-sum-norm (0: the longest sequence's policy tokens)"))
+    tis_cap: float | None = field(default=None, metadata=_help(
+        "truncated importance weight cap vs the engine's sampling logprobs (null: off)"))
+    kl_coef: float = field(default=0.0, metadata=_help("k3 KL penalty to the initial policy (0: off)"))
+    ppo_epochs: int = field(default=1, metadata=_help("passes over the step's batch"))
+    mini_batches: int = field(default=1, metadata=_help("optimizer steps per pass (the batch split by trees)"))
+    micro_batch_tokens: int = field(default=4096, metadata=_help("tokens per packed forward/backward pass"))
+    dtype: str = field(default="auto", metadata=_help(
+        "autocast dtype: auto (bf16 on a GPU that supports it, else float32) | float32 | bfloat16"))
+    gradient_checkpointing: bool = field(default=False, metadata=_help("recompute activations in backward"))
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if self.loss_aggregation not in LOSS_AGGREGATIONS:
+            raise ValueError(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low!r}, {self.clip_high!r}")
+        if self.tis_cap is not None and not self.tis_cap > 0:
+            raise ValueError(f"tis_cap must be > 0 or null, got {self.tis_cap!r}")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas!r}")
+        for name in ("ppo_epochs", "mini_batches", "micro_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("weight_decay", "max_grad_norm", "kl_coef", "warmup_steps", "loss_norm_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+
+
+# ---------------------------------------------------------------------- pure math
+def lr_factor(update: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float = 0.0) -> float:
+    """LR multiplier for policy update ``update`` (0-based).
+
+    Linear warm-up ``(update + 1) / (warmup_steps + 1)`` for the first ``warmup_steps``
+    updates, then 1 (``constant``) or a cosine from 1 to ``min_lr_ratio`` over the
+    remaining ``total_steps - warmup_steps`` updates.
+    """
+    if update < warmup_steps:
+        return (update + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (update - warmup_steps) / span)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def ppo_clip_loss(logp, old_logp, advantages, weights, *, clip_low: float, clip_high: float,
+                  is_weights=None, ref_logp=None, kl_coef: float = 0.0) -> tuple[Any, dict[str, Any]]:
+    """Token-level PPO-clip loss ``sum_t w_t l_t`` (see the module docstring).
+
+    Args:
+        logp: ``[T]`` current log-probabilities (with grad).
+        old_logp: ``[T]`` log-probabilities at the start of the step (no grad).
+        advantages: ``[T]``; weights: ``[T]`` aggregation weights (sum over the whole step's
+            tokens gives the aggregated mean).
+        is_weights: ``[T]`` importance weights (detached) or ``None``.
+        ref_logp: ``[T]`` reference log-probabilities, needed when ``kl_coef > 0``.
+
+    Returns:
+        ``(loss, sums)``: the scalar, and weighted sums for reporting (``pg``, ``kl``,
+        ``clipped_low``, ``clipped_high``: tokens where the clipped side was taken).
+    """
+    import torch
+
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        pg = pg * is_weights
+    per_token = pg
+    kl = None
+    if kl_coef:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp")
+        delta = ref_logp - logp
+        kl = torch.exp(delta) - delta - 1.0
+        per_token = per_token + kl_coef * kl
+    w = weights.to(per_token.dtype)
+    loss = (w * per_token).sum()
+    with torch.no_grad():
+        taken = clipped > unclipped
+        sums = {
+            "pg": float((w * pg).sum()),
+            "kl": float((w * kl).sum()) if kl is not None else 0.0,
+            "clipped_low": int((taken & (ratio < 1.0 - clip_low)).sum()),
+            "clipped_high": int((taken & (ratio > 1.0 + clip_high)).sum()),
+        }
+    return loss, sums
+
+
+def truncated_is_weights(old_logp, sampling_logp, cap: float):
+    """``min(exp(old - sampling), cap)``, 1 where the sampling logprob is unknown (NaN)."""
+    import torch
+
+    w = torch.exp(old_logp - sampling_logp).clamp(max=cap)
+    return torch.where(torch.isnan(sampling_logp), torch.ones_like(w), w).detach()
+
+
+# ---------------------------------------------------------------------- the trainer
+class PolicyTrainer:
+    """A causal LM policy trained with :func:`ppo_clip_loss` on packed trees.
+
+    Args:
+        model_path: local HF folder of the policy (float32 master weights are kept).
+        config: :class:`TrainerConfig`.
+        total_steps: planned policy updates (for the cosine schedule).
+        temperature: the rollout sampling temperature (0 is treated as 1).
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
+        seed: torch seed (dropout-free models are deterministic anyway).
+    """
+
+    def __init__(self, model_path: str | Path, config: TrainerConfig = TrainerConfig(), *, total_steps: int = 1,
+                 temperature: float = 1.0, device: str = "auto", seed: int = 0):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(seed)
+        self.config = config
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
+                                   else ("cpu" if device == "auto" else device))
+        self.model_path = str(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.model.config.use_cache = False
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.train()
+        self.reference = None
+        if config.kl_coef:
+            self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
+            self.reference.requires_grad_(False).eval()
+        self.autocast_dtype = self._autocast_dtype(config.dtype)
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.total_steps = max(1, int(total_steps))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=tuple(config.adam_betas),
+                                           weight_decay=config.weight_decay)
+        self.updates = 0  # policy updates done (the LR schedule's clock)
+        self._set_lr()
+
+    def _autocast_dtype(self, name: str):
+        import torch
+
+        if name == "float32":
+            return None
+        if name == "bfloat16":
+            return torch.bfloat16
+        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return None  # CPU: float32 (bf16 autocast is slower than fp32 on CPUs without AMX)
+
+    def lr(self) -> float:
+        c = self.config
+        return c.lr * lr_factor(self.updates, warmup_steps=c.warmup_steps, total_steps=self.total_steps,
+                                schedule=c.lr_schedule, min_lr_ratio=c.min_lr_ratio)
+
+    def _set_lr(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr()
+
+    # -- forward
+    def row_logprobs(self, row: Row, *, model: Any = None, entropy: bool = False):
+        """Log-probabilities ``[T]`` of the row's trained tokens (and their entropies)."""
+        import torch
+
+        model = model or self.model
+        dev = self.device
+        keep, inverse = torch.unique(row.predictors, sorted=True, return_inverse=True)
+        ctx = torch.autocast(dev.type, dtype=self.autocast_dtype) if self.autocast_dtype else _null()
+        with ctx:
+            out = model(input_ids=row.input_ids[None].to(dev), position_ids=row.position_ids[None].to(dev),
+                        attention_mask=row.attention_mask(dev), logits_to_keep=keep.to(dev), use_cache=False)
+        logp_all = torch.log_softmax(out.logits[0].float() / self.temperature, dim=-1)  # [K, V]
+        targets = row.input_ids[row.targets].to(dev)
+        logp = logp_all[inverse.to(dev), targets]
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = -(logp_all.exp() * logp_all).sum(-1)[inverse.to(dev)]
+        return logp, ent
+
+    def _rows(self, trees: Sequence[TokenTree]) -> tuple[list[Row], int]:
+        c = self.config
+        weights = node_weights(trees, c.loss_aggregation, c.loss_norm_tokens or None)
+        # zero-advantage nodes add exactly zero policy gradient; run them only for a KL term
+        trained = [[n.n_policy > 0 and (bool(c.kl_coef) or n.advantage != 0.0) for n in t.nodes] for t in trees]
+        base, total = slot_bases(trees)
+        plan = plan_rows(trees, trained, c.micro_batch_tokens)
+        return [build_row(trees, units, weights, base) for units in plan], total
+
+    # -- one policy update
+    def step(self, trees: Sequence[TokenTree]) -> dict[str, float]:
+        """One policy update on the trees of a batch; returns the step's metrics."""
+        import torch
+
+        t0 = time.perf_counter()
+        c = self.config
+        self._set_lr()
+        groups = [list(trees[i::c.mini_batches]) for i in range(c.mini_batches)] if c.mini_batches > 1 else [list(trees)]
+        groups = [g for g in groups if g]
+        prepared = [self._rows(g) for g in groups]
+        reuse_forward = c.ppo_epochs == 1 and len(groups) == 1
+        old: list[Any] = []
+        if not reuse_forward:  # logprobs at the step start, for every mini-batch
+            with torch.no_grad():
+                for rows, total in prepared:
+                    buf = torch.zeros(total, device=self.device)
+                    for row in rows:
+                        buf[row.slots.to(self.device)] = self.row_logprobs(row)[0].detach()
+                    old.append(buf)
+        stats = _Stats()
+        stats.optimizer_steps = c.ppo_epochs * len(groups)
+        for _ in range(c.ppo_epochs):
+            for g, (rows, _total) in enumerate(prepared):
+                self.optimizer.zero_grad(set_to_none=True)
+                self._accumulate(rows, None if reuse_forward else old[g], stats)
+                grad_norm = self._clip()
+                self.optimizer.step()
+                stats.grad_norms.append(grad_norm)
+        lr = self.lr()
+        self.updates += 1
+        self._set_lr()
+        out = stats.summary()
+        out.update(lr=lr, micro_batches=float(sum(len(r) for r, _ in prepared)),
+                   row_tokens=float(sum(len(row) for rows, _ in prepared for row in rows)),
+                   trained_tokens=float(sum(len(row.targets) for rows, _ in prepared for row in rows)),
+                   policy_tokens=float(sum(t.policy_tokens for t in trees)), seconds=time.perf_counter() - t0)
+        return out
+
+    def gradients(self, trees: Sequence[TokenTree]) -> dict[str, Any]:
+        """The loss gradient of one on-policy pass over ``trees`` (no optimizer step), by
+        parameter name; for tests and diagnostics."""
+        self.optimizer.zero_grad(set_to_none=True)
+        rows, _ = self._rows(trees)
+        self._accumulate(rows, None, _Stats())
+        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        self.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    def _accumulate(self, rows: Sequence[Row], old: Any, stats: "_Stats") -> None:
+        """Forward and backward every row; ``old`` holds step-start logprobs by slot, or
+        ``None`` to take them from this very pass (detached)."""
+        for row in rows:
+            if not len(row.targets):
+                continue
+            logp, ent = self.row_logprobs(row, entropy=True)
+            old_logp = logp.detach() if old is None else old[row.slots.to(self.device)]
+            self._backward(row, logp, old_logp, ent, stats)
+
+    def _backward(self, row: Row, logp, old_logp, ent, stats: "_Stats") -> None:
+        import torch
+
+        c, dev = self.config, self.device
+        samp = row.sampling_logprobs.to(dev)
+        isw = truncated_is_weights(old_logp, samp, c.tis_cap) if c.tis_cap else None
+        ref = None
+        if c.kl_coef:
+            with torch.no_grad():
+                ref = self.row_logprobs(row, model=self.reference)[0]
+        loss, sums = ppo_clip_loss(logp, old_logp, row.advantages.to(dev), row.weights.to(dev),
+                                   clip_low=c.clip_low, clip_high=c.clip_high, is_weights=isw,
+                                   ref_logp=ref, kl_coef=c.kl_coef)
+        loss.backward()
+        with torch.no_grad():
+            known = ~torch.isnan(samp)
+            d = (old_logp - samp)[known]
+            stats.add(loss=float(loss.detach()), sums=sums, tokens=len(logp), entropy=float(ent.sum()),
+                      mismatch_abs=float(d.abs().sum()), mismatch_kl=float((torch.exp(d) - d - 1).sum()),
+                      mismatch_tokens=int(known.sum()), is_weight=float(isw.sum()) if isw is not None else 0.0)
+
+    def _clip(self) -> float:
+        import torch
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        if self.config.max_grad_norm:
+            return float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+
+    # -- weights
+    def named_weights(self) -> Iterator[tuple[str, Any]]:
+        """Checkpoint-format (HF) names and detached tensors of every parameter."""
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()
+
+    def sync_weights(self, engine: Any, version: int) -> float:
+        """Push the weights to ``engine`` (``update_weights``); returns the seconds spent.
+
+        Raises ``RuntimeError`` when the engine does not report ``version`` afterwards.
+        """
+        t0 = time.perf_counter()
+        engine.update_weights(self.named_weights(), version)
+        if engine.weights_version != version:
+            raise RuntimeError(f"weight sync failed: engine reports version {engine.weights_version}, expected {version}")
+        return time.perf_counter() - t0
+
+    def score(self, sequences: Sequence[Sequence[int]], start: int = 1) -> list[list[float]]:
+        """The policy's log-probabilities (temperature 1) of ``seq[start:]`` per sequence."""
+        import torch
+
+        out = []
+        with torch.no_grad():
+            for seq in sequences:
+                ids = torch.tensor([list(seq)], device=self.device)
+                logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+                lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+                out.append(lp[start - 1:].tolist())
+        return out
+
+    def save(self, folder: str | Path) -> None:
+        """HF weights + tokenizer in ``folder/policy``; optimizer and schedule in ``folder/trainer.pt``."""
+        import torch
+
+        folder = Path(folder)
+        self.model.save_pretrained(folder / "policy", safe_serialization=True)
+        self.tokenizer.save_pretrained(folder / "policy")
+        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, folder / "trainer.pt")
+
+    def load_state(self, folder: str | Path) -> None:
+        """Restore the optimizer and schedule saved by :meth:`save` (weights come from
+        constructing the trainer on ``folder/policy``)."""
+        import torch
+
+        state = torch.load(Path(folder) / "trainer.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        self._set_lr()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.loss = self.pg = self.kl = self.entropy = self.mismatch_abs = self.mismatch_kl = self.is_weight = 0.0
+        self.tokens = self.mismatch_tokens = self.clipped_low = self.clipped_high = 0
+        self.grad_norms: list[float] = []
+        self.optimizer_steps = 1
+
+    def add(self, *, loss, sums, tokens, entropy, mismatch_abs, mismatch_kl, mismatch_tokens, is_weight) -> None:
+        self.loss += loss
+        self.pg += sums["pg"]
+        self.kl += sums["kl"]
+        self.clipped_low += sums["clipped_low"]
+        self.clipped_high += sums["clipped_high"]
+        self.tokens += tokens
+        self.entropy += entropy
+        self.mismatch_abs += mismatch_abs
+        self.mismatch_kl += mismatch_kl
+        self.mismatch_tokens += mismatch_tokens
+        self.is_weight += is_weight
+
+    def summary(self) -> dict[str, float]:
+        n, m, k = max(self.tokens, 1), max(self.mismatch_tokens, 1), max(self.optimizer_steps, 1)
+        return {  # losses: mean over optimizer steps; fractions and means: over every token run
+            "loss": self.loss / k, "pg_loss": self.pg / k, "kl": self.kl / k,
+            "clip_fraction_low": self.clipped_low / n, "clip_fraction_high": self.clipped_high / n,
+            "entropy": self.entropy / n,
+            "mismatch_abs": self.mismatch_abs / m if self.mismatch_tokens else math.nan,
+            "mismatch_kl": self.mismatch_kl / m if self.mismatch_tokens else math.nan,
+            "is_weight_mean": self.is_weight / n if self.is_weight else math.nan,
+            "grad_norm": max(self.grad_norms) if self.grad_norms else 0.0,
+        }
