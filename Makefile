@@ -24,9 +24,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/trace-gym models pull smollm2-135m
 	touch $(STAMP)
 
+# The main job: every strategy on the simulator (seconds), then SmolLM2-135M trained on CPU
+# with TRACE and with uniform GRPO at the same nominal budget, evaluated before and after on
+# held-out generated tasks, and compared (tables + plots in runs/demo/compare).
 demo: install
-	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo
-	$(BIN)/trace-gym bench --env math_python --policy smollm2-135m --json runs/demo/env.json
+	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo/sim
+	$(BIN)/trace-gym train --config configs/train_cpu_trace.yaml
+	$(BIN)/trace-gym train --config configs/train_cpu_uniform.yaml
+	$(BIN)/trace-gym compare runs/demo/trace runs/demo/uniform --out runs/demo/compare
 
 # One OpenMP thread per process: on 2 shared cores, spinning OpenMP workers of the
 # engines, kernels and graders otherwise slow each other down by an order of magnitude.

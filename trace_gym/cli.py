@@ -30,7 +30,7 @@ from trace_gym.config import EnvBenchConfig, SimBenchConfig, config_help, load_c
 
 #: Subcommands added by other modules: name -> "module:add_parser_function".
 SUBCOMMANDS: dict[str, str] = {
-    "train": "trace_gym.trainer:add_train_subcommand",
+    "train": "evaluators.cli:add_train_subcommand",
     "eval": "evaluators.cli:add_eval_subcommand",
     "compare": "trace_gym.compare:add_compare_subcommand",
     "index": "retrieval_index.cli:add_index_subcommand",
@@ -235,6 +235,13 @@ def configure_logging(verbose: bool) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name in ("vllm", "transformers", "sentence_transformers", "httpx", "urllib3", "filelock"):
         logging.getLogger(name).setLevel(level)
+    from trace_gym.engines.vllm import quiet_known_noise  # imports no vLLM
+
+    quiet_known_noise()
+    if not verbose:  # a deprecation inside vLLM's Triton shim, nothing a user can act on
+        import warnings
+
+        warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op.*", category=FutureWarning)
 
 
 def split_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:

