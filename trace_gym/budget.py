@@ -51,7 +51,7 @@ OVERLAPPING_PHASES = frozenset({"environment_busy"})
 
 #: The integer counters of a ledger (summed by :meth:`BudgetLedger.include`).
 _COUNTS = ("rollouts", "continuations", "generated_tokens", "prefill_tokens", "env_steps", "replayed_env_steps",
-           "errors", "unspent_continuations")
+           "errors", "unspent_continuations", "recovered_episodes", "redone_env_steps", "reissued_completions")
 
 
 def _nonneg(name: str, value: float) -> None:
@@ -80,6 +80,14 @@ class BudgetLedger:
         unspent_continuations: continuation units a plan left unspent (the
             single-turn fallback buys one root rollout per two; an odd budget leaves
             one), so ``nominal`` falls short of the budget by half of this, visibly.
+        recovered_episodes: episodes whose env actor died (a distributed run,
+            :mod:`trace_gym.distributed`) and that were restored from their last snapshot
+            on another actor and went on.
+        redone_env_steps: env steps executed a second time because of that: the step
+            lost with the actor plus the steps its restore re-executed. Not in
+            ``env_steps``, which counts each step of the trajectories once.
+        reissued_completions: completions requested again because the rollout worker
+            generating them died; their tokens are in ``generated_tokens`` once.
         seconds: wall-clock seconds per phase name (``generation``, ``environment``,
             ``allocation``, ``predictor_scoring``, ``predictor_update``, ...), plus
             ``environment_busy``: env work summed over the agent runner's threads, which
@@ -95,6 +103,9 @@ class BudgetLedger:
     replayed_env_steps: int = 0
     errors: int = 0
     unspent_continuations: int = 0
+    recovered_episodes: int = 0
+    redone_env_steps: int = 0
+    reissued_completions: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
 
@@ -130,6 +141,18 @@ class BudgetLedger:
     def add_unspent_continuations(self, n: int = 1) -> None:
         _nonneg("unspent continuations", n)
         self.unspent_continuations += int(n)
+
+    def add_recovered(self, episodes: int = 0, env_steps: int = 0) -> None:
+        """Work re-done after an env actor died: ``episodes`` moved, ``env_steps`` re-run."""
+        _nonneg("recovered episodes", episodes)
+        _nonneg("redone env steps", env_steps)
+        self.recovered_episodes += int(episodes)
+        self.redone_env_steps += int(env_steps)
+
+    def add_reissued_completions(self, n: int = 1) -> None:
+        """Completions requested again after a rollout worker died mid-generation."""
+        _nonneg("reissued completions", n)
+        self.reissued_completions += int(n)
 
     def add_seconds(self, phase: str, seconds: float) -> None:
         _nonneg(f"seconds for phase {phase!r}", seconds)
@@ -189,5 +212,8 @@ class BudgetLedger:
             "replayed_env_steps": self.replayed_env_steps,
             "errors": self.errors,
             "unspent_continuations": self.unspent_continuations,
+            "recovered_episodes": self.recovered_episodes,
+            "redone_env_steps": self.redone_env_steps,
+            "reissued_completions": self.reissued_completions,
             "seconds": dict(sorted(self.seconds.items())),
         }
