@@ -173,9 +173,8 @@ def test_local_step_equals_the_in_process_step_with_batched_env_calls(local, ref
     batch = _step(make)
     assert_same_step(reference, batch)
     # batched: each round sends one step call per pool, not one per env step
-    calls = runners[0]._pool.calls
     rounds = runners[0]._calls  # generate calls (one per round here: one token budget)
-    assert batch.ledger.env_steps == 24 and calls <= 2 * (2 * rounds + 1) + 4
+    assert runners[0]._pool.calls["step"] <= 2 * rounds < batch.ledger.env_steps == 24
     assert sum(group.load) == 0  # every env closed
 
 

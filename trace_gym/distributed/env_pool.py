@@ -265,7 +265,7 @@ class PoolExecutor:
         self._recovery = ThreadPoolExecutor(max_workers=recovery_threads, thread_name_prefix="env-recovery")
         self._redone: dict[int, tuple[int, int]] = {}  # episode uid -> (episodes recovered, steps re-done)
         self._lock = threading.Lock()
-        self.calls = 0  # calls sent to pools (batches)
+        self.calls = {"open": 0, "step": 0, "close": 0}  # calls sent to pools (batches), by kind
 
     # -- the executor interface the agent loop uses
     def submit(self, fn: Callable, *args: Any) -> Future:
@@ -288,6 +288,10 @@ class PoolExecutor:
         self.flush()
         self._recovery.shutdown(wait=wait)
 
+    def _count(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self.calls[kind] += n
+
     # -- batching
     def flush(self) -> None:
         """Send every submitted step and close: one call per pool for each kind."""
@@ -307,7 +311,7 @@ class PoolExecutor:
             by_pool.setdefault(ep.env.pool, []).append((ep, out))
         for pool, items in by_pool.items():
             future = self.transport.call(self.group.pools[pool], "close", [ep.env.env_id for ep, _ in items])
-            self.calls += 1
+            self._count("close")
             future.add_done_callback(lambda f, pool=pool, items=items: self._closes_done(pool, items, f))
 
     def _send_steps(self, items: list[tuple[Any, str, Future]]) -> None:
@@ -320,7 +324,7 @@ class PoolExecutor:
             self._recovery.submit(self._recover, lost)
         for pool, batch in by_pool.items():
             future = self.transport.call(self.group.pools[pool], "step", [(ep.env.env_id, text) for ep, text, _ in batch])
-            self.calls += 1
+            self._count("step")
             future.add_done_callback(lambda f, pool=pool, batch=batch: self._steps_done(pool, batch, f))
 
     def _steps_done(self, pool: int, batch: list, future: Future) -> None:
@@ -364,7 +368,7 @@ class PoolExecutor:
                 placed.setdefault(pool, []).append(j)
             futures = {pool: self.transport.call(self.group.pools[pool], "open", [jobs[j] for j in js])
                        for pool, js in placed.items()}
-            self.calls += len(futures)
+            self._count("open", len(futures))
             wait(list(futures.values()))
             todo = []
             for pool, js in placed.items():
