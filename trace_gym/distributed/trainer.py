@@ -1,0 +1,290 @@
+"""The data-parallel policy update: one :class:`~trace_gym.trainer.PolicyTrainer` per rank.
+
+:class:`DataParallelTrainer` is the in-process trainer on one rank of a
+``torch.distributed`` group (gloo on CPU, NCCL on GPUs). A step is the same loss as the
+single-process step, split by rows:
+
+1. every rank plans the *whole* batch (the loss weights of the aggregation mode are
+   normalised over all the step's tokens, as in one process) and keeps its share of the
+   packed rows: rows are dealt to ranks largest first, each to the rank with the fewest
+   tokens so far;
+2. each rank runs forward/backward on its rows (so its gradient is its rows' part of the
+   global loss's gradient);
+3. before clipping, the gradients are summed over ranks with one all-reduce (a parameter
+   that no rank's rows reached keeps ``grad = None``, as in one process); every rank then
+   clips the same global gradient and takes the same AdamW step, so the replicas stay
+   equal, to each other bit for bit and to the single-process update up to float32
+   summation order (``tests/test_distributed_trainer.py`` states the tolerance).
+
+This is DDP's arithmetic with one all-reduce per optimizer step instead of per bucket
+during backward. On GPUs, sharding the parameters and optimizer state (FSDP2's
+``fully_shard``) is the memory-saving variant for 8B+ policies; see ``docs/gpu.md``.
+
+:class:`TrainerGroup` runs the ranks as Ray actors and looks like a ``PolicyTrainer`` to
+the training loop (``step``, ``sync_weights``, ``save``, ``load_state``, ``score``).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from trace_gym.batches import TokenTree
+from trace_gym.trainer import PolicyTrainer, TrainerConfig, _Stats
+
+
+def deal_rows(sizes: Sequence[int], world_size: int) -> list[int]:
+    """The rank of each row: largest first, to the rank with the fewest tokens (ties:
+    lowest rank). Deterministic, so every rank computes the same deal."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    load = [0] * world_size
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += sizes[i]
+    return owner
+
+
+def combine_metrics(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from every rank's :meth:`PolicyTrainer.step` dict.
+
+    Losses (sums of weighted per-token losses, weights global) add up over ranks;
+    per-token means (entropy, clip fractions, mismatches, IS weight) are averaged with the
+    ranks' trained-token counts; counts add up; ``grad_norm``, ``lr`` and
+    ``policy_tokens`` are the same on every rank (rank 0's); ``seconds`` is the slowest
+    rank's.
+    """
+    if not per_rank:
+        raise ValueError("combine_metrics needs at least one rank's metrics")
+    first = per_rank[0]
+    out = dict(first)
+    for key in ("loss", "pg_loss", "kl", "micro_batches", "row_tokens", "trained_tokens"):
+        if key in first:
+            out[key] = float(sum(m[key] for m in per_rank))
+    tokens = [m.get("trained_tokens", 0.0) for m in per_rank]
+    total = sum(tokens)
+    for key in ("entropy", "clip_fraction_low", "clip_fraction_high", "mismatch_abs", "mismatch_kl",
+                "is_weight_mean"):
+        if key not in first:
+            continue
+        pairs = [(m[key], t) for m, t in zip(per_rank, tokens) if t > 0 and not math.isnan(m[key])]
+        out[key] = sum(v * t for v, t in pairs) / sum(t for _, t in pairs) if pairs and total else math.nan
+    if "seconds" in first:
+        out["seconds"] = max(m["seconds"] for m in per_rank)
+    return out
+
+
+class DataParallelTrainer(PolicyTrainer):
+    """A :class:`PolicyTrainer` on one rank of an initialised ``torch.distributed`` group.
+
+    Args:
+        model_path, config, total_steps, temperature, device, seed: as for
+            :class:`PolicyTrainer`; every rank loads the same weights.
+    """
+
+    def __init__(self, model_path: str | Path, config: TrainerConfig = TrainerConfig(), **kwargs: Any):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError("DataParallelTrainer needs torch.distributed.init_process_group first")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        super().__init__(model_path, config, **kwargs)
+
+    def _rows(self, trees: Sequence[TokenTree]):
+        rows, total = super()._rows(trees)  # the whole batch's plan and global loss weights
+        owner = deal_rows([len(row) for row in rows], self.world_size)
+        return [row for row, r in zip(rows, owner) if r == self.rank], total
+
+    def all_reduce_gradients(self) -> None:
+        """Sum every parameter's gradient over the ranks (one flat all-reduce)."""
+        import torch
+        import torch.distributed as dist
+
+        params = list(self.model.parameters())
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.device)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX)
+        reached = [p for p, h in zip(params, has.tolist()) if h]
+        for p in reached:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if not reached:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in reached])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in reached:
+            n = p.numel()
+            p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
+            offset += n
+
+    def _clip(self) -> float:
+        self.all_reduce_gradients()
+        return super()._clip()
+
+    def gradients(self, trees: Sequence[TokenTree]) -> dict[str, Any]:
+        """The global loss gradient (summed over ranks) of one on-policy pass, by name."""
+        self.optimizer.zero_grad(set_to_none=True)
+        rows, _ = self._rows(trees)
+        self._accumulate(rows, None, _Stats())
+        self.all_reduce_gradients()
+        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        self.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for the process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class TrainerRank:
+    """Actor body: joins the process group, then holds one :class:`DataParallelTrainer`."""
+
+    def __init__(self) -> None:
+        self.trainer: DataParallelTrainer | None = None
+
+    def address(self) -> tuple[str, int]:
+        """This host's address and a free port (asked of rank 0 before anyone joins)."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, init_method: str, rank: int, world_size: int, backend: str, model_path: str,
+              config: TrainerConfig, kwargs: dict) -> int:
+        import torch
+        import torch.distributed as dist
+
+        if kwargs.get("num_threads"):
+            torch.set_num_threads(int(kwargs.pop("num_threads")))
+        kwargs.pop("num_threads", None)
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+        self.trainer = DataParallelTrainer(model_path, config, **kwargs)
+        return self.trainer.rank
+
+    def step(self, trees: list[TokenTree]) -> dict[str, float]:
+        return self.trainer.step(trees)
+
+    def gradients(self, trees: list[TokenTree]) -> dict[str, Any]:
+        return {k: v.numpy() for k, v in self.trainer.gradients(trees).items()}
+
+    def packed_weights(self) -> dict:
+        from trace_gym.distributed.engines import pack_weights
+
+        return pack_weights(self.trainer.named_weights())
+
+    def save(self, folder: str) -> None:
+        self.trainer.save(folder)
+
+    def load_state(self, folder: str) -> int:
+        self.trainer.load_state(folder)
+        return self.trainer.updates
+
+    def score(self, sequences: list, start: int) -> list[list[float]]:
+        return self.trainer.score(sequences, start)
+
+    def updates(self) -> int:
+        return self.trainer.updates
+
+
+class TrainerGroup:
+    """``world_size`` :class:`TrainerRank` actors on Ray, used like a :class:`PolicyTrainer`.
+
+    Args:
+        model_path, config, total_steps, temperature, device, seed: as for
+            :class:`PolicyTrainer` (``device="auto"`` picks CUDA when the actor has a GPU).
+        world_size: ranks (actors).
+        backend: ``"gloo"`` or ``"nccl"`` (default: NCCL when ``num_gpus > 0``, else gloo).
+        num_cpus / num_gpus: resources per rank.
+        num_threads: torch threads per rank.
+    """
+
+    def __init__(self, model_path: str | Path, config: TrainerConfig = TrainerConfig(), *, total_steps: int = 1,
+                 temperature: float = 1.0, device: str = "auto", seed: int = 0, world_size: int = 2,
+                 backend: str | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                 num_threads: int | None = None, timeout: float = 600.0):
+        import ray
+
+        from trace_gym.distributed.cluster import actor_options
+
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        backend = backend or ("nccl" if num_gpus > 0 else "gloo")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        remote = ray.remote(TrainerRank)
+        self.ranks = [remote.options(**actor_options("trainer-rank", r, num_cpus, num_gpus)).remote()
+                      for r in range(world_size)]
+        host, port = ray.get(self.ranks[0].address.remote(), timeout=timeout)
+        kwargs = {"total_steps": total_steps, "temperature": temperature, "device": device, "seed": seed,
+                  "num_threads": num_threads}
+        got = ray.get([a.setup.remote(f"tcp://{host}:{port}", r, world_size, backend, str(model_path), config,
+                                      dict(kwargs)) for r, a in enumerate(self.ranks)], timeout=timeout)
+        if got != list(range(world_size)):
+            raise RuntimeError(f"trainer ranks came up as {got}, expected 0..{world_size - 1}")
+        self.world_size = world_size
+        self._ray = ray
+
+    def step(self, trees: Sequence[TokenTree]) -> dict[str, float]:
+        """One data-parallel policy update; returns the combined metrics."""
+        t0 = time.perf_counter()
+        ref = self._ray.put(list(trees))  # once in the object store, read by every rank
+        out = combine_metrics(self._ray.get([a.step.remote(ref) for a in self.ranks]))
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+    def gradients(self, trees: Sequence[TokenTree]) -> dict[str, Any]:
+        """Rank 0's all-reduced gradient (every rank holds the same), as torch tensors."""
+        import torch
+
+        ref = self._ray.put(list(trees))
+        per_rank = self._ray.get([a.gradients.remote(ref) for a in self.ranks])
+        return {k: torch.from_numpy(v.copy()) for k, v in per_rank[0].items()}
+
+    def packed_weights_ref(self) -> Any:
+        """An object-store reference to rank 0's packed weights (not fetched here)."""
+        return self.ranks[0].packed_weights.remote()
+
+    def named_weights(self) -> Iterator[tuple[str, Any]]:
+        from trace_gym.distributed.engines import unpack_weights
+
+        return unpack_weights(self._ray.get(self.packed_weights_ref()))
+
+    def sync_weights(self, engine: Any, version: int) -> float:
+        """Push rank 0's weights to ``engine``: through the object store without a stop on
+        the driver when the engine is an :class:`~trace_gym.distributed.engines.EngineGroup`,
+        else fetched and passed to ``update_weights``. Checks the version; returns seconds."""
+        t0 = time.perf_counter()
+        if hasattr(engine, "update_weights_ref"):
+            engine.update_weights_ref(self.packed_weights_ref(), version)
+        else:
+            engine.update_weights(self.named_weights(), version)
+        if engine.weights_version != version:
+            raise RuntimeError(f"weight sync failed: engine reports version {engine.weights_version}, expected {version}")
+        return time.perf_counter() - t0
+
+    def save(self, folder: str | Path) -> None:
+        self._ray.get(self.ranks[0].save.remote(str(folder)))
+
+    def load_state(self, folder: str | Path) -> None:
+        self._ray.get([a.load_state.remote(str(folder)) for a in self.ranks])
+
+    def score(self, sequences: Sequence[Sequence[int]], start: int = 1) -> list[list[float]]:
+        return self._ray.get(self.ranks[0].score.remote([list(s) for s in sequences], start))
+
+    @property
+    def updates(self) -> int:
+        return self._ray.get(self.ranks[0].updates.remote())
+
+    def close(self) -> None:
+        for a in self.ranks:
+            try:
+                self._ray.kill(a)
+            except Exception:  # noqa: BLE001  (already gone)
+                pass
