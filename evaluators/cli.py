@@ -286,7 +286,11 @@ def _overrides(items: Sequence[str]) -> dict[str, str]:
 def cmd_train(args: argparse.Namespace) -> int:
     from trace_gym.train import dry_run, load_train_config, train
 
-    cfg = load_train_config(args.config, _overrides(args.overrides))
+    items = list(args.overrides)
+    if args.ray is not None and "=" in args.ray:  # `--ray steps=2`: the flag took an override
+        items, args.ray = [args.ray, *items], "local"
+    overrides = _overrides(items) | ({"ray": args.ray} if args.ray is not None else {})
+    cfg = load_train_config(args.config, overrides)
     setup = resolve_train_setup(cfg)
     if args.dry_run:
         print(dry_run(cfg, setup))
@@ -308,6 +312,8 @@ def add_train_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                               epilog="keys (YAML or key=value):\n" + fields.replace("%", "%%"))
     p.add_argument("--config", help="YAML file with TrainConfig keys (and a trainer: section)")
     p.add_argument("--dry-run", action="store_true", help="resolve config, data, env and strategy; load no model")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run on Ray: start a local cluster, or join ADDRESS (auto, host:6379); docs/distributed.md")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. steps=8 trainer.lr=1e-5")
     p.set_defaults(func=cmd_train)
     return p

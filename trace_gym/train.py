@@ -78,6 +78,10 @@ class TrainConfig:
     eval_samples: int = field(default=1, metadata=doc("samples per task during training evaluations"))
     checkpoint_every: int = field(default=1, metadata=doc("checkpoint every K steps (and at the last step)"))
     keep_checkpoints: int = field(default=2, metadata=doc("newest checkpoints kept (0: all)"))
+    ray: str | None = field(default=None, metadata=doc(
+        "run the same loop on Ray actors: null (in process), local (start a local cluster) or a cluster address"))
+    ray_options: dict = field(default_factory=dict, metadata=doc(
+        "Ray sizing: rollout_workers, env_pools, trainer_workers, ... (docs/distributed.md)"))
     tensorboard: bool = field(default=False, metadata=doc("also write TensorBoard scalars to run_dir/tb"))
     progress: bool = field(default=True, metadata=doc("progress bars and a one-line summary per step"))
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata=doc("policy update settings"))
@@ -112,7 +116,7 @@ class TrainConfig:
 
 
 #: Keys a rerun may change without starting a new run.
-RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "keep_checkpoints", "eval_every", "steps"})
+RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "keep_checkpoints", "eval_every", "steps", "ray", "ray_options"})
 
 
 def load_train_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
@@ -271,6 +275,10 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
     from trace_gym.trainer import PolicyTrainer
     from trace_gym.types import SamplingParams
 
+    if cfg.ray is not None:  # the same loop, its trainer, engine and env work on Ray actors
+        from trace_gym.distributed import ray_backend
+
+        PolicyTrainer, make_engine, AgentRunner = ray_backend(cfg)  # noqa: N806
     quiet_third_party()
     out = out or sys.stdout
     say = lambda msg: tqdm.write(msg, file=out) if cfg.progress else None  # noqa: E731

@@ -266,6 +266,8 @@ class EngineGroup:
         reissued_completions: completions re-requested after a worker died, so far.
         on_dispatch: optional ``(call number, {worker index: future})`` hook, called right
             after a ``generate`` call's shards are sent (fault drills).
+        on_close: callables run by :meth:`close` after the workers are stopped (a backend
+            hangs the env pools, trainer ranks and cluster it started here).
     """
 
     def __init__(self, workers: Sequence[Any], transport: Any, tokenizer: Any = None, *,
@@ -282,6 +284,7 @@ class EngineGroup:
         self.deaths = 0
         self.calls = 0
         self.on_dispatch: Callable[[int, dict[int, Any]], None] | None = None
+        self.on_close: list[Callable[[], Any]] = []
         self._version = 0
         self._weights: Any = None  # the latest packed weights' reference, for replacements
         self._score_turn = 0
@@ -418,10 +421,13 @@ class EngineGroup:
             f.result()
 
     def close(self) -> None:
-        """Kill every worker; idempotent."""
+        """Kill every worker, then run ``on_close``; idempotent."""
         for w in self.live():
             try:
                 self.transport.kill(self.workers[w])
             except Exception:  # noqa: BLE001  (already gone)
                 pass
             self.alive[w] = False
+        closers, self.on_close = self.on_close, []
+        for fn in closers:
+            fn()

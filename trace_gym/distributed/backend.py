@@ -1,0 +1,119 @@
+"""What ``trace-gym train --ray [ADDRESS]`` builds: the loop's three factories, on Ray.
+
+:func:`trace_gym.train.train` builds a trainer, an engine and, per step, an agent runner.
+:func:`ray_backend` returns drop-in replacements for those three callables (same
+signatures), so the loop is the same code either way:
+
+- trainer: a :class:`~trace_gym.distributed.trainer.TrainerGroup` of ``trainer_workers``
+  ranks (``0``: the in-process :class:`~trace_gym.trainer.PolicyTrainer` on the driver);
+- engine: an :class:`~trace_gym.distributed.engines.EngineGroup` over ``rollout_workers``
+  actors; its ``close()`` also stops the env pools, the trainer ranks and a cluster this
+  process started;
+- runner: a :class:`~trace_gym.distributed.runner.RayAgentRunner` on ``env_pools`` env
+  pool actors, started on the first step for the run's env factory (dead pools are
+  replaced at the start of each step).
+
+Sizing comes from the ``ray_options`` mapping of the config (:class:`RayOptions`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from trace_gym.config import config_from_mapping, doc
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """``ray_options`` of a training config: how many actors of each role, and their resources."""
+
+    rollout_workers: int = field(default=2, metadata=doc("rollout worker actors (one engine each)"))
+    env_pools: int = field(default=2, metadata=doc("env pool actors"))
+    envs_per_pool: int = field(default=64, metadata=doc("envs a pool is meant to hold at once (placement target)"))
+    env_threads: int = field(default=4, metadata=doc("env work a pool runs at once"))
+    trainer_workers: int = field(default=1, metadata=doc(
+        "data-parallel trainer ranks as actors (0: the trainer runs in the driver process)"))
+    worker_cpus: float = field(default=1.0, metadata=doc("CPUs reserved per rollout worker"))
+    worker_gpus: float = field(default=0.0, metadata=doc("GPUs per rollout worker (fractions colocate)"))
+    pool_cpus: float = field(default=1.0, metadata=doc("CPUs reserved per env pool"))
+    trainer_cpus: float = field(default=1.0, metadata=doc("CPUs reserved per trainer rank"))
+    trainer_gpus: float = field(default=0.0, metadata=doc("GPUs per trainer rank (NCCL when > 0, else gloo)"))
+    num_cpus: int | None = field(default=None, metadata=doc("logical CPUs of a local cluster (null: all)"))
+    torch_threads: int | None = field(default=None, metadata=doc("torch threads per actor (null: torch's default)"))
+
+    def __post_init__(self) -> None:
+        for name in ("rollout_workers", "env_pools", "envs_per_pool", "env_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ray_options.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.trainer_workers < 0:
+            raise ValueError(f"ray_options.trainer_workers must be >= 0, got {self.trainer_workers!r}")
+        for name in ("worker_cpus", "worker_gpus", "pool_cpus", "trainer_cpus", "trainer_gpus"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ray_options.{name} must be >= 0, got {getattr(self, name)!r}")
+
+
+def ray_options(mapping: dict | None) -> RayOptions:
+    """:class:`RayOptions` from a config mapping; unknown keys and bad values name themselves."""
+    return config_from_mapping(RayOptions, dict(mapping or {}), source="ray_options")
+
+
+def ray_backend(cfg: Any) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """``(make_trainer, make_engine, make_runner)`` for ``cfg`` (a ``TrainConfig`` with
+    ``ray`` set: ``"local"`` starts a local cluster, anything else is an address to join).
+
+    The three take the arguments of ``PolicyTrainer``, ``make_engine`` and ``AgentRunner``.
+    """
+    from trace_gym.distributed.cluster import ray_available, start_ray
+
+    opts = ray_options(getattr(cfg, "ray_options", None))
+    ok, why = ray_available()
+    if not ok:
+        raise ValueError(f"--ray needs Ray: {why}")
+    cluster = start_ray(None if cfg.ray in (None, "", "local") else cfg.ray, num_cpus=opts.num_cpus)
+    closers: list[Callable[[], None]] = []
+    if cluster.started:
+        atexit.register(cluster.shutdown)
+    pools: dict[int, Any] = {}
+
+    def make_trainer(model_path: Any, config: Any, **kwargs: Any) -> Any:
+        if opts.trainer_workers == 0:
+            from trace_gym.trainer import PolicyTrainer
+
+            return PolicyTrainer(model_path, config, **kwargs)
+        from trace_gym.distributed.trainer import TrainerGroup
+
+        group = TrainerGroup(model_path, config, world_size=opts.trainer_workers, num_cpus=opts.trainer_cpus,
+                             num_gpus=opts.trainer_gpus, num_threads=opts.torch_threads, **kwargs)
+        closers.append(group.close)
+        return group
+
+    def make_engine(kind: str, model_path: Any, **engine_kwargs: Any) -> Any:
+        from trace_gym.distributed.launch import launch_rollout_workers
+
+        engine = launch_rollout_workers(kind, str(model_path), opts.rollout_workers, engine_kwargs=engine_kwargs,
+                                        num_cpus=opts.worker_cpus, num_gpus=opts.worker_gpus,
+                                        num_threads=opts.torch_threads)
+        engine.on_close.append(lambda: [fn() for fn in closers])  # the trainer ranks, whenever made
+        engine.on_close.extend([lambda: [p.shutdown() for p in pools.values()], cluster.shutdown])
+        return engine
+
+    def make_runner(engine: Any, tokenizer: Any, make_env: Any, sampling: Any, config: Any) -> Any:
+        from trace_gym.distributed.launch import launch_env_pools
+        from trace_gym.distributed.runner import RayAgentRunner
+
+        group = pools.get(id(make_env))
+        if group is None:
+            group = pools[id(make_env)] = launch_env_pools(make_env, opts.env_pools, size=opts.envs_per_pool,
+                                                            threads=opts.env_threads, num_cpus=opts.pool_cpus)
+        group.revive()
+        return RayAgentRunner(engine, tokenizer, group, sampling, config)
+
+    return make_trainer, make_engine, make_runner
+
+
+def describe(opts: RayOptions) -> str:
+    """One line for ``--dry-run``."""
+    return ", ".join(f"{f.name}={getattr(opts, f.name)}" for f in dataclasses.fields(opts))
