@@ -41,7 +41,8 @@ ENV_FAMILIES: dict[str, tuple[str, str, dict, dict]] = {
                          {"difficulty": (0, 1, 2)}, {}),
     "guess_number": ("trace_gym/GuessNumber-v0", "environments.guess_number.env:make_tasks", {}, {}),
     "bfcl": ("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks", {}, {}),
-    "wiki_qa": ("trace_gym/WikiQA-v0", "environments.wiki_qa.data:offline_tasks", {}, {"few_shot": True}),
+    "wiki_qa": ("trace_gym/WikiQA-v0", "environments.wiki_qa.data:offline_tasks", {"single_hop_share": 0.5},
+                {"few_shot": True}),
 }
 
 _log = logging.getLogger(__name__)
