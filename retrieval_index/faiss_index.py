@@ -14,9 +14,11 @@ IVF-PQ     ``IVF{nlist},PQ{m}`` (``nprobe``)     (PQ codes are already compresse
 Any other string is passed to ``faiss.index_factory`` as is. ``nlist`` defaults to
 about ``4 sqrt(N)`` (at most 65536, and at most N / 39 so k-means has data), ``m`` to
 the largest divisor of the dimension that is at most ``dim / 4`` and 64, and codes have
-8 bits (fewer for corpora under 256 passages). Trained indexes learn from an evenly strided sample
-of at most ``train_size`` vectors, read shard by shard, so memory stays bounded by the
-sample, never by the corpus. FAISS's k-means is seeded, so builds are reproducible.
+8 bits (fewer for corpora under 256 passages). Trained indexes learn from an evenly
+strided sample of at most ``train_size`` vectors, read shard by shard, so memory stays
+bounded by the sample, never by the corpus. FAISS's k-means is seeded, so Flat and IVF
+builds are reproducible (an HNSW graph built by several OpenMP threads may differ in
+detail between builds).
 
 On a machine where the installed FAISS has GPU support (the ``gpu`` extra installs
 ``faiss-gpu-cu12`` instead of ``faiss-cpu``) and sees a GPU, :func:`to_search_device`
