@@ -177,9 +177,15 @@ def _load_or_scan(path: str, cache: str | os.PathLike | None) -> tuple[CorpusSta
                 return stats, np.load(cache)
     stats, offsets = scan(path)
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(cache.stem + ".tmp.npy")
-        np.save(tmp, offsets)
-        os.replace(tmp, cache)
-        meta.write_text(json.dumps(stats.to_dict() | {"mtime_ns": st.st_mtime_ns}))
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(cache.stem + ".tmp.npy")
+            np.save(tmp, offsets)
+            os.replace(tmp, cache)
+            meta.write_text(json.dumps(stats.to_dict() | {"mtime_ns": st.st_mtime_ns}))
+        except OSError as exc:  # a read-only folder: work without the cache, say so once
+            import warnings
+
+            warnings.warn(f"could not write the corpus offsets cache {cache}: {exc}; the corpus will be "
+                          "scanned again next time", stacklevel=3)
     return stats, offsets

@@ -14,9 +14,11 @@ IVF-PQ     ``IVF{nlist},PQ{m}`` (``nprobe``)     (PQ codes are already compresse
 Any other string is passed to ``faiss.index_factory`` as is. ``nlist`` defaults to
 about ``4 sqrt(N)`` (at most 65536, and at most N / 39 so k-means has data), ``m`` to
 the largest divisor of the dimension that is at most ``dim / 4`` and 64, and codes have
-8 bits (fewer for corpora under 256 passages). Trained indexes learn from an evenly strided sample
-of at most ``train_size`` vectors, read shard by shard, so memory stays bounded by the
-sample, never by the corpus. FAISS's k-means is seeded, so builds are reproducible.
+8 bits (fewer for corpora under 39 x 256 = 9,984 passages). Trained indexes learn from an evenly
+strided sample of at most ``train_size`` vectors, read shard by shard, so memory stays
+bounded by the sample, never by the corpus. FAISS's k-means is seeded, so Flat and IVF
+builds are reproducible (an HNSW graph built by several OpenMP threads may differ in
+detail between builds).
 
 On a machine where the installed FAISS has GPU support (the ``gpu`` extra installs
 ``faiss-gpu-cu12`` instead of ``faiss-cpu``) and sees a GPU, :func:`to_search_device`
@@ -43,9 +45,10 @@ def factory_string(index_type: str, dim: int, count: int, fp16: bool = False) ->
     if key.lower() == "hnsw":
         return "HNSW32,SQfp16" if fp16 else "HNSW32"
     if key.lower() in ("ivf-pq", "ivfpq", "ivf_pq"):
-        # k-means wants >= 39 points per list, and a PQ codebook of 2**nbits entries as many points
+        # FAISS's k-means wants >= 39 training points per centroid: per IVF list, and per
+        # entry of each PQ codebook (2**nbits entries); under that, training crawls
         nlist = max(1, min(65536, int(4 * math.sqrt(count)), count // 39))
-        nbits = max(1, min(8, int(math.log2(count))))
+        nbits = max(1, min(8, int(math.log2(max(2, count // 39)))))
         return f"IVF{nlist},PQ{pq_subquantizers(dim)}" + ("" if nbits == 8 else f"x{nbits}")
     if not key:
         raise ValueError(f"index_type must be one of {INDEX_TYPES} or a FAISS factory string, got {index_type!r}")

@@ -3,8 +3,9 @@
 Everything lives under ``$TRACE_GYM_CACHE/retrieval/<world name>/`` (``TRACE_GYM_CACHE``
 defaults to ``~/.cache/trace_gym``, the project's cache convention)::
 
-    synthetic_world_v1_seed0_scale1.jsonl             the corpus (20,940 passages)
-    synthetic_world_v1_seed0_scale1.questions.jsonl   the questions (2,000)
+    synthetic_world_v2_seed0_scale1.jsonl             the corpus (20,940 passages)
+    synthetic_world_v2_seed0_scale1.questions.jsonl   the two-hop questions (2,000)
+    synthetic_world_v2_seed0_scale1.single_hop.jsonl  single-hop questions (750; an easy mix)
     dense/                                         all-MiniLM-L6-v2 Flat index (``index build`` output)
     bm25/                                          Lucene BM25 index
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from retrieval_index.encoders import DEFAULT_MODEL
-from retrieval_index.synthetic import read_questions, world_name, write_world
+from retrieval_index.synthetic import read_questions, single_hop_path, world_name, write_world
 
 KINDS = ("dense", "bm25")
 
@@ -58,6 +59,12 @@ def offline_files(seed: int = 0, scale: float = 1.0, root: str | os.PathLike | N
 def offline_questions(seed: int = 0, scale: float = 1.0, root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     """The synthetic world's questions (FlashRAG fields plus ``metadata``)."""
     return read_questions(offline_files(seed, scale, root)[1])
+
+
+def offline_single_hop_questions(seed: int = 0, scale: float = 1.0,
+                                 root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """The world's single-hop questions (an easy mix for tiny models; not part of the two-hop set)."""
+    return read_questions(single_hop_path(offline_files(seed, scale, root)[1]))
 
 
 def offline_index(kind: str = "dense", seed: int = 0, scale: float = 1.0, *, model: str = DEFAULT_MODEL,

@@ -38,6 +38,11 @@ founded_first         Which company was founded first, A or B?         A, B (com
 same_director         Were F and G directed by the same person?        F, G (yes/no)
 ====================  ===============================================  ============================
 
+A separate set of *single-hop* questions (``birthplace``: "In which city
+was P born?", ``director``: "Who directed F?", ``headquarters``: "In which city is C
+headquartered?"; one gold passage each) serves as an easy warm-up mix for tiny models;
+it is drawn with its own RNG, so adding it changed neither the corpus nor the two-hop set.
+
 Each question carries FlashRAG fields (``question``, ``golden_answers`` with aliases,
 e.g. a country's official name) plus ``metadata``: ``type``, ``gold_ids`` and
 ``hop_queries`` (the natural query for each hop once the previous hop is known), used
@@ -63,6 +68,7 @@ GENERATOR_VERSION = 2
 BASE_COUNTS = {"country": 80, "city": 1500, "person": 6000, "university": 400, "company": 2500, "film": 2500,
                "event": 380}
 MIN_COUNTS = {"country": 4, "city": 12, "person": 40, "university": 4, "company": 12, "film": 12, "event": 4}
+SINGLE_HOP_TYPES = ("birthplace", "director", "headquarters")
 QUESTION_TYPES = ("birth_country", "director_birthplace", "director_birth_year", "founder_university",
                   "company_country", "university_city", "founded_first", "same_director")
 
@@ -98,7 +104,8 @@ class World:
     seed: int
     scale: float
     passages: list[tuple[str, str]] = field(default_factory=list)  # (id, contents)
-    questions: list[dict[str, Any]] = field(default_factory=list)
+    questions: list[dict[str, Any]] = field(default_factory=list)  # two-hop
+    single_hop_questions: list[dict[str, Any]] = field(default_factory=list)
     entities: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
@@ -190,7 +197,9 @@ def generate_world(seed: int = 0, scale: float = 1.0, questions_per_type: int | 
     world.entities = {"country": countries, "city": cities, "person": people, "university": universities,
                       "company": companies, "film": films, "event": events}
     _write_passages(world, rng)
-    _make_questions(world, rng, questions_per_type or max(4, int(round(250 * scale))))
+    per_type = questions_per_type or max(4, int(round(250 * scale)))
+    _make_questions(world, rng, per_type)
+    _make_single_hop(world, random.Random(f"{LABEL}-{seed}-single-hop"), per_type)
     return world
 
 
@@ -334,26 +343,59 @@ def _make_questions(world: World, rng: random.Random, per_type: int) -> None:
     world.questions = qs
 
 
-def write_world(out_dir: str | os.PathLike, seed: int = 0, scale: float = 1.0) -> tuple[Path, Path]:
-    """Write ``<name>.jsonl`` (the corpus) and ``<name>.questions.jsonl`` into ``out_dir``.
+def _make_single_hop(world: World, rng: random.Random, per_type: int) -> None:
+    e = world.entities
+    cities, people, companies, films = e["city"], e["person"], e["company"], e["film"]
+    qs = world.single_hop_questions
 
-    Idempotent: files already there (same seed and scale) are kept. Returns both paths.
+    def add(qtype: str, k: int, question: str, answers: list[str], gold: str) -> None:
+        qs.append({"id": f"{LABEL}/{qtype}/{k}", "question": question, "golden_answers": answers,
+                   "metadata": {"type": qtype, "gold_ids": [gold], "hop_queries": [question], LABEL: True}})
+
+    for k, i in enumerate(rng.sample(range(len(people)), min(per_type, len(people)))):
+        p = people[i]
+        add("birthplace", k, f"In which city was {p['name']} born?", [cities[p["city"]]["name"]], p["passages"]["bio"])
+    for k, i in enumerate(rng.sample(range(len(films)), min(per_type, len(films)))):
+        f = films[i]
+        director = people[f["director"]]["name"]
+        add("director", k, f"Who directed {f['name']}?", [director, director.split(" ", 1)[1]], f["passages"]["intro"])
+    for k, i in enumerate(rng.sample(range(len(companies)), min(per_type, len(companies)))):
+        c = companies[i]
+        add("headquarters", k, f"In which city is {c['name']} headquartered?", [cities[c["city"]]["name"]],
+            c["passages"]["intro"])
+
+
+def write_world(out_dir: str | os.PathLike, seed: int = 0, scale: float = 1.0) -> tuple[Path, Path]:
+    """Write ``<name>.jsonl`` (the corpus), ``<name>.questions.jsonl`` (two-hop) and
+    ``<name>.single_hop.jsonl`` into ``out_dir``; returns the first two paths.
+
+    Idempotent: files already there (same seed and scale) are kept.
     """
     from retrieval_index.corpus import write_jsonl
 
     out = Path(out_dir)
     name = world_name(seed, scale)
-    corpus, questions = out / f"{name}.jsonl", out / f"{name}.questions.jsonl"
-    if corpus.exists() and questions.exists():
+    corpus, questions, single = (out / f"{name}.jsonl", out / f"{name}.questions.jsonl",
+                                 out / f"{name}.single_hop.jsonl")
+    if corpus.exists() and questions.exists() and single.exists():
         return corpus, questions
     world = generate_world(seed, scale)
-    write_jsonl(corpus, world.passages)
-    tmp = questions.with_name(questions.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for q in world.questions:
-            f.write(json.dumps(q) + "\n")
-    os.replace(tmp, questions)
+    if not corpus.exists():
+        write_jsonl(corpus, world.passages)
+    for path, rows in ((questions, world.questions), (single, world.single_hop_questions)):
+        if not path.exists():
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                for q in rows:
+                    f.write(json.dumps(q) + "\n")
+            os.replace(tmp, path)
     return corpus, questions
+
+
+def single_hop_path(questions_path: str | os.PathLike) -> Path:
+    """The single-hop question file written beside ``<name>.questions.jsonl``."""
+    path = Path(questions_path)
+    return path.with_name(path.name.replace(".questions.jsonl", ".single_hop.jsonl"))
 
 
 def read_questions(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -107,7 +107,7 @@ def test_flat_search_equals_brute_force_over_the_shards(full_build, encoder):
 
 
 @pytest.mark.parametrize("index_type,fp16,factory", [("HNSW", False, "HNSW32"), ("Flat", True, "SQfp16"),
-                                                     ("IVF-PQ", False, "IVF6,PQ64x7")])
+                                                     ("IVF-PQ", False, "IVF6,PQ64x2")])
 def test_other_index_types_reuse_the_shards_and_find_the_exact_neighbours(corpus, encoder, full_build, tmp_path,
                                                                          index_type, fp16, factory):
     out = tmp_path / index_type

@@ -9,7 +9,13 @@ import pytest
 
 from retrieval_index.offline import offline_files, offline_questions
 from retrieval_index.protocol import split_contents
-from retrieval_index.synthetic import GENERATOR_VERSION, QUESTION_TYPES, generate_world, read_questions
+from retrieval_index.synthetic import (
+    GENERATOR_VERSION,
+    QUESTION_TYPES,
+    SINGLE_HOP_TYPES,
+    generate_world,
+    read_questions,
+)
 
 BRIDGE_TYPES = {"birth_country", "director_birthplace", "director_birth_year", "founder_university",
                 "company_country", "university_city"}
@@ -61,6 +67,15 @@ def test_bridge_questions_need_the_second_passage(world):
         else:  # comparisons: both named in the question, each passage holds one fact
             for g in meta["gold_ids"]:
                 assert split_contents(passages[g])[0].strip('"') in q["question"]
+
+
+def test_single_hop_questions_are_a_separate_set_answered_by_one_passage(world):
+    passages = dict(world.passages)
+    assert Counter(q["metadata"]["type"] for q in world.single_hop_questions) == {t: 250 for t in SINGLE_HOP_TYPES}
+    for q in world.single_hop_questions:
+        (gold,) = q["metadata"]["gold_ids"]
+        assert q["golden_answers"][0] in passages[gold]
+    assert not {q["id"] for q in world.single_hop_questions} & {q["id"] for q in world.questions}
 
 
 def test_small_worlds_keep_every_question_type():

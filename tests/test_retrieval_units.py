@@ -114,7 +114,8 @@ def test_factory_strings():
     assert factory_string("Flat", 384, 1000) == "Flat" and factory_string("flat", 384, 10, fp16=True) == "SQfp16"
     assert factory_string("HNSW", 768, 10**6) == "HNSW32" and factory_string("HNSW", 8, 9, True) == "HNSW32,SQfp16"
     assert factory_string("IVF-PQ", 768, 21_000_000) == "IVF18330,PQ64"
-    assert factory_string("IVF-PQ", 384, 240) == "IVF6,PQ64x7"
+    assert factory_string("IVF-PQ", 384, 240) == "IVF6,PQ64x2"
+    assert factory_string("IVF-PQ", 384, 20_000) == "IVF512,PQ64"  # enough data for 8-bit codes
     assert factory_string("IVF1024,Flat", 384, 10**5) == "IVF1024,Flat"
     assert pq_subquantizers(768) == 64 and pq_subquantizers(100) == 25 and pq_subquantizers(7) == 1
     with pytest.raises(ValueError, match="dim"):

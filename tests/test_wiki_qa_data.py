@@ -98,3 +98,14 @@ def test_offline_tasks_are_synthetic_seeded_and_typed():
     with pytest.raises(ValueError, match="asked for 10000"):
         offline_tasks(10_000, scale=0.03)
     assert [t.id for t in load_tasks("synthetic", scale=0.03, limit=3)] == [t.id for t in offline_tasks(3, None, scale=0.03)]
+
+
+def test_offline_tasks_mix_single_hop_questions_when_asked():
+    mixed = offline_tasks(8, seed=0, scale=0.03, single_hop_share=0.5)
+    kinds = [len(t.metadata["gold_ids"]) for t in mixed]
+    assert kinds == [2, 1] * 4  # alternating two-hop and single-hop
+    assert {t.metadata["type"] for t in mixed if len(t.metadata["gold_ids"]) == 1} <= {"birthplace", "director",
+                                                                                        "headquarters"}
+    assert len(offline_tasks(None, scale=0.03, single_hop_share=0.5)) == 64 + 24
+    with pytest.raises(ValueError, match="single_hop_share"):
+        offline_tasks(4, scale=0.03, single_hop_share=1.5)

@@ -101,7 +101,7 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
     "bfcl": EnvFamily("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks",
                       description="BFCL v4 multi-turn on the real backends"),
     "wiki_qa": EnvFamily("trace_gym/WikiQA-v0", "environments.wiki_qa.data:offline_tasks",
-                         env_kwargs={"few_shot": True},
+                         loader_kwargs={"single_hop_share": 0.5}, env_kwargs={"few_shot": True},
                          description="multi-hop QA over the synthetic offline Wikipedia-style corpus (retrieval)"),
 }
 

@@ -25,6 +25,7 @@ dataset folder holding ``{split}.jsonl``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -160,7 +161,7 @@ def load_tasks(name: str, path: str | None = None, split: str | None = None, lim
 
 
 def offline_tasks(n: int | None = None, seed: int | None = 0, *, world_seed: int = 0, scale: float = 1.0,
-                  types: Iterable[str] | None = None) -> list[Task]:
+                  types: Iterable[str] | None = None, single_hop_share: float = 0.0) -> list[Task]:
     """Questions of the SYNTHETIC offline world (see :mod:`retrieval_index.synthetic`).
 
     Args:
@@ -168,18 +169,33 @@ def offline_tasks(n: int | None = None, seed: int | None = 0, *, world_seed: int
         seed: draws the ``n`` questions without replacement (``None``: the first ``n``).
         world_seed, scale: which world (must match the env's ``offline_seed`` / ``offline_scale``).
         types: keep only these question types.
+        single_hop_share: the fraction of the ``n`` questions taken from the world's
+            single-hop set (an easy mix, like the math family's digit sums, so a tiny
+            policy succeeds sometimes); the two kinds alternate in the result.
     """
-    from retrieval_index.offline import offline_questions
+    from retrieval_index.offline import offline_questions, offline_single_hop_questions
 
-    rows = offline_questions(world_seed, scale)
+    if not 0.0 <= single_hop_share <= 1.0:
+        raise ValueError(f"single_hop_share must lie in [0, 1], got {single_hop_share!r}")
+    pools = [offline_questions(world_seed, scale)]
+    if single_hop_share > 0:
+        pools.append(offline_single_hop_questions(world_seed, scale))
     if types is not None:
         wanted = set(types)
-        rows = [r for r in rows if r["metadata"]["type"] in wanted]
-    if n is not None and n > len(rows):
-        raise ValueError(f"asked for {n} offline questions, the world (scale {scale:g}) has {len(rows)}")
-    if n is not None:
-        picks = range(n) if seed is None else np.random.default_rng(seed).choice(len(rows), n, replace=False)
-        rows = [rows[int(i)] for i in picks]
+        pools = [[r for r in rows if r["metadata"]["type"] in wanted] for rows in pools]
+    if n is None:
+        rows = [r for rows in pools for r in rows]
+    else:
+        wanted_single = int(round(n * single_hop_share)) if single_hop_share > 0 else 0
+        counts = [n - wanted_single] + ([wanted_single] if single_hop_share > 0 else [])
+        picked = []
+        for k, (rows, count) in enumerate(zip(pools, counts)):
+            if count > len(rows):
+                raise ValueError(f"asked for {count} offline questions, the world (scale {scale:g}) has {len(rows)}")
+            order = range(count) if seed is None else np.random.default_rng([seed, k]).choice(len(rows), count,
+                                                                                            replace=False)
+            picked.append([rows[int(i)] for i in order])
+        rows = [r for group in itertools.zip_longest(*picked) for r in group if r is not None]
     return [row_to_task(r, "synthetic", i) for i, r in enumerate(rows)]
 
 
