@@ -85,7 +85,11 @@ def cluster():
     handle.shutdown()
 
 
-def test_two_gloo_ranks_update_like_one_process(cluster, tiny_model_path):  # noqa: F811
+@pytest.mark.parametrize("shard", [False, True], ids=["replicas", "fsdp2"])
+def test_two_gloo_ranks_update_like_one_process(cluster, tiny_model_path, shard, tmp_path):  # noqa: F811
+    """Replicas (one gradient all-reduce) and FSDP2 (sharded parameters, gradients and AdamW
+    state) on 2 gloo ranks against one process: gradient, two AdamW steps, metrics, and
+    (sharded) the checkpoint's full weights."""
     import torch
 
     from trace_gym.distributed.engines import unpack_weights
@@ -95,7 +99,8 @@ def test_two_gloo_ranks_update_like_one_process(cluster, tiny_model_path):  # no
     torch.set_num_threads(1)
     batches = [random_trees(3, seed=1), random_trees(2, seed=2)]
     single = PolicyTrainer(tiny_model_path, CONFIG, total_steps=2, device="cpu", seed=0)
-    group = TrainerGroup(tiny_model_path, CONFIG, total_steps=2, device="cpu", seed=0, world_size=2, num_threads=1)
+    group = TrainerGroup(tiny_model_path, CONFIG, total_steps=2, device="cpu", seed=0, world_size=2, num_threads=1,
+                         shard=shard)
     try:
         # the all-reduced gradient is the single-process gradient
         want = single.gradients(batches[0])
@@ -112,7 +117,8 @@ def test_two_gloo_ranks_update_like_one_process(cluster, tiny_model_path):  # no
             assert m_group["loss"] == pytest.approx(m_single["loss"], rel=1e-5, abs=1e-7)
             assert m_group["grad_norm"] == pytest.approx(m_single["grad_norm"], rel=1e-5)
             assert m_group["entropy"] == pytest.approx(m_single["entropy"], rel=1e-5)
-        ranks = [dict(unpack_weights(cluster_get(a.packed_weights.remote()))) for a in group.ranks]
+        packed = cluster_get([a.packed_weights.remote(True) for a in group.ranks])  # a collective when sharded
+        ranks = [dict(unpack_weights(p)) for p in packed]
         worst = 0.0
         moved = 0.0
         start = dict(PolicyTrainer(tiny_model_path, CONFIG, device="cpu").named_weights())
@@ -123,6 +129,15 @@ def test_two_gloo_ranks_update_like_one_process(cluster, tiny_model_path):  # no
         assert worst <= PARAM_ATOL, worst
         assert moved > 100 * PARAM_ATOL  # the update is large against the tolerance
         assert group.updates == single.updates == 2
+        # the checkpoint holds the full weights (a sharded group gathers them), loadable in one process
+        group.save(tmp_path / "ckpt")
+        back = dict(PolicyTrainer(tmp_path / "ckpt" / "policy", CONFIG, device="cpu").named_weights())
+        assert max(float((back[n] - p).abs().max()) for n, p in single.named_weights()) <= PARAM_ATOL
+        files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+        assert files == (["policy", "trainer-rank0-of-2.pt", "trainer-rank1-of-2.pt"] if shard
+                         else ["policy", "trainer.pt"])
+        group.load_state(tmp_path / "ckpt")
+        assert group.updates == 2
     finally:
         group.close()
 

@@ -111,6 +111,7 @@ class RolloutWorker:
         self.latency_seconds = float(latency_seconds)
         self._lock = threading.Lock()
         self._busy = False
+        self._stats = {"calls": 0, "engine_seconds": 0.0, "completions": 0}
 
     def _check(self, expected_version: int | None) -> None:
         if expected_version is not None and self.engine.weights_version != expected_version:
@@ -125,7 +126,12 @@ class RolloutWorker:
             try:
                 if self.latency_seconds:
                     time.sleep(self.latency_seconds)
-                return self.engine.generate(prefixes, n, sampling)
+                t0 = time.perf_counter()
+                out = self.engine.generate(prefixes, n, sampling)
+                self._stats["engine_seconds"] += time.perf_counter() - t0
+                self._stats["calls"] += 1
+                self._stats["completions"] += sum(int(k) for k in n)
+                return out
             finally:
                 self._busy = False
 
@@ -152,10 +158,12 @@ class RolloutWorker:
         return self._busy
 
     def info(self) -> dict[str, Any]:
+        """Process, engine, version, and counters: generate calls, completions, and seconds
+        inside the engine (the rest of a call's wall time is transport and queueing)."""
         import os
 
         return {"pid": os.getpid(), "engine": type(self.engine).__name__,
-                "weights_version": self.engine.weights_version}
+                "weights_version": self.engine.weights_version, **self._stats}
 
 
 # ---------------------------------------------------------------------- routing

@@ -17,8 +17,12 @@ single-process step, split by rows:
    summation order (``tests/test_distributed_trainer.py`` states the tolerance).
 
 This is DDP's arithmetic with one all-reduce per optimizer step instead of per bucket
-during backward. On GPUs, sharding the parameters and optimizer state (FSDP2's
-``fully_shard``) is the memory-saving variant for 8B+ policies; see ``docs/gpu.md``.
+during backward. :class:`ShardedTrainer` is the memory-saving variant for 8B+ policies:
+FSDP2 (``fully_shard`` per decoder layer and on the root) shards parameters, gradients and
+AdamW state over the ranks, reduce-scatters the gradients (FSDP's mean, scaled back to the
+sum: the loss weights are already global), and pads each rank's rows to the same count with zero-weight
+copies (every forward and backward is a collective). It runs on CPU with gloo too, which
+is how it is tested against one process.
 
 :class:`TrainerGroup` runs the ranks as Ray actors and looks like a ``PolicyTrainer`` to
 the training loop (``step``, ``sync_weights``, ``save``, ``load_state``, ``score``).
@@ -137,6 +141,158 @@ class DataParallelTrainer(PolicyTrainer):
         return grads
 
 
+class ShardedTrainer(DataParallelTrainer):
+    """FSDP2: a :class:`DataParallelTrainer` whose parameters, gradients and AdamW state are
+    sharded over the ranks (each rank holds ``1 / world_size`` of them).
+
+    Built on CPU, then sharded onto the device (a rank never holds the whole fp32 model on
+    its GPU). Weight export, ``save`` and ``score`` are collectives: every rank must call
+    them (:class:`TrainerGroup` does). Checkpoints: the full HF weights (rank 0) plus one
+    optimizer shard per rank (``trainer-rank{r}-of-{n}.pt``), so a sharded run resumes with
+    the same number of ranks.
+    """
+
+    def __init__(self, model_path: str | Path, config: TrainerConfig = TrainerConfig(), **kwargs: Any):
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        device = kwargs.pop("device", "auto")
+        target = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
+                              else ("cpu" if device == "auto" else device))
+        super().__init__(model_path, config, device="cpu", **kwargs)
+        self.device = target
+        self.autocast_dtype = self._autocast_dtype(config.dtype)
+        mesh = init_device_mesh(target.type, (self.world_size,))
+        mp = MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=torch.float32) \
+            if self.autocast_dtype is not None else MixedPrecisionPolicy()
+        for model in (self.model, self.reference):
+            if model is None:
+                continue
+            for module in list(model.modules()):
+                if type(module).__name__.endswith("DecoderLayer"):
+                    fully_shard(module, mesh=mesh, mp_policy=mp)
+            fully_shard(model, mesh=mesh, mp_policy=mp)
+        c = self.config
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=tuple(c.adam_betas),
+                                           weight_decay=c.weight_decay)
+        self._set_lr()
+        self._padding: set[int] = set()
+        self._padded = {"rows": 0, "tokens": 0, "targets": 0}
+
+    def _rows(self, trees: Sequence[TokenTree]):
+        import dataclasses
+
+        import torch
+
+        rows, total = PolicyTrainer._rows(self, trees)
+        owner = deal_rows([len(row) for row in rows], self.world_size)
+        mine = [row for row, r in zip(rows, owner) if r == self.rank]
+        most = max((owner.count(r) for r in range(self.world_size)), default=0)
+        padding = []
+        if most > len(mine):  # same number of forward/backward passes on every rank
+            small = min(rows, key=len)
+            zero = torch.zeros_like(small.weights)
+            padding = [dataclasses.replace(small, weights=zero, advantages=zero.clone())
+                       for _ in range(most - len(mine))]
+        self._padding.update(id(row) for row in padding)
+        self._padded["rows"] += len(padding)
+        self._padded["tokens"] += sum(len(row) for row in padding)
+        self._padded["targets"] += sum(len(row.targets) for row in padding)
+        return mine + padding, total
+
+    def _accumulate(self, rows, old, stats) -> None:
+        import torch
+
+        for row in rows:
+            if id(row) not in self._padding:
+                super()._accumulate([row], old, stats)
+                continue
+            logp, _ = self.row_logprobs(row)  # a collective like the others; contributes zero
+            if self.reference is not None:
+                with torch.no_grad():
+                    self.row_logprobs(row, model=self.reference)
+            (logp.sum() * 0.0).backward()
+
+    def step(self, trees: Sequence[TokenTree]) -> dict[str, float]:
+        self._padding.clear()
+        self._padded = {"rows": 0, "tokens": 0, "targets": 0}
+        out = super().step(trees)
+        out["micro_batches"] -= self._padded["rows"]
+        out["row_tokens"] -= self._padded["tokens"]
+        out["trained_tokens"] -= self._padded["targets"]
+        return out
+
+    def all_reduce_gradients(self) -> None:
+        """FSDP2 reduce-scattered the gradients during backward, as a mean over ranks (a
+        plain sum needs PREMUL_SUM, which gloo lacks): scale the shards back to the sum."""
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(self.world_size)
+
+    def _clip(self) -> float:
+        import torch
+
+        self.all_reduce_gradients()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.config.max_grad_norm:
+            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def gradients(self, trees: Sequence[TokenTree]) -> dict[str, Any]:
+        self._padding.clear()
+        self.optimizer.zero_grad(set_to_none=True)
+        rows, _ = self._rows(trees)
+        self._accumulate(rows, None, _Stats())
+        self.all_reduce_gradients()
+        grads = {n: _full(p.grad).detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        self.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    def named_weights(self) -> Iterator[tuple[str, Any]]:
+        """Full (unsharded) tensors, gathered parameter by parameter: a collective."""
+        for name, p in self.model.named_parameters():
+            yield name, _full(p).detach()
+
+    def save(self, folder: str | Path) -> None:
+        """Full HF weights from rank 0; each rank's optimizer shard. A collective."""
+        import torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        folder = Path(folder)
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            self.model.save_pretrained(folder / "policy", state_dict=state, safe_serialization=True)
+            self.tokenizer.save_pretrained(folder / "policy")
+        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, self._shard_file(folder))
+
+    def load_state(self, folder: str | Path) -> None:
+        import torch
+
+        path = self._shard_file(Path(folder))
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist: a sharded run resumes from a checkpoint of a sharded "
+                                    f"run with {self.world_size} ranks")
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        self._set_lr()
+
+    def _shard_file(self, folder: Path) -> Path:
+        return folder / f"trainer-rank{self.rank}-of-{self.world_size}.pt"
+
+    def score(self, sequences: Sequence[Sequence[int]], start: int = 1) -> list[list[float]]:
+        """As :meth:`PolicyTrainer.score`; a collective (every rank scores the same sequences)."""
+        return super().score(sequences, start)
+
+
+def _full(t: Any) -> Any:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def free_port() -> int:
     """A TCP port free on this host now (for the process group's rendezvous)."""
     with socket.socket() as s:
@@ -157,36 +313,45 @@ class TrainerRank:
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, init_method: str, rank: int, world_size: int, backend: str, model_path: str,
-              config: TrainerConfig, kwargs: dict) -> int:
+              config: TrainerConfig, kwargs: dict, shard: bool = False) -> int:
         import torch
         import torch.distributed as dist
 
         if kwargs.get("num_threads"):
-            torch.set_num_threads(int(kwargs.pop("num_threads")))
+            torch.set_num_threads(int(kwargs["num_threads"]))
         kwargs.pop("num_threads", None)
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
-        self.trainer = DataParallelTrainer(model_path, config, **kwargs)
+        self.shard = shard
+        self.trainer = (ShardedTrainer if shard else DataParallelTrainer)(model_path, config, **kwargs)
         return self.trainer.rank
 
     def step(self, trees: list[TokenTree]) -> dict[str, float]:
         return self.trainer.step(trees)
 
     def gradients(self, trees: list[TokenTree]) -> dict[str, Any]:
-        return {k: v.numpy() for k, v in self.trainer.gradients(trees).items()}
+        return {k: v.cpu().numpy() for k, v in self.trainer.gradients(trees).items()}
 
-    def packed_weights(self) -> dict:
+    def packed_weights(self, every_rank: bool = False) -> dict | None:
+        """Rank 0's packed full weights; ``None`` on the other ranks unless ``every_rank``
+        (to compare replicas). Every rank gathers when sharded."""
         from trace_gym.distributed.engines import pack_weights
 
-        return pack_weights(self.trainer.named_weights())
+        if self.trainer.rank != 0 and not self.shard and not every_rank:
+            return None
+        packed = pack_weights(self.trainer.named_weights())
+        return packed if self.trainer.rank == 0 or every_rank else None
 
     def save(self, folder: str) -> None:
-        self.trainer.save(folder)
+        if self.shard or self.trainer.rank == 0:
+            self.trainer.save(folder)
 
     def load_state(self, folder: str) -> int:
         self.trainer.load_state(folder)
         return self.trainer.updates
 
-    def score(self, sequences: list, start: int) -> list[list[float]]:
+    def score(self, sequences: list, start: int) -> list[list[float]] | None:
+        if self.trainer.rank != 0 and not self.shard:
+            return None
         return self.trainer.score(sequences, start)
 
     def updates(self) -> int:
@@ -203,12 +368,13 @@ class TrainerGroup:
         backend: ``"gloo"`` or ``"nccl"`` (default: NCCL when ``num_gpus > 0``, else gloo).
         num_cpus / num_gpus: resources per rank.
         num_threads: torch threads per rank.
+        shard: FSDP2 (:class:`ShardedTrainer`) instead of replicas (:class:`DataParallelTrainer`).
     """
 
     def __init__(self, model_path: str | Path, config: TrainerConfig = TrainerConfig(), *, total_steps: int = 1,
                  temperature: float = 1.0, device: str = "auto", seed: int = 0, world_size: int = 2,
                  backend: str | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 num_threads: int | None = None, timeout: float = 600.0):
+                 num_threads: int | None = None, shard: bool = False, timeout: float = 600.0):
         import ray
 
         from trace_gym.distributed.cluster import actor_options
@@ -225,7 +391,7 @@ class TrainerGroup:
         kwargs = {"total_steps": total_steps, "temperature": temperature, "device": device, "seed": seed,
                   "num_threads": num_threads}
         got = ray.get([a.setup.remote(f"tcp://{host}:{port}", r, world_size, backend, str(model_path), config,
-                                      dict(kwargs)) for r, a in enumerate(self.ranks)], timeout=timeout)
+                                      dict(kwargs), shard) for r, a in enumerate(self.ranks)], timeout=timeout)
         if got != list(range(world_size)):
             raise RuntimeError(f"trainer ranks came up as {got}, expected 0..{world_size - 1}")
         self.world_size = world_size
@@ -248,8 +414,9 @@ class TrainerGroup:
         return {k: torch.from_numpy(v.copy()) for k, v in per_rank[0].items()}
 
     def packed_weights_ref(self) -> Any:
-        """An object-store reference to rank 0's packed weights (not fetched here)."""
-        return self.ranks[0].packed_weights.remote()
+        """An object-store reference to rank 0's packed weights (not fetched here). Every
+        rank is called: when sharded, the gather is a collective."""
+        return [a.packed_weights.remote() for a in self.ranks][0]
 
     def named_weights(self) -> Iterator[tuple[str, Any]]:
         from trace_gym.distributed.engines import unpack_weights
@@ -270,13 +437,14 @@ class TrainerGroup:
         return time.perf_counter() - t0
 
     def save(self, folder: str | Path) -> None:
-        self._ray.get(self.ranks[0].save.remote(str(folder)))
+        self._ray.get([a.save.remote(str(folder)) for a in self.ranks])
 
     def load_state(self, folder: str | Path) -> None:
         self._ray.get([a.load_state.remote(str(folder)) for a in self.ranks])
 
     def score(self, sequences: Sequence[Sequence[int]], start: int = 1) -> list[list[float]]:
-        return self._ray.get(self.ranks[0].score.remote([list(s) for s in sequences], start))
+        seqs = [list(s) for s in sequences]
+        return self._ray.get([a.score.remote(seqs, start) for a in self.ranks])[0]
 
     @property
     def updates(self) -> int:
