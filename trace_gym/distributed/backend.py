@@ -5,7 +5,8 @@
 signatures), so the loop is the same code either way:
 
 - trainer: a :class:`~trace_gym.distributed.trainer.TrainerGroup` of ``trainer_workers``
-  ranks (``0``: the in-process :class:`~trace_gym.trainer.PolicyTrainer` on the driver);
+  ranks, replicas or FSDP2 shards (``trainer_shard``); ``0``: the in-process
+  :class:`~trace_gym.trainer.PolicyTrainer` on the driver;
 - engine: an :class:`~trace_gym.distributed.engines.EngineGroup` over ``rollout_workers``
   actors; its ``close()`` also stops the env pools, the trainer ranks and a cluster this
   process started;
@@ -36,6 +37,8 @@ class RayOptions:
     env_threads: int = field(default=4, metadata=doc("env work a pool runs at once"))
     trainer_workers: int = field(default=1, metadata=doc(
         "data-parallel trainer ranks as actors (0: the trainer runs in the driver process)"))
+    trainer_shard: bool = field(default=False, metadata=doc(
+        "FSDP2: shard parameters, gradients and AdamW state over the trainer ranks (8B+ policies)"))
     worker_cpus: float = field(default=1.0, metadata=doc("CPUs reserved per rollout worker"))
     worker_gpus: float = field(default=0.0, metadata=doc("GPUs per rollout worker (fractions colocate)"))
     pool_cpus: float = field(default=1.0, metadata=doc("CPUs reserved per env pool"))
@@ -86,7 +89,8 @@ def ray_backend(cfg: Any) -> tuple[Callable[..., Any], Callable[..., Any], Calla
         from trace_gym.distributed.trainer import TrainerGroup
 
         group = TrainerGroup(model_path, config, world_size=opts.trainer_workers, num_cpus=opts.trainer_cpus,
-                             num_gpus=opts.trainer_gpus, num_threads=opts.torch_threads, **kwargs)
+                             num_gpus=opts.trainer_gpus, num_threads=opts.torch_threads, shard=opts.trainer_shard,
+                             **kwargs)
         closers.append(group.close)
         return group
 
