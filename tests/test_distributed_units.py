@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,3 +259,33 @@ def test_local_transport_runs_calls_in_order_and_kills():
     with pytest.raises(ActorDied):
         transport.call(a, "add", 1).result()
     transport.shutdown()
+
+
+# ---------------------------------------------------------------------- configuration
+def test_ray_options_name_bad_values():
+    from trace_gym.distributed.backend import ray_options
+
+    assert ray_options({"rollout_workers": "4", "trainer_shard": "true"}).rollout_workers == 4
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['rollout_worker'\]"):
+        ray_options({"rollout_worker": 2})
+    with pytest.raises(ValueError, match="ray_options.env_pools must be >= 1, got 0"):
+        ray_options({"env_pools": 0})
+    with pytest.raises(ValueError, match="ray_options.worker_gpus must be >= 0, got -0.5"):
+        ray_options({"worker_gpus": -0.5})
+
+
+RAY_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "ray").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RAY_CONFIGS, ids=lambda p: p.name)
+def test_ray_configs_resolve(path, tmp_path):
+    from evaluators.cli import main
+    from trace_gym.distributed.backend import ray_options
+    from trace_gym.train import load_train_config
+
+    cfg = load_train_config(path)
+    opts = ray_options(cfg.ray_options)
+    assert cfg.ray == "local" and cfg.nominal_budget == 2048 and cfg.root_budget == 1024
+    assert opts.trainer_shard and opts.rollout_workers * opts.worker_gpus + opts.trainer_workers * opts.trainer_gpus == 8
+    assert opts.env_pools * opts.envs_per_pool >= 3 * cfg.root_budget  # roots + continuations live at once
+    assert main(["train", "--config", str(path), "--dry-run", "--ray", "auto", f"run_dir={tmp_path / 'r'}"]) == 0
