@@ -13,7 +13,8 @@ whose step sleeps ``--env-s``, ends an episode with probability ``--stop-p`` per
 pickled on the way, as Ray would.
 
 It prints, per step: the driver thread's CPU seconds (``time.thread_time``: bookkeeping,
-never sleeping), the step's wall seconds, and the bookkeeping against a *realistic* step of
+never sleeping) and the part of it spent rendering chat templates (the agent loop
+re-renders an episode's whole history at every turn), the step's wall seconds, and the bookkeeping against a *realistic* step of
 the same size: the step's generated tokens at ``--fleet-tok-s`` tokens/s (default 160k:
 8 GPUs x ~20k tok/s of an 8B model in vLLM), plus its rounds x ``--round-env-s`` of tool time.
 
@@ -178,6 +179,19 @@ def main() -> None:
     from trace_gym.strategies import shaped_strategies
     from trace_gym.types import SamplingParams
 
+    from trace_gym.agent import ChatRenderer
+
+    rendering = [0.0]  # driver CPU seconds inside the agent loop's chat-template rendering
+    plain_render = ChatRenderer.render
+
+    def timed_render(self, *a, **k):
+        c0 = time.thread_time()
+        try:
+            return plain_render(self, *a, **k)
+        finally:
+            rendering[0] += time.thread_time() - c0
+
+    ChatRenderer.render = timed_render
     tokenizer = AutoTokenizer.from_pretrained(pull_model("smollm2-135m", progress=False))
     transport = PicklingTransport(threads=args.workers + args.pools + 16)
     workers = [MockWorker(args.gen_s, args.turn_tokens, i) for i in range(args.workers)]
@@ -195,6 +209,7 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         runner = RayAgentRunner(engine, tokenizer, pools, SamplingParams(temperature=1.0, seed=step), agent)
         calls0 = engine.calls
+        rendering[0] = 0.0
         t0, c0 = time.perf_counter(), time.thread_time()
         batch = collect(tasks, strategy, ConstantPredictor(0.5), runner, budget, np.random.default_rng(step),
                         seed=step)
@@ -205,13 +220,14 @@ def main() -> None:
         rounds = engine.calls - calls0
         realistic = led.generated_tokens / args.fleet_tok_s + rounds * args.round_env_s
         rows.append([step, led.rollouts, led.continuations, led.env_steps, led.generated_tokens, rounds,
-                     env_calls["step"], f"{cpu:.1f}", f"{wall:.1f}", f"{rounds * (args.gen_s + args.env_s):.1f}",
-                     f"{realistic:.0f}", f"{100 * cpu / realistic:.1f} %"])
+                     env_calls["step"], f"{cpu:.1f}", f"{rendering[0]:.1f}", f"{wall:.1f}", f"{rounds * (args.gen_s + args.env_s):.1f}",
+                     f"{realistic:.0f}", f"{100 * cpu / realistic:.1f} %",
+                     f"{100 * (cpu - rendering[0]) / realistic:.1f} %"])
     print(f"## Scheduling simulation: {args.workers} rollout workers, {args.pools} env pools, M = {args.roots}, N = 2, "
           f"{args.candidates} candidates, {args.turn_tokens} tokens/turn, <= {args.max_turns} turns "
           f"(mock generate {args.gen_s} s/call, env step {args.env_s} s)\n")
     print(markdown_table(["step", "roots", "continuations", "env steps", "gen tokens", "rounds", "pool step calls",
-                          "driver CPU s", "wall s", "mock sleep s", "realistic step s", "driver / realistic"], rows))
+                          "driver CPU s", "of which rendering s", "wall s", "mock sleep s", "realistic step s", "driver / realistic", "driver w/o rendering / realistic"], rows))
     print(f"\nrealistic step = generated tokens / {args.fleet_tok_s:,.0f} tok/s + rounds x {args.round_env_s} s of tools; "
           f"sticky routing hits: {engine.router.sticky}")
     transport.shutdown()
