@@ -23,7 +23,6 @@ Every other field of a row goes to ``Task.metadata``; the id is the row's ``uniq
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
