@@ -79,8 +79,10 @@ def test_to_dict_and_validation():
     led.add_rollouts(2)
     led.add_continuations(3)
     led.add_tokens(generated=100, prefill=40)
-    led.add_env_steps(9)
+    led.add_env_steps(7)
+    led.add_replayed_env_steps(2)  # a restore re-ran 2 steps: env steps, and counted apart
     led.add_seconds("allocation", 0.25)
+    assert (led.env_steps, led.replayed_env_steps) == (9, 2)
     assert led.to_dict() == {
         "nominal": 3.5,
         "rollouts": 2,
@@ -88,6 +90,7 @@ def test_to_dict_and_validation():
         "generated_tokens": 100,
         "prefill_tokens": 40,
         "env_steps": 9,
+        "replayed_env_steps": 2,
         "errors": 0,
         "unspent_continuations": 0,
         "seconds": {"allocation": 0.25},

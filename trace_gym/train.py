@@ -268,7 +268,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
 
     from trace_gym.agent import AgentConfig, AgentRunner
     from trace_gym.batches import token_tree
-    from trace_gym.bench import make_predictor, prefix_weight_for_share
+    from trace_gym.bench import make_predictor, prefix_weight_for_share, reward_warning
     from trace_gym.engines import make_engine
     from trace_gym.models import resolve_model
     from trace_gym.rollout import collect, update_predictor
@@ -328,6 +328,9 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
                             seed=cfg.seed * 1_000_003 + 100_000 * step)
         finally:
             runner.close()
+        warning = reward_warning(batch.trees)  # all 0 or all 1: no contrast, nothing to learn
+        if warning:
+            tqdm.write(f"WARNING: step {step}: {warning}", file=sys.stderr)
         # 3. update the predictor on the trees' recursive-mean targets
         bar.set_postfix_str("predictor")
         n_prefix = sum(1 for t in batch.trees for n in t.nodes[1:] if not n.terminal)

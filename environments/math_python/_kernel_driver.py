@@ -78,6 +78,19 @@ def _exposed_paths(hide):
     return paths
 
 
+def _traverse_only(prefix, paths):
+    """Make the directories created as parents of ``paths`` (below ``prefix``) traversable
+    but not listable (0711): a venv inside the checkout must not show the checkout's
+    layout, let alone its files (the interpreter's own directories stay readable)."""
+    mounted = set(paths)
+    for p in paths:
+        parent = os.path.dirname(p)
+        while parent not in ("/", "") and parent not in mounted:
+            if os.path.isdir(prefix + parent):
+                os.chmod(prefix + parent, 0o711)
+            parent = os.path.dirname(parent)
+
+
 def build_root(cfg, report):
     """Private mount namespace whose root is a read-only tmpfs holding only what the
     interpreter needs; the host's project and task data are not in it."""
@@ -117,7 +130,10 @@ def build_root(cfg, report):
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{stage}/dev/{name}")
-    os.makedirs(stage + "/tmp", 0o755)
+    os.makedirs(stage + "/tmp", 0o755, exist_ok=True)  # exists already when the interpreter lives under /tmp
+    _traverse_only(stage, [p for p, src in sources.items() if not isinstance(src, str)])
+    # the kernel's private /tmp tmpfs would shadow these: the supervisor binds them back
+    cfg["under_tmp"] = [p for p in exposed if p.startswith("/tmp/") and p in sources]
     mount(None, stage, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     os.chdir(stage)
     try:  # pivot_root detaches the host's tree; where it is refused (an initramfs root), chroot

@@ -21,7 +21,8 @@ import struct
 import sys
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x20000, 0x8000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC = 4096, 16384
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 MAX_FRAME = 64 << 20
 #: what the executor may send per cell (its ``done`` message), in bytes
@@ -496,8 +497,19 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
             check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
             if pidns:
                 mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            # an interpreter (a checkout, a venv) under /tmp stays visible, read-only, above the tmpfs
+            keep = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in cfg.get("under_tmp", ())}
             mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
                   f"size={limits['disk_mb']}m,nr_inodes=4096,mode=0755")
+            for path, fd in keep.items():
+                os.makedirs(path, 0o755, exist_ok=True)
+                mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+                mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+                os.close(fd)
+                parent = os.path.dirname(path)  # traversable, not listable: the checkout's layout stays hidden
+                while parent not in ("/tmp", "/", "") and parent not in keep:
+                    os.chmod(parent, 0o711)
+                    parent = os.path.dirname(parent)
             workdir = "/tmp/work"
             os.mkdir(workdir, 0o700)
             uid = cfg["uid_base"] + gpid

@@ -23,11 +23,11 @@ Every other field of a row goes to ``Task.metadata``; the id is the row's ``uniq
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from environments.math_python.generated import generate_tasks
+from trace_gym.datafiles import read_rows
 from trace_gym.types import Task
 
 
@@ -102,30 +102,6 @@ def _jsonable(value: Any) -> Any:
     except (TypeError, ValueError):
         return None  # images and other binary columns are dropped
     return value
-
-
-def read_rows(path: str, split: str | None = None) -> list[dict]:
-    """Rows of a local ``.jsonl`` / ``.json`` / ``.parquet`` file (or a directory holding one)."""
-    if os.path.isdir(path):
-        for ext in (".jsonl", ".parquet", ".json"):
-            candidate = os.path.join(path, f"{split or 'test'}{ext}")
-            if os.path.exists(candidate):
-                return read_rows(candidate)
-        raise FileNotFoundError(f"no {split or 'test'}.jsonl/.parquet/.json in {path}")
-    if path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return data["data"] if isinstance(data, dict) and "data" in data else list(data)
-    if path.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from exc
-        return pq.read_table(path).to_pylist()
-    raise ValueError(f"unsupported file type {path!r}; expected .jsonl, .json or .parquet")
 
 
 def load_tasks(name: str, path: str | None = None, split: str | None = None, limit: int | None = None,

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from trace_gym.datafiles import read_rows
 from trace_gym.types import Task
 
 
@@ -94,39 +94,6 @@ def row_to_task(row: Mapping[str, Any], source: str, index: int = 0) -> Task:
 
 def rows_to_tasks(name: str, rows: Iterable[Mapping[str, Any]]) -> list[Task]:
     return [row_to_task(row, name, i) for i, row in enumerate(rows)]
-
-
-def read_rows(path: str, split: str | None = None) -> list[dict]:
-    """Rows of a local ``.jsonl`` / ``.json`` / ``.parquet`` file, or of ``{split}.jsonl`` in a folder."""
-    if os.path.isdir(path):
-        for ext in (".jsonl", ".parquet", ".json"):
-            candidate = os.path.join(path, f"{split or 'test'}{ext}")
-            if os.path.exists(candidate):
-                return read_rows(candidate)
-        raise FileNotFoundError(f"no {split or 'test'}.jsonl/.parquet/.json in {path}")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"QA data file {path!r} does not exist")
-    if path.endswith(".jsonl"):
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-        return rows
-    if path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return data["data"] if isinstance(data, dict) and "data" in data else list(data)
-    if path.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from exc
-        return pq.read_table(path).to_pylist()
-    raise ValueError(f"unsupported file type {path!r}; expected .jsonl, .json or .parquet")
 
 
 def load_tasks(name: str, path: str | None = None, split: str | None = None, limit: int | None = None,

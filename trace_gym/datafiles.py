@@ -1,0 +1,51 @@
+"""Rows of a local dataset file: one reader for every environment family's loaders.
+
+Formats: ``.jsonl`` (one JSON object a line; a bad line is named by number), ``.json``
+(a list, or ``{"data": [...]}`` as HotpotQA ships it), ``.parquet`` (needs pyarrow), or a
+folder holding ``{split}.jsonl`` / ``.parquet`` / ``.json`` (the hub's and FlashRAG's
+layouts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def read_rows(path: str, split: str | None = None) -> list[dict]:
+    """Rows of ``path`` (a file, or a folder holding ``{split or 'test'}.<ext>``).
+
+    Raises:
+        FileNotFoundError: the file, or the split inside the folder, does not exist.
+        ValueError: an unsupported extension, or a JSONL line that is not JSON (with its number).
+        ImportError: a parquet file without pyarrow installed.
+    """
+    if os.path.isdir(path):
+        for ext in (".jsonl", ".parquet", ".json"):
+            candidate = os.path.join(path, f"{split or 'test'}{ext}")
+            if os.path.exists(candidate):
+                return read_rows(candidate)
+        raise FileNotFoundError(f"no {split or 'test'}.jsonl/.parquet/.json in {path}")
+    if not path.endswith((".jsonl", ".json", ".parquet")):
+        raise ValueError(f"unsupported file type {path!r}; expected .jsonl, .json or .parquet")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"data file {path!r} does not exist")
+    if path.endswith(".jsonl"):
+        rows = []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+        return rows
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data["data"] if isinstance(data, dict) and "data" in data else list(data)
+    try:  # .parquet
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from exc
+    return pq.read_table(path).to_pylist()
