@@ -146,3 +146,44 @@ def cluster_get(ref):
     import ray
 
     return ray.get(ref)
+
+
+def test_weights_broadcast_from_trainer_rank_0_to_rollout_workers(cluster, tiny_model_path):  # noqa: F811
+    """The collective path (gloo here, NCCL across GPU nodes): FSDP2 ranks gather, rank 0
+    broadcasts, every rollout worker loads and reports the version; a replaced worker joins
+    a rebuilt group at the next sync."""
+    import ray
+
+    from trace_gym.distributed.launch import launch_rollout_workers
+    from trace_gym.distributed.trainer import TrainerGroup
+    from trace_gym.engines.hf import HFEngine
+    from trace_gym.types import SamplingParams
+
+    kw = {"dtype": "float32", "device": "cpu", "prefix_cache_bytes": 0}
+    group = TrainerGroup(tiny_model_path, CONFIG, world_size=2, device="cpu", num_threads=1, shard=True,
+                         weight_sync="broadcast")
+    engine = launch_rollout_workers("hf", str(tiny_model_path), 2, engine_kwargs=kw, num_cpus=0.5, num_threads=1)
+    reference = HFEngine(tiny_model_path, **kw)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    prefixes = [[5, 6, 7, 8], [9, 10, 11], [300, 301]]
+
+    def served():
+        return [c[0].token_ids for c in engine.generate(prefixes, [1, 1, 1], greedy)]
+
+    try:
+        before = served()
+        for version in (1, 2):
+            group.step(random_trees(3, seed=version))
+            group.sync_weights(engine, version=version)
+            reference.update_weights(group.named_weights(), version)
+            assert [ray.get(w.weights_version.remote()) for w in engine.workers] == [version, version]
+            assert served() == [c[0].token_ids for c in reference.generate(prefixes, [1, 1, 1], greedy)]
+            if version == 1:
+                assert served() != before  # the update changed what the workers serve
+                ray.kill(engine.workers[0])
+                served()  # the death is found (and the request re-issued) mid-step
+                assert engine.alive == [False, True]
+        assert engine.alive == [True, True] and group._broadcast.rebuilds == 2
+    finally:
+        engine.close()
+        group.close()

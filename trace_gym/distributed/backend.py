@@ -39,6 +39,8 @@ class RayOptions:
         "data-parallel trainer ranks as actors (0: the trainer runs in the driver process)"))
     trainer_shard: bool = field(default=False, metadata=doc(
         "FSDP2: shard parameters, gradients and AdamW state over the trainer ranks (8B+ policies)"))
+    weight_sync: str = field(default="object_store", metadata=doc(
+        "trainer -> rollout workers: object_store (one node) | broadcast (NCCL/gloo collective, across nodes)"))
     worker_cpus: float = field(default=1.0, metadata=doc("CPUs reserved per rollout worker"))
     worker_gpus: float = field(default=0.0, metadata=doc("GPUs per rollout worker (fractions colocate)"))
     pool_cpus: float = field(default=1.0, metadata=doc("CPUs reserved per env pool"))
@@ -51,6 +53,8 @@ class RayOptions:
         for name in ("rollout_workers", "env_pools", "envs_per_pool", "env_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ray_options.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.weight_sync not in ("object_store", "broadcast"):
+            raise ValueError(f"ray_options.weight_sync must be object_store or broadcast, got {self.weight_sync!r}")
         if self.trainer_workers < 0:
             raise ValueError(f"ray_options.trainer_workers must be >= 0, got {self.trainer_workers!r}")
         for name in ("worker_cpus", "worker_gpus", "pool_cpus", "trainer_cpus", "trainer_gpus"):
@@ -90,7 +94,7 @@ def ray_backend(cfg: Any) -> tuple[Callable[..., Any], Callable[..., Any], Calla
 
         group = TrainerGroup(model_path, config, world_size=opts.trainer_workers, num_cpus=opts.trainer_cpus,
                              num_gpus=opts.trainer_gpus, num_threads=opts.torch_threads, shard=opts.trainer_shard,
-                             **kwargs)
+                             weight_sync=opts.weight_sync, **kwargs)
         closers.append(group.close)
         return group
 

@@ -148,6 +148,22 @@ class RolloutWorker:
     def weights_version(self) -> int:
         return self.engine.weights_version
 
+    def join_broadcast(self, host: str, port: int, rank: int, world_size: int, backend: str, device: str) -> int:
+        """Join trainer rank 0's weight broadcast group (:mod:`trace_gym.distributed.broadcast`)."""
+        from trace_gym.distributed.broadcast import open_group
+
+        self._broadcast = (open_group(host, port, rank, world_size, backend), device)
+        return rank
+
+    def receive_broadcast(self, spec: list, version: int) -> int:
+        """Load the weights rank 0 broadcasts now (in ``spec`` order) as ``version``."""
+        from trace_gym.distributed.broadcast import receive
+
+        group, device = self._broadcast
+        with self._lock:
+            self.engine.update_weights(receive(group, spec, device), version)
+            return self.engine.weights_version
+
     def reset_prefix_cache(self) -> None:
         with self._lock:
             self.engine.reset_prefix_cache()
@@ -405,6 +421,13 @@ class EngineGroup:
         if not self.live():
             raise RuntimeError("every rollout worker died during the weight sync")
         self._version = int(version)
+
+    def set_version(self, version: int) -> None:
+        """Record that every live worker now holds ``version`` (loaded by another path, e.g.
+        :class:`~trace_gym.distributed.broadcast.BroadcastSync`); replacements started later
+        get no object-store copy of it, so the next sync must reach them."""
+        self._version = int(version)
+        self._weights = None
 
     def revive(self, sync: bool = True) -> int:
         """Start a replacement for each dead worker (with a ``spawn``); when ``sync`` and

@@ -345,6 +345,30 @@ class TrainerRank:
         if self.shard or self.trainer.rank == 0:
             self.trainer.save(folder)
 
+    def join_broadcast(self, host: str, port: int, rank: int, world_size: int, backend: str) -> int:
+        """Rank 0 joins the rollout workers' weight broadcast group as its source."""
+        from trace_gym.distributed.broadcast import open_group
+
+        self._broadcast = open_group(host, port, rank, world_size, backend)
+        return rank
+
+    def weight_spec(self) -> list:
+        from trace_gym.distributed.broadcast import weight_spec
+
+        return weight_spec((n, p) for n, p in self.trainer.model.named_parameters())
+
+    def broadcast_weights(self) -> int:
+        """Rank 0 broadcasts every parameter (full tensors: every rank takes part in the
+        gathers when sharded); returns the bytes sent (0 on other ranks)."""
+        from trace_gym.distributed.broadcast import send
+
+        if self.trainer.rank != 0:
+            if self.shard:
+                for _ in self.trainer.named_weights():
+                    pass
+            return 0
+        return send(self._broadcast, self.trainer.named_weights(), self.trainer.device)
+
     def load_state(self, folder: str) -> int:
         self.trainer.load_state(folder)
         return self.trainer.updates
@@ -369,12 +393,16 @@ class TrainerGroup:
         num_cpus / num_gpus: resources per rank.
         num_threads: torch threads per rank.
         shard: FSDP2 (:class:`ShardedTrainer`) instead of replicas (:class:`DataParallelTrainer`).
+        weight_sync: ``"object_store"`` (rank 0's packed weights through Ray's store) or
+            ``"broadcast"`` (a collective from rank 0 to the rollout workers:
+            :class:`~trace_gym.distributed.broadcast.BroadcastSync`, NCCL across GPU nodes).
     """
 
     def __init__(self, model_path: str | Path, config: TrainerConfig = TrainerConfig(), *, total_steps: int = 1,
                  temperature: float = 1.0, device: str = "auto", seed: int = 0, world_size: int = 2,
                  backend: str | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 num_threads: int | None = None, shard: bool = False, timeout: float = 600.0):
+                 num_threads: int | None = None, shard: bool = False, weight_sync: str = "object_store",
+                 timeout: float = 600.0):
         import ray
 
         from trace_gym.distributed.cluster import actor_options
@@ -384,6 +412,9 @@ class TrainerGroup:
         backend = backend or ("nccl" if num_gpus > 0 else "gloo")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        if weight_sync not in ("object_store", "broadcast"):
+            raise ValueError(f"weight_sync must be 'object_store' or 'broadcast', got {weight_sync!r}")
+        self.backend, self.weight_sync, self._broadcast = backend, weight_sync, None
         remote = ray.remote(TrainerRank)
         self.ranks = [remote.options(**actor_options("trainer-rank", r, num_cpus, num_gpus)).remote()
                       for r in range(world_size)]
@@ -424,11 +455,18 @@ class TrainerGroup:
         return unpack_weights(self._ray.get(self.packed_weights_ref()))
 
     def sync_weights(self, engine: Any, version: int) -> float:
-        """Push rank 0's weights to ``engine``: through the object store without a stop on
-        the driver when the engine is an :class:`~trace_gym.distributed.engines.EngineGroup`,
-        else fetched and passed to ``update_weights``. Checks the version; returns seconds."""
+        """Push rank 0's weights to ``engine``: to an
+        :class:`~trace_gym.distributed.engines.EngineGroup` by broadcast or through the object
+        store without a stop on the driver (``weight_sync``); to any other engine fetched
+        and passed to ``update_weights``. Checks the version; returns seconds."""
         t0 = time.perf_counter()
-        if hasattr(engine, "update_weights_ref"):
+        if self.weight_sync == "broadcast" and hasattr(engine, "set_version"):
+            from trace_gym.distributed.broadcast import BroadcastSync
+
+            if self._broadcast is None or self._broadcast.engine is not engine:
+                self._broadcast = BroadcastSync(self, engine, self.backend)
+            self._broadcast(version)
+        elif hasattr(engine, "update_weights_ref"):
             engine.update_weights_ref(self.packed_weights_ref(), version)
         else:
             engine.update_weights(self.named_weights(), version)
