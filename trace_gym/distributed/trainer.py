@@ -263,6 +263,7 @@ class ShardedTrainer(DataParallelTrainer):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)  # every rank writes its shard here, rank 0 or not first
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0:
             self.model.save_pretrained(folder / "policy", state_dict=state, safe_serialization=True)
