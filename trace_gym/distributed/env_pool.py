@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -425,10 +424,3 @@ class PoolExecutor:
 def _remote_error(exc: BaseException, pool: int, where: str) -> str:
     return f"{type(exc).__name__} in env.{where} (env pool {pool}): {exc}"[:2000]
 
-
-def wait_ready(group: EnvPoolGroup, timeout: float = 300.0) -> None:
-    """Block until every pool answers (its process started and imported its env)."""
-    futures = [group.transport.call(p, "ping") for p in group.pools]
-    t0 = time.perf_counter()
-    for f in futures:
-        f.result(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
