@@ -93,6 +93,9 @@ def test_to_dict_and_validation():
         "replayed_env_steps": 2,
         "errors": 0,
         "unspent_continuations": 0,
+        "recovered_episodes": 0,
+        "redone_env_steps": 0,
+        "reissued_completions": 0,
         "seconds": {"allocation": 0.25},
     }
     with pytest.raises(ValueError, match="env steps must be >= 0, got -1"):

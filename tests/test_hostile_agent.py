@@ -74,7 +74,7 @@ def test_math_hostile_script_through_the_runner(tokenizer):
         "lone_surrogate_exception", "forged_frames", "fork_bomb", "close_all_fds", "background_exit",
         "invalid_utf8_bytes", "chat_template_tokens", "huge_traceback", "import_project")]
     script += [MATH_RESPONSES["four_hundred_kb"][:20000], MATH_RESPONSES["final_surrogate"]]
-    limits = KernelLimits(cell_timeout_s=2.0, memory_mb=512, output_bytes=2048)
+    limits = KernelLimits(cell_timeout_s=6.0, memory_mb=512, output_bytes=2048)  # generous: CI machines are shared
     task = Task(id="agent-hostile", prompt="What is 2 + 3?", answer="5")
     finished = _run(tokenizer, lambda: MathPythonEnv([task], limits=limits, max_turns=50, prestart_kernel=False),
                     task, script)
