@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,18 +33,22 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def run(cmd: list[str]) -> None:
+def run(cmd: list[str]) -> str:
+    """Run ``cmd``; its stderr."""
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-4000:]
+    return out.stderr
 
 
 def test_train_with_ray_flag_runs_the_same_steps(tmp_path, tiny_model_path):  # noqa: F811
     local, distributed = tmp_path / "local", tmp_path / "ray"
     run(command(local, tiny_model_path))
-    run(command(distributed, tiny_model_path, "--ray",
+    err = run(command(distributed, tiny_model_path, "--ray",
                 'ray_options={"rollout_workers": 2, "env_pools": 2, "trainer_workers": 2, "pool_cpus": 0.5, '
                 '"num_cpus": 6, "torch_threads": 1}'))
+    # a local cluster says where it is, so `ray status --address` can find its actors
+    assert re.search(r"local Ray cluster at \S+:\d+ \(ray status --address \S+:\d+\)", err), err[-2000:]
     a, b = metrics(local), metrics(distributed)
     assert [r["step"] for r in b] == [1, 2]
     same = ("rollouts", "continuations", "nominal_budget", "generated_tokens", "env_steps", "episode_errors",

@@ -82,7 +82,14 @@ def ray_backend(cfg: Any) -> tuple[Callable[..., Any], Callable[..., Any], Calla
     cluster = start_ray(None if cfg.ray in (None, "", "local") else cfg.ray, num_cpus=opts.num_cpus)
     closers: list[Callable[[], None]] = []
     if cluster.started:
+        import sys
+
+        import ray
+
         atexit.register(cluster.shutdown)
+        address = ray.get_runtime_context().gcs_address
+        print(f"trace-gym train --ray: local Ray cluster at {address} (ray status --address {address})",
+              file=sys.stderr)
     pools: dict[int, Any] = {}
 
     def make_trainer(model_path: Any, config: Any, **kwargs: Any) -> Any:

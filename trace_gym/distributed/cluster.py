@@ -3,9 +3,9 @@
 :func:`start_ray` starts a local cluster when no address is given (token auth off, no
 dashboard, its own temp dir, the driver's import path handed to the workers) or joins
 an existing one (``"auto"`` or ``"ray://host:10001"`` / ``"host:6379"``). Actors are
-named ``trace_gym/<role>-<i>`` in the ``trace_gym`` namespace, so ``ray list actors``
-(or the dashboard of a real cluster) shows which is which; ``ray status`` shows the
-resources they hold.
+named ``trace_gym/<role>-<i>`` in the ``trace_gym`` namespace, so
+``ray.util.list_named_actors()`` (and ``ray list actors`` on a cluster that runs Ray's
+dashboard) shows which is which; ``ray status`` shows the resources they hold.
 """
 
 from __future__ import annotations
