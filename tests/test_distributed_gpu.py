@@ -46,44 +46,19 @@ def test_vllm_worker_logprobs_match_the_trainer_after_a_weight_update(cluster, m
     """Trainer (bf16 autocast) and a colocated vLLM rollout worker (GPU share 0.4): after one
     policy update synced through the object store, the worker's sampling logprobs of its own
     tokens match the trainer's within bf16 noise; tokens/s of generation and update."""
-    import numpy as np
+    from gpu_checks import parity_after_update
 
-    from trace_gym.batches import TokenNode, TokenTree
     from trace_gym.distributed.launch import launch_rollout_workers
     from trace_gym.trainer import PolicyTrainer, TrainerConfig
-    from trace_gym.types import SamplingParams
 
     trainer = PolicyTrainer(model, TrainerConfig(lr=1e-5, dtype="bfloat16"), device="cuda")
     engine = launch_rollout_workers("vllm", model, 1, engine_kwargs=VLLM_KW, num_gpus=0.4, num_cpus=1)
     try:
-        prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": f"Count to {k}."}],
-                                                        add_generation_prompt=True) for k in range(3, 35)]
-        sampling = SamplingParams(temperature=1.0, max_tokens=128, seed=0)
-        t0 = time.perf_counter()
-        out = engine.generate(prompts, [4] * len(prompts), sampling)
-        gen_s = time.perf_counter() - t0
-        gen_tokens = sum(len(c.token_ids) for cs in out for c in cs)
-        rng = np.random.default_rng(0)
-        trees = [TokenTree((TokenNode(-1, tuple(p), 0, 0.0),
-                            *(TokenNode(0, tuple(c.token_ids), len(c.token_ids), float(rng.normal()),
-                                        tuple(c.logprobs), j) for j, c in enumerate(cs))))
-                 for p, cs in zip(prompts, out) if all(c.token_ids for c in cs)]
-        metrics = trainer.step(trees)
-        trainer.sync_weights(engine, version=1)
-        assert engine.weights_version == 1
-        after = engine.generate(prompts[:8], [2] * 8, SamplingParams(temperature=1.0, max_tokens=64, seed=1))
-        diffs = []
-        for p, cs in zip(prompts[:8], after):
-            for c in cs:
-                if c.token_ids:
-                    mine = trainer.score([list(p) + list(c.token_ids)], start=len(p))[0]
-                    diffs.extend(abs(a - b) for a, b in zip(mine, c.logprobs))
-        mean_diff = float(np.mean(diffs))
-        print(json.dumps({"generation_tok_s": gen_tokens / gen_s, "update_tok_s": metrics["row_tokens"] / metrics["seconds"],
-                          "mismatch_before_update": metrics["mismatch_abs"], "mean_abs_logprob_diff_after_sync": mean_diff}))
-        assert mean_diff < 0.05  # bf16 engine vs bf16-autocast trainer on the same weights
+        out = parity_after_update(trainer, engine)
     finally:
         engine.close()
+    print(json.dumps({"check": "vllm_worker_trainer_parity_cuda", **out}))
+    assert out["mean_abs_logprob_diff_after_sync"] < 0.05  # bf16 engine vs bf16-autocast trainer on the same weights
 
 
 def test_one_training_step_with_ray_on_the_gpu(tmp_path, model):

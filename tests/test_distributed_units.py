@@ -288,4 +288,22 @@ def test_ray_configs_resolve(path, tmp_path):
     assert cfg.ray == "local" and cfg.nominal_budget == 2048 and cfg.root_budget == 1024
     assert opts.trainer_shard and opts.rollout_workers * opts.worker_gpus + opts.trainer_workers * opts.trainer_gpus == 8
     assert opts.env_pools * opts.envs_per_pool >= 3 * cfg.root_budget  # roots + continuations live at once
+    # the LM critic on the GPU, in bf16 (checked against its constructor by --dry-run below)
+    assert cfg.predictor == "lm_critic" and cfg.predictor_kwargs == {"device": "cuda", "dtype": "bfloat16"}
     assert main(["train", "--config", str(path), "--dry-run", "--ray", "auto", f"run_dir={tmp_path / 'r'}"]) == 0
+
+
+def test_check_fits_names_what_each_role_asks():
+    from trace_gym.distributed.backend import check_fits, ray_options, resource_demand
+
+    opts = ray_options({"rollout_workers": 1, "trainer_workers": 1, "env_pools": 2, "pool_cpus": 0.5})
+    assert resource_demand(opts) == {"CPU": 3.0, "GPU": 0.0}
+    check_fits(opts, {"CPU": 3.0})  # exactly full is fine
+    with pytest.raises(ValueError, match=r"ask for 3 CPU \(1 rollout workers x 1, 2 env pools x 0.5, "
+                                         r"1 trainer ranks x 1\) but the cluster has 2; .*num_cpus"):
+        check_fits(opts, {"CPU": 2.0})
+    gpu = ray_options({"rollout_workers": 8, "worker_gpus": 0.5, "trainer_workers": 8, "trainer_gpus": 0.75})
+    with pytest.raises(ValueError, match=r"ask for 10 GPU .* but the cluster has 8; lower worker_gpus"):
+        check_fits(gpu, {"CPU": 64.0, "GPU": 8.0})
+    no_trainer_actors = ray_options({"rollout_workers": 2, "trainer_workers": 0, "env_pools": 2})
+    assert resource_demand(no_trainer_actors)["CPU"] == 4.0

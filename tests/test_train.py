@@ -133,3 +133,13 @@ def test_shipped_configs_dry_run(path, tmp_path):
         pytest.skip(f"env family {env!r} is not registered yet (the retrieval issue adds wiki_qa)")
     assert main(["train", "--config", str(path), "--dry-run", f"run_dir={tmp_path / 'r'}"]) == 0
     assert not (tmp_path / "r").exists()
+
+
+def test_dry_run_checks_predictor_kwargs(tmp_path, capsys):
+    from evaluators.cli import main
+
+    base = ["train", "--config", "configs/train_cpu_trace.yaml", "--dry-run", f"run_dir={tmp_path / 'r'}"]
+    assert main([*base, "predictor=lm_critic", 'predictor_kwargs={"dtype": "bfloat16"}']) == 0
+    assert "predictor: lm_critic {'dtype': 'bfloat16'}" in capsys.readouterr().out
+    assert main([*base, 'predictor_kwargs={"devise": "cuda"}']) == 2
+    assert "embedding does not take 'devise'" in capsys.readouterr().err

@@ -348,6 +348,8 @@ class EnvBenchConfig:
     predictor: str = field(default="embedding", metadata=doc(
         "success predictor: embedding (frozen MiniLM + MLP head) | lm_critic (the policy LM + scalar head) | "
         "constant"))
+    predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
+        "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", \"dtype\": \"bfloat16\"}"))
     prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
     seed: int = field(default=0, metadata=doc("base seed (tasks, envs, sampling)"))
 

@@ -200,20 +200,26 @@ class LMCriticPredictor:
         train_backbone: also fine-tune the LM (else only the head learns).
         lr: AdamW learning rate.
         batch_size: contexts per forward pass.
+        device: torch device of the backbone and the head (``"cuda"`` on a GPU machine).
+        dtype: the backbone's weights (``"float32"``; ``"bfloat16"`` halves its memory on a
+            GPU). The head and the cached features are float32 whatever this is.
     """
 
     def __init__(self, model_path: str, *, max_length: int = 512, train_backbone: bool = False,
-                 lr: float = 1e-4, batch_size: int = 16, prior: float = 0.5, device: str = "cpu", seed: int = 0):
+                 lr: float = 1e-4, batch_size: int = 16, prior: float = 0.5, device: str = "cpu",
+                 dtype: str = "float32", seed: int = 0):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}")
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
-        self.backbone = AutoModel.from_pretrained(model_path, dtype=torch.float32).to(device)
+        self.backbone = AutoModel.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
         self.backbone.requires_grad_(train_backbone)
         self.head = torch.nn.Linear(self.backbone.config.hidden_size, 1).to(device)
         with torch.no_grad():
@@ -226,8 +232,6 @@ class LMCriticPredictor:
         self._features: dict = {}  # text -> last hidden state (frozen backbone only)
 
     def _hidden(self, texts: list[str]):
-        import torch
-
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
                              max_length=self.max_length).to(self.device)
         return self.backbone(**enc).last_hidden_state[:, -1].float()  # left padding: last is real

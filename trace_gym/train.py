@@ -66,6 +66,8 @@ class TrainConfig:
     continuations_per_root: int = field(default=2, metadata=doc("N: continuations per root; budget M (1 + N/2)"))
     group_size: int = field(default=4, metadata=doc("G: group size of fixed-group strategies (uniform, pcl)"))
     predictor: str = field(default="embedding", metadata=doc("success predictor: embedding | lm_critic | constant"))
+    predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
+        "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", \"dtype\": \"bfloat16\"}"))
     prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
     max_turns: int = field(default=3, metadata=doc("turns per episode"))
     max_turn_tokens: int = field(default=160, metadata=doc("generated tokens per turn"))
@@ -223,12 +225,16 @@ class TrainSetup:
 # ---------------------------------------------------------------------- dry run
 def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
     """Resolve everything but the model: budget split, data, one env reset, estimator."""
+    from trace_gym.bench import predictor_spec
+
     roots, continuations = setup.strategy.budget_split(cfg.nominal_budget)
+    predictor_spec(cfg.predictor, str(cfg.policy), cfg.seed, **cfg.predictor_kwargs)
     lines = [f"trace-gym train --dry-run: {cfg.run_dir}",
              f"  policy: {cfg.policy} (engine {cfg.engine}, trainer device {cfg.device}; not loaded)",
              f"  strategy: {cfg.strategy}: {getattr(setup.strategy, 'description', '')}",
              f"  budget per step: {cfg.nominal_budget:g} nominal = {roots} root rollouts + {continuations} "
              f"continuations / 2, from {cfg.candidates} candidates",
+             f"  predictor: {cfg.predictor} {cfg.predictor_kwargs or ''}".rstrip(),
              f"  advantage: {cfg.advantage} (std normalise {cfg.advantage_std_normalize}); loss "
              f"{cfg.trainer.loss_aggregation}, clip [{1 - cfg.trainer.clip_low:g}, {1 + cfg.trainer.clip_high:g}], "
              f"lr {cfg.trainer.lr:g} ({cfg.trainer.lr_schedule}, warm-up {cfg.trainer.warmup_steps})"]
@@ -296,7 +302,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
     trainer = PolicyTrainer(weights, cfg.trainer, total_steps=cfg.steps, temperature=cfg.temperature,
                             device=cfg.device, seed=cfg.seed)
     engine = make_engine(cfg.engine, weights, **cfg.engine_kwargs)
-    predictor = make_predictor(cfg.predictor, str(base_policy), seed=cfg.seed)
+    predictor = make_predictor(cfg.predictor, str(base_policy), seed=cfg.seed, **cfg.predictor_kwargs)
     cursor = TaskCursor(len(tasks), cfg.seed)
     rng = np.random.default_rng([cfg.seed, 1])
     if resume:

@@ -62,6 +62,33 @@ class RayOptions:
                 raise ValueError(f"ray_options.{name} must be >= 0, got {getattr(self, name)!r}")
 
 
+def resource_demand(opts: RayOptions) -> dict[str, float]:
+    """Logical ``CPU`` and ``GPU`` the actors of ``opts`` reserve at once (workers, pools,
+    and trainer ranks when ``trainer_workers > 0``)."""
+    return {"CPU": opts.rollout_workers * opts.worker_cpus + opts.env_pools * opts.pool_cpus
+            + opts.trainer_workers * opts.trainer_cpus,
+            "GPU": opts.rollout_workers * opts.worker_gpus + opts.trainer_workers * opts.trainer_gpus}
+
+
+def check_fits(opts: RayOptions, available: dict[str, float]) -> None:
+    """Raise ``ValueError`` when the actors of ``opts`` cannot all be placed on a cluster
+    with ``available`` resources (``ray.cluster_resources()``), naming what each role asks,
+    rather than waiting for a placement that never comes."""
+    demand = resource_demand(opts)
+    for kind, need in demand.items():
+        have = float(available.get(kind, 0.0))
+        if need > have + 1e-9:
+            gpus = kind == "GPU"
+            parts = (f"{opts.rollout_workers} rollout workers x {opts.worker_gpus if gpus else opts.worker_cpus:g}",
+                     *(() if gpus else (f"{opts.env_pools} env pools x {opts.pool_cpus:g}",)),
+                     f"{opts.trainer_workers} trainer ranks x {opts.trainer_gpus if gpus else opts.trainer_cpus:g}")
+            hint = ("a local cluster's num_cpus is logical: raise ray_options.num_cpus, or lower the per-actor "
+                    "worker_cpus / pool_cpus / trainer_cpus" if not gpus else
+                    "lower worker_gpus / trainer_gpus (fractions colocate) or the actor counts")
+            raise ValueError(f"ray_options ask for {need:g} {kind} ({', '.join(parts)}) but the cluster has "
+                             f"{have:g}; {hint}")
+
+
 def ray_options(mapping: dict | None) -> RayOptions:
     """:class:`RayOptions` from a config mapping; unknown keys and bad values name themselves."""
     return config_from_mapping(RayOptions, dict(mapping or {}), source="ray_options")
@@ -87,6 +114,11 @@ def ray_backend(cfg: Any) -> tuple[Callable[..., Any], Callable[..., Any], Calla
         import ray
 
         atexit.register(cluster.shutdown)
+        try:
+            check_fits(opts, ray.cluster_resources())
+        except ValueError:
+            cluster.shutdown()
+            raise
         address = ray.get_runtime_context().gcs_address
         print(f"trace-gym train --ray: local Ray cluster at {address} (ray status --address {address})",
               file=sys.stderr)

@@ -87,5 +87,9 @@ def _wait(transport: Any, actors: list, method: str, timeout: float, what: str) 
     for i, f in enumerate(futures):
         try:
             f.result(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
+        except TimeoutError as exc:
+            raise RuntimeError(f"{what} {i} did not start within {timeout:g} s: its actor was not placed or is "
+                               f"still loading (`ray status` shows the cluster's free resources and pending "
+                               f"demands)") from exc
         except Exception as exc:
             raise RuntimeError(f"{what} {i} did not start: {type(exc).__name__}: {exc}") from exc
