@@ -23,6 +23,7 @@ sampled.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -239,7 +240,7 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
                             max_turns=max_turns or suite.max_turns)
     sampling = SamplingParams(max_tokens=agent_cfg.max_turn_tokens, temperature=temperature, seed=seed)
     kwargs = {**dict(suite.env_kwargs), **dict(env_kwargs or {})}
-    make_env = lambda: gymnasium.make(suite.env_id, disable_env_checker=True, **kwargs)  # noqa: E731
+    make_env = functools.partial(gymnasium.make, suite.env_id, disable_env_checker=True, **kwargs)
     out: list[list[Any]] = [[] for _ in tasks]
     bar = tqdm(total=len(tasks), desc=f"eval {suite.name}", disable=not progress, leave=False, dynamic_ncols=True)
     runner = AgentRunner(engine, engine.tokenizer, make_env, sampling, agent_cfg)

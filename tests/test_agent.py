@@ -272,3 +272,31 @@ def test_cancel_closes_every_live_env(planted):
     planted.advance()  # steps are in flight now
     planted.cancel()
     assert planted.live == 0 and all(e.env_closed for e in eps)
+
+
+def test_the_envs_closing_tags_reach_every_generate_call(engine):
+    """wiki_qa declares ``</search>``/``</answer>`` stop strings (``StopStrings``): every
+    generate call of its episodes carries them, so a turn ends at its first closing tag
+    (the engines' stop-string handling is tested in ``test_engine_hf``/``test_engine_vllm``)."""
+    from trace_gym.registry import ENV_FAMILIES
+
+    class StopRecorder(RecordingEngine):
+        def generate(self, prefixes, n, sampling):
+            self.calls.append(sampling.stop)
+            return self.engine.generate(prefixes, n, sampling)
+
+    family = ENV_FAMILIES["wiki_qa"]
+    recorder = StopRecorder(engine)
+    runner = AgentRunner(recorder, engine.tokenizer, family.make_env, SamplingParams(temperature=1.0, seed=3,
+                                                                                     stop=("STOP",)),
+                         AgentConfig(max_turn_tokens=96, max_episode_tokens=2048, max_turns=2))
+    try:
+        done = runner.run([runner.start(t, seed=i) for i, t in enumerate(family.load_tasks(4, seed=0))])
+    finally:
+        runner.close()
+    assert recorder.calls and all(stop == ("STOP", "</search>", "</answer>", "</tool_call>") for stop in recorder.calls)
+    tagged = [t for ep in done for t in ep.turns if "</search>" in t.action_text or "</answer>" in t.action_text]
+    assert tagged, "the few-shot prompt should get SmolLM2 to use a tag at this seed"
+    for turn in tagged:  # nothing after the first closing tag but what its last token carries
+        cut = min(i for i in (turn.action_text.find("</search>"), turn.action_text.find("</answer>")) if i >= 0)
+        assert turn.action_text[cut:].rstrip() in ("</search>", "</answer>"), turn.action_text

@@ -250,3 +250,29 @@ def test_importing_trace_gym_does_not_mark_plugins_loaded():
     before = reg._plugins_loaded
     reg.register_envs(plugins=False)
     assert reg._plugins_loaded == before  # only a plugin load sets the flag
+
+
+def test_stop_strings_are_read_from_every_kind_of_factory_without_building_an_env():
+    import functools
+
+    from environments.wiki_qa.env import WikiQAEnv
+    from trace_gym.env import StopStrings, _portable, env_class, env_stop_strings
+    from trace_gym.registry import ENV_FAMILIES
+
+    tags = ("</search>", "</answer>", "</tool_call>")
+    by_id = functools.partial(gymnasium.make, "trace_gym/WikiQA-v0", disable_env_checker=True)
+    factories = {"class": WikiQAEnv, "partial(make, id)": by_id, "partial(make, spec)": _portable(by_id),
+                 "partial(class)": functools.partial(WikiQAEnv, topk=2), "family": ENV_FAMILIES["wiki_qa"].make_env}
+    for name, factory in factories.items():
+        assert env_class(factory) is WikiQAEnv, name
+        assert env_stop_strings(factory) == tags, name
+    assert isinstance(WikiQAEnv, StopStrings) and not isinstance(GuessNumberEnv, StopStrings)
+    assert env_stop_strings(GuessNumberEnv) == ()  # declares none
+    assert env_stop_strings(lambda: GuessNumberEnv()) == ()  # opaque factory: nothing to read
+    assert env_stop_strings(functools.partial(gymnasium.make, "nobody/Unknown-v0")) == ()
+
+    class BadStops(GuessNumberEnv):
+        stop_strings = "</search>"  # a bare string, not a tuple
+
+    with pytest.raises(ValueError, match=r"BadStops.stop_strings must be a tuple of non-empty strings, got '</search>'"):
+        env_stop_strings(BadStops)

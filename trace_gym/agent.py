@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Hashable, Sequence
 
 from trace_gym.budget import BudgetLedger
-from trace_gym.env import AgentEnv, EnvFactory, ReplayCost, Snapshot
+from trace_gym.env import AgentEnv, EnvFactory, ReplayCost, Snapshot, env_stop_strings
 from trace_gym.types import Completion, Message, SamplingParams, Task
 
 _log = logging.getLogger(__name__)
@@ -230,7 +230,8 @@ class AgentRunner:
         engine: a :class:`~trace_gym.engines.RolloutEngine`.
         tokenizer: the policy's tokenizer (chat template required).
         make_env: zero-argument factory of fresh env instances.
-        sampling: base sampling settings; ``max_tokens`` is set per call from the config.
+        sampling: base sampling settings; ``max_tokens`` is set per call from the config,
+            and the env's :class:`~trace_gym.env.StopStrings` join ``stop``.
         config: loop limits.
 
     Attributes:
@@ -245,7 +246,8 @@ class AgentRunner:
         self.renderer = ChatRenderer(tokenizer)
         self.config = config
         stop_ids = set(sampling.stop_token_ids) | {self.renderer.end_of_turn_id}
-        self.sampling = replace(sampling, stop_token_ids=tuple(sorted(stop_ids)))
+        stops = tuple(dict.fromkeys((*sampling.stop, *env_stop_strings(make_env))))  # the env's closing tags
+        self.sampling = replace(sampling, stop=stops, stop_token_ids=tuple(sorted(stop_ids)))
         self.ledger = BudgetLedger()
         self.truncations: dict[str, int] = {}
         self._pool = ThreadPoolExecutor(max_workers=config.env_workers, thread_name_prefix="env")

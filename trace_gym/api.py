@@ -7,7 +7,8 @@ breaking change and is announced). It is part of the face (with ``cli.py``,
 Contracts:
     ``AgentEnv``, ``Snapshot``, ``freeze``/``thaw``, ``rng_state``/``rng_from_state``,
     ``task_from_options``, ``check_env``, ``EnvCheckError``; ``Task``, ``Message``;
-    ``TextAction``, ``ChatObservation`` (spaces).
+    ``TextAction``, ``ChatObservation`` (spaces); the optional env Protocols
+    ``ReferenceActions``, ``ReplayCost``, ``StopStrings``.
 Strategies:
     ``Strategy``; the allocator Protocols ``RootAllocator``, ``PrefixAllocator``,
     ``GroupSized``; ``fixed_groups(order, budget, group_size, n)`` (groups of G in a
@@ -46,7 +47,10 @@ from trace_gym.config import EnvBenchConfig, SimBenchConfig
 from trace_gym.env import (
     AgentEnv,
     EnvCheckError,
+    ReferenceActions,
+    ReplayCost,
     Snapshot,
+    StopStrings,
     check_env,
     freeze,
     rng_from_state,
@@ -85,8 +89,8 @@ def register_env(env_id: str, entry_point: str | Callable[..., Any],
 
 __all__ = [
     "AgentEnv", "BudgetLedger", "GroupSized", "ChatObservation", "EnvBenchConfig", "EnvCheckError", "EnvFamily", "Message",
-    "PCLRootAllocator", "PrefixAllocator", "RandomPrefixAllocator", "RolloutTree", "RootAllocator", "STRATEGIES",
-    "SimBenchConfig", "Snapshot", "Strategy", "Task", "TextAction", "TracePrefixAllocator", "TraceRootAllocator",
+    "PCLRootAllocator", "PrefixAllocator", "RandomPrefixAllocator", "ReferenceActions", "ReplayCost", "RolloutTree",
+    "RootAllocator", "STRATEGIES", "SimBenchConfig", "Snapshot", "StopStrings", "Strategy", "Task", "TextAction", "TracePrefixAllocator", "TraceRootAllocator",
     "UniformRootAllocator", "check_env", "fixed_groups", "format_bench", "freeze", "register_env",
     "register_strategy", "resolve_env", "rng_from_state", "rng_state", "run_env_bench", "run_sim_bench",
     "shaped_strategies",

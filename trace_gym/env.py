@@ -158,6 +158,65 @@ class ReferenceActions(Protocol):
     def reference_actions(self, task: Task) -> Sequence[str]: ...
 
 
+@runtime_checkable
+class StopStrings(Protocol):
+    """Optional: an env whose actions end at a closing tag (Search-R1's ``</search>``).
+
+    ``stop_strings`` (a class attribute) are strings at which generation of a turn stops,
+    kept in the action, so the model hands over to the env right after the tag instead
+    of writing on past it (and, say, inventing the search results). The agent loop reads
+    them from the env factory without building an env (:func:`env_stop_strings`).
+    """
+
+    stop_strings: ClassVar[tuple[str, ...]]
+
+
+def env_class(make_env: Any) -> type | None:
+    """The env class a factory builds, found without calling it: a class, a
+    ``gymnasium.make`` partial (id or ``EnvSpec``), a partial of a class, or a bound
+    ``make_env`` of an object with an ``env_id`` (an ``EnvFamily``); ``None`` otherwise."""
+    import functools
+
+    if isinstance(make_env, type):
+        return make_env
+    spec = None
+    if isinstance(make_env, functools.partial):
+        if isinstance(make_env.func, type):
+            return make_env.func
+        import gymnasium
+
+        if make_env.func is gymnasium.make and make_env.args:
+            spec = make_env.args[0]
+    elif isinstance(getattr(getattr(make_env, "__self__", None), "env_id", None), str):
+        spec = make_env.__self__.env_id
+    if spec is None:
+        return None
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    try:
+        entry = (gymnasium.spec(spec) if isinstance(spec, str) else spec).entry_point
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+    except Exception:  # noqa: BLE001  (an id this process cannot resolve: no class, no stops)
+        return None
+    return creator if isinstance(creator, type) else None
+
+
+def env_stop_strings(make_env: Any) -> tuple[str, ...]:
+    """The :class:`StopStrings` of the env ``make_env`` builds (``()`` when it declares none
+    or its class cannot be found without building one).
+
+    Raises:
+        ValueError: ``stop_strings`` that is not a tuple of non-empty strings.
+    """
+    cls = env_class(make_env)
+    stops = getattr(cls, "stop_strings", ()) if cls is not None else ()
+    if isinstance(stops, str) or not isinstance(stops, (tuple, list)) or not all(
+            isinstance(s, str) and s for s in stops):
+        raise ValueError(f"{cls.__name__}.stop_strings must be a tuple of non-empty strings, got {stops!r}")
+    return tuple(stops)
+
+
 class EnvCheckError(AssertionError):
     """Raised by :func:`check_env`; ``check`` names the failed check."""
 

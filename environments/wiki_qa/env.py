@@ -129,6 +129,9 @@ class WikiQAEnv(gymnasium.Env):
 
     metadata = {"render_modes": []}
     snapshot_mode = "state"
+    #: A turn ends at its first closing tag (``StopStrings``), as in Search-R1: the env
+    #: answers a search right away, and the model cannot write its own "results".
+    stop_strings = ("</search>", "</answer>", "</tool_call>")
 
     def __init__(self, tasks: Sequence[Task | dict] | str | None = None, *, searcher: Any = "offline", topk: int = 3,
                  max_turns: int = 4, protocol: str = "tags", reward: str = "em", max_action_chars: int = 65536,
