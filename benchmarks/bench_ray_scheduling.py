@@ -13,13 +13,16 @@ whose step sleeps ``--env-s``, ends an episode with probability ``--stop-p`` per
 pickled on the way, as Ray would.
 
 It prints, per step: the driver thread's CPU seconds (``time.thread_time``: bookkeeping,
-never sleeping) and the part of it spent rendering chat templates (the agent loop
-re-renders an episode's whole history at every turn), the step's wall seconds, and the bookkeeping against a *realistic* step of
+never sleeping) and the part of it spent in chat-template deltas, the step's wall seconds,
+and the bookkeeping against a *realistic* step of
 the same size: the step's generated tokens at ``--fleet-tok-s`` tokens/s (default 160k:
 8 GPUs x ~20k tok/s of an 8B model in vLLM), plus its rounds x ``--round-env-s`` of tool time.
+Each step runs twice, side by side: with the renderer's baseline (``whole``: both
+conversations tokenised whole at every turn, O(turns^2) per episode) and with its default
+(``delta``: only the new text tokenised).
 
 Usage: ``python benchmarks/bench_ray_scheduling.py [--workers 64] [--pools 256] [--roots 1024]
-[--turn-tokens 256] [--max-turns 5] [--steps 2]``.
+[--turn-tokens 256] [--max-turns 5] [--steps 2] [--renderers whole,delta]``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from trace_gym.distributed.transport import LocalTransport  # noqa: E402
 from trace_gym.env import Snapshot, freeze, thaw  # noqa: E402
 from trace_gym.types import Completion, Message, Task  # noqa: E402
 
+RENDERERS = {"whole": "whole history (baseline)", "delta": "new text only (default)"}
 WORDS = ("the value of x is then computed from the sum of the squares and we check each case carefully "
          "so the answer follows from the previous step with n equal to").split()
 
@@ -164,7 +168,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--fleet-tok-s", type=float, default=160_000.0, help="realistic fleet generation rate")
     parser.add_argument("--round-env-s", type=float, default=2.0, help="realistic tool seconds per round")
+    parser.add_argument("--renderers", default="whole,delta", type=lambda v: v.split(","),
+                        help="chat-template deltas to run, in order: whole (baseline: both conversations tokenised "
+                             "whole at every turn) and/or delta (only the new text tokenised, the default)")
     args = parser.parse_args()
+    bad = [r for r in args.renderers if r not in RENDERERS]
+    if bad:
+        parser.error(f"--renderers: unknown {bad}; known: {', '.join(RENDERERS)}")
 
     from transformers import AutoTokenizer
 
@@ -182,16 +192,26 @@ def main() -> None:
     from trace_gym.agent import ChatRenderer
 
     rendering = [0.0]  # driver CPU seconds inside the agent loop's chat-template rendering
-    plain_render = ChatRenderer.render
 
-    def timed_render(self, *a, **k):
-        c0 = time.thread_time()
-        try:
-            return plain_render(self, *a, **k)
-        finally:
-            rendering[0] += time.thread_time() - c0
+    def timed(method):
+        def wrapper(self, *a, **k):
+            c0 = time.thread_time()
+            try:
+                return method(self, *a, **k)
+            finally:
+                rendering[0] += time.thread_time() - c0
+        return wrapper
 
-    ChatRenderer.render = timed_render
+    ChatRenderer.prompt, ChatRenderer.observation = timed(ChatRenderer.prompt), timed(ChatRenderer.observation)
+    plain_init = ChatRenderer.__init__
+
+    def init(self, *a, **k):  # --renderer whole: the baseline, both conversations tokenised whole every turn
+        plain_init(self, *a, **k)
+        if mode[0] == "whole":
+            self._eot_splits = False
+
+    ChatRenderer.__init__ = init
+    mode = ["delta"]
     tokenizer = AutoTokenizer.from_pretrained(pull_model("smollm2-135m", progress=False))
     transport = PicklingTransport(threads=args.workers + args.pools + 16)
     workers = [MockWorker(args.gen_s, args.turn_tokens, i) for i in range(args.workers)]
@@ -206,27 +226,29 @@ def main() -> None:
     agent = AgentConfig(max_turn_tokens=args.turn_tokens, max_episode_tokens=32768, max_turns=args.max_turns,
                         env_workers=1, straggler_seconds=60)
     rows = []
-    for step in range(1, args.steps + 1):
-        runner = RayAgentRunner(engine, tokenizer, pools, SamplingParams(temperature=1.0, seed=step), agent)
-        calls0 = engine.calls
-        rendering[0] = 0.0
-        t0, c0 = time.perf_counter(), time.thread_time()
-        batch = collect(tasks, strategy, ConstantPredictor(0.5), runner, budget, np.random.default_rng(step),
-                        seed=step)
-        cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
-        env_calls = dict(runner._pool.calls)
-        runner.close()
-        led = batch.ledger
-        rounds = engine.calls - calls0
-        realistic = led.generated_tokens / args.fleet_tok_s + rounds * args.round_env_s
-        rows.append([step, led.rollouts, led.continuations, led.env_steps, led.generated_tokens, rounds,
-                     env_calls["step"], f"{cpu:.1f}", f"{rendering[0]:.1f}", f"{wall:.1f}", f"{rounds * (args.gen_s + args.env_s):.1f}",
-                     f"{realistic:.0f}", f"{100 * cpu / realistic:.1f} %",
-                     f"{100 * (cpu - rendering[0]) / realistic:.1f} %"])
+    for renderer in args.renderers:
+        mode[0] = renderer
+        for step in range(1, args.steps + 1):
+            runner = RayAgentRunner(engine, tokenizer, pools, SamplingParams(temperature=1.0, seed=step), agent)
+            calls0 = engine.calls
+            rendering[0] = 0.0
+            t0, c0 = time.perf_counter(), time.thread_time()
+            batch = collect(tasks, strategy, ConstantPredictor(0.5), runner, budget, np.random.default_rng(step),
+                            seed=step)
+            cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
+            env_calls = dict(runner._pool.calls)
+            runner.close()
+            led = batch.ledger
+            rounds = engine.calls - calls0
+            realistic = led.generated_tokens / args.fleet_tok_s + rounds * args.round_env_s
+            rows.append([RENDERERS[renderer], step, led.rollouts, led.continuations, led.env_steps,
+                         led.generated_tokens, rounds, env_calls["step"], f"{cpu:.1f}", f"{rendering[0]:.1f}",
+                         f"{wall:.1f}", f"{rounds * (args.gen_s + args.env_s):.1f}", f"{realistic:.0f}",
+                         f"{100 * cpu / realistic:.1f} %", f"{100 * (cpu - rendering[0]) / realistic:.1f} %"])
     print(f"## Scheduling simulation: {args.workers} rollout workers, {args.pools} env pools, M = {args.roots}, N = 2, "
           f"{args.candidates} candidates, {args.turn_tokens} tokens/turn, <= {args.max_turns} turns "
           f"(mock generate {args.gen_s} s/call, env step {args.env_s} s)\n")
-    print(markdown_table(["step", "roots", "continuations", "env steps", "gen tokens", "rounds", "pool step calls",
+    print(markdown_table(["renderer", "step", "roots", "continuations", "env steps", "gen tokens", "rounds", "pool step calls",
                           "driver CPU s", "of which rendering s", "wall s", "mock sleep s", "realistic step s", "driver / realistic", "driver w/o rendering / realistic"], rows))
     print(f"\nrealistic step = generated tokens / {args.fleet_tok_s:,.0f} tok/s + rounds x {args.round_env_s} s of tools; "
           f"sticky routing hits: {engine.router.sticky}")

@@ -83,6 +83,77 @@ def test_renderer_fails_loudly_on_a_template_that_rewrites_history(engine):
         r.observation([Message("user", "q"), Message("assistant", "a")], [Message("user", "o")])
 
 
+def _reference_delta(r, history, new, tools=None):
+    """The delta by brute force: tokenise both whole conversations, check, slice."""
+    before = r.render([m.to_dict() for m in history], generation_prompt=False, tools=tools)
+    after = r.render([m.to_dict() for m in (*history, *new)], generation_prompt=True, tools=tools)
+    assert after[: len(before)] == before
+    return after[len(before):]
+
+
+def _random_conversations(rng, n):
+    import random as _random  # noqa: F401  (rng is a random.Random)
+
+    pieces = ["", " ", "\n", "\n\n", "  x ", "Output: 45\n", "```python\nprint(1)\n```", "<|im_end|>", "<|im_start|>",
+              "naïve café ✓ 数学", "\t", "</search>", "<answer> 42 </answer>", "{\"a\": [1, 2]}", "x" * 300]
+    for _ in range(n):
+        text = lambda: "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))  # noqa: E731
+        history = [Message("user", text())]
+        if rng.random() < 0.5:
+            history.insert(0, Message("system", text()))
+        for _ in range(rng.randint(0, 3)):
+            history += [Message("assistant", text()), Message(rng.choice(["user", "tool"]), text())]
+        history.append(Message("assistant", text()))
+        yield history, [Message(rng.choice(["user", "tool"]), text()) for _ in range(rng.randint(1, 2))]
+
+
+def test_renderer_fast_delta_equals_tokenising_both_conversations_whole(engine):
+    """The delta tokenises only the new text (after the history's last end-of-turn token);
+    on 300 random conversations (whitespace at every boundary, literal special-token text,
+    unicode, long runs) it equals the brute-force delta token for token."""
+    import random
+
+    r = ChatRenderer(engine.tokenizer)
+    assert r._eot_splits  # SmolLM2: <|im_end|> is an added token, so the fast path runs
+    rng = random.Random(0)
+    for history, new in _random_conversations(rng, 300):
+        assert r.observation(history, new) == _reference_delta(r, history, new), (history, new)
+
+
+def test_renderer_falls_back_to_whole_tokenisation_where_the_end_of_turn_is_plain_text(engine):
+    """Planted: a template whose turns end with a newline, a plain token that the
+    pre-tokeniser merges with its neighbours. The fast path must not run there: the
+    renderer gives the brute-force delta, or raises where the tokens are not append-only.
+    Forced onto the fast path, the same renderer misses such changes (so the guard matters)."""
+    import copy
+    import random
+
+    tok = copy.deepcopy(engine.tokenizer)
+    tok.chat_template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant:{% endif %}")
+    r = ChatRenderer(tok, end_of_turn="Ċ")
+    forced = ChatRenderer(tok, end_of_turn="Ċ")
+    forced._eot_splits, forced._eot_text = True, "\n"
+    assert not r._eot_splits
+    rng, wrong, raised = random.Random(1), 0, 0
+    for history, new in _random_conversations(rng, 200):
+        try:
+            want = _reference_delta(r, history, new)
+        except AssertionError:  # the tokens of the history change: not append-only
+            raised += 1
+            with pytest.raises(TemplateError, match="not append-only"):
+                r.observation(history, new)
+            try:
+                forced.observation(history, new)
+                wrong += 1  # the forced fast path hands out a delta for a history whose tokens changed
+            except TemplateError:
+                pass
+            continue
+        assert r.observation(history, new) == want
+        wrong += forced.observation(history, new) != want
+    assert raised and wrong, (raised, wrong)
+
+
 def _canon(x):
     """A structural, identity-free view of snapshot state (bytes are unpickled first)."""
     if isinstance(x, (bytes, bytearray)):

@@ -65,15 +65,24 @@ class ChatRenderer:
         if self.end_of_turn_id is None or self.end_of_turn_id == tokenizer.unk_token_id:
             raise ValueError(f"end-of-turn token {eot!r} is not in the vocabulary")
         self.closing_ids: tuple[int, ...] = self._closing_ids()
+        # The fast delta (see observation) needs a tokeniser that splits text at the end-of-turn
+        # token before anything else: an added token (HF tokenisers match those first), checked.
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self._eot_text: str = getattr(added.get(self.end_of_turn_id), "content", eot)
+        self._eot_splits = self.end_of_turn_id in added and self._encode(f"x{self._eot_text}x") == [
+            *self._encode("x"), self.end_of_turn_id, *self._encode("x")]
 
     def render(self, messages: Sequence[dict], *, generation_prompt: bool, tools: list | None = None) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            list(messages), tools=tools, add_generation_prompt=generation_prompt, tokenize=True,
-            return_dict=False,
-        )
-        if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        return [int(t) for t in out]
+        """Token ids of ``messages`` through the chat template (the whole conversation)."""
+        return self._encode(self._text(messages, generation_prompt, tools))
+
+    def _text(self, messages: Sequence[dict], generation_prompt: bool, tools: list | None) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=generation_prompt,
+                                                  tokenize=False)
+
+    def _encode(self, text: str) -> list[int]:
+        # what apply_chat_template(tokenize=True) does: the rendered text, no special tokens added
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
 
     def _closing_ids(self) -> tuple[int, ...]:
         """Template tokens from the end-of-turn token to the end of an assistant message."""
@@ -90,17 +99,39 @@ class ChatRenderer:
 
     def observation(self, history: Sequence[Message], new: Sequence[Message], tools: list | None = None) -> list[int]:
         """The template delta that appends ``new`` after ``history`` (which ends with
-        the assistant's message) and opens the next assistant turn."""
-        before = self.render([m.to_dict() for m in history], generation_prompt=False, tools=tools)
-        after = self.render([m.to_dict() for m in (*history, *new)], generation_prompt=True, tools=tools)
-        if after[: len(before)] != before:
-            at = next(i for i, (a, b) in enumerate(zip(before, after)) if a != b) if any(
-                a != b for a, b in zip(before, after)) else min(len(before), len(after))
+        the assistant's message) and opens the next assistant turn.
+
+        Both conversations are rendered as text (cheap) and must agree up to the end of
+        ``history`` (append-only), else :class:`TemplateError`. Only the new text is
+        tokenised, together with the history's last end-of-turn token: when that token
+        is a special token the tokeniser splits on, the text after it tokenises the same
+        alone as in the whole conversation, and the delta is exact at O(new text) cost
+        instead of tokenising the history twice per turn. Otherwise (checked on the
+        window) both conversations are tokenised whole.
+        """
+        hist = [m.to_dict() for m in history]
+        before = self._text(hist, False, tools)
+        after = self._text([*hist, *(m.to_dict() for m in new)], True, tools)
+        if not after.startswith(before):
+            at = next((i for i, (x, y) in enumerate(zip(before, after)) if x != y), min(len(before), len(after)))
             raise TemplateError(
-                f"chat template is not append-only: adding {len(new)} message(s) changed token {at} of the "
-                f"history ({self.tokenizer.decode(before[at:at + 8])!r} -> {self.tokenizer.decode(after[at:at + 8])!r})"
-            )
-        return after[len(before):]
+                f"chat template is not append-only: adding {len(new)} message(s) changed character {at} of the "
+                f"history ({before[at:at + 40]!r} -> {after[at:at + 40]!r})")
+        if self._eot_splits:
+            cut = before.rfind(self._eot_text)
+            if cut >= 0:
+                window = self._encode(before[cut:])
+                joined = self._encode(before[cut:] + after[len(before):])
+                if window and window[0] == self.end_of_turn_id and joined[:len(window)] == window:
+                    return joined[len(window):]
+        full_before, full_after = self._encode(before), self._encode(after)
+        if full_after[: len(full_before)] != full_before:
+            at = next((i for i, (x, y) in enumerate(zip(full_before, full_after)) if x != y),
+                      min(len(full_before), len(full_after)))
+            raise TemplateError(
+                f"chat template is not append-only: adding {len(new)} message(s) changed token {at} of the history "
+                f"({self.tokenizer.decode(full_before[at:at + 8])!r} -> {self.tokenizer.decode(full_after[at:at + 8])!r})")
+        return full_after[len(full_before):]
 
     def closing(self, action_ids: Sequence[int]) -> list[int]:
         """Tokens that close an assistant message after the model's ``action_ids``."""
