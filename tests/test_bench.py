@@ -263,14 +263,18 @@ def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch
         bench.make_predictor("oracle")
     # predictor_kwargs reach the constructor (the configs' route to a GPU critic), and a
     # keyword the kind does not take is named with what it does take
-    critic = bench.make_predictor("lm_critic", str(tiny_model_path), max_length=64, dtype="bfloat16")
+    critic = bench.make_predictor("lm_critic", str(tiny_model_path), kwargs={"max_length": 64, "dtype": "bfloat16"})
     assert critic.max_length == 64 and next(critic.backbone.parameters()).dtype == torch.bfloat16
     assert critic.predict([Context("q")]).shape == (1,)
-    assert bench.make_predictor("constant", value=0.25).value == 0.25
+    assert bench.make_predictor("constant", kwargs={"value": 0.25}).value == 0.25
     with pytest.raises(ValueError, match=r"lm_critic does not take 'devise'.*device"):
-        bench.make_predictor("lm_critic", str(tiny_model_path), devise="cuda")
-    with pytest.raises(ValueError, match="dtype must be"):
-        bench.make_predictor("lm_critic", str(tiny_model_path), dtype="int8")
+        bench.make_predictor("lm_critic", str(tiny_model_path), kwargs={"devise": "cuda"})
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, got 'bf16'"):
+        bench.predictor_spec("lm_critic", str(tiny_model_path), kwargs={"dtype": "bf16"})  # caught before any load
+    with pytest.raises(ValueError, match="'seed' comes from the config's seed"):
+        bench.predictor_spec("embedding", seed=1, kwargs={"seed": 2})
+    with pytest.raises(ValueError, match="needs a local model folder"):
+        bench.predictor_spec("lm_critic", "None")
     cfg = EnvBenchConfig(env="guess_number", candidates=3, root_budget=2, continuations_per_root=0, group_size=2,
                          warmup_budget=0, max_turns=1, max_turn_tokens=4, max_episode_tokens=512,
                          predictor="lm_critic", strategies=("pcl",))

@@ -37,9 +37,9 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def model():
-    from trace_gym.models import pull_model
+    from gpu_checks import model_or_skip
 
-    return str(pull_model("smollm2-135m", progress=False))
+    return str(model_or_skip())
 
 
 def test_vllm_worker_logprobs_match_the_trainer_after_a_weight_update(cluster, model):

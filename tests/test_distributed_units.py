@@ -305,5 +305,13 @@ def test_check_fits_names_what_each_role_asks():
     gpu = ray_options({"rollout_workers": 8, "worker_gpus": 0.5, "trainer_workers": 8, "trainer_gpus": 0.75})
     with pytest.raises(ValueError, match=r"ask for 10 GPU .* but the cluster has 8; lower worker_gpus"):
         check_fits(gpu, {"CPU": 64.0, "GPU": 8.0})
+    # 1.8 GPUs in all fit in 2 by sum, but three 0.6 shares need three devices
+    over_half = ray_options({"rollout_workers": 3, "worker_gpus": 0.6, "trainer_workers": 0})
+    with pytest.raises(ValueError, match=r"3 x worker_gpus=0.6 need 3 GPUs of their own .* the cluster has 2"):
+        check_fits(over_half, {"CPU": 8.0, "GPU": 2.0})
+    check_fits(over_half, {"CPU": 8.0, "GPU": 3.0})
+    # the paper configs' colocation: 8 workers and 8 ranks at 0.5 on 8 devices
+    check_fits(ray_options({"rollout_workers": 8, "worker_gpus": 0.5, "trainer_workers": 8, "trainer_gpus": 0.5}),
+               {"CPU": 64.0, "GPU": 8.0})
     no_trainer_actors = ray_options({"rollout_workers": 2, "trainer_workers": 0, "env_pools": 2})
     assert resource_demand(no_trainer_actors)["CPU"] == 4.0

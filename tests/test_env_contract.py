@@ -270,6 +270,18 @@ def test_stop_strings_are_read_from_every_kind_of_factory_without_building_an_en
     assert env_stop_strings(GuessNumberEnv) == ()  # declares none
     assert env_stop_strings(lambda: GuessNumberEnv()) == ()  # opaque factory: nothing to read
     assert env_stop_strings(functools.partial(gymnasium.make, "nobody/Unknown-v0")) == ()
+    assert env_stop_strings(functools.partial(gymnasium.make, id="trace_gym/WikiQA-v0")) == tags
+
+    def make_wiki(**kwargs):  # a plugin's entry point may be a function carrying the attribute
+        return WikiQAEnv(**kwargs)
+
+    make_wiki.stop_strings = ("</go>",)
+    gymnasium.register(id="test_stops/Func-v0", entry_point=make_wiki)
+    try:
+        assert env_stop_strings(functools.partial(gymnasium.make, "test_stops/Func-v0")) == ("</go>",)
+        assert env_class(functools.partial(gymnasium.make, "test_stops/Func-v0")) is None  # not a class
+    finally:
+        gymnasium.registry.pop("test_stops/Func-v0")
 
     class BadStops(GuessNumberEnv):
         stop_strings = "</search>"  # a bare string, not a tuple

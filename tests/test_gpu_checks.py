@@ -16,11 +16,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
-from gpu_checks import critic_learns_on, parity_after_update
+from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures; tiny needs smollm2_path)
+from gpu_checks import critic_learns_on, model_or_skip, parity_after_update
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def gpu_model():
+    return model_or_skip()
 
 
 def on_gpu(test):
@@ -76,14 +81,14 @@ def test_critic_check_on_cpu(tiny_model_path):  # noqa: F811
 
 # ------------------------------------------------------------------ the same on a GPU
 @on_gpu
-def test_hf_engine_and_trainer_on_the_gpu(smollm2_path):  # noqa: F811
+def test_hf_engine_and_trainer_on_the_gpu(gpu_model):
     """SmolLM2-135M, bf16 HF engine and bf16-autocast trainer on one GPU: logprob parity after
     a weight update, tokens/s of generation and of the update."""
     from trace_gym.engines.hf import HFEngine
     from trace_gym.trainer import PolicyTrainer, TrainerConfig
 
-    trainer = PolicyTrainer(str(smollm2_path), TrainerConfig(lr=1e-5, dtype="bfloat16"), device="cuda")
-    engine = HFEngine(smollm2_path, dtype="bfloat16", device="cuda")
+    trainer = PolicyTrainer(str(gpu_model), TrainerConfig(lr=1e-5, dtype="bfloat16"), device="cuda")
+    engine = HFEngine(gpu_model, dtype="bfloat16", device="cuda")
     try:
         out = parity_after_update(trainer, engine)
     finally:
@@ -93,22 +98,22 @@ def test_hf_engine_and_trainer_on_the_gpu(smollm2_path):  # noqa: F811
 
 
 @on_gpu
-def test_lm_critic_on_the_gpu(smollm2_path):  # noqa: F811
-    out = critic_learns_on(str(smollm2_path), "cuda", "bfloat16")
+def test_lm_critic_on_the_gpu(gpu_model):
+    out = critic_learns_on(str(gpu_model), "cuda", "bfloat16")
     print(json.dumps({"check": "lm_critic_cuda", **out}))
     assert out["device"] == "cuda" and out["gap"] > 0.2
 
 
 @on_gpu
 @pytest.mark.parametrize("ray", [False, True], ids=["in-process", "ray"])
-def test_one_training_step_on_the_gpu_with_the_hf_engine(tmp_path, smollm2_path, ray):  # noqa: F811
+def test_one_training_step_on_the_gpu_with_the_hf_engine(tmp_path, gpu_model, ray):
     """`trace-gym train` for one real step of SmolLM2-135M on the GPU (HF engine, bf16), in
     process and with `--ray` (a rollout worker and a trainer rank sharing the device)."""
     if ray and importlib.util.find_spec("ray") is None:
         pytest.skip("needs Ray (pip install 'trace_gym[ray]')")
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "evaluators.cli", "train", "--config", "configs/train_cpu_trace.yaml",
-           f"run_dir={run}", f"policy={smollm2_path}", "steps=1", "eval_every=0", "eval_at_start=false",
+           f"run_dir={run}", f"policy={gpu_model}", "steps=1", "eval_every=0", "eval_at_start=false",
            "engine=hf", "device=cuda", 'engine_kwargs={"dtype": "bfloat16", "device": "cuda"}',
            "trainer.dtype=bfloat16", "predictor=lm_critic", 'predictor_kwargs={"device": "cuda", "dtype": "bfloat16"}',
            "progress=false"]

@@ -57,6 +57,22 @@ def test_config_differences_ignore_resumable_keys():
     assert config_differences(to_yaml(a), to_yaml(b)) == ["trainer.lr: 1e-06 -> 3e-06"]
 
 
+def test_a_run_written_before_a_key_existed_resumes_while_the_key_keeps_its_default():
+    """A run directory from an older version lacks newer keys (here predictor_kwargs and
+    trainer.lr): absent means the default, so only a non-default new value is a change."""
+    import yaml
+
+    from trace_gym.config import to_yaml
+
+    old = yaml.safe_load(to_yaml(TrainConfig()))
+    old.pop("predictor_kwargs")
+    old["trainer"].pop("lr")
+    stored = yaml.safe_dump(old)
+    assert config_differences(stored, to_yaml(TrainConfig())) == []
+    changed = load_train_config(None, {"predictor_kwargs": '{"dtype": "bfloat16"}'})
+    assert config_differences(stored, to_yaml(changed)) == ["predictor_kwargs: {} -> {'dtype': 'bfloat16'}"]
+
+
 def rec(step):
     return {"step": step, "reward": step / 10}
 

@@ -66,7 +66,8 @@ class ChatRenderer:
             raise ValueError(f"end-of-turn token {eot!r} is not in the vocabulary")
         self.closing_ids: tuple[int, ...] = self._closing_ids()
         # The fast delta (see observation) needs a tokeniser that splits text at the end-of-turn
-        # token before anything else: an added token (HF tokenisers match those first), checked.
+        # token: an added token (HF tokenisers match added tokens before the model's own
+        # pre-tokenisation and merges), checked on a sample.
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self._eot_text: str = getattr(added.get(self.end_of_turn_id), "content", eot)
         self._eot_splits = self.end_of_turn_id in added and self._encode(f"x{self._eot_text}x") == [
@@ -104,7 +105,7 @@ class ChatRenderer:
         Both conversations are rendered as text (cheap) and must agree up to the end of
         ``history`` (append-only), else :class:`TemplateError`. Only the new text is
         tokenised, together with the history's last end-of-turn token: when that token
-        is a special token the tokeniser splits on, the text after it tokenises the same
+        is an added token the tokeniser splits on, the text after it tokenises the same
         alone as in the whole conversation, and the delta is exact at O(new text) cost
         instead of tokenising the history twice per turn. Otherwise (checked on the
         window) both conversations are tokenised whole.

@@ -386,7 +386,7 @@ def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, pr
 
 # ---------------------------------------------------------------------- the real-rollout bench
 def predictor_spec(kind: str, policy_path: str | None = None, seed: int = 0,
-                   **kwargs: Any) -> tuple[type, tuple, dict[str, Any]]:
+                   kwargs: dict[str, Any] | None = None) -> tuple[type, tuple, dict[str, Any]]:
     """``(class, args, kwargs)`` that :func:`make_predictor` builds, checked without
     loading anything (``train --dry-run`` calls it).
 
@@ -397,28 +397,35 @@ def predictor_spec(kind: str, policy_path: str | None = None, seed: int = 0,
 
     from trace_gym import predictor
 
+    kwargs = dict(kwargs or {})
     if kind == "embedding":
         cls, args = predictor.EmbeddingPredictor, ()
     elif kind == "lm_critic":
-        if policy_path is None:
-            raise ValueError("the lm_critic predictor needs a local model folder")
+        if policy_path in (None, "", "None"):
+            raise ValueError("the lm_critic predictor needs a local model folder (policy)")
         cls, args = predictor.LMCriticPredictor, (policy_path,)
     elif kind == "constant":
         cls, args = predictor.ConstantPredictor, ()
     else:
         raise ValueError(f"unknown predictor {kind!r}; known: embedding, lm_critic, constant")
     params = inspect.signature(cls).parameters
+    if "seed" in kwargs:
+        raise ValueError("predictor_kwargs: 'seed' comes from the config's seed; remove it from predictor_kwargs")
     takes = sorted(n for n in list(params)[len(args):] if n != "seed")
     bad = sorted(set(kwargs) - set(takes))
     if bad:
         raise ValueError(f"predictor_kwargs: {kind} does not take {', '.join(map(repr, bad))}; "
                          f"it takes {', '.join(takes) or 'none'}")
+    if "dtype" in kwargs and kwargs["dtype"] not in predictor.DTYPES:
+        raise ValueError(f"predictor_kwargs: dtype must be one of {', '.join(predictor.DTYPES)}, "
+                         f"got {kwargs['dtype']!r}")
     if "seed" in params:
         kwargs = {"seed": seed, **kwargs}
     return cls, args, kwargs
 
 
-def make_predictor(kind: str, policy_path: str | None = None, seed: int = 0, **kwargs: Any) -> Any:
+def make_predictor(kind: str, policy_path: str | None = None, seed: int = 0,
+                   kwargs: dict[str, Any] | None = None) -> Any:
     """A success predictor by kind: ``embedding`` (frozen MiniLM + MLP head, the CPU
     default), ``lm_critic`` (the policy's own LM with a scalar head), ``constant`` (0.5).
 
@@ -426,8 +433,8 @@ def make_predictor(kind: str, policy_path: str | None = None, seed: int = 0, **k
     ``{"device": "cuda", "dtype": "bfloat16"}`` puts the LM critic on the GPU. Errors as
     :func:`predictor_spec`.
     """
-    cls, args, kwargs = predictor_spec(kind, policy_path, seed, **kwargs)
-    return cls(*args, **kwargs)
+    cls, args, built = predictor_spec(kind, policy_path, seed, kwargs)
+    return cls(*args, **built)
 
 
 def _env_metrics(batch: Any) -> dict[str, Any]:
@@ -506,7 +513,7 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
         n_warm = cfg.warmup_budget // max(cfg.group_size, 2)
         pool = family.load_tasks(cfg.candidates + n_warm, seed=seed)
         candidates, warm_tasks = pool[: cfg.candidates], pool[cfg.candidates:]
-        predictor = make_predictor(cfg.predictor, policy_path, seed=cfg.seed, **cfg.predictor_kwargs)
+        predictor = make_predictor(cfg.predictor, policy_path, seed=cfg.seed, kwargs=cfg.predictor_kwargs)
         if cfg.warmup_budget and warm_tasks:
             grpo = strategies.get("uniform")
             if grpo is None:

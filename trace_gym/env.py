@@ -21,6 +21,7 @@ passes.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import pickle
 import warnings
@@ -30,6 +31,8 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime
 import numpy as np
 
 from trace_gym.types import Message, Task
+
+_log = logging.getLogger(__name__)
 
 #: How an env implements snapshots: ``state`` (a copy of its state), ``replay``
 #: (the actions/cells to re-execute in a fresh backend), ``fork`` (an OS fork).
@@ -171,10 +174,11 @@ class StopStrings(Protocol):
     stop_strings: ClassVar[tuple[str, ...]]
 
 
-def env_class(make_env: Any) -> type | None:
-    """The env class a factory builds, found without calling it: a class, a
-    ``gymnasium.make`` partial (id or ``EnvSpec``), a partial of a class, or a bound
-    ``make_env`` of an object with an ``env_id`` (an ``EnvFamily``); ``None`` otherwise."""
+def env_creator(make_env: Any) -> Callable[..., Any] | None:
+    """What a factory builds its env with, found without calling it: the class (or the
+    entry-point function) behind a class, a ``gymnasium.make`` partial (id or ``EnvSpec``,
+    positional or ``id=``), a partial of a class, or the bound ``make_env`` of an object with
+    an ``env_id`` (an ``EnvFamily``); ``None`` when it cannot be told (a lambda, say)."""
     import functools
 
     if isinstance(make_env, type):
@@ -185,8 +189,8 @@ def env_class(make_env: Any) -> type | None:
             return make_env.func
         import gymnasium
 
-        if make_env.func is gymnasium.make and make_env.args:
-            spec = make_env.args[0]
+        if make_env.func is gymnasium.make:
+            spec = make_env.args[0] if make_env.args else make_env.keywords.get("id")
     elif isinstance(getattr(getattr(make_env, "__self__", None), "env_id", None), str):
         spec = make_env.__self__.env_id
     if spec is None:
@@ -196,24 +200,35 @@ def env_class(make_env: Any) -> type | None:
 
     try:
         entry = (gymnasium.spec(spec) if isinstance(spec, str) else spec).entry_point
-        creator = load_env_creator(entry) if isinstance(entry, str) else entry
-    except Exception:  # noqa: BLE001  (an id this process cannot resolve: no class, no stops)
+        return load_env_creator(entry) if isinstance(entry, str) else entry
+    except Exception as exc:  # noqa: BLE001  (an id or entry point this process cannot resolve)
+        _log.debug("env_creator(%r): %s: %s", make_env, type(exc).__name__, exc)
         return None
+
+
+def env_class(make_env: Any) -> type | None:
+    """The env class ``make_env`` builds (:func:`env_creator`, when that is a class)."""
+    creator = env_creator(make_env)
     return creator if isinstance(creator, type) else None
 
 
 def env_stop_strings(make_env: Any) -> tuple[str, ...]:
-    """The :class:`StopStrings` of the env ``make_env`` builds (``()`` when it declares none
-    or its class cannot be found without building one).
+    """The :class:`StopStrings` of the env ``make_env`` builds: the ``stop_strings``
+    attribute of its class (or entry-point function); ``()`` when it declares none or its
+    creator cannot be found without building an env (logged at debug level).
 
     Raises:
         ValueError: ``stop_strings`` that is not a tuple of non-empty strings.
     """
-    cls = env_class(make_env)
-    stops = getattr(cls, "stop_strings", ()) if cls is not None else ()
+    creator = env_creator(make_env)
+    if creator is None:
+        _log.debug("env_stop_strings: cannot tell what %r builds; no env stop strings", make_env)
+        return ()
+    stops = getattr(creator, "stop_strings", ())
     if isinstance(stops, str) or not isinstance(stops, (tuple, list)) or not all(
             isinstance(s, str) and s for s in stops):
-        raise ValueError(f"{cls.__name__}.stop_strings must be a tuple of non-empty strings, got {stops!r}")
+        raise ValueError(f"{getattr(creator, '__name__', creator)}.stop_strings must be a tuple of non-empty "
+                         f"strings, got {stops!r}")
     return tuple(stops)
 
 

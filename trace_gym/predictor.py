@@ -190,6 +190,10 @@ class EmbeddingPredictor:
         return {"loss": float(loss.detach()), "n": float(len(y)), "seconds": time.perf_counter() - start}
 
 
+#: Backbone dtypes :class:`LMCriticPredictor` takes.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 class LMCriticPredictor:
     """A causal LM with a scalar head on the last token (the paper's critic).
 
@@ -211,8 +215,8 @@ class LMCriticPredictor:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.truncation_side = "left"

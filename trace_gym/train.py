@@ -143,12 +143,20 @@ def load_train_config(path: str | Path | None = None, overrides: Mapping[str, An
 
 
 def config_differences(stored_yaml: str, new_yaml: str) -> list[str]:
-    """Keys whose values differ between two resolved configs, ignoring :data:`RESUMABLE_KEYS`."""
+    """Keys whose values differ between two resolved configs, ignoring :data:`RESUMABLE_KEYS`.
+
+    A key one side lacks (a run written before the key existed) counts as its default, so
+    a run resumes under a newer version as long as it leaves the new keys at their defaults.
+    """
     import yaml
 
-    a, b = yaml.safe_load(stored_yaml) or {}, yaml.safe_load(new_yaml) or {}
-    flat_a = {**{k: v for k, v in a.items() if k != "trainer"}, **{f"trainer.{k}": v for k, v in (a.get("trainer") or {}).items()}}
-    flat_b = {**{k: v for k, v in b.items() if k != "trainer"}, **{f"trainer.{k}": v for k, v in (b.get("trainer") or {}).items()}}
+    def flat(text: str) -> dict:
+        d = yaml.safe_load(text) or {}
+        return {**{k: v for k, v in d.items() if k != "trainer"},
+                **{f"trainer.{k}": v for k, v in (d.get("trainer") or {}).items()}}
+
+    defaults = flat(to_yaml(TrainConfig()))
+    flat_a, flat_b = {**defaults, **flat(stored_yaml)}, {**defaults, **flat(new_yaml)}
     return [f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}" for k in sorted(set(flat_a) | set(flat_b))
             if k not in RESUMABLE_KEYS and flat_a.get(k) != flat_b.get(k)]
 
@@ -228,7 +236,7 @@ def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
     from trace_gym.bench import predictor_spec
 
     roots, continuations = setup.strategy.budget_split(cfg.nominal_budget)
-    predictor_spec(cfg.predictor, str(cfg.policy), cfg.seed, **cfg.predictor_kwargs)
+    predictor_spec(cfg.predictor, str(cfg.policy), cfg.seed, cfg.predictor_kwargs)
     lines = [f"trace-gym train --dry-run: {cfg.run_dir}",
              f"  policy: {cfg.policy} (engine {cfg.engine}, trainer device {cfg.device}; not loaded)",
              f"  strategy: {cfg.strategy}: {getattr(setup.strategy, 'description', '')}",
@@ -302,7 +310,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
     trainer = PolicyTrainer(weights, cfg.trainer, total_steps=cfg.steps, temperature=cfg.temperature,
                             device=cfg.device, seed=cfg.seed)
     engine = make_engine(cfg.engine, weights, **cfg.engine_kwargs)
-    predictor = make_predictor(cfg.predictor, str(base_policy), seed=cfg.seed, **cfg.predictor_kwargs)
+    predictor = make_predictor(cfg.predictor, str(base_policy), seed=cfg.seed, kwargs=cfg.predictor_kwargs)
     cursor = TaskCursor(len(tasks), cfg.seed)
     rng = np.random.default_rng([cfg.seed, 1])
     if resume:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -87,6 +88,18 @@ def check_fits(opts: RayOptions, available: dict[str, float]) -> None:
                     "lower worker_gpus / trainer_gpus (fractions colocate) or the actor counts")
             raise ValueError(f"ray_options ask for {need:g} {kind} ({', '.join(parts)}) but the cluster has "
                              f"{have:g}; {hint}")
+    # A share below one GPU lives on one device, so two shares above half a GPU never share
+    # one: such actors need a device each, beside the whole devices of whole-GPU actors.
+    shares = [(opts.worker_gpus, opts.rollout_workers, "worker_gpus"), (opts.trainer_gpus, opts.trainer_workers,
+                                                                        "trainer_gpus")]
+    whole = sum(math.ceil(g) * n for g, n, _ in shares if g >= 1)
+    over_half = sum(n for g, n, _ in shares if 0.5 < g < 1)
+    devices = int(float(available.get("GPU", 0.0)) + 1e-9)
+    if over_half and whole + over_half > devices:
+        names = [f"{n} x {name}={g:g}" for g, n, name in shares if 0.5 < g < 1]
+        raise ValueError(f"ray_options: {' and '.join(names)} need {over_half} GPUs of their own (two shares above "
+                         f"0.5 never fit on one device), plus {whole} whole GPUs, but the cluster has {devices}; "
+                         f"use shares of at most 0.5 to colocate, or fewer actors")
 
 
 def ray_options(mapping: dict | None) -> RayOptions:

@@ -8,6 +8,7 @@ model loaded), so a broken setup fails here with its own error rather than mid-s
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from typing import Any
 
@@ -87,7 +88,7 @@ def _wait(transport: Any, actors: list, method: str, timeout: float, what: str) 
     for i, f in enumerate(futures):
         try:
             f.result(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
-        except TimeoutError as exc:
+        except (TimeoutError, concurrent.futures.TimeoutError) as exc:  # one class from Python 3.11
             raise RuntimeError(f"{what} {i} did not start within {timeout:g} s: its actor was not placed or is "
                                f"still loading (`ray status` shows the cluster's free resources and pending "
                                f"demands)") from exc
