@@ -102,23 +102,19 @@ class ChatRenderer:
         """The template delta that appends ``new`` after ``history`` (which ends with
         the assistant's message) and opens the next assistant turn.
 
-        Both conversations are rendered as text (cheap) and must agree up to the end of
-        ``history`` (append-only), else :class:`TemplateError`. Only the new text is
-        tokenised, together with the history's last end-of-turn token: when that token
-        is an added token the tokeniser splits on, the text after it tokenises the same
-        alone as in the whole conversation, and the delta is exact at O(new text) cost
-        instead of tokenising the history twice per turn. Otherwise (checked on the
-        window) both conversations are tokenised whole.
+        Both conversations are rendered as text (cheap). When the longer one extends the
+        shorter, only the new text is tokenised, together with the history's last
+        end-of-turn token: when that token is an added token the tokeniser splits on, the
+        text after it tokenises the same alone as in the whole conversation, and the delta
+        is exact at O(new text) cost instead of tokenising the history twice per turn.
+        Otherwise (text not append-only, or the check on the window fails) both
+        conversations are tokenised whole, and tokens of the history that change raise
+        :class:`TemplateError`.
         """
         hist = [m.to_dict() for m in history]
         before = self._text(hist, False, tools)
         after = self._text([*hist, *(m.to_dict() for m in new)], True, tools)
-        if not after.startswith(before):
-            at = next((i for i, (x, y) in enumerate(zip(before, after)) if x != y), min(len(before), len(after)))
-            raise TemplateError(
-                f"chat template is not append-only: adding {len(new)} message(s) changed character {at} of the "
-                f"history ({before[at:at + 40]!r} -> {after[at:at + 40]!r})")
-        if self._eot_splits:
+        if self._eot_splits and after.startswith(before):
             cut = before.rfind(self._eot_text)
             if cut >= 0:
                 window = self._encode(before[cut:])
