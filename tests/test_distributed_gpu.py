@@ -36,10 +36,10 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def model():
-    from gpu_checks import model_or_skip
+def model(tmp_path_factory):
+    from gpu_checks import gpu_model
 
-    return str(model_or_skip())
+    return str(gpu_model(tmp_path_factory.mktemp("gpu_model"))[0])
 
 
 def test_vllm_worker_logprobs_match_the_trainer_after_a_weight_update(cluster, model):

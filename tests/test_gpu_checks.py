@@ -17,15 +17,16 @@ from pathlib import Path
 
 import pytest
 from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures; tiny needs smollm2_path)
-from gpu_checks import critic_learns_on, model_or_skip, parity_after_update
+from gpu_checks import TOKENIZER, critic_learns_on, gpu_model, parity_after_update
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def gpu_model():
-    return model_or_skip()
+def model(tmp_path_factory):
+    """SmolLM2, or where it cannot be pulled, a tiny random model (``gpu_checks.gpu_model``)."""
+    return gpu_model(tmp_path_factory.mktemp("gpu_model"))
 
 
 def on_gpu(test):
@@ -79,41 +80,59 @@ def test_critic_check_on_cpu(tiny_model_path):  # noqa: F811
     assert out["gap"] > 0.2  # positives above negatives after training
 
 
+def test_shipped_tokenizer_matches_the_pulled_one(smollm2_path, tmp_path):  # noqa: F811
+    """The tokenizer in tests/data (the GPU checks' offline fallback) is SmolLM2's: the same
+    ids and the same chat template; a tiny model builds from it without any download."""
+    from transformers import AutoTokenizer
+
+    from trace_gym.models import tiny_random_model
+
+    shipped, pulled = AutoTokenizer.from_pretrained(TOKENIZER), AutoTokenizer.from_pretrained(smollm2_path)
+    text = "Solve 3x + 5 = 20 with python: ```python\nprint((20 - 5) / 3)\n``` naïve ✓ <|im_end|>"
+    assert shipped(text)["input_ids"] == pulled(text)["input_ids"]
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert shipped.apply_chat_template(chat, tokenize=False) == pulled.apply_chat_template(chat, tokenize=False)
+    tiny = tiny_random_model(tmp_path / "tiny", tokenizer_from=TOKENIZER)
+    assert AutoTokenizer.from_pretrained(tiny)(text)["input_ids"] == pulled(text)["input_ids"]
+
+
 # ------------------------------------------------------------------ the same on a GPU
 @on_gpu
-def test_hf_engine_and_trainer_on_the_gpu(gpu_model):
+def test_hf_engine_and_trainer_on_the_gpu(model):
     """SmolLM2-135M, bf16 HF engine and bf16-autocast trainer on one GPU: logprob parity after
     a weight update, tokens/s of generation and of the update."""
     from trace_gym.engines.hf import HFEngine
     from trace_gym.trainer import PolicyTrainer, TrainerConfig
 
-    trainer = PolicyTrainer(str(gpu_model), TrainerConfig(lr=1e-5, dtype="bfloat16"), device="cuda")
-    engine = HFEngine(gpu_model, dtype="bfloat16", device="cuda")
+    path, label = model
+    trainer = PolicyTrainer(str(path), TrainerConfig(lr=1e-5, dtype="bfloat16"), device="cuda")
+    engine = HFEngine(path, dtype="bfloat16", device="cuda")
     try:
         out = parity_after_update(trainer, engine)
     finally:
         engine.close()
-    print(json.dumps({"check": "hf_engine_trainer_parity_cuda", **out}))
+    print(json.dumps({"check": "hf_engine_trainer_parity_cuda", "model": label, **out}))
     assert out["mean_abs_logprob_diff_after_sync"] < 0.05  # bf16 noise
 
 
 @on_gpu
-def test_lm_critic_on_the_gpu(gpu_model):
-    out = critic_learns_on(str(gpu_model), "cuda", "bfloat16")
-    print(json.dumps({"check": "lm_critic_cuda", **out}))
+def test_lm_critic_on_the_gpu(model):
+    path, label = model
+    out = critic_learns_on(str(path), "cuda", "bfloat16")
+    print(json.dumps({"check": "lm_critic_cuda", "model": label, **out}))
     assert out["device"] == "cuda" and out["gap"] > 0.2
 
 
 @on_gpu
 @pytest.mark.parametrize("ray", [False, True], ids=["in-process", "ray"])
-def test_one_training_step_on_the_gpu_with_the_hf_engine(tmp_path, gpu_model, ray):
+def test_one_training_step_on_the_gpu_with_the_hf_engine(tmp_path, model, ray):
     """`trace-gym train` for one real step of SmolLM2-135M on the GPU (HF engine, bf16), in
     process and with `--ray` (a rollout worker and a trainer rank sharing the device)."""
     if ray and importlib.util.find_spec("ray") is None:
         pytest.skip("needs Ray (pip install 'trace_gym[ray]')")
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "evaluators.cli", "train", "--config", "configs/train_cpu_trace.yaml",
-           f"run_dir={run}", f"policy={gpu_model}", "steps=1", "eval_every=0", "eval_at_start=false",
+           f"run_dir={run}", f"policy={model[0]}", "steps=1", "eval_every=0", "eval_at_start=false",
            "engine=hf", "device=cuda", 'engine_kwargs={"dtype": "bfloat16", "device": "cuda"}',
            "trainer.dtype=bfloat16", "predictor=lm_critic", 'predictor_kwargs={"device": "cuda", "dtype": "bfloat16"}',
            "progress=false"]
@@ -123,7 +142,7 @@ def test_one_training_step_on_the_gpu_with_the_hf_engine(tmp_path, gpu_model, ra
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=os.environ.copy())
     assert out.returncode == 0, out.stderr[-4000:]
     record = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
-    print(json.dumps({"check": f"train_step_hf_cuda_{'ray' if ray else 'in_process'}",
+    print(json.dumps({"check": f"train_step_hf_cuda_{'ray' if ray else 'in_process'}", "model": model[1],
                       "step_seconds": record["step_seconds"], "generated_tokens": record["generated_tokens"],
                       "seconds": record["seconds"], "mismatch_abs": record.get("policy/mismatch_abs")}))
     assert record["step"] == 1 and record["seconds"]["weight_sync"] > 0

@@ -20,9 +20,9 @@ pytestmark = [
 
 def test_train_on_one_gpu_with_vllm_on_the_same_device(tmp_path):
     from evaluators.cli import main
-    from gpu_checks import model_or_skip
+    from gpu_checks import gpu_model
 
-    model = model_or_skip()
+    model, _ = gpu_model(tmp_path)
     run = tmp_path / "run"
     assert main(["train", "--config", "configs/train_cpu_trace.yaml", f"run_dir={run}", f"policy={model}",
                  "steps=2", "eval_every=0", "eval_at_start=false", "engine=vllm", "device=cuda",

@@ -321,7 +321,8 @@ def tiny_random_model(
 
     Args:
         path: output folder (created; existing files are overwritten).
-        tokenizer_from: model name or folder whose tokenizer + chat template to copy.
+        tokenizer_from: model name or folder whose tokenizer + chat template to copy (a
+            model folder, or a tokenizer-only folder such as ``tests/data/smollm2_tokenizer``).
 
     Returns:
         ``path`` as a :class:`Path`.
@@ -329,7 +330,9 @@ def tiny_random_model(
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer_from))
+    src = Path(tokenizer_from).expanduser()
+    tokenizer_only = src.is_dir() and (src / "tokenizer_config.json").is_file() and not (src / "config.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(src if tokenizer_only else resolve_model(tokenizer_from))
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
