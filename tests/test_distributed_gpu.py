@@ -3,7 +3,7 @@
 Runs with ``-m gpu`` when CUDA, vLLM's GPU build and Ray are present; skips with the reason
 otherwise (this machine: no GPU). Each test prints its measurements (``pytest -s``) for
 ``docs/gpu.md``: logprob parity after a weight update, one real training step of
-SmolLM2-135M with ``--ray``, and tokens/s of generation and of the policy update.
+SmolLM2-135M (or the tiny fallback of ``gpu_checks.gpu_model``) with ``--ray``, and tokens/s of generation and of the policy update.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def cluster():
 def model(tmp_path_factory):
     from gpu_checks import gpu_model
 
-    return str(gpu_model(tmp_path_factory.mktemp("gpu_model"))[0])
+    path, label = gpu_model(tmp_path_factory.mktemp("gpu_model"))
+    return str(path), label
 
 
 def test_vllm_worker_logprobs_match_the_trainer_after_a_weight_update(cluster, model):
@@ -51,13 +52,14 @@ def test_vllm_worker_logprobs_match_the_trainer_after_a_weight_update(cluster, m
     from trace_gym.distributed.launch import launch_rollout_workers
     from trace_gym.trainer import PolicyTrainer, TrainerConfig
 
-    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-5, dtype="bfloat16"), device="cuda")
-    engine = launch_rollout_workers("vllm", model, 1, engine_kwargs=VLLM_KW, num_gpus=0.4, num_cpus=1)
+    path, label = model
+    trainer = PolicyTrainer(path, TrainerConfig(lr=1e-5, dtype="bfloat16"), device="cuda")
+    engine = launch_rollout_workers("vllm", path, 1, engine_kwargs=VLLM_KW, num_gpus=0.4, num_cpus=1)
     try:
         out = parity_after_update(trainer, engine)
     finally:
         engine.close()
-    print(json.dumps({"check": "vllm_worker_trainer_parity_cuda", **out}))
+    print(json.dumps({"check": "vllm_worker_trainer_parity_cuda", "model": label, **out}))
     assert out["mean_abs_logprob_diff_after_sync"] < 0.05  # bf16 engine vs bf16-autocast trainer on the same weights
 
 
@@ -71,7 +73,7 @@ def test_one_training_step_with_ray_on_the_gpu(tmp_path, model):
     run = tmp_path / "run"
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "-m", "evaluators.cli", "train", "--config", "configs/train_cpu_trace.yaml", "--ray",
-           f"run_dir={run}", f"policy={model}", "steps=1", "eval_every=0", "eval_at_start=false", "engine=vllm",
+           f"run_dir={run}", f"policy={model[0]}", "steps=1", "eval_every=0", "eval_at_start=false", "engine=vllm",
            "device=cuda", f"engine_kwargs={json.dumps(VLLM_KW)}", "trainer.dtype=bfloat16", "progress=false",
            'ray_options={"rollout_workers": 1, "worker_gpus": 0.4, "trainer_workers": 1, "trainer_gpus": 0.4, '
            '"env_pools": 2, "pool_cpus": 1}']
@@ -79,7 +81,7 @@ def test_one_training_step_with_ray_on_the_gpu(tmp_path, model):
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1200, env=os.environ.copy())
     assert out.returncode == 0, out.stderr[-4000:]
     record = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
-    print(json.dumps({"step_seconds": record["step_seconds"], "wall_seconds": time.perf_counter() - t0,
+    print(json.dumps({"check": "train_step_vllm_cuda_ray", "model": model[1], "step_seconds": record["step_seconds"], "wall_seconds": time.perf_counter() - t0,
                       "generated_tokens": record["generated_tokens"], "seconds": record["seconds"],
                       "mismatch_abs": record.get("policy/mismatch_abs")}))
     assert record["step"] == 1 and record["seconds"]["weight_sync"] > 0

@@ -99,7 +99,7 @@ def test_shipped_tokenizer_matches_the_pulled_one(smollm2_path, tmp_path):  # no
 # ------------------------------------------------------------------ the same on a GPU
 @on_gpu
 def test_hf_engine_and_trainer_on_the_gpu(model):
-    """SmolLM2-135M, bf16 HF engine and bf16-autocast trainer on one GPU: logprob parity after
+    """SmolLM2-135M (or the tiny fallback), bf16 HF engine and bf16-autocast trainer on one GPU: logprob parity after
     a weight update, tokens/s of generation and of the update."""
     from trace_gym.engines.hf import HFEngine
     from trace_gym.trainer import PolicyTrainer, TrainerConfig
@@ -126,7 +126,7 @@ def test_lm_critic_on_the_gpu(model):
 @on_gpu
 @pytest.mark.parametrize("ray", [False, True], ids=["in-process", "ray"])
 def test_one_training_step_on_the_gpu_with_the_hf_engine(tmp_path, model, ray):
-    """`trace-gym train` for one real step of SmolLM2-135M on the GPU (HF engine, bf16), in
+    """`trace-gym train` for one real step of SmolLM2-135M (or the tiny fallback) on the GPU (HF engine, bf16), in
     process and with `--ray` (a rollout worker and a trainer rank sharing the device)."""
     if ray and importlib.util.find_spec("ray") is None:
         pytest.skip("needs Ray (pip install 'trace_gym[ray]')")

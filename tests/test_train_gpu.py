@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +25,8 @@ def test_train_on_one_gpu_with_vllm_on_the_same_device(tmp_path):
 
     model, _ = gpu_model(tmp_path)
     run = tmp_path / "run"
-    assert main(["train", "--config", "configs/train_cpu_trace.yaml", f"run_dir={run}", f"policy={model}",
+    config = Path(__file__).resolve().parents[1] / "configs" / "train_cpu_trace.yaml"
+    assert main(["train", "--config", str(config), f"run_dir={run}", f"policy={model}",
                  "steps=2", "eval_every=0", "eval_at_start=false", "engine=vllm", "device=cuda",
                  'engine_kwargs={"gpu_memory_utilization": 0.3, "dtype": "bfloat16"}',
                  "trainer.dtype=bfloat16", "trainer.gradient_checkpointing=true", "progress=false"]) == 0
