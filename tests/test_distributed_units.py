@@ -313,5 +313,7 @@ def test_check_fits_names_what_each_role_asks():
     # the paper configs' colocation: 8 workers and 8 ranks at 0.5 on 8 devices
     check_fits(ray_options({"rollout_workers": 8, "worker_gpus": 0.5, "trainer_workers": 8, "trainer_gpus": 0.5}),
                {"CPU": 64.0, "GPU": 8.0})
+    # shares count at Ray's 1e-4 granularity: three 0.33334 shares fit one device, as Ray places them
+    check_fits(ray_options({"rollout_workers": 3, "worker_gpus": 0.33334, "trainer_workers": 0}), {"CPU": 8.0, "GPU": 1.0})
     no_trainer_actors = ray_options({"rollout_workers": 2, "trainer_workers": 0, "env_pools": 2})
     assert resource_demand(no_trainer_actors)["CPU"] == 4.0

@@ -65,10 +65,14 @@ class RayOptions:
 
 def resource_demand(opts: RayOptions) -> dict[str, float]:
     """Logical ``CPU`` and ``GPU`` the actors of ``opts`` reserve at once (workers, pools,
-    and trainer ranks when ``trainer_workers > 0``)."""
-    return {"CPU": opts.rollout_workers * opts.worker_cpus + opts.env_pools * opts.pool_cpus
-            + opts.trainer_workers * opts.trainer_cpus,
-            "GPU": opts.rollout_workers * opts.worker_gpus + opts.trainer_workers * opts.trainer_gpus}
+    and trainer ranks when ``trainer_workers > 0``; each share at Ray's 1e-4 granularity).
+    The driver process holds none."""
+    def share(x: float) -> float:
+        return round(x, 4)
+
+    return {"CPU": opts.rollout_workers * share(opts.worker_cpus) + opts.env_pools * share(opts.pool_cpus)
+            + opts.trainer_workers * share(opts.trainer_cpus),
+            "GPU": opts.rollout_workers * share(opts.worker_gpus) + opts.trainer_workers * share(opts.trainer_gpus)}
 
 
 def check_fits(opts: RayOptions, available: dict[str, float]) -> None:
