@@ -9,30 +9,16 @@ Skips with the reason when Ray is missing or cannot start here.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections import Counter
 
-import numpy as np
 import pytest
+from distributed_fixtures import AGENT, ENGINE_KW, MAKE_ENV, SAMPLING, assert_same_step, run_step
 from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
-from environments.guess_number import GuessNumberEnv, make_tasks
-from trace_gym.agent import AgentConfig, AgentRunner
+from trace_gym.agent import AgentRunner
 from trace_gym.distributed.cluster import ray_available
-from trace_gym.distributed.runner import RayAgentRunner, trajectories
-from trace_gym.predictor import ConstantPredictor
-from trace_gym.rollout import collect
-from trace_gym.strategies import shaped_strategies
+from trace_gym.distributed.runner import RayAgentRunner
 from trace_gym.types import SamplingParams
-
-ENGINE_KW = {"dtype": "float32", "device": "cpu", "prefix_cache_bytes": 0}
-MAKE_ENV = functools.partial(GuessNumberEnv, max_turns=3, lie_prob=0.2)
-AGENT = AgentConfig(max_turn_tokens=8, max_episode_tokens=1024, max_turns=3, straggler_seconds=60)
-SAMPLING = SamplingParams(temperature=1.0, seed=7)
-LOGPROB_TOL = 1e-5  # float32 logits differ in the last bits with the batch's make-up
-COUNTS = ("rollouts", "continuations", "generated_tokens", "prefill_tokens", "env_steps", "replayed_env_steps",
-          "errors", "unspent_continuations")
 
 ok, why = ray_available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
@@ -63,44 +49,14 @@ def actors(cluster, tiny_model_path):  # noqa: F811
     pools.shutdown()
 
 
-def _step(runner):
-    tasks = make_tasks(6, seed=3)
-    strategy = shaped_strategies(["trace"], group_size=2, continuations_per_root=2)["trace"]
-    try:
-        return collect(tasks, strategy, ConstantPredictor(0.5), runner, 8, np.random.default_rng(1), seed=11)
-    finally:
-        runner.close()
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_model_path):  # noqa: F811
     from trace_gym.engines.hf import HFEngine
 
     engine = HFEngine(tiny_model_path, **ENGINE_KW)
-    batch = _step(AgentRunner(engine, engine.tokenizer, MAKE_ENV, SAMPLING, AGENT))
+    batch = run_step(lambda: AgentRunner(engine, engine.tokenizer, MAKE_ENV, SAMPLING, AGENT))
     engine.close()
     return batch
-
-
-def assert_same_step(a, b):
-    assert np.array_equal(a.values, b.values) and np.array_equal(a.root_counts, b.root_counts)
-    assert np.array_equal(a.continuation_budgets, b.continuation_budgets)
-    assert [(k, p.continuations, p.extra_roots) for k, p in a.plans] == [(k, p.continuations, p.extra_roots)
-                                                                         for k, p in b.plans]
-    assert len(a.trees) == len(b.trees) and a.trees
-    worst = 0.0
-    for ta, tb in zip(a.trees, b.trees):
-        da, db = ta.to_dict(), tb.to_dict()
-        for na, nb in zip(da["nodes"], db["nodes"]):
-            lpa, lpb = na.pop("logprobs"), nb.pop("logprobs")
-            assert len(lpa) == len(lpb)
-            worst = max([worst, *(abs(x - y) for x, y in zip(lpa, lpb))])
-        assert da == db  # ids, texts, observations, rewards, structure, snapshots' turns
-    assert worst <= LOGPROB_TOL, worst
-    assert Counter(trajectories(a.trees)) == Counter(trajectories(b.trees))
-    assert len(set(trajectories(b.trees))) == len(trajectories(b.trees))  # each trajectory exactly once
-    assert {k: getattr(a.ledger, k) for k in COUNTS} == {k: getattr(b.ledger, k) for k in COUNTS}
-    assert a.errors == b.errors and a.truncations == b.truncations
 
 
 def test_ray_step_equals_the_in_process_step(actors, reference):
@@ -108,7 +64,7 @@ def test_ray_step_equals_the_in_process_step(actors, reference):
 
     pools, engine = actors
     runner = RayAgentRunner(engine, engine.tokenizer, pools, SAMPLING, AGENT)
-    batch = _step(runner)
+    batch = run_step(lambda: runner)
     assert_same_step(reference, batch)
     assert batch.ledger.env_steps > 2 * len(batch.trees)  # multi-turn episodes, continuations included
     led = batch.ledger
@@ -175,7 +131,7 @@ def test_ray_kill_of_an_env_actor_and_a_rollout_worker_mid_step(actors, referenc
 
     engine.on_dispatch = drill
     try:
-        batch = _step(RayAgentRunner(engine, engine.tokenizer, pools, SAMPLING, AGENT))
+        batch = run_step(lambda: RayAgentRunner(engine, engine.tokenizer, pools, SAMPLING, AGENT))
     finally:
         engine.on_dispatch = None
     assert seen.get("pool") == 2 and seen.get("worker", 0) >= 3 and seen["busy"] is True
@@ -187,5 +143,5 @@ def test_ray_kill_of_an_env_actor_and_a_rollout_worker_mid_step(actors, referenc
     # replacements: a fresh pool, and a fresh worker that gets the current weights before serving
     assert pools.revive() == 1 and engine.revive() == 1
     assert engine.transport.call(engine.workers[0], "weights_version").result() == engine.weights_version
-    again = _step(RayAgentRunner(engine, engine.tokenizer, pools, SAMPLING, AGENT))
+    again = run_step(lambda: RayAgentRunner(engine, engine.tokenizer, pools, SAMPLING, AGENT))
     assert_same_step(reference, again)

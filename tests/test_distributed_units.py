@@ -5,16 +5,15 @@ snapshots after a pool dies, re-issue after a worker dies, version checks."""
 
 from __future__ import annotations
 
-import functools
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+from distributed_fixtures import (AGENT, ENGINE_KW, LOGPROB_TOL, MAKE_ENV, SAMPLING, assert_same_step,
+                                  run_step)
 from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
-from environments.guess_number import GuessNumberEnv, make_tasks
-from trace_gym.agent import AgentConfig, AgentRunner
+from trace_gym.agent import AgentRunner
 from trace_gym.distributed.engines import (
     EngineGroup,
     RolloutWorker,
@@ -25,18 +24,10 @@ from trace_gym.distributed.engines import (
     unpack_weights,
 )
 from trace_gym.distributed.env_pool import EnvPool, EnvPoolGroup
-from trace_gym.distributed.runner import RayAgentRunner, trajectories
+from trace_gym.distributed.runner import RayAgentRunner
 from trace_gym.distributed.transport import ActorDied, LocalTransport
-from trace_gym.predictor import ConstantPredictor
-from trace_gym.rollout import collect
-from trace_gym.strategies import shaped_strategies
 from trace_gym.types import SamplingParams
 
-ENGINE_KW = {"dtype": "float32", "device": "cpu", "prefix_cache_bytes": 0}
-MAKE_ENV = functools.partial(GuessNumberEnv, max_turns=3, lie_prob=0.2)
-AGENT = AgentConfig(max_turn_tokens=8, max_episode_tokens=1024, max_turns=3, straggler_seconds=60)
-SAMPLING = SamplingParams(temperature=1.0, seed=7)
-LOGPROB_TOL = 1e-5  # float32 logits differ in the last bits with the batch's make-up
 
 
 # ---------------------------------------------------------------------- pure pieces
@@ -99,51 +90,14 @@ def _groups(local, spawn=False):
     return engine, group
 
 
-def _step(runner_factory, n_tasks=6, budget=8):
-    tasks = make_tasks(n_tasks, seed=3)
-    strategy = shaped_strategies(["trace"], group_size=2, continuations_per_root=2)["trace"]
-    runner = runner_factory()
-    try:
-        return collect(tasks, strategy, ConstantPredictor(0.5), runner, budget, np.random.default_rng(1), seed=11)
-    finally:
-        runner.close()
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_model_path):  # noqa: F811
     from trace_gym.engines.hf import HFEngine
 
     engine = HFEngine(tiny_model_path, **ENGINE_KW)
-    batch = _step(lambda: AgentRunner(engine, engine.tokenizer, MAKE_ENV, SAMPLING, AGENT))
+    batch = run_step(lambda: AgentRunner(engine, engine.tokenizer, MAKE_ENV, SAMPLING, AGENT))
     engine.close()
     return batch
-
-
-COUNTS = ("rollouts", "continuations", "generated_tokens", "prefill_tokens", "env_steps", "replayed_env_steps",
-          "errors", "unspent_continuations")
-
-
-def assert_same_step(a, b):
-    """Same trees (token ids, texts, rewards, structure, snapshots' turns; logprobs within
-    LOGPROB_TOL), same allocation, same ledger counts."""
-    assert np.array_equal(a.values, b.values) and np.array_equal(a.root_counts, b.root_counts)
-    assert np.array_equal(a.continuation_budgets, b.continuation_budgets)
-    assert [(k, p.continuations, p.extra_roots) for k, p in a.plans] == [(k, p.continuations, p.extra_roots)
-                                                                         for k, p in b.plans]
-    assert len(a.trees) == len(b.trees)
-    worst = 0.0
-    for ta, tb in zip(a.trees, b.trees):
-        da, db = ta.to_dict(), tb.to_dict()
-        for na, nb in zip(da["nodes"], db["nodes"]):
-            lpa, lpb = na.pop("logprobs"), nb.pop("logprobs")
-            assert len(lpa) == len(lpb)
-            worst = max([worst, *(abs(x - y) for x, y in zip(lpa, lpb))])
-        assert da == db
-    assert worst <= LOGPROB_TOL, worst
-    assert Counter(trajectories(a.trees)) == Counter(trajectories(b.trees))
-    assert len(set(trajectories(b.trees))) == len(trajectories(b.trees))  # each trajectory exactly once
-    assert {k: getattr(a.ledger, k) for k in COUNTS} == {k: getattr(b.ledger, k) for k in COUNTS}
-    assert a.errors == b.errors and a.truncations == b.truncations
 
 
 def test_sharded_generate_draws_the_same_samples(local, tiny_model_path):  # noqa: F811
@@ -171,7 +125,7 @@ def test_local_step_equals_the_in_process_step_with_batched_env_calls(local, ref
         runners.append(RayAgentRunner(engine, engine.tokenizer, group, SAMPLING, AGENT))
         return runners[-1]
 
-    batch = _step(make)
+    batch = run_step(make)
     assert_same_step(reference, batch)
     # batched: each round sends one step call per pool, not one per env step
     rounds = runners[0]._calls  # generate calls (one per round here: one token budget)
@@ -196,7 +150,7 @@ def test_dead_pool_and_dead_worker_are_recovered_locally(local, reference, tiny_
             killed.append("worker")
 
     engine.on_dispatch = drill
-    batch = _step(lambda: RayAgentRunner(engine, tokenizer, group, SAMPLING, AGENT))
+    batch = run_step(lambda: RayAgentRunner(engine, tokenizer, group, SAMPLING, AGENT))
     assert killed == ["pool", "worker"]
     assert_same_step(reference, batch)
     led = batch.ledger

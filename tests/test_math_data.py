@@ -8,7 +8,8 @@ import sys
 import pytest
 import sympy
 
-from environments.math_python.data import DATASETS, EVAL_SETS, load_tasks, read_rows
+from environments.math_python.data import DATASETS, EVAL_SETS, load_tasks
+from trace_gym.datafiles import read_rows
 from environments.math_python.generated import generate_tasks
 
 ROWS = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 
 def read_rows(path: str, split: str | None = None) -> list[dict]:
@@ -49,3 +50,26 @@ def read_rows(path: str, split: str | None = None) -> list[dict]:
     except ImportError as exc:
         raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from exc
     return pq.read_table(path).to_pylist()
+
+
+def load_rows(key: str, path: str | None, split: str, hub_id: str, config: str | None = None,
+              limit: int | None = None, local_hint: str = "a local .jsonl/.parquet copy") -> Any:
+    """Rows of dataset ``key``: from ``path`` (:func:`read_rows`) when given, else from the
+    hub (``datasets.load_dataset(hub_id, config, split=split)``); the first ``limit`` only.
+
+    Raises:
+        ImportError: no ``path`` and no ``datasets`` package (naming ``local_hint``).
+    """
+    if path is not None:
+        rows = read_rows(path, split)
+    else:
+        try:
+            import datasets
+        except ImportError as exc:
+            where = f"{hub_id}, {config}" if config else hub_id
+            raise ImportError(f"loading {key!r} from the hub ({where}) needs the `datasets` package; install it, "
+                              f"or pass path= to {local_hint}") from exc
+        rows = datasets.load_dataset(*((hub_id, config) if config else (hub_id,)), split=split)
+    if limit is not None:
+        rows = [rows[i] for i in range(min(limit, len(rows)))]
+    return rows

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from environments.math_python.generated import generate_tasks
-from trace_gym.datafiles import read_rows
+from trace_gym.datafiles import load_rows
 from trace_gym.types import Task
 
 
@@ -122,15 +122,5 @@ def load_tasks(name: str, path: str | None = None, split: str | None = None, lim
         return tasks[:limit] if limit is not None else tasks
     spec = DATASETS[key]
     split = split or spec.split
-    if path is not None:
-        rows = read_rows(path, split)
-    else:
-        try:
-            import datasets
-        except ImportError as exc:
-            raise ImportError(f"loading {key!r} from the hub ({spec.hub_id}) needs the `datasets` package; "
-                              "install it, or pass path= to a local .jsonl/.parquet copy") from exc
-        rows = datasets.load_dataset(spec.hub_id, split=split)
-    if limit is not None:
-        rows = [rows[i] for i in range(min(limit, len(rows)))]
+    rows = load_rows(key, path, split, spec.hub_id, limit=limit)
     return rows_to_tasks(key, rows, spec)

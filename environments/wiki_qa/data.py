@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from trace_gym.datafiles import read_rows
+from trace_gym.datafiles import load_rows
 from trace_gym.types import Task
 
 
@@ -113,17 +113,7 @@ def load_tasks(name: str, path: str | None = None, split: str | None = None, lim
         return tasks[:limit] if limit is not None else tasks
     spec = DATASETS[key]
     split = split or spec.split
-    if path is not None:
-        rows = read_rows(path, split)
-    else:
-        try:
-            import datasets
-        except ImportError as exc:
-            raise ImportError(f"loading {key!r} from the hub ({spec.hub_id}, {spec.config}) needs the `datasets` "
-                              "package; install it, or pass path= to a local FlashRAG .jsonl file") from exc
-        rows = datasets.load_dataset(spec.hub_id, spec.config, split=split)
-    if limit is not None:
-        rows = [rows[i] for i in range(min(limit, len(rows)))]
+    rows = load_rows(key, path, split, spec.hub_id, spec.config, limit, local_hint="a local FlashRAG .jsonl file")
     return rows_to_tasks(key, rows)
 
 
