@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     env = make_env()
     obs, _ = env.unwrapped.reset(seed=0, options={"task": tasks[0]})
     env.close()
-    from trace_gym.agent import ChatRenderer
+    from trace_gym.chat import ChatRenderer
 
     prompt = ChatRenderer(engine.tokenizer).prompt(obs)
     filler = engine.tokenizer.encode(" The quick brown fox jumps over the lazy dog." * 90)

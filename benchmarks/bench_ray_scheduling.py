@@ -189,7 +189,7 @@ def main() -> None:
     from trace_gym.strategies import shaped_strategies
     from trace_gym.types import SamplingParams
 
-    from trace_gym.agent import ChatRenderer
+    from trace_gym.chat import ChatRenderer
 
     rendering = [0.0]  # driver CPU seconds inside the agent loop's chat-template rendering
 

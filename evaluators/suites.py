@@ -100,16 +100,22 @@ def generated_train(n: int, seed: int = 0, heldout_fraction: float = HELDOUT_FRA
         size *= 2
 
 
-def math_dataset(name: str) -> Callable[..., list[Task]]:
-    """A loader of one named math dataset (hub copy, or a local file / folder as ``path``)."""
+def _dataset_loader(module: str, name: str) -> Callable[..., list[Task]]:
+    """A suite loader of dataset ``name`` through ``module``'s ``load_tasks`` (hub copy, or a
+    local file / folder as ``path``)."""
 
     def load(limit: int | None, seed: int = 0, path: str | None = None, heldout_fraction: float = 0.0) -> list[Task]:
-        from environments.math_python.data import load_tasks
+        import importlib
 
-        return load_tasks(name, path=path or None, limit=limit)
+        return importlib.import_module(module).load_tasks(name, path=path or None, limit=limit)
 
     load.__name__ = f"load_{name}"
     return load
+
+
+def math_dataset(name: str) -> Callable[..., list[Task]]:
+    """A loader of one named math dataset (hub copy, or a local file / folder as ``path``)."""
+    return _dataset_loader("environments.math_python.data", name)
 
 
 def bfcl_eval_split(limit: int | None, seed: int = 0, path: str | None = None,
@@ -122,14 +128,7 @@ def bfcl_eval_split(limit: int | None, seed: int = 0, path: str | None = None,
 
 def qa_dataset(name: str) -> Callable[..., list[Task]]:
     """A loader of one QA dataset of :mod:`environments.wiki_qa.data` (local FlashRAG file or the hub)."""
-
-    def load(limit: int | None, seed: int = 0, path: str | None = None, heldout_fraction: float = 0.0) -> list[Task]:
-        from environments.wiki_qa.data import load_tasks
-
-        return load_tasks(name, path=path or None, limit=limit)
-
-    load.__name__ = f"load_{name}"
-    return load
+    return _dataset_loader("environments.wiki_qa.data", name)
 
 
 def offline_qa_heldout(limit: int | None, seed: int = 0, path: str | None = None,

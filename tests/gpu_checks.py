@@ -27,25 +27,19 @@ def gpu_model(scratch: Path) -> tuple[Path, str]:
     but its tokens/s say nothing of a real model (the label says which ran). The pull is
     tried once per process, with pip's timeout at 10 s and no retries."""
     import os
+    from unittest import mock
 
     from trace_gym.models import pull_model, tiny_random_model
 
     if _GPU_MODEL:
         return _GPU_MODEL[0]
-    saved = {k: os.environ.get(k) for k in ("PIP_DEFAULT_TIMEOUT", "PIP_RETRIES")}
-    os.environ.update(PIP_DEFAULT_TIMEOUT="10", PIP_RETRIES="0")
     try:
-        found = pull_model("smollm2-135m", progress=False), "smollm2-135m"
+        with mock.patch.dict(os.environ, PIP_DEFAULT_TIMEOUT="10", PIP_RETRIES="0"):
+            found = pull_model("smollm2-135m", progress=False), "smollm2-135m"
     except (RuntimeError, OSError, ImportError, KeyError, ValueError) as exc:
         why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:120] if str(exc).strip() else ''}"
         found = (tiny_random_model(scratch / "tiny", tokenizer_from=TOKENIZER),
                  f"tiny-random (SmolLM2 not available: {why})")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     _GPU_MODEL.append(found)
     return found
 

@@ -18,7 +18,8 @@ from planted_env import SLOW, PlantedEnv, planted_tasks
 import trace_gym  # noqa: F401
 from environments.bfcl.data import sample_tasks
 from environments.math_python.generated import generate_digit_sums
-from trace_gym.agent import AgentConfig, AgentRunner, ChatRenderer, TemplateError
+from trace_gym.agent import AgentConfig, AgentRunner
+from trace_gym.chat import ChatRenderer, TemplateError
 from trace_gym.types import Message, SamplingParams
 
 
@@ -92,8 +93,7 @@ def _reference_delta(r, history, new, tools=None):
 
 
 def _random_conversations(rng, n):
-    import random as _random  # noqa: F401  (rng is a random.Random)
-
+    """``n`` (history, new messages) pairs drawn with ``rng`` (a ``random.Random``)."""
     pieces = ["", " ", "\n", "\n\n", "  x ", "Output: 45\n", "```python\nprint(1)\n```", "<|im_end|>", "<|im_start|>",
               "naïve café ✓ 数学", "\t", "</search>", "<answer> 42 </answer>", "{\"a\": [1, 2]}", "x" * 300]
     for _ in range(n):

@@ -181,22 +181,21 @@ def env_creator(make_env: Any) -> Callable[..., Any] | None:
     an ``env_id`` (an ``EnvFamily``); ``None`` when it cannot be told (a lambda, say)."""
     import functools
 
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
     if isinstance(make_env, type):
         return make_env
     spec = None
     if isinstance(make_env, functools.partial):
         if isinstance(make_env.func, type):
             return make_env.func
-        import gymnasium
-
         if make_env.func is gymnasium.make:
             spec = make_env.args[0] if make_env.args else make_env.keywords.get("id")
     elif isinstance(getattr(getattr(make_env, "__self__", None), "env_id", None), str):
         spec = make_env.__self__.env_id
     if spec is None:
         return None
-    import gymnasium
-    from gymnasium.envs.registration import load_env_creator
 
     try:
         entry = (gymnasium.spec(spec) if isinstance(spec, str) else spec).entry_point

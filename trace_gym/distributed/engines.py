@@ -328,6 +328,20 @@ class EngineGroup:
             self.router.forget_worker(w)
             _log.warning("rollout worker %d died; its requests are re-issued", w)
 
+    def _gather(self, futures: dict[int, Any]) -> dict[int, Any]:
+        """Wait for every worker's call; the results of those that answered. A worker whose
+        actor died is marked dead (and left out); any other error is raised."""
+        wait(list(futures.values()))
+        out = {}
+        for w, future in futures.items():
+            try:
+                out[w] = future.result()
+            except BaseException as exc:  # noqa: BLE001
+                if not self.transport.is_dead(exc):
+                    raise
+                self._died(w)
+        return out
+
     def generate(self, prefixes: Sequence[Sequence[int]], n: Sequence[int] | int,
                  sampling: SamplingParams) -> list[list[Completion]]:
         counts = [int(n)] * len(prefixes) if isinstance(n, int) else [int(k) for k in n]
@@ -349,18 +363,14 @@ class EngineGroup:
             if first and self.on_dispatch is not None:
                 self.on_dispatch(self.calls, futures)
             first = False
-            wait(list(futures.values()))
+            answered = self._gather(futures)
             todo = []
-            for w, future in futures.items():
-                try:
-                    out = future.result()
-                except BaseException as exc:  # noqa: BLE001
-                    if not self.transport.is_dead(exc):
-                        raise
-                    self._died(w)
+            for w in futures:
+                if w not in answered:  # died: its prefixes go round again
                     todo.extend(shards[w])
                     self.reissued_completions += sum(counts[i] for i in shards[w])
                     continue
+                out = answered[w]
                 for i in shards[w]:
                     if len(out[i]) != counts[i]:
                         raise RuntimeError(f"rollout worker {w} returned {len(out[i])} completions for prefix {i}, "
@@ -407,15 +417,7 @@ class EngineGroup:
         self.revive(sync=False)
         futures = {w: self.transport.call(self.workers[w], "update_weights", packed_ref, int(version))
                    for w in self.live()}
-        wait(list(futures.values()))
-        for w, future in futures.items():
-            try:
-                got = future.result()
-            except BaseException as exc:  # noqa: BLE001
-                if not self.transport.is_dead(exc):
-                    raise
-                self._died(w)
-                continue
+        for w, got in self._gather(futures).items():
             if got != int(version):
                 raise RuntimeError(f"weight sync failed: rollout worker {w} reports version {got}, expected {version}")
         if not self.live():
