@@ -87,7 +87,7 @@ def bench_continuation(engine, prefix: list[int], k: int, max_tokens: int, repea
 def bench_predictor(engine, make_env, tasks, budget: float) -> dict:
     from trace_gym.agent import AgentConfig, AgentRunner
     from trace_gym.predictor import EmbeddingPredictor
-    from trace_gym.rollout import collect, update_predictor
+    from trace_gym.rollout import collect
     from trace_gym.strategies import shaped_strategies
     from trace_gym.types import SamplingParams
 
@@ -95,8 +95,7 @@ def bench_predictor(engine, make_env, tasks, budget: float) -> dict:
     runner = AgentRunner(engine, engine.tokenizer, make_env, SamplingParams(temperature=1.0, seed=2),
                          AgentConfig(max_turn_tokens=96, max_episode_tokens=2048, max_turns=3))
     strategy = shaped_strategies(["trace"], group_size=4, continuations_per_root=2)["trace"]
-    batch = collect(tasks, strategy, predictor, runner, budget, np.random.default_rng(0))
-    update_predictor(predictor, batch)
+    batch = collect(tasks, strategy, predictor, runner, budget, np.random.default_rng(0))  # predictor update included
     runner.close()
     sec = batch.ledger.seconds
     rollout = sec.get("generation", 0.0) + sec.get("environment", 0.0)

@@ -29,10 +29,10 @@ import time
 
 import numpy as np
 
-from trace_gym import bench, sim, sim_predictors
+from trace_gym import bench_sim, sim, sim_predictors
 from trace_gym.allocation import solve_root
-from trace_gym.budget import BudgetLedger
 from trace_gym.config import SimBenchConfig
+from trace_gym.driver import run_step
 from trace_gym.report import markdown_table, pm
 from trace_gym.strategies import shaped_strategies
 
@@ -41,23 +41,23 @@ NAMES = ("uniform", "pcl", "trace")
 
 def effective_ratios(cfg: SimBenchConfig) -> dict[str, tuple[float, float]]:
     table = shaped_strategies(NAMES, group_size=cfg.group_size, continuations_per_root=cfg.continuations_per_root)
-    res = bench.run_sim_bench(cfg, table)
+    res = bench_sim.run_sim_bench(cfg, table)
     return {n: (v["effective_ratio"], v["effective_ratio_ci"]) for n, v in res["strategies"].items()}
 
 
 def diagnosis(cfg: SimBenchConfig, seeds: int) -> dict[str, float]:
     """Expected vs realised root mixed probability per chosen prompt, and calibration."""
-    world = bench.sim_world(cfg)
+    world = bench_sim.sim_world(cfg)
     trace = shaped_strategies(["trace"], group_size=cfg.group_size, continuations_per_root=2)["trace"]
     rows = []
     for seed in range(seeds):
         pool = sim.make_pool(world, cfg.pool_size, np.random.default_rng([seed, 0]))
         predictor = sim_predictors.LearnedPredictor(pool.features)
         rng = np.random.default_rng([seed, 2])
-        for step in range(cfg.steps):  # train as the bench does
+        for step in range(cfg.steps):  # train as the bench does: the one step, learning half included
             cands = np.random.default_rng([seed, 1, step]).choice(cfg.pool_size, cfg.candidates, replace=False)
-            trees, _, _ = sim.run_step(pool, cands, trace, predictor, cfg.nominal_budget, world, rng, BudgetLedger())
-            bench._sim_update(predictor, trees, cfg.prefix_share)
+            run_step(cands.tolist(), trace, predictor, sim.SimBranchRunner(pool, world, rng), cfg.nominal_budget, rng,
+                     prefix_share=cfg.prefix_share)
         cands = np.random.default_rng([seed, 99]).choice(cfg.pool_size, cfg.candidates, replace=False)
         v = predictor.predict([sim.root_state(pool, t, world) for t in cands])
         p = pool.success[cands]
@@ -104,21 +104,21 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n## 3. Newton steps per predictor update (feature Spearman 0.8)\n")
     rows = []
-    original = bench._sim_predictor
+    original = bench_sim.SimRepetition.predictor
     try:
         for steps in (1, 3, 10):
-            def with_steps(*a, steps=steps, **kw):
-                predictor = original(*a, **kw)
+            def with_steps(self, arm, steps=steps):
+                predictor = original(self, arm)
                 if isinstance(predictor, sim_predictors.LearnedPredictor):
                     predictor.newton_steps = steps
                 return predictor
 
-            bench._sim_predictor = with_steps
+            bench_sim.SimRepetition.predictor = with_steps
             eff = effective_ratios(base)
             out["newton_steps"][steps] = eff["trace"]
             rows.append([steps, pm(*eff["trace"])])
     finally:
-        bench._sim_predictor = original
+        bench_sim.SimRepetition.predictor = original
     print(markdown_table(["Newton steps", "trace effective ratio"], rows))
 
     print("\n## 4. Diagnosis: calibration vs the plug-in objective (per chosen prompt, root groups only)\n")

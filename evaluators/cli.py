@@ -171,7 +171,7 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
 
 def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
     """Evaluate every policy on every suite (cached); writes ``results.json`` and ``results.md``."""
-    from trace_gym.train import quiet_third_party
+    from trace_gym.models import quiet_third_party
 
     quiet_third_party()
     out = out or sys.stdout
@@ -225,7 +225,8 @@ def resolve_train_setup(cfg: Any) -> Any:
     from evaluators import suites
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import STRATEGIES, shaped_strategies
-    from trace_gym.train import TrainSetup, split_tasks
+    from trace_gym.datafiles import split_tasks
+    from trace_gym.train import TrainSetup
 
     family = resolve_env(cfg.env, cfg.env_kwargs)  # a family short name or any registered env id
     if cfg.strategy not in STRATEGIES:

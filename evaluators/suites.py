@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from evaluators.math.metrics import avg_at_k, mean_interval, pass_at_k, wilson_interval
-from trace_gym.train import split_tasks
+from trace_gym.datafiles import split_tasks
 from trace_gym.types import Task
 
 #: The held-out share of the generated family (must match the training run's ``heldout_fraction``).

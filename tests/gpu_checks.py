@@ -103,11 +103,10 @@ def critic_learns_on(model_path: str, device: str, dtype: str, *, rounds: int = 
     negatives after training) and ``contexts_per_s`` (scoring throughput)."""
     import numpy as np
 
-    from trace_gym.bench import make_predictor
-    from trace_gym.predictor import Context
+    from trace_gym.predictor import Context, make_predictor
 
-    critic = make_predictor("lm_critic", model_path, seed=0,
-                            kwargs={"device": device, "dtype": dtype, "lr": 3e-2, "batch_size": 32})
+    critic = make_predictor("lm_critic", {"device": device, "dtype": dtype, "lr": 3e-2, "batch_size": 32},
+                            model_path=model_path, seed=0)
     where = next(critic.backbone.parameters()).device
     pos = [Context(f"Add {k} and {k + 1}.") for k in range(16)]
     neg = [Context(f"Prove the Riemann hypothesis, case {k}.") for k in range(16)]

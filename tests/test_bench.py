@@ -12,6 +12,10 @@ import pytest
 from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
 
 from trace_gym import bench, cli
+from trace_gym.bench_env import run_env_bench
+from trace_gym.bench_sim import run_sim_bench
+from trace_gym.driver import prefix_weight_for_share
+from trace_gym.predictor import make_predictor, predictor_spec
 from trace_gym.config import EnvBenchConfig, SimBenchConfig
 from trace_gym.strategies import STRATEGIES, shaped_strategies
 
@@ -26,7 +30,7 @@ def strategies_for(cfg, names=()):
 
 def run_sim(**kw):
     cfg = SimBenchConfig(**{**SMALL, **kw})
-    return bench.run_sim_bench(cfg, strategies_for(cfg))
+    return run_sim_bench(cfg, strategies_for(cfg))
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +99,9 @@ def test_a_planted_broken_trace_fails_a_check():
     # learned-predictor TRACE is distinguishable from uniform (see docs/benchmarking.md)
     cfg = SimBenchConfig(seeds=3, steps=4, strategies=("uniform", "trace"), oracle_upper_bound=False)
     table = strategies_for(cfg)
-    good = bench.run_sim_bench(cfg, table)
+    good = run_sim_bench(cfg, table)
     table["trace"] = dataclasses.replace(table["trace"], root_allocator=ShuffledValues(table["trace"].root_allocator))
-    broken = bench.run_sim_bench(cfg, table)
+    broken = run_sim_bench(cfg, table)
     name = "trace effective ratio above uniform"  # shuffled, TRACE spreads 2-3 rollouts over random prompts
     assert {c["name"]: c["status"] for c in good["checks"]}[name] == "PASS"
     assert {c["name"]: c["status"] for c in broken["checks"]}[name] == "FAIL"
@@ -131,11 +135,11 @@ def test_token_budget_mode_equalises_generated_tokens():
 
 def test_prefix_weight_for_share_hand_values():
     # 10 prompts, 90 prefixes, 6 % share: w * 90 / (10 + w * 90) = 0.06
-    w = bench.prefix_weight_for_share(10, 90, 0.06)
+    w = prefix_weight_for_share(10, 90, 0.06)
     assert w * 90 / (10 + w * 90) == pytest.approx(0.06)
-    assert bench.prefix_weight_for_share(10, 0, 0.06) == 1.0
+    assert prefix_weight_for_share(10, 0, 0.06) == 1.0
     with pytest.raises(ValueError, match="1.5"):
-        bench.prefix_weight_for_share(1, 1, 1.5)
+        prefix_weight_for_share(1, 1, 1.5)
 
 
 def test_root_allocation_demo_follows_the_method_page(results):
@@ -240,7 +244,7 @@ def test_env_bench_on_a_tiny_model_reports_through_the_same_path(tiny_engine):
     cfg = EnvBenchConfig(env="guess_number", candidates=4, root_budget=2, continuations_per_root=2, group_size=2,
                          warmup_budget=0, max_turns=2, max_turn_tokens=8, max_episode_tokens=512,
                          predictor="constant", strategies=("uniform", "trace"))
-    res = bench.run_env_bench(cfg, strategies_for(cfg), env_family("guess_number"), engine=tiny_engine)
+    res = run_env_bench(cfg, strategies_for(cfg), env_family("guess_number"), engine=tiny_engine)
     s = res["strategies"]
     assert set(s) == {"uniform", "trace"}
     for entry in s.values():
@@ -258,28 +262,30 @@ def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch
     from trace_gym.predictor import Context, LMCriticPredictor
     from trace_gym.registry import env_family
 
-    assert isinstance(bench.make_predictor("lm_critic", str(tiny_model_path)), LMCriticPredictor)
-    with pytest.raises(ValueError, match="unknown predictor 'oracle'"):
-        bench.make_predictor("oracle")
+    assert isinstance(make_predictor("lm_critic", model_path=str(tiny_model_path)), LMCriticPredictor)
+    with pytest.raises(ValueError, match="unknown predictor 'orakel'"):
+        make_predictor("orakel")
+    with pytest.raises(ValueError, match="predictor must be one of embedding, lm_critic, constant, got 'oracle'"):
+        EnvBenchConfig(predictor="oracle")  # a simulator predictor cannot read real rollouts
     # predictor_kwargs reach the constructor (the configs' route to a GPU critic), and a
     # keyword the kind does not take is named with what it does take
-    critic = bench.make_predictor("lm_critic", str(tiny_model_path), kwargs={"max_length": 64, "dtype": "bfloat16"})
+    critic = make_predictor("lm_critic", {"max_length": 64, "dtype": "bfloat16"}, model_path=str(tiny_model_path))
     assert critic.max_length == 64 and next(critic.backbone.parameters()).dtype == torch.bfloat16
     assert critic.predict([Context("q")]).shape == (1,)
-    assert bench.make_predictor("constant", kwargs={"value": 0.25}).value == 0.25
+    assert make_predictor("constant", {"value": 0.25}).value == 0.25
     with pytest.raises(ValueError, match=r"lm_critic does not take 'devise'.*device"):
-        bench.make_predictor("lm_critic", str(tiny_model_path), kwargs={"devise": "cuda"})
+        make_predictor("lm_critic", {"devise": "cuda"}, model_path=str(tiny_model_path))
     with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, got 'bf16'"):
-        bench.predictor_spec("lm_critic", str(tiny_model_path), kwargs={"dtype": "bf16"})  # caught before any load
+        predictor_spec("lm_critic", {"dtype": "bf16"}, model_path=str(tiny_model_path))  # caught before any load
     with pytest.raises(ValueError, match="'seed' comes from the config's seed"):
-        bench.predictor_spec("embedding", seed=1, kwargs={"seed": 2})
-    with pytest.raises(ValueError, match="needs a local model folder"):
-        bench.predictor_spec("lm_critic", "None")
+        predictor_spec("embedding", {"seed": 2}, seed=1)
+    with pytest.raises(ValueError, match="needs model_path"):
+        predictor_spec("lm_critic", model_path="None")
     cfg = EnvBenchConfig(env="guess_number", candidates=3, root_budget=2, continuations_per_root=0, group_size=2,
                          warmup_budget=0, max_turns=1, max_turn_tokens=4, max_episode_tokens=512,
                          predictor="lm_critic", strategies=("pcl",))
     # the critic reads the policy's own weights: here the tiny engine's model
     monkeypatch.setattr("trace_gym.models.resolve_model", lambda name: tiny_model_path)
-    res = bench.run_env_bench(cfg, strategies_for(cfg), env_family("guess_number"), engine=tiny_engine)
+    res = run_env_bench(cfg, strategies_for(cfg), env_family("guess_number"), engine=tiny_engine)
     assert res["strategies"]["pcl"]["predictor"] == "lm_critic"
     assert res["strategies"]["pcl"]["nominal_cost"] == 2

@@ -155,6 +155,7 @@ def test_each_step_has_its_own_ledger():
     a = run_step(list(range(40)), STRATEGIES["trace"], OraclePredictor(), runner, 16, np.random.default_rng(2))
     b = run_step(list(range(40, 80)), STRATEGIES["trace"], OraclePredictor(), runner, 16, np.random.default_rng(3))
     assert a.ledger is not b.ledger and a.ledger.nominal == b.ledger.nominal == 16
-    led = BudgetLedger()
-    sim.run_step(pool, np.arange(40), STRATEGIES["trace"], OraclePredictor(), 16, WORLD, np.random.default_rng(4), led)
-    assert led.nominal == 16 and {"allocation", "simulation", "predictor_scoring"} <= set(led.seconds)
+    rng = np.random.default_rng(4)
+    led = run_step(list(range(40)), STRATEGIES["trace"], OraclePredictor(), sim.SimBranchRunner(pool, WORLD, rng), 16,
+                   rng).ledger
+    assert led.nominal == 16 and {"allocation", "simulation", "predictor_scoring", "predictor_update"} <= set(led.seconds)

@@ -202,6 +202,7 @@ def test_unknown_env_names_the_choices(site):
 
 def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
     from trace_gym import bench
+    from trace_gym.bench_env import run_env_bench
     from trace_gym.config import EnvBenchConfig
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import shaped_strategies
@@ -212,8 +213,8 @@ def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
                          predictor="constant", strategies=("trace",), dump_episodes=2)
     table = shaped_strategies(cfg.strategies, group_size=2, continuations_per_root=2)
     said = []
-    res = bench.run_env_bench(cfg, table, resolve_env("guess_number"), engine=tiny_engine, out_dir=str(tmp_path),
-                              say=said.append)
+    res = run_env_bench(cfg, table, resolve_env("guess_number"), engine=tiny_engine, out_dir=str(tmp_path),
+                        say=said.append)
     assert any("got reward 0 (every rollout failed): no prompt is mixed" in w for w in res["warnings"])
     assert any(s.startswith("WARNING: rep 1, trace") for s in said)
     assert "### Warnings" in bench.format_bench(res)
@@ -223,11 +224,11 @@ def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
         assert ep["reward"] == 0.0 and ep["prompt"].startswith("I am thinking of an integer")
         assert ep["turns"] and all("action" in t and "observation" in t for t in ep["turns"])
     with pytest.raises(ValueError, match="needs an output folder"):
-        bench.run_env_bench(cfg, table, resolve_env("guess_number"), engine=tiny_engine)
+        run_env_bench(cfg, table, resolve_env("guess_number"), engine=tiny_engine)
 
 
 def test_reward_warning_is_silent_when_outcomes_mix():
-    from trace_gym.bench import reward_warning
+    from trace_gym.driver import reward_warning
     from trace_gym.tree import ROOT, RolloutTree
 
     tree = RolloutTree("t", (1, 2))

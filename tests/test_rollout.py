@@ -14,7 +14,7 @@ from baselines import UniformRootAllocator
 from trace_gym.agent import AgentConfig, AgentRunner
 from trace_gym.allocation import TracePrefixAllocator
 from trace_gym.predictor import ConstantPredictor
-from trace_gym.rollout import collect, history_text, predictor_samples
+from trace_gym.rollout import collect, history_text
 from trace_gym.strategies import STRATEGIES, shaped_strategies
 from trace_gym.strategy import Strategy
 from trace_gym.types import SamplingParams
@@ -93,19 +93,23 @@ def planted_runner(tiny_engine):  # noqa: F811
     assert PlantedEnv.instances and all(env.closed for env in PlantedEnv.instances)  # no env leaks
 
 
-def test_predictor_samples_use_recursive_targets(planted_runner):
+def test_the_steps_learning_half_reads_real_contexts_and_recursive_targets(planted_runner):
     tasks = planted_tasks(None, None)
     strategies = shaped_strategies(["random_tree"], group_size=2, continuations_per_root=2)
     batch = collect(tasks, strategies["random_tree"], ConstantPredictor(0.5), planted_runner, nominal_budget=4,
-                    rng=np.random.default_rng(1))
+                    rng=np.random.default_rng(1), prefix_share=0.2)
     prompts = {t.id: t.prompt for t in tasks}
-    contexts, targets, weights = predictor_samples(batch.trees, [prompts[t.task_id] for t in batch.trees],
-                                                   prefix_weight=0.25)
+    learning = batch.learning
+    contexts, targets, weights = learning.contexts, learning.targets, learning.weights
+    assert learning.stats["n"] == len(contexts)  # the predictor was updated on exactly these
+    prefix_weight = learning.prefix_weight
     roots = [c for c in contexts if c.depth == 0]
     assert len(roots) == len(batch.trees)
     for tree in batch.trees:
         assert targets[[c.prompt for c in contexts].index(prompts[tree.task_id])] == tree.targets()[0]
-    assert set(weights[[c.depth > 0 for c in contexts]]) <= {0.25}
+    deep = np.array([c.depth > 0 for c in contexts])
+    assert deep.any() and set(weights[deep]) == {prefix_weight} and set(weights[~deep]) == {1.0}
+    assert weights[deep].sum() / weights.sum() == pytest.approx(0.2)
     for c in contexts:
         if c.depth:
             assert c.history.startswith("assistant: ")

@@ -1,4 +1,5 @@
-"""Simulator: calibration, martingale, predictors, one allocation step."""
+"""Simulator: calibration, martingale, predictors, one allocation step (the step driver
+with a SimBranchRunner), and the step's learning half on simulated trees."""
 
 from __future__ import annotations
 
@@ -10,11 +11,27 @@ from baselines import UniformRootAllocator
 from trace_gym import sim, sim_predictors
 from trace_gym.allocation import TracePrefixAllocator, TraceRootAllocator
 from trace_gym.budget import BudgetLedger
+from trace_gym.driver import predictor_samples, run_step
 from trace_gym.report import effective_ratio, spearman
 from trace_gym.strategies import Strategy
 from trace_gym.tree import ROOT, RolloutTree
 
 WORLD = sim.SimWorld()
+
+
+def sim_step(pool, cands, strategy, predictor, budget, rng, ledger=None, **kw):
+    """One step of the driver over the simulator: (trees, values, m); costs into ``ledger``."""
+    kw.setdefault("learn", False)
+    step = run_step([int(c) for c in cands], strategy, predictor, sim.SimBranchRunner(pool, WORLD, rng), budget, rng,
+                    **kw)
+    if ledger is not None:
+        ledger.include(step.ledger)
+    return step.trees, step.values, step.root_counts
+
+
+def states_and_targets(trees, estimator="recursive"):
+    contexts, targets, _, _ = predictor_samples(trees, lambda t, n: trees[t].nodes[n].snapshot, estimator=estimator)
+    return contexts, targets
 
 
 def test_mixed_probability_closed_form_hand_values():
@@ -74,7 +91,7 @@ def test_uniform_groups_in_the_sim_are_mixed_27_percent_of_the_time():
     rng = np.random.default_rng(2)
     pool = sim.make_pool(WORLD, 1000, rng)
     uniform = Strategy(UniformRootAllocator(8))
-    trees, _, m = sim.run_step(pool, np.arange(1000), uniform, sim_predictors.OraclePredictor(), 8 * 1000, WORLD, rng, BudgetLedger())
+    trees, _, m = sim_step(pool, np.arange(1000), uniform, sim_predictors.OraclePredictor(), 8 * 1000, rng)
     assert (m == 8).all() and len(trees) == 1000
     assert effective_ratio(trees) == pytest.approx(0.27, abs=0.045)  # SE ~ 0.014
 
@@ -104,8 +121,8 @@ def test_learned_predictor_learns_from_tree_targets():
     prefix_pred, prefix_true = [], []
     for step in range(3):
         cands = rng.choice(len(pool), 200, replace=False)
-        trees, _, _ = sim.run_step(pool, cands, trace, pred, 256, WORLD, rng, BudgetLedger())
-        states, targets = sim.training_examples(trees)
+        trees, _, _ = sim_step(pool, cands, trace, pred, 256, rng)
+        states, targets = states_and_targets(trees)
         assert len(states) == len(targets) > 0 and ((0 <= targets) & (targets <= 1)).all()
         info = pred.update(states, targets)
         assert info["n"] >= len(states)
@@ -123,7 +140,7 @@ def test_run_step_spends_exactly_the_strategy_budget():
     pool = sim.make_pool(WORLD, 500, rng)
     trace = Strategy(TraceRootAllocator(), TracePrefixAllocator(), 2)
     led = BudgetLedger()
-    trees, values, m = sim.run_step(pool, np.arange(100), trace, sim_predictors.OraclePredictor(), 128, WORLD, rng, led)
+    trees, values, m = sim_step(pool, np.arange(100), trace, sim_predictors.OraclePredictor(), 128, rng, led)
     assert m.sum() == 64 and set(m.tolist()) <= {0} | set(range(2, 65))
     assert led.rollouts == 64 and led.continuations == 128 and led.nominal == 128
     assert len(trees) == int((m > 0).sum())
@@ -145,8 +162,8 @@ def test_recursive_targets_track_the_truth_better_than_pooled_leaves():
     pool = sim.make_pool(WORLD, 2000, rng)
     rec, pooled, truth = [], [], []
     for _ in range(3):
-        trees, _, _ = sim.run_step(pool, rng.choice(2000, 256, replace=False), STRATEGIES["trace_prefix_only"],
-                                   sim_predictors.OraclePredictor(), 512, WORLD, rng, BudgetLedger())  # fmt: skip
+        trees, _, _ = sim_step(pool, rng.choice(2000, 256, replace=False), STRATEGIES["trace_prefix_only"],
+                               sim_predictors.OraclePredictor(), 512, rng)
         for t in trees:
             rec.append(t.targets()[ROOT])
             pooled.append(t.pooled_targets()[ROOT])
@@ -162,7 +179,7 @@ def test_target_estimator_study_reports_which_is_closer_to_the_true_value():
     has the lower RMSE at prompt, prefix and expanded nodes (0.28 vs 0.38 at expanded)."""
     from trace_gym.strategies import STRATEGIES
 
-    study = sim.target_error_study(STRATEGIES["trace"], steps=3, seed=0)
+    study = sim.target_error_study(STRATEGIES["trace"], sim_predictors.OraclePredictor(), steps=3, seed=0)
     assert set(study) == {"prompt", "prefix", "expanded"}
     expanded = study["expanded"]
     n = expanded["fresh"]["n"]
@@ -176,15 +193,45 @@ def test_target_estimator_study_reports_which_is_closer_to_the_true_value():
     assert study["prompt"]["recursive"]["n"] == study["prompt"]["fresh"]["n"] > 0
 
 
-def test_training_examples_take_either_target_estimator():
+def test_predictor_samples_take_either_target_estimator():
     from trace_gym.strategies import STRATEGIES
 
     rng = np.random.default_rng(8)
     pool = sim.make_pool(WORLD, 300, rng)
-    trees, _, _ = sim.run_step(pool, np.arange(100), STRATEGIES["trace"], sim_predictors.OraclePredictor(), 64,
-                               WORLD, rng, BudgetLedger())
-    s_rec, t_rec = sim.training_examples(trees)
-    s_fresh, t_fresh = sim.training_examples(trees, "fresh")
+    trees, _, _ = sim_step(pool, np.arange(100), STRATEGIES["trace"], sim_predictors.OraclePredictor(), 64, rng)
+    s_rec, t_rec = states_and_targets(trees)
+    s_fresh, t_fresh = states_and_targets(trees, "fresh")
     assert s_rec == s_fresh and len(t_rec) == len(t_fresh) > 0
     expanded = {b.anchor for t in trees for b in t.branches if b.is_continuation}
     assert expanded and not np.array_equal(t_rec, t_fresh)
+
+
+def test_the_steps_learning_half_weights_prefixes_to_their_share_and_scores_them_before_the_update():
+    """run_step's learning half on simulated trees: every non-terminal node is a sample with
+    its recursive-mean target; prefix samples hold ``prefix_share`` of the weight; the
+    prefix scores are the predictor's values *before* it trained on them; the update ran."""
+    from trace_gym.driver import prefix_weight_for_share
+    from trace_gym.strategies import STRATEGIES
+
+    rng = np.random.default_rng(9)
+    pool = sim.make_pool(WORLD, 500, rng)
+    pred = sim_predictors.LearnedPredictor(pool.features)
+    step = run_step(list(range(100)), STRATEGIES["trace"], pred, sim.SimBranchRunner(pool, WORLD, rng), 128, rng,
+                    prefix_share=0.25, score_prefixes=True)
+    learning = step.learning
+    inner = [(ti, n.id) for ti, t in enumerate(step.trees) for n in t.nodes if not n.terminal]
+    assert list(zip(learning.tree_index.tolist(), learning.node_ids.tolist())) == inner
+    for c, ti, node, y in zip(learning.contexts, learning.tree_index, learning.node_ids, learning.targets):
+        assert c is step.trees[ti].nodes[node].snapshot and y == step.trees[ti].targets()[node]
+    prefix = learning.depths > 0
+    assert learning.weights[prefix].sum() / learning.weights.sum() == pytest.approx(0.25)
+    assert learning.prefix_weight == prefix_weight_for_share(int((~prefix).sum()), int(prefix.sum()), 0.25)
+    # before the update the learned predictor knows nothing: 0.5 everywhere; after it, it does
+    assert learning.prefix_predictions.shape == (int(prefix.sum()),) and np.all(learning.prefix_predictions == 0.5)
+    assert pred.weights is not None and learning.stats["n"] == len(learning.targets)
+    assert "predictor_update" in step.ledger.seconds and learning.warning is None
+    # learn=False leaves the predictor as it was
+    untouched = sim_predictors.LearnedPredictor(pool.features)
+    off = run_step(list(range(100)), STRATEGIES["trace"], untouched, sim.SimBranchRunner(pool, WORLD, rng), 128, rng,
+                   learn=False)
+    assert off.learning is None and untouched.weights is None

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from trace_gym.checkpoint import RunDir
-from trace_gym.train import TaskCursor, TrainConfig, config_differences, load_train_config, split_tasks
+from trace_gym.datafiles import split_tasks
+from trace_gym.train import TaskCursor, TrainConfig, config_differences, load_train_config
 from trace_gym.types import Task
 
 ROOT = Path(__file__).resolve().parents[1]

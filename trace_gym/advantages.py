@@ -21,7 +21,8 @@ Groups and normalisation, shared by all estimators:
 
 Rewards need not be 0/1: BFCL's partial credit or an F1 score go through unchanged.
 
-Estimators (``ESTIMATORS`` names them; a new one is one entry):
+Estimators (``ESTIMATORS`` names them; a new one is one entry, from a user's package with
+:func:`register_estimator` or the ``trace_gym.advantages`` entry-point group):
 
 ``grpo``
     Flat GRPO: the group is every leaf of the prompt, ``A_i = (R_i - mean) / (std + eps)``.
@@ -178,15 +179,52 @@ def tree_grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: boo
     return leaf_sums(tree, total)
 
 
-#: Every advantage estimator by name. A new estimator is one entry.
-ESTIMATORS: dict[str, Callable[..., dict[int, float]]] = {
+class AdvantageEstimator(Protocol):
+    """``estimator(tree, *, eps, std_normalize) -> {node id: advantage}`` over a finished
+    tree (see the module docstring); pure, deterministic, the root never in the result."""
+
+    def __call__(self, tree: RolloutTree, *, eps: float = DEFAULT_EPS,
+                 std_normalize: bool = True) -> dict[int, float]: ...
+
+
+#: Every advantage estimator by name. A new estimator is one entry (:func:`register_estimator`).
+ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": grpo,
     "treerpo": treerpo,
     "tree_grpo": tree_grpo,
 }
+#: The entry-point group through which installed packages add estimators.
+ENTRY_POINT_GROUP = "trace_gym.advantages"
+_BUILTIN = frozenset(ESTIMATORS)
 
 
-def get_estimator(name: str) -> Callable[..., dict[int, float]]:
+def register_estimator(name: str, estimator: AdvantageEstimator) -> str:
+    """Add ``estimator`` to :data:`ESTIMATORS` as ``name``; ``advantage=<name>`` then picks it
+    in every config. Re-registering the same function is a no-op; another function under a
+    taken name, or a built-in name, is refused. Returns ``name``.
+
+    Raises:
+        ValueError: a bad or taken name, or an estimator that is not callable with
+            ``(tree, *, eps, std_normalize)``.
+    """
+    import inspect
+
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"estimator name must be an identifier such as 'my_grpo', got {name!r}")
+    if not callable(estimator):
+        raise ValueError(f"estimator {name!r} must be callable as fn(tree, *, eps, std_normalize), got {estimator!r}")
+    try:
+        inspect.signature(estimator).bind(None, eps=DEFAULT_EPS, std_normalize=True)
+    except TypeError as exc:
+        raise ValueError(f"estimator {name!r} must accept (tree, *, eps, std_normalize): {exc}") from None
+    if ESTIMATORS.get(name, estimator) is not estimator:
+        why = "a built-in estimator" if name in _BUILTIN else "already registered to another function"
+        raise ValueError(f"estimator name {name!r} is {why}; choose another name")
+    ESTIMATORS[name] = estimator
+    return name
+
+
+def get_estimator(name: str) -> AdvantageEstimator:
     """Look an estimator up by name, with the known names in the error."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")

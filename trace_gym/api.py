@@ -23,6 +23,11 @@ Environments:
 Trees and benches:
     ``RolloutTree``, ``BudgetLedger``; ``run_sim_bench``, ``run_env_bench``,
     ``format_bench``, ``SimBenchConfig``, ``EnvBenchConfig``.
+Training:
+    ``TrainConfig``, ``TrainSetup``, ``train``; the advantage estimators:
+    ``AdvantageEstimator`` (the Protocol), ``ESTIMATORS`` and ``register_estimator``
+    (or the ``trace_gym.advantages`` entry-point group); the success predictors:
+    ``SuccessPredictor``, ``PREDICTORS``, ``make_predictor``.
 """
 
 from __future__ import annotations
@@ -41,7 +46,10 @@ from trace_gym.allocation import (
     solve_prefix,
     solve_root,
 )
-from trace_gym.bench import format_bench, run_env_bench, run_sim_bench
+from trace_gym.advantages import ESTIMATORS, AdvantageEstimator, register_estimator
+from trace_gym.bench import format_bench
+from trace_gym.bench_env import run_env_bench
+from trace_gym.bench_sim import run_sim_bench
 from trace_gym.budget import BudgetLedger
 from trace_gym.config import EnvBenchConfig, SimBenchConfig
 from trace_gym.env import (
@@ -58,10 +66,12 @@ from trace_gym.env import (
     task_from_options,
     thaw,
 )
+from trace_gym.predictor import PREDICTORS, SuccessPredictor, make_predictor
 from trace_gym.registry import EnvFamily, resolve_env
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.strategies import STRATEGIES, register_strategy, shaped_strategies
 from trace_gym.strategy import Strategy
+from trace_gym.train import TrainConfig, TrainSetup, train
 from trace_gym.tree import RolloutTree
 from trace_gym.types import Message, Task
 
@@ -88,6 +98,8 @@ def register_env(env_id: str, entry_point: str | Callable[..., Any],
 
 
 __all__ = [
+    "AdvantageEstimator", "ESTIMATORS", "PREDICTORS", "SuccessPredictor", "TrainConfig", "TrainSetup",
+    "make_predictor", "register_estimator", "train",
     "AgentEnv", "BudgetLedger", "GroupSized", "ChatObservation", "EnvBenchConfig", "EnvCheckError", "EnvFamily", "Message",
     "PCLRootAllocator", "PrefixAllocator", "RandomPrefixAllocator", "ReferenceActions", "ReplayCost", "RolloutTree",
     "RootAllocator", "STRATEGIES", "SimBenchConfig", "Snapshot", "StopStrings", "Strategy", "Task", "TextAction", "TracePrefixAllocator", "TraceRootAllocator",

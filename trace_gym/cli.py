@@ -102,11 +102,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
                                    continuations_per_root=cfg.continuations_per_root)
     if mode == "sim":
-        results = bench.run_sim_bench(cfg, strategies, progress=True)
+        from trace_gym.bench_sim import run_sim_bench
+
+        results = run_sim_bench(cfg, strategies, progress=True)
     else:
+        from trace_gym.bench_env import run_env_bench
+
         family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
-        results = bench.run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out,
-                                      say=lambda msg: print(msg, file=sys.stderr, flush=True))
+        results = run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out,
+                                say=lambda msg: print(msg, file=sys.stderr, flush=True))
     if args.out:
         results["plots"] = bench.write_bench_plots(results, args.out)
     print(bench.format_bench(results))

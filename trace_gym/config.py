@@ -9,8 +9,9 @@ declaration:
   the key and the expected type when a value does not fit;
 - :func:`parse_field_text` parses one command-line string for a field (``"a,b"`` for a
   tuple, ``true/false`` for a bool);
-- :func:`load_config` stacks a YAML file and ``key=value`` overrides;
-- :func:`config_help` lists the fields for ``--help`` texts.
+- :func:`load_config`, the one loader, stacks a YAML file and ``key=value`` overrides
+  (dotted keys reach into nested sections such as ``trainer``);
+- :func:`config_help` lists the fields (sections included) for ``--help`` texts.
 
 argparse itself lives in ``trace_gym/cli.py`` alone; it asks this module what flags a
 config has and how to parse them.
@@ -27,6 +28,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, TypeVar
+
+from trace_gym.predictor import check_predictor_name, predictor_names
 
 C = TypeVar("C")
 
@@ -144,6 +147,12 @@ def coerce(tp: Any, value: Any) -> Any:
         return value
     if tp is Any:
         return value
+    if dataclasses.is_dataclass(tp):  # a nested section (e.g. ``trainer``)
+        if dataclasses.is_dataclass(value) and isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected a mapping of {tp.__name__} keys, got {value!r}")
+        return config_from_mapping(tp, value, source=tp.__name__)
     raise TypeError(f"config fields of type {type_name(tp)} are not supported")
 
 
@@ -206,11 +215,66 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def sections(cls: type) -> dict[str, type]:
+    """Field name -> config class, for the fields of ``cls`` that are nested sections."""
+    return {name: tp for name, tp in field_types(cls).items() if dataclasses.is_dataclass(tp)}
+
+
+def nest(cls: type, flat: Mapping[str, Any], *, source: str = "config") -> dict[str, Any]:
+    """``{"steps": 3, "trainer.lr": 1e-5}`` -> ``{"steps": 3, "trainer": {"lr": 1e-5}}`` for the
+    sections of ``cls``; an unknown key (or an unknown section) raises ``ValueError`` naming
+    ``source``, with the closest known keys."""
+    import difflib
+
+    known, subs = set(field_types(cls)), sections(cls)
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        head, dot, rest = key.partition(".")
+        if dot and head in subs:
+            inner = nest(subs[head], {rest: value}, source=f"{source} ({head})")
+            out.setdefault(head, {}).update(inner)
+            continue
+        if key not in known:
+            names = sorted(known) + [f"{n}.{f}" for n, c in subs.items() for f in field_types(c)]
+            near = difflib.get_close_matches(key, names, n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else f"; known: {sorted(known)}"
+            raise ValueError(f"{source}: unknown key(s) {[key]} for {cls.__name__}{hint}")
+        out[key] = value
+    return out
+
+
 def load_config(cls: type[C], path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> C:
-    """YAML file first (if any), then ``overrides`` on top; validated as :func:`config_from_mapping`."""
+    """The one config loader: a YAML file (if any), then ``key=value`` overrides on top.
+
+    Nested sections (a field whose type is itself a config, e.g. ``trainer``) are YAML
+    mappings; an override reaches into one with a dotted key (``trainer.lr=1e-5``).
+    Unknown keys and ill-typed values raise ``ValueError`` naming them and where they
+    came from (the file, or the command line), before anything loads.
+    """
+    source = str(path) if path else "config"
     data: dict[str, Any] = read_yaml(path) if path else {}
-    data.update(overrides or {})
-    return config_from_mapping(cls, data, source=str(path) if path else "config")
+    for key, value in nest(cls, dict(overrides or {}), source="command line").items():
+        if key in sections(cls):
+            section = data.get(key) or {}
+            if not isinstance(section, Mapping):
+                raise ValueError(f"{source}: {key} must be a mapping of {sections(cls)[key].__name__} keys, "
+                                 f"got {section!r}")
+            data[key] = {**section, **value}
+        else:
+            data[key] = value
+    return config_from_mapping(cls, data, source=source)
+
+
+def flatten(cls: type, mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`nest` for a resolved config's mapping (``trainer.lr`` keys)."""
+    subs = sections(cls)
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if key in subs and isinstance(value, Mapping):
+            out.update({f"{key}.{k}": v for k, v in flatten(subs[key], value).items()})
+        else:
+            out[key] = value
+    return out
 
 
 def to_yaml(cfg: Any) -> str:
@@ -227,14 +291,18 @@ def to_yaml(cfg: Any) -> str:
     return yaml.safe_dump({k: plain(v) for k, v in dataclasses.asdict(cfg).items()}, sort_keys=False)
 
 
-def config_help(cls: type) -> list[tuple[str, str, Any, str]]:
-    """``(name, type name, default, help)`` for every field of ``cls``."""
+def config_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """``(name, type name, default, help)`` for every field of ``cls``; a nested section
+    lists its own fields as ``section.name`` instead of itself."""
     types_ = field_types(cls)
     out = []
     for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(types_[f.name]):
+            out += config_help(types_[f.name], prefix=f"{prefix}{f.name}.")
+            continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        out.append((f.name, type_name(types_[f.name]), default, f.metadata.get("help", "")))
+        out.append((prefix + f.name, type_name(types_[f.name]), default, f.metadata.get("help", "")))
     return out
 
 
@@ -269,7 +337,7 @@ class SimBenchConfig:
     continuations_per_root: int = field(default=2, metadata=doc("N: continuations per root; nominal budget = M (1 + N/2)"))
     group_size: int = field(default=8, metadata=doc("G: group size of every fixed-group strategy (uniform, pcl)"))
     predictor: str = field(default="learned", metadata=doc(
-        "predictor of every predictor-driven strategy: learned | noisy | oracle"))
+        "predictor of every predictor-driven strategy: " + " | ".join(predictor_names("sim"))))
     noisy_spearman: float = field(default=0.8, metadata=doc("prompt-level Spearman of the noisy oracle"))
     feature_spearman: float = field(default=0.8, metadata=doc(
         "prompt-level Spearman between the task feature a learned predictor sees and the true success (a "
@@ -300,8 +368,7 @@ class SimBenchConfig:
         if self.root_budget < 2 or self.continuations_per_root < 0:
             raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
                              f"{self.root_budget!r}, {self.continuations_per_root!r}")
-        if self.predictor not in ("learned", "noisy", "oracle"):
-            raise ValueError(f"predictor must be 'learned', 'noisy' or 'oracle', got {self.predictor!r}")
+        check_predictor_name(self.predictor, "sim")
         for name in ("noisy_spearman", "feature_spearman"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
@@ -346,8 +413,7 @@ class EnvBenchConfig:
     max_episode_tokens: int = field(default=1024, metadata=doc("context limit per episode, tokens"))
     temperature: float = field(default=1.0, metadata=doc("sampling temperature"))
     predictor: str = field(default="embedding", metadata=doc(
-        "success predictor: embedding (frozen MiniLM + MLP head) | lm_critic (the policy LM + scalar head) | "
-        "constant"))
+        "success predictor: " + " | ".join(predictor_names("text"))))
     predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
         "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", \"dtype\": \"bfloat16\"}"))
     prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
@@ -360,8 +426,7 @@ class EnvBenchConfig:
         if self.root_budget < 2 or self.continuations_per_root < 0 or self.warmup_budget < 0:
             raise ValueError(f"need root_budget >= 2, continuations_per_root >= 0, warmup_budget >= 0; got "
                              f"{self.root_budget}, {self.continuations_per_root}, {self.warmup_budget}")
-        if self.predictor not in ("embedding", "lm_critic", "constant"):
-            raise ValueError(f"predictor must be 'embedding', 'lm_critic' or 'constant', got {self.predictor!r}")
+        check_predictor_name(self.predictor, "text")
         if not 0 <= self.prefix_share < 1:
             raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
 

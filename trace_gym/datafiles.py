@@ -1,4 +1,5 @@
-"""Rows of a local dataset file: one reader for every environment family's loaders.
+"""Rows of a local dataset file: one reader for every environment family's loaders, and
+the held-out split of a task pool (:func:`split_tasks`).
 
 Formats: ``.jsonl`` (one JSON object a line; a bad line is named by number), ``.json``
 (a list, or ``{"data": [...]}`` as HotpotQA ships it), ``.parquet`` (needs pyarrow), or a
@@ -8,9 +9,10 @@ layouts).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 
 def read_rows(path: str, split: str | None = None) -> list[dict]:
@@ -73,3 +75,20 @@ def load_rows(key: str, path: str | None, split: str, hub_id: str, config: str |
     if limit is not None:
         rows = [rows[i] for i in range(min(limit, len(rows)))]
     return rows
+
+
+def split_tasks(tasks: Sequence[Any], split: str, heldout_fraction: float) -> list[Any]:
+    """The ``"train"`` or ``"heldout"`` part of ``tasks`` (``Task``s), by a hash of the prompt text.
+
+    A prompt is held out when ``sha256("trace_gym/heldout/" + prompt)`` maps below
+    ``heldout_fraction``: the same prompt text is always on the same side, whatever its id,
+    seed or position, so held-out prompts never reach training.
+    """
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+
+    def held(task: Any) -> bool:
+        digest = hashlib.sha256(f"trace_gym/heldout/{task.prompt}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction
+
+    return [t for t in tasks if held(t) == (split == "heldout")]

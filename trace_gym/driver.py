@@ -1,7 +1,9 @@
-"""The one step driver: roots where the strategy says, then per-prompt prefix expansion.
+"""The one step driver: roots where the strategy says, per-prompt prefix expansion, then
+the predictor's update on the finished trees.
 
-:func:`run_step` is the rollout half of a training step (trace-method.md, "One
-training step", steps 1-3), for simulated and real rollouts alike:
+:func:`run_step` is the step every consumer shares (trace-method.md, "One training
+step", steps 1-4): training, the simulated bench and the real-rollout bench call it and
+differ only in the :class:`BranchRunner` and the predictor they pass. Its rollout half:
 
 1. score the candidate pool with the predictor (``predictor_scoring`` phase);
 2. allocate root rollouts with the strategy's root allocator and split the
@@ -10,6 +12,15 @@ training step", steps 1-3), for simulated and real rollouts alike:
    returned*, score its visited prefixes and plan its continuations
    (:func:`trace_gym.planning.plan_expansion`, single-turn fallback included), and
    start them at once, while other prompts' rollouts are still running.
+
+Its learning half (:func:`update_predictor`), once every branch is back:
+
+4. the predictor's regression set from the trees' recursive-mean targets
+   (:func:`predictor_samples`, contexts through the runner's ``prompt_context`` /
+   ``node_context``), prefix samples weighted to hold ``prefix_share`` of the batch
+   (:func:`prefix_weight_for_share`), one ``predictor.update`` (``predictor_update``
+   phase), and the no-contrast warning when every leaf has the same outcome
+   (:func:`reward_warning`).
 
 Every decision is made here or in :mod:`trace_gym.planning`; how a branch is run
 (a model in an env, or the simulator's martingale) is a :class:`BranchRunner`'s
@@ -29,7 +40,7 @@ rollouts happen to return.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Hashable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -37,7 +48,10 @@ from trace_gym.budget import BudgetLedger
 from trace_gym.planning import ExpansionPlan, allocate_roots, continuation_budgets, plan_expansion
 from trace_gym.predictor import SuccessPredictor
 from trace_gym.strategy import Strategy
-from trace_gym.tree import ROOT, RolloutTree
+from trace_gym.tree import ROOT, SUCCESS_THRESHOLD, RolloutTree
+
+#: Default share of the predictor's batch weight on prefix samples (the paper: about 6 %).
+PREFIX_SHARE = 0.06
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,7 @@ class StepResult:
         errors: one dict per branch that ended on an error: ``{"candidate", "anchor",
             "leaf", "error"}`` (``leaf`` is ``None`` when it ended before its first turn).
         ledger: nominal and exact costs of this step.
+        learning: the predictor update of the step (``None`` when ``learn=False``).
     """
 
     values: np.ndarray
@@ -131,6 +146,35 @@ class StepResult:
     prefix_predictions: list[tuple[int, int, float]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
+    learning: Learning | None = None
+
+
+@dataclass
+class Learning:
+    """The learning half of a step (:func:`update_predictor`).
+
+    Attributes:
+        contexts: the regression set, what the predictor read (n samples).
+        targets: recursive-mean targets in [0, 1], shape (n,).
+        weights: 1 for prompt samples, the prefix weight for prefix samples, shape (n,).
+        tree_index, node_ids, depths: where each sample sits, int64 (n,).
+        prefix_weight: the weight of each prefix sample.
+        prefix_predictions: with ``score_prefixes``, the predictor's values on the prefix
+            samples (``depths > 0``, in sample order) *before* the update, else ``None``.
+        stats: what ``predictor.update`` returned (``loss``, ``n``, ...).
+        warning: the no-contrast warning (:func:`reward_warning`), or ``None``.
+    """
+
+    contexts: list[Any]
+    targets: np.ndarray
+    weights: np.ndarray
+    tree_index: np.ndarray
+    node_ids: np.ndarray
+    depths: np.ndarray
+    prefix_weight: float
+    prefix_predictions: np.ndarray | None
+    stats: dict[str, Any]
+    warning: str | None
 
 
 @dataclass
@@ -149,8 +193,13 @@ def run_step(
     runner: BranchRunner,
     nominal_budget: float,
     rng: np.random.Generator,
+    *,
+    learn: bool = True,
+    prefix_share: float = PREFIX_SHARE,
+    score_prefixes: bool = False,
 ) -> StepResult:
-    """Build the rollout trees of one step at ``nominal_budget`` trajectory-equivalents.
+    """One step: the rollout trees at ``nominal_budget`` trajectory-equivalents, then
+    (``learn``) the predictor's update on them.
 
     Args:
         candidates: the candidate pool, as the runner knows them (``Task`` for real
@@ -162,6 +211,10 @@ def run_step(
             M + C / 2 <= B (an odd continuation budget in the single-turn fallback
             leaves one unit unspent, recorded in ``ledger.unspent_continuations``).
         rng: randomness for stochastic allocators (see the module docstring).
+        learn: run the learning half (:func:`update_predictor`) once the trees are finished.
+        prefix_share: share of the predictor's batch weight on prefix samples.
+        score_prefixes: also record the predictor's values on the prefix samples before
+            it trains on them (``Learning.prefix_predictions``; the benches' prefix Spearman).
 
     On any exception (a predictor or allocator error, an engine failure) every live
     branch is cancelled, releasing its env, before the exception propagates. An env
@@ -198,6 +251,8 @@ def run_step(
     except BaseException:
         runner.cancel()
         raise
+    if learn:
+        step.learning = update_predictor(step, predictor, runner, prefix_share, score_prefixes)
     return step
 
 
@@ -224,3 +279,74 @@ def _expand(key: int, p: _Prompt, strategy: Strategy, predictor: SuccessPredicto
         runner.start_roots(key, plan.extra_roots, ledger)
         ledger.add_rollouts(plan.extra_roots)
     ledger.add_unspent_continuations(plan.unspent_continuations)
+
+
+# ---------------------------------------------------------------------- the learning half
+def predictor_samples(
+    trees: Sequence[RolloutTree], context: Callable[[int, int], Any], *, estimator: str = "recursive",
+) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
+    """The predictor's regression set from finished trees.
+
+    Every non-terminal node with a target (the root, depth 0, and every visited prefix)
+    gives one sample: ``context(tree index, node id)`` and its target from
+    ``tree.targets(estimator)`` (the recursive mean by default).
+
+    Returns:
+        ``(contexts, targets (n,), tree index (n,), node id (n,))``, trees in order and
+        nodes by id within a tree.
+    """
+    contexts, targets, where = [], [], []
+    for t, tree in enumerate(trees):
+        for node_id, target in sorted(tree.targets(estimator).items()):
+            if not tree.nodes[node_id].terminal:
+                contexts.append(context(t, node_id))
+                targets.append(target)
+                where.append((t, node_id))
+    index = np.asarray(where, dtype=np.int64).reshape(-1, 2)
+    return contexts, np.asarray(targets, dtype=float), index[:, 0], index[:, 1]
+
+
+def prefix_weight_for_share(n_prompt: int, n_prefix: int, share: float) -> float:
+    """Weight of each prefix sample so that prefix samples hold ``share`` of a batch's
+    total weight, prompt samples weighing 1 each (the paper's batches: about 6 % prefix)."""
+    if not 0 <= share < 1:
+        raise ValueError(f"prefix share must lie in [0, 1), got {share!r}")
+    if n_prefix == 0 or n_prompt == 0:
+        return 1.0
+    return share / (1 - share) * n_prompt / n_prefix
+
+
+def reward_warning(trees: Sequence[RolloutTree]) -> str | None:
+    """A one-line warning when every finished leaf has the same outcome (all 0 or all 1):
+    then no prompt is mixed and no strategy can find contrast; a group-relative update
+    learns nothing. ``None`` otherwise (or with no leaves)."""
+    rewards = [leaf.reward for t in trees for leaf in t.leaves() if leaf.reward is not None]
+    if not rewards:
+        return None
+    wins = sum(r >= SUCCESS_THRESHOLD for r in rewards)
+    if 0 < wins < len(rewards):
+        return None
+    outcome = "0 (every rollout failed)" if wins == 0 else "1 (every rollout succeeded)"
+    return (f"every one of the {len(rewards)} rollouts got reward {outcome}: no prompt is mixed, so there is no "
+            "contrast to find and a group-relative update learns nothing; make the tasks "
+            + ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder"))
+
+
+def update_predictor(step: StepResult, predictor: SuccessPredictor, runner: BranchRunner, prefix_share: float,
+                     score_prefixes: bool = False) -> Learning:
+    """Step 4: regress the predictor on the step's trees (see the module docstring)."""
+    keys = step.tree_candidates.tolist()
+    contexts, targets, tree_index, node_ids = predictor_samples(
+        step.trees, lambda t, node: runner.node_context(keys[t], node))
+    depths = np.array([step.trees[t].nodes[n].depth for t, n in zip(tree_index, node_ids)], dtype=np.int64)
+    prefix = depths > 0
+    weight = prefix_weight_for_share(int((~prefix).sum()), int(prefix.sum()), prefix_share)
+    weights = np.where(prefix, weight, 1.0)
+    scored = None
+    if score_prefixes:  # before the update: what the predictor knew when it allocated
+        chosen = [c for c, p in zip(contexts, prefix) if p]
+        scored = np.asarray(predictor.predict(chosen), dtype=float) if chosen else np.zeros(0)
+    with step.ledger.phase("predictor_update"):
+        stats = predictor.update(contexts, targets, weights) if contexts else {}
+    return Learning(contexts, targets, weights, tree_index, node_ids, depths, weight, scored, dict(stats or {}),
+                    reward_warning(step.trees))

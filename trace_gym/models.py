@@ -355,3 +355,13 @@ def tiny_random_model(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def quiet_third_party() -> None:
+    """No third-party progress bars (transformers' weight loading / saving): ours only."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass

@@ -287,3 +287,112 @@ class LMCriticPredictor:
             loss_sum += float(loss.detach())
         self.optimizer.step()
         return {"loss": loss_sum, "n": float(len(y)), "seconds": time.perf_counter() - start}
+
+
+# ---------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class PredictorKind:
+    """One entry of :data:`PREDICTORS`.
+
+    Attributes:
+        target: ``"module:callable"`` that builds the predictor (imported on use, so the
+            table costs nothing to import).
+        reads: what its ``predict`` takes: ``"text"`` (:class:`Context`, real rollouts) or
+            ``"sim"`` (:class:`trace_gym.sim.SimState`, the simulator).
+        needs: keyword arguments the caller supplies from the run, not the user (e.g. the
+            policy folder of ``lm_critic``, the task features of the simulator's learned
+            predictor); a user's ``predictor_kwargs`` may not set them.
+        description: one line for listings and ``--help``.
+    """
+
+    target: str
+    reads: str
+    description: str
+    needs: tuple[str, ...] = ()
+
+    def factory(self):
+        import importlib
+
+        module, _, name = self.target.partition(":")
+        obj = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+#: Every success predictor by name: the one list of predictor kinds.
+PREDICTORS: dict[str, PredictorKind] = {
+    "embedding": PredictorKind("trace_gym.predictor:EmbeddingPredictor", "text",
+                               "frozen MiniLM embeddings + MLP head (the CPU default)"),
+    "lm_critic": PredictorKind("trace_gym.predictor:LMCriticPredictor", "text",
+                               "a causal LM + scalar head (the paper's critic)", needs=("model_path",)),
+    "constant": PredictorKind("trace_gym.predictor:ConstantPredictor", "text", "0.5 everywhere (no information)"),
+    "learned": PredictorKind("trace_gym.sim_predictors:LearnedPredictor", "sim",
+                             "simulator: online logistic regression on observable features", needs=("features",)),
+    "noisy": PredictorKind("trace_gym.sim_predictors:NoisyOraclePredictor.with_spearman", "sim",
+                           "simulator: the true value plus noise of a chosen Spearman", needs=("world", "spearman")),
+    "oracle": PredictorKind("trace_gym.sim_predictors:OraclePredictor", "sim",
+                            "simulator: the true value (an upper bound)"),
+}
+
+
+def predictor_names(reads: str) -> list[str]:
+    """The kinds whose ``predict`` reads ``reads`` (``"text"`` or ``"sim"``), in table order."""
+    return [name for name, kind in PREDICTORS.items() if kind.reads == reads]
+
+
+def check_predictor_name(name: str, reads: str, key: str = "predictor") -> None:
+    """``ValueError`` naming ``key`` unless ``name`` is a kind that reads ``reads``."""
+    if name not in predictor_names(reads):
+        raise ValueError(f"{key} must be one of {', '.join(predictor_names(reads))}, got {name!r}")
+
+
+def predictor_spec(name: str, kwargs: dict | None = None, **supplied) -> tuple:
+    """``(factory, kwargs)`` that :func:`make_predictor` calls, checked without building.
+
+    Args:
+        name: a key of :data:`PREDICTORS`.
+        kwargs: the user's keyword arguments (a config's ``predictor_kwargs``).
+        supplied: what the run supplies (``seed``, and the kind's ``needs``).
+
+    Raises:
+        ValueError: an unknown kind, a missing supplied input, a user keyword that the kind
+            does not take or that the run supplies, a dtype the kind does not know.
+    """
+    import inspect
+
+    if name not in PREDICTORS:
+        raise ValueError(f"unknown predictor {name!r}; known: {', '.join(PREDICTORS)}")
+    kind, kwargs = PREDICTORS[name], dict(kwargs or {})
+    factory = kind.factory()
+    params = inspect.signature(factory).parameters
+    for need in kind.needs:
+        value = supplied.get(need)
+        if value is None or (isinstance(value, str) and value in ("", "None")):
+            raise ValueError(f"the {name} predictor needs {need} (supplied by the run, e.g. the policy folder)")
+    run_keys = set(kind.needs) | {"seed"}
+    clash = sorted(run_keys & set(kwargs))
+    if clash:
+        raise ValueError(f"predictor_kwargs: {', '.join(map(repr, clash))} comes from the config's seed or "
+                         f"policy; remove it from predictor_kwargs")
+    takes = sorted(n for n in params if n not in run_keys)
+    bad = sorted(set(kwargs) - set(takes))
+    if bad:
+        raise ValueError(f"predictor_kwargs: {name} does not take {', '.join(map(repr, bad))}; "
+                         f"it takes {', '.join(takes) or 'none'}")
+    if "dtype" in kwargs and kwargs["dtype"] not in DTYPES:
+        raise ValueError(f"predictor_kwargs: dtype must be one of {', '.join(DTYPES)}, got {kwargs['dtype']!r}")
+    built = {k: v for k, v in supplied.items() if k in params and (k in kind.needs or k == "seed")}
+    return factory, {**built, **kwargs}
+
+
+def make_predictor(name: str, kwargs: dict | None = None, **supplied) -> SuccessPredictor:
+    """A success predictor of kind ``name`` (a key of :data:`PREDICTORS`).
+
+    ``kwargs`` are the user's (a config's ``predictor_kwargs``, e.g. ``{"device": "cuda",
+    "dtype": "bfloat16"}`` puts the LM critic on the GPU); ``supplied`` are the run's:
+    ``seed`` (passed when the kind takes one) and the kind's ``needs`` (``model_path``,
+    ``features``, ``world``...). Errors as :func:`predictor_spec`.
+    """
+    factory, built = predictor_spec(name, kwargs, **supplied)
+    return factory(**built)

@@ -5,7 +5,7 @@ outside the core. Entry points are strings, so registering imports nothing heavy
 env's module is imported by ``gymnasium.make`` on first use.
 
 Plugins (see ``docs/adding-an-environment.md`` and ``docs/strategies.md``) arrive one way,
-:func:`load_plugins`, from three sources:
+:func:`load_plugins`, from these sources:
 
 - the entry-point group ``trace_gym.envs``: a name shaped like an env id
   (``ArithChain-v0``) names a ``gymnasium.Env`` class, registered as
@@ -17,6 +17,8 @@ Plugins (see ``docs/adding-an-environment.md`` and ``docs/strategies.md``) arriv
   carry a ``load_tasks`` classmethod);
 - the group ``trace_gym.strategies``: ``<name> = "pkg.module:OBJECT"``, a ``Strategy``, or
   a zero-argument function returning one or a ``{name: Strategy}`` dict;
+- the group ``trace_gym.advantages``: ``<name> = "pkg.module:function"``, an advantage
+  estimator ``fn(tree, *, eps, std_normalize) -> {node id: advantage}``;
 - ``--plugin MODULE`` (config key ``plugins``): a module that is not installed; importing
   it runs its own registration calls (``trace_gym.api.register_env`` /
   ``register_strategy``).
@@ -149,7 +151,7 @@ def _report(source: str, exc: BaseException) -> None:
 
 def load_plugins(modules: Sequence[str] = ()) -> list[str]:
     """Load every plugin once: registration functions of ``trace_gym.envs``, strategies of
-    ``trace_gym.strategies``, and the given modules (``--plugin``; imported every call
+    ``trace_gym.strategies``, estimators of ``trace_gym.advantages``, and the given modules (``--plugin``; imported every call
     that names them, which is a no-op after the first).
 
     Returns the env ids the plugins added. Failures are logged in one line each and kept
@@ -181,6 +183,13 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
                     register_strategy(name, strategy)
             except Exception as exc:
                 _report(f"{STRATEGIES_GROUP}:{ep.name} ({ep.value})", exc)
+        from trace_gym.advantages import ENTRY_POINT_GROUP as ESTIMATORS_GROUP, register_estimator
+
+        for ep in entry_points(group=ESTIMATORS_GROUP):
+            try:
+                register_estimator(ep.name, ep.load())
+            except Exception as exc:
+                _report(f"{ESTIMATORS_GROUP}:{ep.name} ({ep.value})", exc)
     for module in modules:
         try:
             importlib.import_module(module)

@@ -13,7 +13,8 @@ An env that raises ends only its own episode: that episode is a truncated failur
 (``info["env_error"]`` on its last node; or no leaf when reset/restore failed), and the
 error is in ``RolloutBatch.errors`` and counted in ``ledger.errors``.
 
-:func:`predictor_samples` turns finished trees into the predictor's regression set.
+The step includes its learning half (the predictor's update on the finished trees,
+:func:`trace_gym.driver.update_predictor`), as in every other consumer of the driver.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from trace_gym.agent import AgentRunner, Episode
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import BranchResult, run_step
+from trace_gym.driver import PREFIX_SHARE, BranchResult, Learning, run_step
 from trace_gym.planning import ExpansionPlan
 from trace_gym.predictor import Context, SuccessPredictor
 from trace_gym.strategy import Strategy
@@ -172,6 +173,8 @@ class RolloutBatch:
             ended on an error.
         truncations: count per truncation reason (``turn_tokens``, ``episode_tokens``,
             ``max_turns``, ``env_error``).
+        learning: the predictor's update on the trees (:class:`trace_gym.driver.Learning`),
+            ``None`` with ``learn=False``.
     """
 
     tasks: list[Task]
@@ -184,6 +187,7 @@ class RolloutBatch:
     plans: list[tuple[int, ExpansionPlan]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     truncations: dict[str, int] = field(default_factory=dict)
+    learning: Learning | None = None
 
 
 def collect(
@@ -195,8 +199,12 @@ def collect(
     rng: np.random.Generator,
     *,
     seed: int = 0,
+    learn: bool = True,
+    prefix_share: float = PREFIX_SHARE,
 ) -> RolloutBatch:
-    """Build rollout trees for one step at ``nominal_budget`` trajectory-equivalents.
+    """One step of real rollouts (:func:`trace_gym.driver.run_step` with an
+    :class:`AgentBranchRunner`): rollout trees at ``nominal_budget`` trajectory-equivalents,
+    then (``learn``) the predictor's update on them.
 
     Args:
         tasks: candidate pool.
@@ -208,46 +216,12 @@ def collect(
         rng: randomness for stochastic allocators.
         seed: base env seed; root rollout j of candidate i resets with
             ``seed + 1000 * i + j``.
+        learn, prefix_share: as :func:`trace_gym.driver.run_step`.
     """
     tasks = list(tasks)
     branches = AgentBranchRunner(runner, seed)
-    step = run_step(tasks, strategy, predictor, branches, nominal_budget, rng)
+    step = run_step(tasks, strategy, predictor, branches, nominal_budget, rng, learn=learn, prefix_share=prefix_share)
     errors = [e | {"task_id": tasks[e["candidate"]].id} for e in step.errors]
     return RolloutBatch(tasks, step.values, step.root_counts, step.continuation_budgets, step.trees,
-                        step.prefix_predictions, step.ledger, step.plans, errors, dict(branches.truncations))
-
-
-def predictor_samples(
-    trees: Sequence[RolloutTree], prompts: Sequence[str], *, prefix_weight: float = 1.0,
-) -> tuple[list[Context], np.ndarray, np.ndarray]:
-    """The predictor's regression set from finished trees.
-
-    Every root (depth 0) and every non-leaf prefix with a target contributes one
-    sample: its :class:`Context` and its recursive-mean target (``tree.targets()``).
-    Prompt samples weigh 1, prefix samples ``prefix_weight`` (the paper's batches were
-    about 94 % prompt samples).
-
-    Returns:
-        ``(contexts, targets (n,), weights (n,))``.
-    """
-    if prefix_weight < 0:
-        raise ValueError(f"prefix_weight must be >= 0, got {prefix_weight}")
-    contexts, targets, weights = [], [], []
-    for tree, prompt in zip(trees, prompts, strict=True):
-        for node_id, target in sorted(tree.targets().items()):
-            node = tree.nodes[node_id]
-            if node.terminal:
-                continue
-            contexts.append(node_context(tree, node_id, prompt))
-            targets.append(target)
-            weights.append(1.0 if node_id == ROOT else prefix_weight)
-    return contexts, np.asarray(targets, float), np.asarray(weights, float)
-
-
-def update_predictor(predictor: SuccessPredictor, batch: RolloutBatch, *, prefix_weight: float = 1.0) -> dict:
-    """Step 4 of a training step: regress the predictor on ``batch``'s finished trees
-    (recursive-mean targets), timed in the ledger's ``predictor_update`` phase."""
-    prompts = {t.id: t.prompt for t in batch.tasks}
-    with batch.ledger.phase("predictor_update"):
-        return predictor.update(*predictor_samples(batch.trees, [prompts[t.task_id] for t in batch.trees],
-                                                   prefix_weight=prefix_weight))
+                        step.prefix_predictions, step.ledger, step.plans, errors, dict(branches.truncations),
+                        step.learning)

@@ -23,7 +23,9 @@ that a GRPO group of G fresh rollouts is mixed with a target probability:
 ratio on DeepScaleR with Qwen3-8B in the paper (26.8 %).
 
 Predictors over :class:`SimState` live in :mod:`trace_gym.sim_predictors` (oracle,
-noisy oracle, learned logistic regression on what a model could observe).
+noisy oracle, learned logistic regression on what a model could observe), which
+imports this module (never the other way round). One simulated step is the one step
+driver (:func:`trace_gym.driver.run_step`) with a :class:`SimBranchRunner`.
 
 Token and step counts are simulated too, so the ledger's exact units are meaningful:
 each turn generates ~Poisson(``policy_tokens_per_turn``) tokens and returns
@@ -34,12 +36,12 @@ of a root rollout and, for a continuation, its whole replayed context (no prefix
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Literal, Sequence
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import BranchResult, run_step as drive_step
+from trace_gym.driver import BranchResult, run_step
 from trace_gym.predictor import SuccessPredictor
 from trace_gym.strategy import Strategy
 from trace_gym.tree import ROOT, TARGET_ESTIMATORS, RolloutTree
@@ -326,49 +328,6 @@ class SimBranchRunner:
         self._pending.clear()
 
 
-# ---------------------------------------------------------------------- one step
-def run_step(
-    pool: TaskPool,
-    candidates: np.ndarray,
-    strategy: Strategy,
-    predictor: SuccessPredictor,
-    nominal_budget: float,
-    world: SimWorld,
-    rng: np.random.Generator,
-    ledger: BudgetLedger,
-) -> tuple[list[RolloutTree], np.ndarray, np.ndarray]:
-    """One allocation step over a candidate pool: the step driver
-    (:func:`trace_gym.driver.run_step`) with a :class:`SimBranchRunner`.
-
-    ``rng`` drives both the allocation and the simulation; the step's costs are added
-    to ``ledger``. Returns (trees of the chosen prompts, the predicted candidate
-    values, m per candidate).
-    """
-    step = drive_step([int(t) for t in candidates], strategy, predictor, SimBranchRunner(pool, world, rng),
-                      nominal_budget, rng)
-    ledger.include(step.ledger)
-    return step.trees, step.values, step.root_counts
-
-
-def training_examples(
-    trees: Sequence[RolloutTree], estimator: Literal["recursive", "fresh"] = "recursive",
-) -> tuple[list[SimState], np.ndarray]:
-    """(states, targets) of every non-leaf node: the predictor's batch.
-
-    ``estimator`` picks the target (``RolloutTree.targets``): the recursive mean, or the
-    mean over fresh continuations at expanded nodes.
-    """
-    states: list[SimState] = []
-    targets: list[float] = []
-    for tree in trees:
-        for node_id, target in tree.targets(estimator).items():
-            node = tree.nodes[node_id]
-            if not node.terminal:
-                states.append(node.snapshot)
-                targets.append(target)
-    return states, np.asarray(targets, dtype=float)
-
-
 # ---------------------------------------------------------------------- target estimators
 def _expanded_nodes(tree: RolloutTree) -> dict[int, float]:
     """Expanded node id -> the observed reward of the root rollout whose prefix it is."""
@@ -382,7 +341,7 @@ def _expanded_nodes(tree: RolloutTree) -> dict[int, float]:
 
 def target_error_study(
     strategy: Strategy,
-    predictor: SuccessPredictor | None = None,
+    predictor: SuccessPredictor,
     world: SimWorld = SimWorld(),
     *,
     pool_size: int = 2000,
@@ -393,8 +352,8 @@ def target_error_study(
 ) -> dict[str, dict[str, Any]]:
     """Which predictor target is closer to the true V: recursive mean or fresh continuations.
 
-    Runs ``steps`` simulated steps of ``strategy`` (default predictor: the oracle, so
-    expansion follows the method exactly) and compares each estimator's target with
+    Runs ``steps`` simulated steps of ``strategy`` driven by ``predictor`` (the caller's;
+    with the oracle, expansion follows the method exactly) and compares each estimator's target with
     the true value V (``SimState.value``) of the same node, in three groups: ``prompt``
     (depth 0), ``prefix`` (every inner node at depth >= 1) and ``expanded`` (the
     prefixes that received continuations, where the two estimators differ most).
@@ -406,10 +365,6 @@ def target_error_study(
     target leans toward the observed outcome), and ``lower_error`` the estimator with
     the lower rmse.
     """
-    if predictor is None:
-        from trace_gym.sim_predictors import OraclePredictor
-
-        predictor = OraclePredictor()
     rng = np.random.default_rng([seed, 9])
     pool = make_pool(world, pool_size, rng)
     errors: dict[str, dict[str, list[float]]] = {g: {e: [] for e in TARGET_ESTIMATORS}
@@ -417,8 +372,9 @@ def target_error_study(
     toward: dict[str, list[float]] = {e: [] for e in TARGET_ESTIMATORS}
     for _ in range(steps):
         cands = rng.choice(len(pool), size=min(candidates, len(pool)), replace=False)
-        trees, _, _ = run_step(pool, cands, strategy, predictor, nominal_budget, world, rng, BudgetLedger())
-        for tree in trees:
+        step = run_step(cands.tolist(), strategy, predictor, SimBranchRunner(pool, world, rng), nominal_budget, rng,
+                        learn=False)
+        for tree in step.trees:
             expanded = _expanded_nodes(tree)
             for est in TARGET_ESTIMATORS:
                 for node_id, target in tree.targets(est).items():

@@ -81,8 +81,8 @@ class NoisyOraclePredictor:
     rng: np.random.Generator
 
     @classmethod
-    def with_spearman(cls, target: float, world: SimWorld, seed: int = 0) -> "NoisyOraclePredictor":
-        return cls(noise_for_spearman(target, world.prior()), np.random.default_rng(seed))
+    def with_spearman(cls, spearman: float, world: SimWorld, seed: int = 0) -> "NoisyOraclePredictor":
+        return cls(noise_for_spearman(spearman, world.prior()), np.random.default_rng(seed))
 
     def predict(self, contexts: Sequence[SimState]) -> np.ndarray:
         v = np.array([c.value for c in contexts], dtype=float)

@@ -30,7 +30,7 @@ from baselines.uniform import UniformRootAllocator
 from trace_gym.allocation import GroupSized, TracePrefixAllocator, TraceRootAllocator
 from trace_gym.strategy import Strategy
 
-__all__ = ["STRATEGIES", "Strategy", "group_sized", "register_strategy", "shaped_strategies", "DEFAULT_GROUP_SIZE",
+__all__ = ["STRATEGIES", "Strategy", "register_strategy", "shaped_strategies", "DEFAULT_GROUP_SIZE",
            "DEFAULT_CONTINUATIONS_PER_ROOT"]
 
 #: GRPO's group size in the paper's setups (and the baselines' default).
@@ -117,9 +117,3 @@ def shaped_strategies(names: Sequence[str], *, group_size: int, continuations_pe
             s = dataclasses.replace(s, root_allocator=s.root_allocator.with_group_size(group_size))
         out[name] = s
     return out
-
-
-def group_sized(strategies: Mapping[str, Strategy]) -> list[str]:
-    """The strategies a ``group_size`` knob reaches: those whose root allocator declares
-    one (``trace_gym.allocation.GroupSized``)."""
-    return [name for name, s in strategies.items() if isinstance(s.root_allocator, GroupSized)]

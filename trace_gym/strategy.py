@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
-from trace_gym.allocation import PrefixAllocator, RootAllocator
+from trace_gym.allocation import GroupSized, PrefixAllocator, RootAllocator
 
 
 @dataclass(frozen=True)
@@ -81,3 +82,9 @@ class Strategy:
         if continuations_per_root == 0:  # no continuations: the root allocator alone, flat
             return dataclasses.replace(self, prefix_allocator=None, continuations_per_root=0)
         return dataclasses.replace(self, continuations_per_root=continuations_per_root)
+
+
+def group_sized(strategies: Mapping[str, Strategy]) -> list[str]:
+    """The strategies a ``group_size`` knob reaches: those whose root allocator declares
+    one (:class:`~trace_gym.allocation.GroupSized`)."""
+    return [name for name, s in strategies.items() if isinstance(s.root_allocator, GroupSized)]

@@ -1,12 +1,14 @@
 """The training loop, top to bottom (trace-method.md, "One training step"), and its config.
 
 :func:`train` reads like CleanRL's ``ppo.py``: per step it samples candidate prompts,
-builds rollout trees with the strategy (``rollout.collect``), updates the success
-predictor on the trees (``rollout.update_predictor``), computes advantages with the
-chosen estimator, updates the policy (:class:`~trace_gym.trainer.PolicyTrainer`), pushes
+runs the one step driver on them (``rollout.collect``: rollout trees with the strategy,
+then the success predictor's update on the trees), computes advantages with the chosen
+estimator, updates the policy (:class:`~trace_gym.trainer.PolicyTrainer`), pushes
 the weights to the rollout engine, logs one metrics line, checkpoints, and evaluates
 every ``eval_every`` steps. Strategies, environments and estimators arrive as objects
-(:class:`TrainSetup`) or through the estimator table; the loop never branches on a name.
+(:class:`TrainSetup`) or through the estimator table, and the trainer, engine and agent
+runners come from one backend object (:class:`~trace_gym.backend.TrainBackend`: in
+process, or on Ray); the loop never branches on a name.
 
 The face (the ``trace-gym train`` command) resolves names into a :class:`TrainSetup`;
 this module imports nothing of the face or of the env families.
@@ -14,8 +16,6 @@ this module imports nothing of the face or of the env families.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import math
 import random
@@ -29,11 +29,11 @@ import numpy as np
 
 from trace_gym.advantages import ESTIMATORS, get_estimator
 from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state
-from trace_gym.config import config_from_mapping, doc, read_yaml, to_yaml
+from trace_gym.config import doc, flatten, load_config, to_yaml
+from trace_gym.engines import ENGINES
+from trace_gym.predictor import check_predictor_name, predictor_names, predictor_spec
 from trace_gym.trainer import TrainerConfig
 from trace_gym.types import Task
-
-ENGINES = ("auto", "hf", "vllm")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class TrainConfig:
 
     run_dir: str = field(default="runs/train", metadata=doc("run directory (config, metrics, checkpoints)"))
     policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder of the initial policy"))
-    engine: str = field(default="hf", metadata=doc("rollout engine: auto | hf | vllm"))
+    engine: str = field(default="hf", metadata=doc("rollout engine: " + " | ".join(["auto", *ENGINES])))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc(
         "keyword arguments of the engine (e.g. {dtype: bfloat16, gpu_memory_utilization: 0.4})"))
     device: str = field(default="auto", metadata=doc("trainer device: auto | cpu | cuda"))
@@ -56,7 +56,8 @@ class TrainConfig:
         "share of the family's prompts (by prompt hash) kept out of training for held-out evaluation"))
     train_pool: int = field(default=512, metadata=doc("training prompts drawn from the data"))
     strategy: str = field(default="trace", metadata=doc("rollout allocation strategy (trace-gym strategies)"))
-    advantage: str = field(default="treerpo", metadata=doc("advantage estimator: grpo | treerpo | tree_grpo"))
+    advantage: str = field(default="treerpo", metadata=doc(
+        "advantage estimator: one of the estimator table (trace-gym train --help lists it; plugins may add more)"))
     advantage_std_normalize: bool = field(default=True, metadata=doc("divide by the group std (false: Dr. GRPO)"))
     advantage_eps: float = field(default=1e-6, metadata=doc("epsilon added to group stds"))
     steps: int = field(default=4, metadata=doc("training steps (policy updates)"))
@@ -65,7 +66,7 @@ class TrainConfig:
     root_budget: int = field(default=8, metadata=doc("M: root rollouts per step of a tree strategy"))
     continuations_per_root: int = field(default=2, metadata=doc("N: continuations per root; budget M (1 + N/2)"))
     group_size: int = field(default=4, metadata=doc("G: group size of fixed-group strategies (uniform, pcl)"))
-    predictor: str = field(default="embedding", metadata=doc("success predictor: embedding | lm_critic | constant"))
+    predictor: str = field(default="embedding", metadata=doc("success predictor: " + " | ".join(predictor_names("text"))))
     predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
         "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", \"dtype\": \"bfloat16\"}"))
     prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
@@ -96,12 +97,11 @@ class TrainConfig:
         if self.root_budget < 2 or self.continuations_per_root < 0:
             raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
                              f"{self.root_budget!r}, {self.continuations_per_root!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine not in ("auto", *ENGINES):
+            raise ValueError(f"engine must be one of {['auto', *ENGINES]}, got {self.engine!r}")
         if self.advantage not in ESTIMATORS:
             raise ValueError(f"advantage must be one of {sorted(ESTIMATORS)}, got {self.advantage!r}")
-        if self.predictor not in ("embedding", "lm_critic", "constant"):
-            raise ValueError(f"predictor must be 'embedding', 'lm_critic' or 'constant', got {self.predictor!r}")
+        check_predictor_name(self.predictor, "text")
         if not 0 <= self.heldout_fraction < 1 or not 0 <= self.prefix_share < 1:
             raise ValueError(f"heldout_fraction and prefix_share must lie in [0, 1), got "
                              f"{self.heldout_fraction!r}, {self.prefix_share!r}")
@@ -122,24 +122,9 @@ RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "keep_checkpoints", "eval
 
 
 def load_train_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
-    """YAML (``path``) then ``key=value`` overrides; ``trainer.x`` keys go to the trainer section.
-
-    Unknown keys and ill-typed values raise ``ValueError`` naming them (before anything loads).
-    """
-    source = str(path) if path else "config"
-    data = read_yaml(path) if path else {}
-    section = data.pop("trainer", None) or {}
-    if not isinstance(section, dict):
-        raise ValueError(f"{source}: trainer must be a mapping of TrainerConfig fields, got {section!r}")
-    section = dict(section)
-    for key, value in (overrides or {}).items():
-        if key.startswith("trainer."):
-            section[key[len("trainer."):]] = value
-        else:
-            data[key] = value
-    trainer = config_from_mapping(TrainerConfig, section, source=f"{source} (trainer)")
-    cfg = config_from_mapping(TrainConfig, data, source=source)
-    return dataclasses.replace(cfg, trainer=trainer)
+    """YAML (``path``) then ``key=value`` overrides (``trainer.x`` keys reach the trainer
+    section): :func:`trace_gym.config.load_config` for :class:`TrainConfig`."""
+    return load_config(TrainConfig, path, overrides)
 
 
 def config_differences(stored_yaml: str, new_yaml: str) -> list[str]:
@@ -151,31 +136,12 @@ def config_differences(stored_yaml: str, new_yaml: str) -> list[str]:
     import yaml
 
     def flat(text: str) -> dict:
-        d = yaml.safe_load(text) or {}
-        return {**{k: v for k, v in d.items() if k != "trainer"},
-                **{f"trainer.{k}": v for k, v in (d.get("trainer") or {}).items()}}
+        return flatten(TrainConfig, yaml.safe_load(text) or {})
 
     defaults = flat(to_yaml(TrainConfig()))
     flat_a, flat_b = {**defaults, **flat(stored_yaml)}, {**defaults, **flat(new_yaml)}
     return [f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}" for k in sorted(set(flat_a) | set(flat_b))
             if k not in RESUMABLE_KEYS and flat_a.get(k) != flat_b.get(k)]
-
-
-def split_tasks(tasks: Sequence[Task], split: str, heldout_fraction: float) -> list[Task]:
-    """The ``"train"`` or ``"heldout"`` part of ``tasks``, by a hash of the prompt text.
-
-    A prompt is held out when ``sha256("trace_gym/heldout/" + prompt)`` maps below
-    ``heldout_fraction``: the same prompt text is always on the same side, whatever its id,
-    seed or position, so held-out prompts never reach training.
-    """
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-
-    def held(task: Task) -> bool:
-        digest = hashlib.sha256(f"trace_gym/heldout/{task.prompt}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction
-
-    return [t for t in tasks if held(t) == (split == "heldout")]
 
 
 class TaskCursor:
@@ -233,10 +199,8 @@ class TrainSetup:
 # ---------------------------------------------------------------------- dry run
 def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
     """Resolve everything but the model: budget split, data, one env reset, estimator."""
-    from trace_gym.bench import predictor_spec
-
     roots, continuations = setup.strategy.budget_split(cfg.nominal_budget)
-    predictor_spec(cfg.predictor, str(cfg.policy), cfg.seed, cfg.predictor_kwargs)
+    predictor_spec(cfg.predictor, cfg.predictor_kwargs, model_path=str(cfg.policy), seed=cfg.seed)
     lines = [f"trace-gym train --dry-run: {cfg.run_dir}",
              f"  policy: {cfg.policy} (engine {cfg.engine}, trainer device {cfg.device}; not loaded)",
              f"  strategy: {cfg.strategy}: {getattr(setup.strategy, 'description', '')}",
@@ -275,42 +239,65 @@ def _tensorboard(cfg: TrainConfig, logdir: Path | None) -> Any:
 
 
 # ---------------------------------------------------------------------- the loop
-def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, Any]:
-    """Run (or resume) training; returns ``{"run_dir", "steps", "metrics": [...]}``."""
-    import torch
+def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any = None) -> dict[str, Any]:
+    """Run (or resume) training; returns ``{"run_dir", "steps", "metrics": [...]}``.
+
+    ``backend`` (a :class:`~trace_gym.backend.TrainBackend`) builds the trainer, the engine
+    and each step's agent runner; default: :func:`~trace_gym.backend.backend_for` ``cfg``
+    (in process, or on Ray when ``cfg.ray`` is set). Engine, runner and backend are closed
+    at the end, also when a step raises.
+    """
     from tqdm.auto import tqdm
 
-    from trace_gym.agent import AgentConfig, AgentRunner
-    from trace_gym.batches import token_tree
-    from trace_gym.bench import make_predictor, prefix_weight_for_share, reward_warning
-    from trace_gym.engines import make_engine
-    from trace_gym.models import resolve_model
-    from trace_gym.rollout import collect, update_predictor
-    from trace_gym.trainer import PolicyTrainer
-    from trace_gym.types import SamplingParams
+    from trace_gym.backend import backend_for
+    from trace_gym.models import quiet_third_party
 
-    if cfg.ray is not None:  # the same loop, its trainer, engine and env work on Ray actors
-        from trace_gym.distributed import ray_backend
-
-        PolicyTrainer, make_engine, AgentRunner = ray_backend(cfg)  # noqa: N806
     quiet_third_party()
     out = out or sys.stdout
     say = lambda msg: tqdm.write(msg, file=out) if cfg.progress else None  # noqa: E731
-    estimator = get_estimator(cfg.advantage)
     run = RunDir(cfg.run_dir)
     resume = run.start(to_yaml(cfg), compare=config_differences)
     start = resume.step if resume else 0
     if start >= cfg.steps:
         say(f"{cfg.run_dir}: all {cfg.steps} steps are done")
         return {"run_dir": cfg.run_dir, "steps": start, "metrics": run.read_metrics()}
-    writer = _tensorboard(cfg, run.path / "tb")
+    from trace_gym.models import resolve_model
+
     tasks = list(setup.load_train_tasks())[: cfg.train_pool]
     base_policy = resolve_model(cfg.policy)
     weights = resume.policy_path if resume else base_policy
-    trainer = PolicyTrainer(weights, cfg.trainer, total_steps=cfg.steps, temperature=cfg.temperature,
-                            device=cfg.device, seed=cfg.seed)
-    engine = make_engine(cfg.engine, weights, **cfg.engine_kwargs)
-    predictor = make_predictor(cfg.predictor, str(base_policy), seed=cfg.seed, kwargs=cfg.predictor_kwargs)
+    backend = backend or backend_for(cfg)
+    engine = writer = None
+    try:
+        trainer = backend.make_trainer(weights, cfg.trainer, total_steps=cfg.steps, temperature=cfg.temperature,
+                                       device=cfg.device, seed=cfg.seed)
+        engine = backend.make_engine(cfg.engine, weights, **cfg.engine_kwargs)
+        writer = _tensorboard(cfg, run.path / "tb")
+        _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, writer, say, out)
+    finally:
+        if writer is not None:
+            writer.close()
+        if engine is not None:
+            engine.close()
+        backend.close()
+    return {"run_dir": cfg.run_dir, "steps": cfg.steps, "metrics": run.read_metrics()}
+
+
+def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: Sequence[Task], base_policy: str,
+          trainer: Any, engine: Any, backend: Any, writer: Any, say: Callable, out: Any) -> None:
+    """Steps ``start + 1 .. cfg.steps``, top to bottom."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from trace_gym.agent import AgentConfig
+    from trace_gym.batches import token_tree
+    from trace_gym.predictor import make_predictor
+    from trace_gym.rollout import collect
+    from trace_gym.types import SamplingParams
+
+    start = resume.step if resume else 0
+    estimator = get_estimator(cfg.advantage)
+    predictor = make_predictor(cfg.predictor, cfg.predictor_kwargs, model_path=base_policy, seed=cfg.seed)
     cursor = TaskCursor(len(tasks), cfg.seed)
     rng = np.random.default_rng([cfg.seed, 1])
     if resume:
@@ -332,27 +319,22 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
         t_step = time.perf_counter()
         # 1. sample candidate prompts
         candidates = [tasks[i] for i in cursor.take(cfg.candidates)]
-        # 2. build rollout trees (predictor scoring, root allocation, prefix expansion)
+        # 2-3. the one step: rollout trees (predictor scoring, root allocation, prefix
+        #      expansion), then the predictor's update on their recursive-mean targets
         bar.set_postfix_str("rollouts")
         sampling = SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature,
                                   seed=cfg.seed * 1_000_003 + step)
-        runner = AgentRunner(engine, engine.tokenizer, setup.make_env, sampling, agent_cfg)
+        runner = backend.make_runner(engine, engine.tokenizer, setup.make_env, sampling, agent_cfg)
         try:
             batch = collect(candidates, setup.strategy, predictor, runner, cfg.nominal_budget, rng,
-                            seed=cfg.seed * 1_000_003 + 100_000 * step)
+                            seed=cfg.seed * 1_000_003 + 100_000 * step, prefix_share=cfg.prefix_share)
         finally:
             runner.close()
-        warning = reward_warning(batch.trees)  # all 0 or all 1: no contrast, nothing to learn
-        if warning:
-            tqdm.write(f"WARNING: step {step}: {warning}", file=sys.stderr)
-        # 3. update the predictor on the trees' recursive-mean targets
-        bar.set_postfix_str("predictor")
-        n_prefix = sum(1 for t in batch.trees for n in t.nodes[1:] if not n.terminal)
-        predictor_stats = update_predictor(predictor, batch, prefix_weight=prefix_weight_for_share(
-            len(batch.trees), n_prefix, cfg.prefix_share))
+        if batch.learning.warning:  # all 0 or all 1: no contrast, nothing to learn
+            tqdm.write(f"WARNING: step {step}: {batch.learning.warning}", file=sys.stderr)
         # 4. advantages, per tree (pure functions over the trees)
         advantages = [estimator(t, eps=cfg.advantage_eps, std_normalize=cfg.advantage_std_normalize)
-                      if t.leaves() else {} for t in batch.trees]  # a tree whose roots all failed to start: nothing
+                      if t.leaves() else {} for t in batch.trees]  # a tree whose roots all failed: nothing
         # 5. policy update (PPO-clip on packed trees, each edge once)
         bar.set_postfix_str("policy update")
         update = trainer.step([token_tree(t, a) for t, a in zip(batch.trees, advantages)])
@@ -368,7 +350,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
             (run.path / "evals").mkdir(exist_ok=True)
             (run.path / "evals" / f"step-{step}.json").write_text(json.dumps(evaluation, default=str))
         # 8. log and checkpoint (atomic; the metrics line is appended after the checkpoint)
-        record = step_record(step, batch, update, predictor_stats, sync_seconds, evaluation,
+        record = step_record(step, batch, update, batch.learning.stats, sync_seconds, evaluation,
                              time.perf_counter() - t_step, advantages, eval_seconds)
         checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
         bar.set_postfix_str("checkpoint" if checkpoint else "")
@@ -380,20 +362,6 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None) -> dict[str, 
         bar.update(1)
         say(summary_line(record, cfg.steps))
     bar.close()
-    if writer is not None:
-        writer.close()
-    engine.close()
-    return {"run_dir": cfg.run_dir, "steps": cfg.steps, "metrics": run.read_metrics()}
-
-
-def quiet_third_party() -> None:
-    """No third-party progress bars (transformers' weight loading / saving): ours only."""
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
 
 
 def _finite(value: Any) -> Any:

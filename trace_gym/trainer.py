@@ -52,41 +52,38 @@ from trace_gym.batches import (
     plan_rows,
     slot_bases,
 )
+from trace_gym.config import doc
 
 LR_SCHEDULES = ("constant", "cosine")
 DTYPES = ("auto", "float32", "bfloat16")
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
     """Loss, optimiser and memory settings of the policy update (one help string per field)."""
 
-    lr: float = field(default=1e-6, metadata=_help("AdamW peak learning rate"))
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW decoupled weight decay"))
-    adam_betas: tuple[float, ...] = field(default=(0.9, 0.999), metadata=_help("AdamW (beta1, beta2)"))
-    warmup_steps: int = field(default=0, metadata=_help("policy updates of linear LR warm-up from 0"))
-    lr_schedule: str = field(default="constant", metadata=_help("after warm-up: constant | cosine"))
-    min_lr_ratio: float = field(default=0.0, metadata=_help("cosine floor, as a fraction of lr"))
-    max_grad_norm: float = field(default=1.0, metadata=_help("clip the global gradient norm (0: off)"))
-    clip_low: float = field(default=0.2, metadata=_help("PPO clip: ratio >= 1 - clip_low"))
-    clip_high: float = field(default=0.2, metadata=_help("PPO clip: ratio <= 1 + clip_high (DAPO uses 0.28)"))
-    loss_aggregation: str = field(default="token-mean", metadata=_help(
+    lr: float = field(default=1e-6, metadata=doc("AdamW peak learning rate"))
+    weight_decay: float = field(default=0.0, metadata=doc("AdamW decoupled weight decay"))
+    adam_betas: tuple[float, ...] = field(default=(0.9, 0.999), metadata=doc("AdamW (beta1, beta2)"))
+    warmup_steps: int = field(default=0, metadata=doc("policy updates of linear LR warm-up from 0"))
+    lr_schedule: str = field(default="constant", metadata=doc("after warm-up: constant | cosine"))
+    min_lr_ratio: float = field(default=0.0, metadata=doc("cosine floor, as a fraction of lr"))
+    max_grad_norm: float = field(default=1.0, metadata=doc("clip the global gradient norm (0: off)"))
+    clip_low: float = field(default=0.2, metadata=doc("PPO clip: ratio >= 1 - clip_low"))
+    clip_high: float = field(default=0.2, metadata=doc("PPO clip: ratio <= 1 + clip_high (DAPO uses 0.28)"))
+    loss_aggregation: str = field(default="token-mean", metadata=doc(
         "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"))
-    loss_norm_tokens: int = field(default=0, metadata=_help(
+    loss_norm_tokens: int = field(default=0, metadata=doc(
         "L of seq-mean-token-sum-norm (0: the longest sequence's policy tokens)"))
-    tis_cap: float | None = field(default=None, metadata=_help(
+    tis_cap: float | None = field(default=None, metadata=doc(
         "truncated importance weight cap vs the engine's sampling logprobs (null: off)"))
-    kl_coef: float = field(default=0.0, metadata=_help("k3 KL penalty to the initial policy (0: off)"))
-    ppo_epochs: int = field(default=1, metadata=_help("passes over the step's batch"))
-    mini_batches: int = field(default=1, metadata=_help("optimizer steps per pass (the batch split by trees)"))
-    micro_batch_tokens: int = field(default=4096, metadata=_help("tokens per packed forward/backward pass"))
-    dtype: str = field(default="auto", metadata=_help(
+    kl_coef: float = field(default=0.0, metadata=doc("k3 KL penalty to the initial policy (0: off)"))
+    ppo_epochs: int = field(default=1, metadata=doc("passes over the step's batch"))
+    mini_batches: int = field(default=1, metadata=doc("optimizer steps per pass (the batch split by trees)"))
+    micro_batch_tokens: int = field(default=4096, metadata=doc("tokens per packed forward/backward pass"))
+    dtype: str = field(default="auto", metadata=doc(
         "autocast dtype: auto (bf16 on a GPU that supports it, else float32) | float32 | bfloat16"))
-    gradient_checkpointing: bool = field(default=False, metadata=_help("recompute activations in backward"))
+    gradient_checkpointing: bool = field(default=False, metadata=doc("recompute activations in backward"))
 
     def __post_init__(self) -> None:
         if not self.lr > 0:

@@ -41,6 +41,7 @@ _EXPORTS = {
     "DataParallelTrainer": "trace_gym.distributed.trainer",
     "TrainerGroup": "trace_gym.distributed.trainer",
     "ray_backend": "trace_gym.distributed.backend",
+    "RayBackend": "trace_gym.distributed.backend",
 }
 
 __all__ = sorted(_EXPORTS)

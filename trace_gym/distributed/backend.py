@@ -1,15 +1,15 @@
-"""What ``trace-gym train --ray [ADDRESS]`` builds: the loop's three factories, on Ray.
+"""What ``trace-gym train --ray [ADDRESS]`` builds: the loop's backend, on Ray.
 
-:func:`trace_gym.train.train` builds a trainer, an engine and, per step, an agent runner.
-:func:`ray_backend` returns drop-in replacements for those three callables (same
-signatures), so the loop is the same code either way:
+:func:`trace_gym.train.train` builds a trainer, an engine and, per step, an agent runner
+from one backend object (:class:`trace_gym.backend.TrainBackend`). :class:`RayBackend`
+builds the same interfaces on Ray actors, so the loop is the same code either way:
 
 - trainer: a :class:`~trace_gym.distributed.trainer.TrainerGroup` of ``trainer_workers``
   ranks, replicas or FSDP2 shards (``trainer_shard``); ``0``: the in-process
   :class:`~trace_gym.trainer.PolicyTrainer` on the driver;
 - engine: an :class:`~trace_gym.distributed.engines.EngineGroup` over ``rollout_workers``
-  actors; its ``close()`` also stops the env pools, the trainer ranks and a cluster this
-  process started;
+  actors; its ``close()``, like the backend's, also stops the env pools, the trainer
+  ranks and a cluster this process started;
 - runner: a :class:`~trace_gym.distributed.runner.RayAgentRunner` on ``env_pools`` env
   pool actors, started on the first step for the run's env factory (dead pools are
   replaced at the start of each step).
@@ -111,37 +111,43 @@ def ray_options(mapping: dict | None) -> RayOptions:
     return config_from_mapping(RayOptions, dict(mapping or {}), source="ray_options")
 
 
-def ray_backend(cfg: Any) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    """``(make_trainer, make_engine, make_runner)`` for ``cfg`` (a ``TrainConfig`` with
-    ``ray`` set: ``"local"`` starts a local cluster, anything else is an address to join).
+class RayBackend:
+    """The :class:`~trace_gym.backend.TrainBackend` of ``train --ray``: the trainer, the
+    engine and the agent runners on Ray actors (see the module docstring).
 
-    The three take the arguments of ``PolicyTrainer``, ``make_engine`` and ``AgentRunner``.
+    Args:
+        cfg: a ``TrainConfig`` with ``ray`` set: ``"local"`` starts a local cluster,
+            anything else is an address to join; ``ray_options`` sizes the actors.
     """
-    from trace_gym.distributed.cluster import ray_available, start_ray
 
-    opts = ray_options(getattr(cfg, "ray_options", None))
-    ok, why = ray_available()
-    if not ok:
-        raise ValueError(f"--ray needs Ray: {why}")
-    cluster = start_ray(None if cfg.ray in (None, "", "local") else cfg.ray, num_cpus=opts.num_cpus)
-    closers: list[Callable[[], None]] = []
-    if cluster.started:
-        import sys
+    def __init__(self, cfg: Any):
+        from trace_gym.distributed.cluster import ray_available, start_ray
 
-        import ray
+        self.opts = opts = ray_options(getattr(cfg, "ray_options", None))
+        ok, why = ray_available()
+        if not ok:
+            raise ValueError(f"--ray needs Ray: {why}")
+        self.cluster = start_ray(None if cfg.ray in (None, "", "local") else cfg.ray, num_cpus=opts.num_cpus)
+        self._closers: list[Callable[[], None]] = []
+        self._pools: dict[int, Any] = {}
+        self._closed = False
+        if self.cluster.started:
+            import sys
 
-        atexit.register(cluster.shutdown)
-        try:
-            check_fits(opts, ray.cluster_resources())
-        except ValueError:
-            cluster.shutdown()
-            raise
-        address = ray.get_runtime_context().gcs_address
-        print(f"trace-gym train --ray: local Ray cluster at {address} (ray status --address {address})",
-              file=sys.stderr)
-    pools: dict[int, Any] = {}
+            import ray
 
-    def make_trainer(model_path: Any, config: Any, **kwargs: Any) -> Any:
+            atexit.register(self.cluster.shutdown)
+            try:
+                check_fits(opts, ray.cluster_resources())
+            except ValueError:
+                self.cluster.shutdown()
+                raise
+            address = ray.get_runtime_context().gcs_address
+            print(f"trace-gym train --ray: local Ray cluster at {address} (ray status --address {address})",
+                  file=sys.stderr)
+
+    def make_trainer(self, model_path: Any, config: Any, **kwargs: Any) -> Any:
+        opts = self.opts
         if opts.trainer_workers == 0:
             from trace_gym.trainer import PolicyTrainer
 
@@ -151,31 +157,46 @@ def ray_backend(cfg: Any) -> tuple[Callable[..., Any], Callable[..., Any], Calla
         group = TrainerGroup(model_path, config, world_size=opts.trainer_workers, num_cpus=opts.trainer_cpus,
                              num_gpus=opts.trainer_gpus, num_threads=opts.torch_threads, shard=opts.trainer_shard,
                              weight_sync=opts.weight_sync, **kwargs)
-        closers.append(group.close)
+        self._closers.append(group.close)
         return group
 
-    def make_engine(kind: str, model_path: Any, **engine_kwargs: Any) -> Any:
+    def make_engine(self, kind: str, model_path: Any, **engine_kwargs: Any) -> Any:
         from trace_gym.distributed.launch import launch_rollout_workers
 
+        opts = self.opts
         engine = launch_rollout_workers(kind, str(model_path), opts.rollout_workers, engine_kwargs=engine_kwargs,
                                         num_cpus=opts.worker_cpus, num_gpus=opts.worker_gpus,
                                         num_threads=opts.torch_threads)
-        engine.on_close.append(lambda: [fn() for fn in closers])  # the trainer ranks, whenever made
-        engine.on_close.extend([lambda: [p.shutdown() for p in pools.values()], cluster.shutdown])
+        engine.on_close.append(self.close)  # closing the engine stops the whole backend, as before
         return engine
 
-    def make_runner(engine: Any, tokenizer: Any, make_env: Any, sampling: Any, config: Any) -> Any:
+    def make_runner(self, engine: Any, tokenizer: Any, make_env: Any, sampling: Any, config: Any) -> Any:
         from trace_gym.distributed.launch import launch_env_pools
         from trace_gym.distributed.runner import RayAgentRunner
 
-        group = pools.get(id(make_env))
+        opts = self.opts
+        group = self._pools.get(id(make_env))
         if group is None:
-            group = pools[id(make_env)] = launch_env_pools(make_env, opts.env_pools, size=opts.envs_per_pool,
-                                                            threads=opts.env_threads, num_cpus=opts.pool_cpus)
+            group = self._pools[id(make_env)] = launch_env_pools(make_env, opts.env_pools, size=opts.envs_per_pool,
+                                                                  threads=opts.env_threads, num_cpus=opts.pool_cpus)
         group.revive()
         return RayAgentRunner(engine, tokenizer, group, sampling, config)
 
-    return make_trainer, make_engine, make_runner
+    def close(self) -> None:
+        """Stop the trainer ranks, the env pools and a cluster this process started; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for fn in self._closers:
+            fn()
+        for pool in self._pools.values():
+            pool.shutdown()
+        self.cluster.shutdown()
+
+
+def ray_backend(cfg: Any) -> RayBackend:
+    """:class:`RayBackend` for ``cfg`` (kept as the documented entry point)."""
+    return RayBackend(cfg)
 
 
 def describe(opts: RayOptions) -> str:
