@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pickle
 import random
 import sys
@@ -12,7 +13,9 @@ import pytest
 
 import trace_gym  # noqa: F401  (registers ids)
 from environments.guess_number import GuessNumberEnv, make_tasks
-from trace_gym.env import EnvCheckError, Snapshot, check_env, freeze, thaw
+from trace_gym import env_checks
+from trace_gym.env import EnvCheckError, Snapshot, check_env, freeze, rng_from_state, rng_state, thaw
+from trace_gym.env_checks import CHECKS, CheckRun
 from trace_gym.registry import env_ids, register_envs
 from trace_gym.types import Message, Task
 
@@ -141,6 +144,94 @@ def test_check_env_catches_non_idempotent_close():
     assert err.value.check == "close_idempotent"
 
 
+# --- each check alone: it passes on the reference env and fails, by name, on its planted bug
+
+
+class NoSeedEnv(GuessNumberEnv):
+    """Planted bug: ``reset`` takes no ``seed`` (Gymnasium's checker refuses it)."""
+
+    def reset(self, *, options=None):
+        return super().reset(options=options)
+
+
+class UnknownSnapshotModeEnv(GuessNumberEnv):
+    """Planted bug: a ``snapshot_mode`` that is not one of ``SNAPSHOT_MODES``."""
+
+    snapshot_mode = "copy"
+
+
+_RNG_STATES: dict[int, dict] = {}  # process-local: a fresh interpreter starts with it empty
+
+
+class ProcessLocalRngEnv(GuessNumberEnv):
+    """Planted bug: the snapshot holds only a key into a process-local table of RNG states,
+    so it restores in this process but not in a fresh one."""
+
+    def snapshot(self):
+        key = len(_RNG_STATES)
+        _RNG_STATES[key] = rng_state(self._np_random)
+        state = freeze((self._secret, self._turn, self._done, key))
+        return Snapshot(type(self).__name__, "state", self._turn, state)
+
+    def restore(self, snapshot):
+        self._secret, self._turn, self._done, key = thaw(snapshot.state)
+        if key in _RNG_STATES:
+            self._np_random = rng_from_state(_RNG_STATES[key])
+
+
+def history_env(alias_in: str) -> HistoryEnv:
+    env = HistoryEnv()
+    env.alias_in = alias_in
+    return env
+
+
+#: check -> (picklable factory of an env with a bug planted for it, tasks, a piece of its message)
+PLANTED = {
+    "gymnasium_api": (NoSeedEnv, TASKS, "does not provide a `seed`"),
+    "protocol": (UnknownSnapshotModeEnv, TASKS, "got 'copy'"),
+    "message_schema": (DictObsEnv, TASKS, "is not a Message"),
+    "seeded_determinism": (functools.partial(UnseededEnv, lie_prob=0.0), make_tasks(8), "same seed and actions"),
+    "snapshot_immutable": (functools.partial(history_env, "snapshot"), TASKS, "shares mutable state"),
+    "snapshot_roundtrip": (functools.partial(ForgetfulRngEnv, lie_prob=0.5), make_tasks(6), "restored after turn"),
+    "branch_isolation": (functools.partial(history_env, "restore"), TASKS, "changed the snapshot"),
+    "snapshot_pickle_process": (functools.partial(ProcessLocalRngEnv, lie_prob=0.5), make_tasks(6),
+                                "restored in another process"),
+    "close_idempotent": (BadCloseEnv, TASKS[:1], "close() twice raised RuntimeError: already closed"),
+}
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_each_check_alone_passes_the_reference_env_and_catches_its_planted_bug(name):
+    check = getattr(env_checks, name)
+    assert CHECKS[name] is check and check.__name__ == name
+    assert check(CheckRun(gymnasium.make("trace_gym/GuessNumber-v0"), TASKS)) >= 1
+    make_bad, tasks, message = PLANTED[name]
+    with pytest.raises(EnvCheckError) as err:
+        check(CheckRun(make_bad(), tasks, make_env=make_bad))
+    assert err.value.check == name
+    assert str(err.value).startswith(f"[{name}] ") and message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_check_env_runs_only_the_named_checks_in_their_order():
+    assert set(PLANTED) == set(CHECKS)  # every check has its planted bug above
+    report = check_env(gymnasium.make("trace_gym/GuessNumber-v0"), TASKS)
+    assert list(report.passed) == list(CHECKS)
+    report = check_env(gymnasium.make("trace_gym/GuessNumber-v0"), TASKS, only=("snapshot_roundtrip", "protocol"))
+    assert report.passed == {"protocol": 1, "snapshot_roundtrip": 15} and not report.skipped
+    assert check_env(BadCloseEnv(), TASKS[:1], only="snapshot_immutable").passed == {"snapshot_immutable": 5}
+    with pytest.raises(ValueError, match="'snapshot_rountrip'"):
+        check_env(GuessNumberEnv(), TASKS, only=("snapshot_rountrip",))
+    with pytest.raises(ValueError, match="at least one task"):
+        check_env(GuessNumberEnv(), [])
+
+
+def test_check_env_catches_a_snapshot_that_only_restores_in_its_own_process():
+    make_env = functools.partial(ProcessLocalRngEnv, lie_prob=0.5)
+    with pytest.raises(EnvCheckError) as err:
+        check_env(make_env(), make_tasks(6), make_env=make_env)
+    assert err.value.check == "snapshot_pickle_process"
+
+
 def test_malformed_actions_become_observations():
     env = GuessNumberEnv(lie_prob=0.0)
     env.reset(seed=0, options={"task": TASKS[0]})
@@ -232,7 +323,7 @@ def test_check_env_worker_builds_a_factory_that_names_an_id_only_this_process_re
         assert report.passed["snapshot_pickle_process"] >= 2 and not report.skipped
     finally:
         gymnasium.registry.pop("custom_ns/GuessById-v0")
-    source = open(sys.modules["trace_gym.env"].__file__).read()
+    source = open(sys.modules["trace_gym.env_checks"].__file__).read()
     assert "registry" not in source.split('if __name__ == "__main__":')[1]
 
 

@@ -15,16 +15,14 @@ raw output for one turn) and whose observations are chat messages:
   restore never leak into the snapshot or into sibling branches.
 
 :func:`check_env` checks all of that on a user's env; a new env is "done" when it
-passes.
+passes. Its checks, one function each, live in :mod:`trace_gym.env_checks`.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import math
 import pickle
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -250,54 +248,6 @@ class CheckReport:
         self.passed[check] = self.passed.get(check, 0) + n
 
 
-# --- trajectory helpers -------------------------------------------------------------
-
-Step = tuple  # (observation: tuple[Message, ...], reward: float, terminated: bool, truncated: bool)
-
-
-def _record(result: tuple) -> Step:
-    obs, reward, terminated, truncated, _info = result
-    return (tuple(obs), float(reward), bool(terminated), bool(truncated))
-
-
-def _play(env: Any, actions: Sequence[str]) -> list[Step]:
-    """Step ``actions`` in order until the episode ends; return the recorded steps."""
-    out: list[Step] = []
-    for action in actions:
-        out.append(_record(env.step(action)))
-        if out[-1][2] or out[-1][3]:
-            break
-    return out
-
-
-def _diff(a: Sequence[Step], b: Sequence[Step]) -> str | None:
-    """First difference between two recorded trajectories, or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            for name, u, v in zip(("observation", "reward", "terminated", "truncated"), x, y):
-                if u != v:
-                    return f"step {i}: {name} differs: {u!r:.300} != {v!r:.300}"
-    if len(a) != len(b):
-        return f"trajectory lengths differ: {len(a)} != {len(b)}"
-    return None
-
-
-def _replay_in_fresh_env(make_env: EnvFactory, jobs: list[tuple[bytes, list[str]]]) -> list:
-    """Worker body: restore each pickled snapshot into a fresh env, play its actions."""
-    results = []
-    env = make_env()
-    base = env.unwrapped if hasattr(env, "unwrapped") else env
-    try:
-        for blob, actions in jobs:
-            snap = pickle.loads(blob)
-            base.reset(seed=0)
-            base.restore(snap)
-            results.append(_play(base, actions))
-    finally:
-        env.close()
-    return results
-
-
 def _portable(make_env: EnvFactory) -> EnvFactory:
     """A factory a fresh interpreter can call without any registration of its own.
 
@@ -316,80 +266,6 @@ def _portable(make_env: EnvFactory) -> EnvFactory:
     return make_env
 
 
-def _cross_process(make_env: EnvFactory, jobs, timeout: float) -> list:
-    """Replay ``jobs`` in a fresh interpreter (``python -m trace_gym.env``), via pickle.
-
-    The worker gets this process's ``sys.path`` (so the factory's module imports there
-    too) and a :func:`_portable` factory; it imports nothing but this module.
-    """
-    import subprocess
-    import sys
-
-    try:
-        factory = pickle.dumps(_portable(make_env), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise EnvCheckError("snapshot_pickle_process", f"make_env {make_env!r:.100} does not pickle: {exc}") from exc
-    payload = pickle.dumps((list(sys.path), factory, jobs), protocol=pickle.HIGHEST_PROTOCOL)
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "trace_gym.env"], input=payload, capture_output=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise EnvCheckError("snapshot_pickle_process", f"worker gave no answer in {timeout:.0f} s") from exc
-    if proc.returncode != 0:
-        tail = proc.stderr.decode(errors="replace")[-2000:]
-        raise EnvCheckError("snapshot_pickle_process", f"worker exited {proc.returncode}: {tail}")
-    return pickle.loads(proc.stdout)
-
-
-def _default_make_env(env: Any) -> EnvFactory | None:
-    spec = getattr(env, "spec", None)
-    if spec is None or spec.id is None:
-        return None
-    import functools
-
-    import gymnasium
-
-    # the spec itself (not its id): a fresh interpreter may not have registered the id
-    return functools.partial(gymnasium.make, spec, disable_env_checker=True)
-
-
-def _check_messages(check: str, obs: Any, where: str, *, first: bool = False) -> None:
-    if not isinstance(obs, list):
-        raise EnvCheckError(check, f"{where}: observation must be a list of Message, got {type(obs).__name__}")
-    for m in obs:
-        if not isinstance(m, Message):
-            raise EnvCheckError(check, f"{where}: observation item {m!r:.100} is not a Message")
-    if first and not any(m.role == "user" for m in obs):
-        raise EnvCheckError(check, f"{where}: the first observation has no user message")
-
-
-def _check_step_types(check: str, result: Any, where: str) -> None:
-    if not (isinstance(result, tuple) and len(result) == 5):
-        raise EnvCheckError(check, f"{where}: step must return a 5-tuple, got {result!r:.200}")
-    obs, reward, terminated, truncated, info = result
-    _check_messages(check, obs, where)
-    if not isinstance(reward, (float, int, np.floating)) or isinstance(reward, bool) or not math.isfinite(reward):
-        raise EnvCheckError(check, f"{where}: reward must be a finite float, got {reward!r}")
-    for name, flag in (("terminated", terminated), ("truncated", truncated)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise EnvCheckError(check, f"{where}: {name} must be bool, got {flag!r}")
-    if not isinstance(info, dict):
-        raise EnvCheckError(check, f"{where}: info must be a dict, got {type(info).__name__}")
-
-
-def _actions_for(env: Any, task: Task, actions: Any, max_steps: int, seed: int) -> list[str]:
-    if actions is None:
-        if isinstance(env.unwrapped, ReferenceActions):
-            return list(env.unwrapped.reference_actions(task))[:max_steps]
-        space = env.action_space
-        space.seed(seed)
-        return [space.sample() for _ in range(max_steps)]
-    if callable(actions):
-        return list(actions(task))[:max_steps]
-    return list(actions[task.id])[:max_steps]
-
-
 def check_env(
     env: Any,
     tasks: Sequence[Task],
@@ -401,43 +277,24 @@ def check_env(
     seed: int = 0,
     gymnasium_checks: bool = True,
     process_timeout: float = 300.0,
+    only: Sequence[str] | None = None,
 ) -> CheckReport:
     """Check that ``env`` honours the agent-environment contract on ``tasks``.
 
-    Checks, in order (the failing one is named in :class:`EnvCheckError`):
-
-    ``gymnasium_api``
-        Gymnasium's own ``check_env`` (spaces, seeded reset, step determinism).
-    ``protocol``
-        ``snapshot``/``restore`` exist and ``snapshot_mode`` is one of :data:`SNAPSHOT_MODES`.
-    ``message_schema``
-        observations are ``list[Message]`` (the first holds a user message), rewards
-        finite floats, flags bools, info dicts.
-    ``seeded_determinism``
-        two seeded resets to the same task then the same actions give identical
-        observations, rewards and flags.
-    ``snapshot_roundtrip``
-        restoring the snapshot taken after turn t and replaying the remaining actions
-        reproduces the original trajectory.
-    ``snapshot_immutable``
-        a snapshot's pickled bytes do not change when the env steps on (catches a
-        snapshot that aliases live mutable state).
-    ``branch_isolation``
-        after a restore, stepping a *different* branch and restoring again still
-        reproduces the original suffix; a second env instance restored from the same
-        snapshot replays identically.
-    ``snapshot_pickle_process``
-        snapshots pickled and restored in a freshly spawned process replay identically.
-    ``close_idempotent``
-        ``close()`` twice raises nothing.
+    Runs the checks of :data:`trace_gym.env_checks.CHECKS` in this order, each over every
+    task (played once, the recordings shared); each is a function of its name in
+    :mod:`trace_gym.env_checks`, whose docstring says what it checks, and the failing
+    one is named in :class:`EnvCheckError`: ``gymnasium_api``, ``protocol``,
+    ``message_schema``, ``seeded_determinism``, ``snapshot_immutable``,
+    ``snapshot_roundtrip``, ``branch_isolation``, ``snapshot_pickle_process``,
+    ``close_idempotent``.
 
     Args:
-        env: the env to check (closed at the end).
+        env: the env to check (closed at the end, by ``close_idempotent``).
         tasks: tasks to reset to (``options={"task": task}``).
         actions: per-task action lists (by id) or a function task -> actions; default:
             the env's ``reference_actions(task)`` if it has one
-            (:class:`ReferenceActions`), else seeded
-            ``action_space.sample()`` strings.
+            (:class:`ReferenceActions`), else seeded ``action_space.sample()`` strings.
         branch_actions: actions for the alternative branch; default: seeded samples.
         make_env: zero-argument, picklable factory for fresh instances; default from
             ``env.spec`` (registered envs). Without one the cross-instance and
@@ -446,145 +303,25 @@ def check_env(
         seed: the reset seed.
         gymnasium_checks: run Gymnasium's checker first.
         process_timeout: seconds allowed for the cross-process worker.
+        only: run just these checks (names in ``CHECKS``, run in its order), e.g.
+            ``only=("snapshot_roundtrip",)``. A check also runs alone when called:
+            ``env_checks.snapshot_roundtrip(env_checks.CheckRun(env, tasks))``.
 
     Returns:
-        A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure.
+        A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure, and
+        ``ValueError`` for no tasks or a name ``only`` has that is not a check.
     """
-    report = CheckReport()
-    if not tasks:
-        raise ValueError("check_env needs at least one task")
-    base = env.unwrapped if hasattr(env, "unwrapped") else env
+    from trace_gym import env_checks  # imported here: env_checks imports this module
 
-    if gymnasium_checks:
-        from gymnasium.utils.env_checker import check_env as gym_check_env
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                gym_check_env(base, skip_render_check=True, skip_close_check=True)
-        except Exception as exc:
-            raise EnvCheckError("gymnasium_api", f"{type(exc).__name__}: {exc}") from exc
-        report.ok("gymnasium_api")
-
-    mode = getattr(base, "snapshot_mode", None)
-    if mode not in SNAPSHOT_MODES or not callable(getattr(base, "snapshot", None)) or not callable(
-        getattr(base, "restore", None)
-    ):
-        raise EnvCheckError(
-            "protocol", f"env needs snapshot()/restore() and snapshot_mode in {SNAPSHOT_MODES}, got {mode!r}"
-        )
-    report.ok("protocol")
-
-    make_env = make_env or _default_make_env(env)
-    second = make_env() if make_env is not None else None
-    if second is None:
-        report.skipped["branch_isolation/second_instance"] = "no make_env and env has no spec"
-        report.skipped["snapshot_pickle_process"] = "no make_env and env has no spec"
-    process_jobs: list[tuple[bytes, list[str]]] = []
-    process_expect: list[tuple[str, list[Step]]] = []
-    rng = np.random.default_rng(seed)
-
-    for task in tasks:
-        where = f"task {task.id!r}"
-        acts = _actions_for(env, task, actions, max_steps, seed)
-        obs0, info0 = base.reset(seed=seed, options={"task": task})
-        _check_messages("message_schema", obs0, f"{where} reset", first=True)
-        if not isinstance(info0, dict):
-            raise EnvCheckError("message_schema", f"{where}: reset info must be a dict")
-        snaps = [base.snapshot()]
-        blobs = [pickle.dumps(snaps[0])]
-        trajectory: list[Step] = []
-        for t, action in enumerate(acts):
-            result = base.step(action)
-            _check_step_types("message_schema", result, f"{where} step {t}")
-            trajectory.append(_record(result))
-            if trajectory[-1][2] or trajectory[-1][3]:
-                break
-            snaps.append(base.snapshot())
-            blobs.append(pickle.dumps(snaps[-1]))
-        acts = acts[: len(trajectory)]
-        report.ok("message_schema")
-
-        obs1, _ = base.reset(seed=seed, options={"task": task})
-        if tuple(obs1) != tuple(obs0):
-            raise EnvCheckError("seeded_determinism", f"{where}: two seeded resets gave different observations")
-        problem = _diff(trajectory, _play(base, acts))
-        if problem:
-            raise EnvCheckError("seeded_determinism", f"{where}: same seed and actions, {problem}")
-        report.ok("seeded_determinism")
-
-        for t, (snap, blob) in enumerate(zip(snaps, blobs)):
-            if pickle.dumps(snap) != blob:
-                raise EnvCheckError(
-                    "snapshot_immutable",
-                    f"{where}: the snapshot taken after turn {t} changed when the env stepped on; "
-                    "it shares mutable state with the env",
-                )
-        report.ok("snapshot_immutable", len(snaps))
-
-        for t, snap in enumerate(snaps):
-            suffix = acts[t:]
-            base.restore(snap)
-            problem = _diff(trajectory[t:], _play(base, suffix))
-            if problem:
-                raise EnvCheckError("snapshot_roundtrip", f"{where}: restored after turn {t}, {problem}")
-            # an alternative branch, then the original again
-            base.restore(snap)
-            alt = list(branch_actions) if branch_actions is not None else []
-            if not alt:
-                space = base.action_space
-                space.seed(int(rng.integers(2**31)))
-                alt = [space.sample() for _ in range(2)]
-            _play(base, alt)
-            if pickle.dumps(snap) != blobs[t]:
-                raise EnvCheckError(
-                    "branch_isolation", f"{where}: stepping a branch restored from turn {t} changed the snapshot"
-                )
-            base.restore(snap)
-            problem = _diff(trajectory[t:], _play(base, suffix))
-            if problem:
-                raise EnvCheckError(
-                    "branch_isolation", f"{where}: after a sibling branch from turn {t} ran, {problem}"
-                )
-            if second is not None:
-                second.reset(seed=seed + 1)
-                second.unwrapped.restore(snap)
-                problem = _diff(trajectory[t:], _play(second.unwrapped, suffix))
-                if problem:
-                    raise EnvCheckError(
-                        "branch_isolation", f"{where}: a second instance restored from turn {t}, {problem}"
-                    )
-            if pickle.dumps(snap) != blobs[t]:
-                raise EnvCheckError(
-                    "branch_isolation", f"{where}: a second instance restored from turn {t} changed the snapshot")
-            process_jobs.append((blobs[t], suffix))
-            process_expect.append((f"{where} turn {t}", trajectory[t:]))
-        report.ok("snapshot_roundtrip", len(snaps))
-        report.ok("branch_isolation", len(snaps))
-
-    if second is not None:
-        second.close()
-        got = _cross_process(make_env, process_jobs, process_timeout)
-        for (label, expect), traj in zip(process_expect, got):
-            problem = _diff(expect, traj)
-            if problem:
-                raise EnvCheckError("snapshot_pickle_process", f"{label}: restored in another process, {problem}")
-        report.ok("snapshot_pickle_process", len(got))
-
-    try:
-        env.close()
-        env.close()
-    except Exception as exc:
-        raise EnvCheckError("close_idempotent", f"close() twice raised {type(exc).__name__}: {exc}") from exc
-    report.ok("close_idempotent")
+    names = (only,) if isinstance(only, str) else tuple(env_checks.CHECKS if only is None else only)
+    unknown = [name for name in names if name not in env_checks.CHECKS]
+    if unknown:
+        raise ValueError(f"check_env(only=...): {unknown} are not checks; the checks are {list(env_checks.CHECKS)}")
+    run = env_checks.CheckRun(env, tasks, actions, branch_actions, make_env, max_steps, seed, process_timeout)
+    report = CheckReport(skipped=run.skipped)
+    for name, check in env_checks.CHECKS.items():
+        if name in names and (gymnasium_checks or name != "gymnasium_api"):
+            passed = check(run)
+            if passed is not None:
+                report.ok(name, passed)
     return report
-
-
-if __name__ == "__main__":  # the cross-process worker of check_env
-    import sys as _sys
-
-    _path, _factory, _jobs = pickle.loads(_sys.stdin.buffer.read())
-    _sys.path[:0] = [p for p in _path if p not in _sys.path]
-    _make_env = pickle.loads(_factory)  # after sys.path: unpickling imports the factory's module
-    _out = _replay_in_fresh_env(_make_env, _jobs)
-    _sys.stdout.buffer.write(pickle.dumps(_out, protocol=pickle.HIGHEST_PROTOCOL))

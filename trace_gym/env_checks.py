@@ -1,0 +1,412 @@
+"""The checks of :func:`trace_gym.env.check_env`, one function per check.
+
+Each check is a function ``check(run: CheckRun) -> int | None`` named as it reports
+itself: it raises :class:`~trace_gym.env.EnvCheckError` (whose ``check`` is that name)
+on the first failure, else returns how many cases it verified, or ``None`` when it
+was skipped (the reason is then in ``run.skipped``). :data:`CHECKS` lists them in the
+order ``check_env`` runs them.
+
+A :class:`CheckRun` holds the env, the tasks and ``check_env``'s options, and plays
+each task once from a seeded reset (checking the message schema as it goes,
+snapshotting after every turn); every check after ``message_schema`` compares against
+those recordings. So any one check runs alone::
+
+    run = CheckRun(env, tasks)
+    snapshot_roundtrip(run)  # or check_env(env, tasks, only=("snapshot_roundtrip",))
+
+Run as ``python -m trace_gym.env_checks``, this module is the cross-process worker of
+:func:`snapshot_pickle_process`.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from trace_gym.env import (
+    SNAPSHOT_MODES,
+    EnvCheckError,
+    EnvFactory,
+    ReferenceActions,
+    Snapshot,
+    _portable,
+)
+from trace_gym.types import Message, Task
+
+#: Why the checks that need fresh env instances skip without a factory.
+NO_FACTORY = "no make_env and env has no spec"
+
+
+# --- trajectory helpers -------------------------------------------------------------
+
+Step = tuple  # (observation: tuple[Message, ...], reward: float, terminated: bool, truncated: bool)
+
+
+def _record(result: tuple) -> Step:
+    obs, reward, terminated, truncated, _info = result
+    return (tuple(obs), float(reward), bool(terminated), bool(truncated))
+
+
+def _play(env: Any, actions: Sequence[str]) -> list[Step]:
+    """Step ``actions`` in order until the episode ends; return the recorded steps."""
+    out: list[Step] = []
+    for action in actions:
+        out.append(_record(env.step(action)))
+        if out[-1][2] or out[-1][3]:
+            break
+    return out
+
+
+def _diff(a: Sequence[Step], b: Sequence[Step]) -> str | None:
+    """First difference between two recorded trajectories, or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            for name, u, v in zip(("observation", "reward", "terminated", "truncated"), x, y):
+                if u != v:
+                    return f"step {i}: {name} differs: {u!r:.300} != {v!r:.300}"
+    if len(a) != len(b):
+        return f"trajectory lengths differ: {len(a)} != {len(b)}"
+    return None
+
+
+def _replay_in_fresh_env(make_env: EnvFactory, jobs: list[tuple[bytes, list[str]]]) -> list:
+    """Worker body: restore each pickled snapshot into a fresh env, play its actions."""
+    results = []
+    env = make_env()
+    base = env.unwrapped if hasattr(env, "unwrapped") else env
+    try:
+        for blob, actions in jobs:
+            snap = pickle.loads(blob)
+            base.reset(seed=0)
+            base.restore(snap)
+            results.append(_play(base, actions))
+    finally:
+        env.close()
+    return results
+
+
+def _cross_process(make_env: EnvFactory, jobs, timeout: float) -> list:
+    """Replay ``jobs`` in a fresh interpreter (``python -m trace_gym.env_checks``), via pickle.
+
+    The worker gets this process's ``sys.path`` (so the factory's module imports there
+    too) and a :func:`~trace_gym.env._portable` factory; it imports nothing but this
+    module and the contract it checks.
+    """
+    import subprocess
+    import sys
+
+    try:
+        factory = pickle.dumps(_portable(make_env), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise EnvCheckError("snapshot_pickle_process", f"make_env {make_env!r:.100} does not pickle: {exc}") from exc
+    payload = pickle.dumps((list(sys.path), factory, jobs), protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "trace_gym.env_checks"], input=payload, capture_output=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise EnvCheckError("snapshot_pickle_process", f"worker gave no answer in {timeout:.0f} s") from exc
+    if proc.returncode != 0:
+        tail = proc.stderr.decode(errors="replace")[-2000:]
+        raise EnvCheckError("snapshot_pickle_process", f"worker exited {proc.returncode}: {tail}")
+    return pickle.loads(proc.stdout)
+
+
+def _default_make_env(env: Any) -> EnvFactory | None:
+    spec = getattr(env, "spec", None)
+    if spec is None or spec.id is None:
+        return None
+    import functools
+
+    import gymnasium
+
+    # the spec itself (not its id): a fresh interpreter may not have registered the id
+    return functools.partial(gymnasium.make, spec, disable_env_checker=True)
+
+
+def _check_messages(check: str, obs: Any, where: str, *, first: bool = False) -> None:
+    if not isinstance(obs, list):
+        raise EnvCheckError(check, f"{where}: observation must be a list of Message, got {type(obs).__name__}")
+    for m in obs:
+        if not isinstance(m, Message):
+            raise EnvCheckError(check, f"{where}: observation item {m!r:.100} is not a Message")
+    if first and not any(m.role == "user" for m in obs):
+        raise EnvCheckError(check, f"{where}: the first observation has no user message")
+
+
+def _check_step_types(check: str, result: Any, where: str) -> None:
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise EnvCheckError(check, f"{where}: step must return a 5-tuple, got {result!r:.200}")
+    obs, reward, terminated, truncated, info = result
+    _check_messages(check, obs, where)
+    if not isinstance(reward, (float, int, np.floating)) or isinstance(reward, bool) or not math.isfinite(reward):
+        raise EnvCheckError(check, f"{where}: reward must be a finite float, got {reward!r}")
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise EnvCheckError(check, f"{where}: {name} must be bool, got {flag!r}")
+    if not isinstance(info, dict):
+        raise EnvCheckError(check, f"{where}: info must be a dict, got {type(info).__name__}")
+
+
+def _actions_for(env: Any, task: Task, actions: Any, max_steps: int, seed: int) -> list[str]:
+    if actions is None:
+        if isinstance(env.unwrapped, ReferenceActions):
+            return list(env.unwrapped.reference_actions(task))[:max_steps]
+        space = env.action_space
+        space.seed(seed)
+        return [space.sample() for _ in range(max_steps)]
+    if callable(actions):
+        return list(actions(task))[:max_steps]
+    return list(actions[task.id])[:max_steps]
+
+
+# --- one run of the kit ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recording:
+    """One task played once from a seeded reset: what the later checks compare against.
+
+    Attributes:
+        task: the task reset to.
+        where: ``"task '<id>'"``, the prefix of this task's error messages.
+        first_observation: the reset's observation.
+        actions: the actions played, cut where the episode ended.
+        trajectory: one recorded step (observation, reward, terminated, truncated) per action.
+        snapshots: ``snapshots[t]`` was taken after ``t`` steps (``0``: right after reset).
+        blobs: ``pickle.dumps(snapshots[t])`` at the moment it was taken.
+    """
+
+    task: Task
+    where: str
+    first_observation: tuple[Message, ...]
+    actions: list[str]
+    trajectory: list[Step]
+    snapshots: list[Snapshot]
+    blobs: list[bytes]
+
+
+@dataclass
+class CheckRun:
+    """The env under check, its tasks and ``check_env``'s options (same meanings).
+
+    ``make_env`` defaults from ``env.spec``; ``skipped`` collects check name -> why.
+    :attr:`recordings` plays the tasks on first use and keeps them for later checks.
+    """
+
+    env: Any
+    tasks: Sequence[Task]
+    actions: Mapping[str, Sequence[str]] | Callable[[Task], Sequence[str]] | None = None
+    branch_actions: Sequence[str] | None = None
+    make_env: EnvFactory | None = None
+    max_steps: int = 12
+    seed: int = 0
+    process_timeout: float = 300.0
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("check_env needs at least one task")
+        self.base = self.env.unwrapped if hasattr(self.env, "unwrapped") else self.env
+        self.make_env = self.make_env or _default_make_env(self.env)
+        self._recordings: list[Recording] | None = None
+
+    @property
+    def recordings(self) -> list[Recording]:
+        """Every task's :class:`Recording` (raises ``message_schema`` errors while playing)."""
+        if self._recordings is None:
+            self._recordings = [self._play_task(task) for task in self.tasks]
+        return self._recordings
+
+    def _play_task(self, task: Task) -> Recording:
+        where, base = f"task {task.id!r}", self.base
+        acts = _actions_for(self.env, task, self.actions, self.max_steps, self.seed)
+        obs0, info0 = base.reset(seed=self.seed, options={"task": task})
+        _check_messages("message_schema", obs0, f"{where} reset", first=True)
+        if not isinstance(info0, dict):
+            raise EnvCheckError("message_schema", f"{where}: reset info must be a dict")
+        snaps = [base.snapshot()]
+        blobs = [pickle.dumps(snaps[0])]
+        trajectory: list[Step] = []
+        for t, action in enumerate(acts):
+            result = base.step(action)
+            _check_step_types("message_schema", result, f"{where} step {t}")
+            trajectory.append(_record(result))
+            if trajectory[-1][2] or trajectory[-1][3]:
+                break
+            snaps.append(base.snapshot())
+            blobs.append(pickle.dumps(snaps[-1]))
+        return Recording(task, where, tuple(obs0), acts[: len(trajectory)], trajectory, snaps, blobs)
+
+
+def _n_snapshots(run: CheckRun) -> int:
+    return sum(len(rec.snapshots) for rec in run.recordings)
+
+
+# --- the checks, in the order check_env runs them --------------------------------------
+
+
+def gymnasium_api(run: CheckRun) -> int:
+    """Gymnasium's own ``check_env`` (spaces, seeded reset, step determinism)."""
+    from gymnasium.utils.env_checker import check_env as gym_check_env
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gym_check_env(run.base, skip_render_check=True, skip_close_check=True)
+    except Exception as exc:
+        raise EnvCheckError("gymnasium_api", f"{type(exc).__name__}: {exc}") from exc
+    return 1
+
+
+def protocol(run: CheckRun) -> int:
+    """``snapshot``/``restore`` exist and ``snapshot_mode`` is one of :data:`SNAPSHOT_MODES`."""
+    base = run.base
+    mode = getattr(base, "snapshot_mode", None)
+    if mode not in SNAPSHOT_MODES or not callable(getattr(base, "snapshot", None)) or not callable(
+        getattr(base, "restore", None)
+    ):
+        raise EnvCheckError(
+            "protocol", f"env needs snapshot()/restore() and snapshot_mode in {SNAPSHOT_MODES}, got {mode!r}"
+        )
+    return 1
+
+
+def message_schema(run: CheckRun) -> int:
+    """Observations are ``list[Message]`` (the first holds a user message), rewards finite
+    floats, flags bools, info dicts; checked while the tasks are recorded."""
+    return len(run.recordings)
+
+
+def seeded_determinism(run: CheckRun) -> int:
+    """Two seeded resets to the same task, then the same actions, give identical
+    observations, rewards and flags."""
+    for rec in run.recordings:
+        obs1, _ = run.base.reset(seed=run.seed, options={"task": rec.task})
+        if tuple(obs1) != rec.first_observation:
+            raise EnvCheckError("seeded_determinism", f"{rec.where}: two seeded resets gave different observations")
+        problem = _diff(rec.trajectory, _play(run.base, rec.actions))
+        if problem:
+            raise EnvCheckError("seeded_determinism", f"{rec.where}: same seed and actions, {problem}")
+    return len(run.recordings)
+
+
+def snapshot_immutable(run: CheckRun) -> int:
+    """A snapshot's pickled bytes do not change when the env steps on (catches a
+    snapshot that aliases live mutable state)."""
+    for rec in run.recordings:
+        for t, (snap, blob) in enumerate(zip(rec.snapshots, rec.blobs)):
+            if pickle.dumps(snap) != blob:
+                raise EnvCheckError(
+                    "snapshot_immutable",
+                    f"{rec.where}: the snapshot taken after turn {t} changed when the env stepped on; "
+                    "it shares mutable state with the env",
+                )
+    return _n_snapshots(run)
+
+
+def snapshot_roundtrip(run: CheckRun) -> int:
+    """Restoring the snapshot taken after turn t and replaying the remaining actions
+    reproduces the original trajectory."""
+    for rec in run.recordings:
+        for t, snap in enumerate(rec.snapshots):
+            run.base.restore(snap)
+            problem = _diff(rec.trajectory[t:], _play(run.base, rec.actions[t:]))
+            if problem:
+                raise EnvCheckError("snapshot_roundtrip", f"{rec.where}: restored after turn {t}, {problem}")
+    return _n_snapshots(run)
+
+
+def branch_isolation(run: CheckRun) -> int:
+    """After a restore, stepping a *different* branch and restoring again still reproduces
+    the original suffix; a second env instance (from ``make_env``; skipped without one)
+    restored from the same snapshot replays identically."""
+    base, rng = run.base, np.random.default_rng(run.seed)
+    second = run.make_env() if run.make_env is not None else None
+    if second is None:
+        run.skipped["branch_isolation/second_instance"] = NO_FACTORY
+    for rec in run.recordings:
+        where = rec.where
+        for t, (snap, blob) in enumerate(zip(rec.snapshots, rec.blobs)):
+            suffix = rec.actions[t:]
+            base.restore(snap)
+            alt = list(run.branch_actions) if run.branch_actions is not None else []
+            if not alt:
+                space = base.action_space
+                space.seed(int(rng.integers(2**31)))
+                alt = [space.sample() for _ in range(2)]
+            _play(base, alt)
+            if pickle.dumps(snap) != blob:
+                raise EnvCheckError(
+                    "branch_isolation", f"{where}: stepping a branch restored from turn {t} changed the snapshot"
+                )
+            base.restore(snap)
+            problem = _diff(rec.trajectory[t:], _play(base, suffix))
+            if problem:
+                raise EnvCheckError(
+                    "branch_isolation", f"{where}: after a sibling branch from turn {t} ran, {problem}"
+                )
+            if second is not None:
+                second.reset(seed=run.seed + 1)
+                second.unwrapped.restore(snap)
+                problem = _diff(rec.trajectory[t:], _play(second.unwrapped, suffix))
+                if problem:
+                    raise EnvCheckError(
+                        "branch_isolation", f"{where}: a second instance restored from turn {t}, {problem}"
+                    )
+            if pickle.dumps(snap) != blob:
+                raise EnvCheckError(
+                    "branch_isolation", f"{where}: a second instance restored from turn {t} changed the snapshot")
+    if second is not None:
+        second.close()
+    return _n_snapshots(run)
+
+
+def snapshot_pickle_process(run: CheckRun) -> int | None:
+    """Snapshots pickled and restored in a freshly spawned process (built with
+    ``make_env``; skipped without one) replay identically."""
+    if run.make_env is None:
+        run.skipped["snapshot_pickle_process"] = NO_FACTORY
+        return None
+    jobs = [(rec.blobs[t], rec.actions[t:]) for rec in run.recordings for t in range(len(rec.snapshots))]
+    expect = [(f"{rec.where} turn {t}", rec.trajectory[t:]) for rec in run.recordings
+              for t in range(len(rec.snapshots))]
+    got = _cross_process(run.make_env, jobs, run.process_timeout)
+    for (label, expected), trajectory in zip(expect, got):
+        problem = _diff(expected, trajectory)
+        if problem:
+            raise EnvCheckError("snapshot_pickle_process", f"{label}: restored in another process, {problem}")
+    return len(got)
+
+
+def close_idempotent(run: CheckRun) -> int:
+    """``close()`` twice raises nothing (this closes the env)."""
+    try:
+        run.env.close()
+        run.env.close()
+    except Exception as exc:
+        raise EnvCheckError("close_idempotent", f"close() twice raised {type(exc).__name__}: {exc}") from exc
+    return 1
+
+
+#: Every check by the name it reports, in the order :func:`~trace_gym.env.check_env` runs them.
+CHECKS: dict[str, Callable[[CheckRun], int | None]] = {
+    check.__name__: check
+    for check in (gymnasium_api, protocol, message_schema, seeded_determinism, snapshot_immutable,
+                  snapshot_roundtrip, branch_isolation, snapshot_pickle_process, close_idempotent)
+}
+
+
+if __name__ == "__main__":  # the cross-process worker of snapshot_pickle_process
+    import sys as _sys
+
+    _path, _factory, _jobs = pickle.loads(_sys.stdin.buffer.read())
+    _sys.path[:0] = [p for p in _path if p not in _sys.path]
+    _make_env = pickle.loads(_factory)  # after sys.path: unpickling imports the factory's module
+    _out = _replay_in_fresh_env(_make_env, _jobs)
+    _sys.stdout.buffer.write(pickle.dumps(_out, protocol=pickle.HIGHEST_PROTOCOL))
