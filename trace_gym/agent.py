@@ -26,6 +26,10 @@ step, snapshot or close) ends only its own episode, as truncated with the error
 recorded; every env is closed, on every path. The runner decides nothing about what
 to run: the step driver (:mod:`trace_gym.driver`) starts episodes and branches, and
 gets back the finished ones.
+
+The records it produces, :class:`~trace_gym.episode.Turn` and
+:class:`~trace_gym.episode.Episode`, are plain data in :mod:`trace_gym.episode`
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Hashable, Sequence
 
 from trace_gym.budget import BudgetLedger
 from trace_gym.chat import ChatRenderer
-from trace_gym.env import AgentEnv, EnvFactory, ReplayCost, Snapshot, env_stop_strings
+from trace_gym.env import EnvFactory, ReplayCost, Snapshot, env_stop_strings
+from trace_gym.episode import Episode, Turn
 from trace_gym.types import Completion, Message, SamplingParams, Task
 
 _log = logging.getLogger(__name__)
@@ -71,77 +76,6 @@ class AgentConfig:
                 raise ValueError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.straggler_seconds >= 0:
             raise ValueError(f"AgentConfig.straggler_seconds must be >= 0, got {self.straggler_seconds!r}")
-
-
-@dataclass
-class Turn:
-    """One completed turn: the policy's action and the env's answer.
-
-    Attributes:
-        action_ids / action_logprobs: sampled ids and their sampling logprobs (nats).
-        obs_ids: closing + observation-delta ids (loss mask 0).
-        snapshot: the env snapshot after this turn (branch point for continuations).
-        info: the env's step info; ``{"env_error": ...}`` when the env raised.
-        truncation: ``None``, ``"turn_tokens"`` (the action hit ``max_turn_tokens``),
-            ``"episode_tokens"`` / ``"max_turns"`` (the episode was cut here) or
-            ``"env_error"`` (the env raised on this action; the episode ends here).
-    """
-
-    action_ids: tuple[int, ...]
-    action_logprobs: tuple[float, ...]
-    action_text: str
-    finish_reason: str
-    obs_ids: tuple[int, ...]
-    obs_messages: tuple[Message, ...]
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any]
-    snapshot: Snapshot | None
-    truncation: str | None = None
-    cached_tokens: int | None = None
-
-
-@dataclass(eq=False)
-class Episode:
-    """A live or finished episode.
-
-    Attributes:
-        anchor: an explicit key for the prefix the episode grows from (the driver uses
-            ``(tree key, node id)``). Episodes with equal anchors that have not yet
-            generated a turn of their own, and have equal contexts, are generated as one
-            request with ``n = k``; the key is plain data, so it survives serialisation.
-        branch_of: ``(parent uid, turns inherited)`` for a continuation.
-        ledger: where this episode's exact costs go (env seconds and steps; tokens and
-            generation seconds of its requests).
-        error: why the episode ended early (an env exception, a prompt over the token
-            limit), else ``None``.
-    """
-
-    task: Task
-    seed: int
-    env: AgentEnv | None
-    prompt_ids: tuple[int, ...]
-    messages: list[Message]
-    tools: list | None
-    context: tuple[int, ...]
-    turns: list[Turn] = field(default_factory=list)
-    done: bool = False
-    branch_of: tuple[int, int] | None = None
-    uid: int = -1
-    anchor: Hashable = None
-    ledger: BudgetLedger = field(default_factory=BudgetLedger, repr=False)
-    error: str | None = None
-    env_closed: bool = False
-
-    @property
-    def reward(self) -> float:
-        return float(sum(t.reward for t in self.turns))
-
-    @property
-    def own_turns(self) -> list[Turn]:
-        """Turns this episode generated itself (after the inherited prefix)."""
-        return self.turns[self.branch_of[1]:] if self.branch_of else self.turns
 
 
 def _describe(exc: BaseException, where: str) -> str:

@@ -28,6 +28,11 @@ token's entry of that is its logprob (greedy: plain model log-softmax, see
 
 Limits: decoder-only models with full attention on every layer (Llama, Qwen2/3,
 Mistral without sliding window); a sliding-window / hybrid model is refused at load.
+
+Two pieces live beside this module (and are re-exported here):
+:mod:`trace_gym.engines.sampling` (``process_logits``, ``row_seed``, ``StopStrings``: the
+sampling rule as pure functions) and :mod:`trace_gym.engines.dynamic_cache` (every call
+into transformers' ``DynamicCache`` internals).
 """
 
 from __future__ import annotations
@@ -41,114 +46,18 @@ import numpy as np
 import torch
 
 from trace_gym.engines import check_generate_args, check_score_args
+from trace_gym.engines.dynamic_cache import (
+    _cache_layers,
+    _cache_select,
+    _cache_trim_left,
+    _make_cache,
+    _merge_states,
+)
 from trace_gym.engines.prefix_cache import PrefixKVCache
+from trace_gym.engines.sampling import StopStrings, process_logits, row_seed
 from trace_gym.types import Completion, SamplingParams
 
 _log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-
-def process_logits(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
-    """Log-probabilities of the sampling distribution.
-
-    Args:
-        logits: ``[R, V]`` raw next-token logits.
-        temperature: ``> 0`` scales logits; ``0`` (greedy) returns the plain log-softmax.
-        top_k: keep the ``top_k`` largest logits (ties at the k-th value kept); ``<= 0`` off.
-        top_p: keep the smallest set of most likely tokens whose mass reaches ``top_p``.
-
-    Returns:
-        ``[R, V]`` float32 log-probabilities, ``-inf`` outside the support.
-    """
-    z = logits.float()
-    if temperature == 0:
-        return torch.log_softmax(z, dim=-1)
-    z = z / temperature
-    vocab = z.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        probs = torch.softmax(sorted_z, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        drop_sorted = mass_before >= top_p  # the first token always has mass_before 0: kept
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        z = z.masked_fill(drop, float("-inf"))
-    return torch.log_softmax(z, dim=-1)
-
-
-def row_seed(seed: int, prefix_index: int, sample_index: int) -> int:
-    """The generator seed of completion ``sample_index`` of prefix ``prefix_index``."""
-    return int(np.random.SeedSequence([seed, prefix_index, sample_index]).generate_state(1, np.uint64)[0] >> 1)
-
-
-class StopStrings:
-    """Detects the first stop string in a growing completion.
-
-    Rule (same as vLLM): after each sampled token, the completion's text (decoded with
-    ``skip_special_tokens=True``) is searched; the first token whose decoding makes any stop
-    string appear ends the completion and is kept whole. Only a tail window of tokens is
-    decoded: a stop string of ``c`` characters spans at most ``4c`` byte-level tokens.
-    """
-
-    def __init__(self, tokenizer: Any, stops: Sequence[str]):
-        self.tokenizer = tokenizer
-        self.stops = tuple(s for s in stops if s)
-        self.window = 4 * max((len(s) for s in self.stops), default=0) + 4
-
-    def hit(self, token_ids: Sequence[int]) -> bool:
-        if not self.stops:
-            return False
-        text = self.tokenizer.decode(list(token_ids[-self.window:]), skip_special_tokens=True)
-        return any(s in text for s in self.stops)
-
-
-# --------------------------------------------------------------------------- transformers-specific bits
-
-
-def _make_cache(kv: list[tuple[torch.Tensor, torch.Tensor]] | None):
-    from transformers import DynamicCache
-
-    return DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
-
-
-def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _cache_select(cache, index: torch.Tensor) -> None:
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(0, index)
-        layer.values = layer.values.index_select(0, index)
-
-
-def _merge_states(states: list) -> tuple:
-    """Stack ``(cache, valid, logits)`` states along the batch, left-padding shorter ones."""
-    if len(states) == 1:
-        return states[0]
-    width = max(valid.shape[1] for _, valid, _ in states)
-    kv = []
-    for layer in range(len(states[0][0].layers)):
-        ks, vs = [], []
-        for cache, valid, _ in states:
-            k, v = _cache_layers(cache)[layer]
-            pad = width - valid.shape[1]
-            ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-            vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-        kv.append((torch.cat(ks), torch.cat(vs)))
-    valid = torch.cat([torch.nn.functional.pad(valid, (width - valid.shape[1], 0)) for _, valid, _ in states])
-    logits = torch.cat([logits for _, _, logits in states])
-    return _make_cache(kv), valid, logits
-
-
-def _cache_trim_left(cache, columns: int) -> None:
-    if columns > 0:
-        for layer in cache.layers:
-            layer.keys = layer.keys[:, :, columns:]
-            layer.values = layer.values[:, :, columns:]
 
 
 # --------------------------------------------------------------------------- the engine
