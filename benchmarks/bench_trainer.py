@@ -128,7 +128,7 @@ def sync_times(trainer: PolicyTrainer, model_path: Path, use_vllm: bool) -> list
 
 def step_rss() -> list:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "evaluators.cli", "train", "--config", str(ROOT / "configs/train_cpu_trace.yaml"),
+        cmd = [sys.executable, "-m", "trace_gym.cli", "train", "--config", str(ROOT / "configs/train_cpu_trace.yaml"),
                "steps=1", "eval_every=0", "eval_at_start=false", f"run_dir={tmp}/run", "progress=false"]
         t0 = time.perf_counter()
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -1,10 +1,8 @@
-"""``trace-gym eval`` and ``trace-gym train``: parse, look names up, call the library.
+"""Evaluating checkpoints on suites: the config, policy resolution, the result cache, the table.
 
-Both commands take ``--config FILE`` plus ``key=value`` overrides (typed by the config's
-fields; ``trainer.lr=1e-5`` for the trainer section). Unknown keys and bad values fail
-with one line before any model loads. This module is on the face side: it names env
-families, strategies and suites, and hands resolved objects to ``trace_gym.train`` and
-``evaluators.suites``.
+:func:`run_eval` is what ``trace-gym eval`` (built in ``trace_gym/commands/eval.py``)
+calls: every policy (a model name, an HF folder, or a run dir ``RUN[@STEP]``) on every
+suite of :mod:`evaluators.suites`, through the core's agent loop.
 
 Evaluation results are cached per (weights hash, suite, samples, seed, and every other
 setting that changes the numbers) under ``$TRACE_GYM_CACHE/eval``, so a repeat is instant.
@@ -12,7 +10,6 @@ setting that changes the numbers) under ``$TRACE_GYM_CACHE/eval``, so a repeat i
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -23,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from trace_gym.config import config_from_mapping, doc, parse_overrides, read_yaml
+from trace_gym.config import doc
 
 
 @dataclass(frozen=True)
@@ -216,157 +213,3 @@ def format_results(rows: Sequence[dict[str, Any]]) -> str:
         if "bfcl" in r:
             parts += ["", f"BFCL v4 multi-turn, {r['label']}:", "", r["bfcl"]["markdown"]]
     return "\n".join(parts)
-
-
-# ---------------------------------------------------------------------- train: name lookups
-def resolve_train_setup(cfg: Any) -> Any:
-    """A :class:`trace_gym.train.TrainSetup` from the config's names (env family, strategy,
-    data, eval suite); raises ``ValueError`` naming an unknown one. Loads no model."""
-    from evaluators import suites
-    from trace_gym.registry import resolve_env
-    from trace_gym.strategies import STRATEGIES, shaped_strategies
-    from trace_gym.datafiles import split_tasks
-    from trace_gym.train import TrainSetup
-
-    family = resolve_env(cfg.env, cfg.env_kwargs)  # a family short name or any registered env id
-    if cfg.strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {cfg.strategy!r}; known: {sorted(STRATEGIES)}")
-    if cfg.data and cfg.data not in suites.TRAIN_DATA:
-        raise ValueError(f"unknown training data {cfg.data!r}; known: {sorted(suites.TRAIN_DATA)} "
-                         "(empty: the env family's own tasks)")
-    if cfg.eval_every:
-        suites.get_suite(cfg.eval_suite)
-    strategy = shaped_strategies([cfg.strategy], group_size=cfg.group_size,
-                                 continuations_per_root=cfg.continuations_per_root)[cfg.strategy]
-    if cfg.data:
-        source = suites.TRAIN_DATA[cfg.data]
-        load = lambda: source.load(cfg.train_pool, seed=cfg.seed, path=cfg.data_path or None)  # noqa: E731
-        offline = source.offline or bool(cfg.data_path)
-        data_line = f"{cfg.data} ({cfg.data_path or source.description})"
-    else:
-        def load():
-            size = int(cfg.train_pool / max(1e-9, 1 - cfg.heldout_fraction)) + 16
-            while True:
-                kept = split_tasks(family.load_tasks(size, seed=cfg.seed), "train", cfg.heldout_fraction)
-                if len(kept) >= cfg.train_pool or size > 64 * cfg.train_pool:
-                    return kept[: cfg.train_pool]
-                size *= 2
-
-        offline = True
-        data_line = f"{family.task_loader} minus the held-out {cfg.heldout_fraction:.0%}"
-
-    eval_cfg = EvalConfig(policy=(cfg.policy,), suites=(cfg.eval_suite,), limit=cfg.eval_tasks,
-                          samples=cfg.eval_samples, temperature=0.0 if cfg.eval_samples == 1 else cfg.temperature,
-                          seed=cfg.seed, engine=cfg.engine, heldout_fraction=cfg.heldout_fraction,
-                          max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
-                          max_episode_tokens=cfg.max_episode_tokens, env_kwargs=cfg.env_kwargs,
-                          progress=cfg.progress)
-
-    def evaluate(engine: Any, step: int) -> dict[str, Any]:
-        if step == 0:  # the initial policy: the same cache as `trace-gym eval` with these settings
-            from trace_gym.models import resolve_model
-
-            return evaluate_cached(eval_cfg, Path(resolve_model(cfg.policy)), cfg.eval_suite, engine)[0]
-        limits = {"max_turns": cfg.max_turns, "max_turn_tokens": cfg.max_turn_tokens,
-                  "max_episode_tokens": cfg.max_episode_tokens}
-        return suites.evaluate(engine, cfg.eval_suite, limit=cfg.eval_tasks, samples=cfg.eval_samples,
-                               temperature=eval_cfg.temperature, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction,
-                               progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs)
-
-    return TrainSetup(strategy=strategy, make_env=family.make_env, load_train_tasks=load,
-                      evaluate=evaluate if cfg.eval_every else None, data_offline=offline,
-                      describe={"env": f"{cfg.env}: {family.env_id} {dict(family.env_kwargs)}", "data": data_line,
-                                "eval": f"{cfg.eval_suite} every {cfg.eval_every} steps" if cfg.eval_every else "-"})
-
-
-# ---------------------------------------------------------------------- argparse
-def _overrides(items: Sequence[str]) -> dict[str, str]:
-    return parse_overrides(items)
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from trace_gym.train import dry_run, load_train_config, train
-
-    items = list(args.overrides)
-    if args.ray is not None and "=" in args.ray:  # `--ray steps=2`: the flag took an override
-        items, args.ray = [args.ray, *items], "local"
-    overrides = _overrides(items) | ({"ray": args.ray} if args.ray is not None else {})
-    cfg = load_train_config(args.config, overrides)
-    setup = resolve_train_setup(cfg)
-    if args.dry_run:
-        print(dry_run(cfg, setup))
-        return 0
-    result = train(cfg, setup)
-    print(f"wrote {result['run_dir']}/metrics.jsonl ({len(result['metrics'])} steps)")
-    return 0
-
-
-def add_train_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from trace_gym.config import config_help
-    from trace_gym.train import TrainConfig
-    from trace_gym.trainer import TrainerConfig
-
-    fields = "\n".join(f"  {n} ({t}, default {d!r}): {h}" for n, t, d, h in config_help(TrainConfig) if n != "trainer")
-    fields += "\n" + "\n".join(f"  trainer.{n} ({t}, default {d!r}): {h}" for n, t, d, h in config_help(TrainerConfig))
-    p = subparsers.add_parser("train", help="train a policy with a rollout strategy (run dir, resume, eval)",
-                              formatter_class=argparse.RawDescriptionHelpFormatter,
-                              epilog="keys (YAML or key=value):\n" + fields.replace("%", "%%"))
-    p.add_argument("--config", help="YAML file with TrainConfig keys (and a trainer: section)")
-    p.add_argument("--dry-run", action="store_true", help="resolve config, data, env and strategy; load no model")
-    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                   help="run on Ray: start a local cluster, or join ADDRESS (auto, host:6379); docs/distributed.md")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. steps=8 trainer.lr=1e-5")
-    p.set_defaults(func=cmd_train)
-    return p
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    data: dict[str, Any] = read_yaml(args.config) if args.config else {}
-    data.update(_overrides(args.overrides))
-    if args.policy:
-        data["policy"] = args.policy
-    if args.suite:
-        data["suites"] = args.suite
-    run_eval(config_from_mapping(EvalConfig, data, source=args.config or "eval"))
-    return 0
-
-
-def add_eval_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from evaluators.suites import SUITES
-    from trace_gym.config import config_help
-
-    fields = "\n".join(f"  {n} ({t}, default {d!r}): {h}" for n, t, d, h in config_help(EvalConfig))
-    suites = "\n".join(f"  {name}: {s.description}" for name, s in SUITES.items())
-    p = subparsers.add_parser("eval", help="evaluate checkpoints on benchmark suites (cached)",
-                              formatter_class=argparse.RawDescriptionHelpFormatter,
-                              epilog=("suites:\n" + suites + "\nkeys (YAML or key=value):\n" + fields).replace("%", "%%"))
-    p.add_argument("--policy", help="PATH | RUN[@STEP] | model name (comma-separated for several)")
-    p.add_argument("--suite", help="NAME[,NAME...] (default: generated)")
-    p.add_argument("--config", help="YAML file with EvalConfig keys")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. samples=4 temperature=1")
-    p.set_defaults(func=cmd_eval)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m evaluators.cli {train,eval,compare} ...`` (what ``trace-gym`` runs once wired)."""
-    from trace_gym.cli import configure_logging
-    from trace_gym.compare import add_compare_subcommand
-
-    parser = argparse.ArgumentParser(prog="trace-gym")
-    parser.add_argument("--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_train_subcommand(sub)
-    add_eval_subcommand(sub)
-    add_compare_subcommand(sub)
-    args = parser.parse_args(argv)
-    configure_logging(args.verbose)
-    try:
-        return int(args.func(args) or 0)
-    except ValueError as exc:
-        print(f"trace-gym {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

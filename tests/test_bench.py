@@ -12,6 +12,7 @@ import pytest
 from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
 
 from trace_gym import bench, cli
+from trace_gym.commands.bench import BENCH_MODES, mode_config
 from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
 from trace_gym.driver import prefix_weight_for_share
@@ -170,7 +171,7 @@ def test_cli_bench_writes_json_and_plots(tmp_path, capsys):
 
 
 def test_flags_are_typed_per_mode_and_refused_in_the_wrong_mode(capsys):
-    help_text = cli.build_parser(["bench"])._subparsers._group_actions[0].choices["bench"].format_help()
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
     assert "256 with --sim, 8 with --env" in " ".join(help_text.split())  # each mode's own default
     assert cli.main(["bench", "--sim", "--warmup-budget", "4"]) == 2
     assert "--warmup-budget does not apply to --sim (only to --env)" in capsys.readouterr().err
@@ -185,18 +186,18 @@ def test_flags_are_typed_per_mode_and_refused_in_the_wrong_mode(capsys):
 def test_config_from_yaml_and_flags(tmp_path):
     path = tmp_path / "bench.yaml"
     path.write_text("seeds: 4\nroot_budget: 64\nstrategies: [uniform, pcl]\n")
-    args = cli.build_parser(["bench"]).parse_args(["bench", "--sim", "--config", str(path), "--root-budget", "32"])
-    cfg = cli.mode_config(args, "sim", cli.BENCH_MODES)
+    args = cli.build_parser().parse_args(["bench", "--sim", "--config", str(path), "--root-budget", "32"])
+    cfg = mode_config(args, "sim", BENCH_MODES)
     assert (cfg.seeds, cfg.root_budget, cfg.strategies) == (4, 32, ("uniform", "pcl"))
     assert cfg.nominal_budget == 64
     path.write_text("sedes: 4\n")
     with pytest.raises(ValueError, match="unknown key\\(s\\) \\['sedes'\\]"):
-        cli.mode_config(cli.build_parser(["bench"]).parse_args(["bench", "--config", str(path)]), "sim",
-                        cli.BENCH_MODES)
+        mode_config(cli.build_parser().parse_args(["bench", "--config", str(path)]), "sim",
+                        BENCH_MODES)
     path.write_text("root_budget: [1, 2]\n")
     with pytest.raises(ValueError, match="root_budget: expected an int"):
-        cli.mode_config(cli.build_parser(["bench"]).parse_args(["bench", "--config", str(path)]), "sim",
-                        cli.BENCH_MODES)
+        mode_config(cli.build_parser().parse_args(["bench", "--config", str(path)]), "sim",
+                        BENCH_MODES)
     with pytest.raises(ValueError, match="warmup_steps"):
         SimBenchConfig(steps=2, warmup_steps=2)
     with pytest.raises(ValueError, match="unknown strategies \\['nope'\\]"):
@@ -207,8 +208,8 @@ def test_shipped_yaml_matches_the_defaults():
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "configs" / "bench_sim.yaml"
-    args = cli.build_parser(["bench"]).parse_args(["bench", "--sim", "--config", str(path)])
-    assert cli.mode_config(args, "sim", cli.BENCH_MODES) == SimBenchConfig()
+    args = cli.build_parser().parse_args(["bench", "--sim", "--config", str(path)])
+    assert mode_config(args, "sim", BENCH_MODES) == SimBenchConfig()
 
 
 def test_adding_a_strategy_is_one_entry(monkeypatch):

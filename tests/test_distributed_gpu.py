@@ -72,7 +72,7 @@ def test_one_training_step_with_ray_on_the_gpu(tmp_path, model):
 
     run = tmp_path / "run"
     root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "evaluators.cli", "train", "--config", "configs/train_cpu_trace.yaml", "--ray",
+    cmd = [sys.executable, "-m", "trace_gym.cli", "train", "--config", "configs/train_cpu_trace.yaml", "--ray",
            f"run_dir={run}", f"policy={model[0]}", "steps=1", "eval_every=0", "eval_at_start=false", "engine=vllm",
            "device=cuda", f"engine_kwargs={json.dumps(VLLM_KW)}", "trainer.dtype=bfloat16", "progress=false",
            'ray_options={"rollout_workers": 1, "worker_gpus": 0.4, "trainer_workers": 1, "trainer_gpus": 0.4, '

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not ok, reason=why)
 
 
 def command(run_dir: Path, model: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "evaluators.cli", "train", f"run_dir={run_dir}", f"policy={model}",
+    return [sys.executable, "-m", "trace_gym.cli", "train", f"run_dir={run_dir}", f"policy={model}",
             "env=guess_number", "predictor=constant", "steps=2", "candidates=4", "root_budget=4",
             "max_turns=3", "max_turn_tokens=8", "max_episode_tokens=512", "trainer.lr=1e-4",
             "trainer.micro_batch_tokens=128", 'engine_kwargs={"dtype": "float32", "prefix_cache_bytes": 0}',

@@ -233,7 +233,7 @@ RAY_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "ray").g
 
 @pytest.mark.parametrize("path", RAY_CONFIGS, ids=lambda p: p.name)
 def test_ray_configs_resolve(path, tmp_path):
-    from evaluators.cli import main
+    from trace_gym.cli import main
     from trace_gym.distributed.backend import ray_options
     from trace_gym.train import load_train_config
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
-from evaluators.cli import EvalConfig, resolve_policy, run_eval, weights_hash
+from evaluators.run import EvalConfig, resolve_policy, run_eval, weights_hash
 from evaluators.math.metrics import avg_at_k, mean_interval, pass_at_k, wilson_interval
 from evaluators.suites import SUITES, TRAIN_DATA, generated_heldout, generated_train
 
@@ -109,7 +109,7 @@ def test_suite_table_entries_are_complete():
 
 
 def test_eval_cli_one_line_errors(tmp_path, capsys):
-    from evaluators.cli import main
+    from trace_gym.cli import main
 
     assert main(["eval", "--suite", "nope", f"out={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

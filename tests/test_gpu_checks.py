@@ -131,7 +131,7 @@ def test_one_training_step_on_the_gpu_with_the_hf_engine(tmp_path, model, ray):
     if ray and importlib.util.find_spec("ray") is None:
         pytest.skip("needs Ray (pip install 'trace_gym[ray]')")
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "evaluators.cli", "train", "--config", "configs/train_cpu_trace.yaml",
+    cmd = [sys.executable, "-m", "trace_gym.cli", "train", "--config", "configs/train_cpu_trace.yaml",
            f"run_dir={run}", f"policy={model[0]}", "steps=1", "eval_every=0", "eval_at_start=false",
            "engine=hf", "device=cuda", 'engine_kwargs={"dtype": "bfloat16", "device": "cuda"}',
            "trainer.dtype=bfloat16", "predictor=lm_critic", 'predictor_kwargs={"device": "cuda", "dtype": "bfloat16"}',

@@ -82,15 +82,21 @@ PLUGIN_MODULE = textwrap.dedent('''
 
 
     greedy_half = Strategy(HalfGreedy(), description="plugin: groups of 4 on the likeliest prompts")
+
+
+    def every_turn_counts(tree, *, eps=1e-6, std_normalize=True):
+        """Plugin estimator: advantage 1 on every node (a contrast-free baseline)."""
+        return {node.id: 1.0 for node in tree.nodes[1:]}
 ''')
 
 UNINSTALLED_MODULE = textwrap.dedent('''
     """Not installed: registers itself on import (--plugin echo_local)."""
-    from trace_gym.api import register_env, register_strategy
-    from echo_plugin import HalfGreedy, Strategy, load_tasks
+    from trace_gym.api import register_env, register_estimator, register_strategy
+    from echo_plugin import HalfGreedy, Strategy, every_turn_counts, load_tasks
 
     register_env("EchoLocal-v0", "echo_plugin:EchoEnv", task_loader=load_tasks)
     register_strategy("local_greedy", Strategy(HalfGreedy(), description="registered by --plugin"))
+    register_estimator("local_every_turn", every_turn_counts)
 ''')
 
 
@@ -104,6 +110,7 @@ def write_plugin(site: Path, *, installed: bool = True, broken: bool = False) ->
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 0.1\n")
         entry_points = ("[trace_gym.envs]\nEcho-v0 = echo_plugin:EchoEnv\n\n"
                         "[trace_gym.tasks]\nEcho-v0 = echo_plugin:load_tasks\n\n"
+                        "[trace_gym.advantages]\nevery_turn = echo_plugin:every_turn_counts\n\n"
                         "[trace_gym.strategies]\ngreedy_half = echo_plugin:greedy_half\n")
         if broken:
             entry_points += "broken_one = no_such_module_xyz:thing\n"
@@ -180,6 +187,39 @@ def test_the_same_with_plugin_module_for_an_uninstalled_module(tmp_path, tiny_mo
               "1", "--max-turn-tokens", "4", "--max-episode-tokens", "256", "--predictor", "constant")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| local_greedy" in out.stdout
+
+
+TRAIN_ONE_STEP = ["train", "env=trace_gym/Echo-v0", "predictor=constant", "steps=1", "candidates=4", "root_budget=2",
+                  "group_size=2", "strategy=uniform", "max_turns=2", "max_turn_tokens=4", "max_episode_tokens=256",
+                  "progress=false", "eval_every=0", "engine=hf", 'env_kwargs={"max_turns": 2}']
+
+
+def metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+@pytest.mark.parametrize("how", ["entry point", "--plugin"])
+def test_a_plugin_estimator_trains_one_step(tmp_path, tiny_model_path, how):
+    """An estimator from a throwaway plugin is listed and trains a real step: it gives every
+    node advantage 1, so every node is trained, where the built-in GRPO gives the tiny
+    model's all-failed groups exactly 0 (nothing trained)."""
+    write_plugin(tmp_path, installed=how == "entry point")
+    name, extra = ("every_turn", []) if how == "entry point" else ("local_every_turn", ["--plugin", "echo_local"])
+    if how == "--plugin":  # the uninstalled plugin registers its own env id
+        extra += ["env=trace_gym/EchoLocal-v0"]
+    listed = run(tmp_path, "-m", "trace_gym.cli", "estimators", *extra[:2])
+    assert listed.returncode == 0 and name in listed.stdout, listed.stderr
+    common = [*TRAIN_ONE_STEP, f"policy={tiny_model_path}", *extra]
+    out = run(tmp_path, "-m", "trace_gym.cli", *common, f"advantage={name}", f"run_dir={tmp_path / 'mine'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    mine = metrics(tmp_path / "mine")
+    assert mine["step"] == 1 and mine["accuracy"] == 0.0  # the tiny random policy never echoes the number
+    assert mine["nodes_with_advantage"] > 0 and mine["policy/trained_tokens"] > 0
+    out = run(tmp_path, "-m", "trace_gym.cli", *common, "advantage=grpo", f"run_dir={tmp_path / 'grpo'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert metrics(tmp_path / "grpo")["nodes_with_advantage"] == 0
+    out = run(tmp_path, "-m", "trace_gym.cli", *common, "advantage=every_tern", f"run_dir={tmp_path / 'typo'}")
+    assert out.returncode == 2 and "advantage must be one of" in out.stderr
 
 
 def test_a_broken_plugin_is_one_line_and_the_builtins_still_work(tmp_path):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
+
 from trace_gym.checkpoint import RunDir
 from trace_gym.datafiles import split_tasks
 from trace_gym.train import TaskCursor, TrainConfig, config_differences, load_train_config
@@ -42,7 +44,7 @@ def test_bad_keys_and_values_name_themselves(overrides, message):
 def test_cli_errors_are_one_line_before_any_model_loads(tmp_path):
     for args, needle in ((["stepz=3"], "unknown key"), (["strategy=best"], "unknown strategy 'best'"),
                          (["env=nowhere"], "unknown env 'nowhere'")):
-        out = subprocess.run([sys.executable, "-m", "evaluators.cli", "train", f"run_dir={tmp_path / 'r'}", *args],
+        out = subprocess.run([sys.executable, "-m", "trace_gym.cli", "train", f"run_dir={tmp_path / 'r'}", *args],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2, out.stderr
         lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
@@ -142,7 +144,7 @@ def configs():
 def test_shipped_configs_dry_run(path, tmp_path):
     import yaml
 
-    from evaluators.cli import main
+    from trace_gym.cli import main
     from trace_gym.registry import ENV_FAMILIES
 
     env = (yaml.safe_load(path.read_text()) or {}).get("env", "math_python")
@@ -153,10 +155,52 @@ def test_shipped_configs_dry_run(path, tmp_path):
 
 
 def test_dry_run_checks_predictor_kwargs(tmp_path, capsys):
-    from evaluators.cli import main
+    from trace_gym.cli import main
 
     base = ["train", "--config", "configs/train_cpu_trace.yaml", "--dry-run", f"run_dir={tmp_path / 'r'}"]
     assert main([*base, "predictor=lm_critic", 'predictor_kwargs={"dtype": "bfloat16"}']) == 0
     assert "predictor: lm_critic {'dtype': 'bfloat16'}" in capsys.readouterr().out
     assert main([*base, 'predictor_kwargs={"devise": "cuda"}']) == 2
     assert "embedding does not take 'devise'" in capsys.readouterr().err
+
+
+def test_a_step_that_raises_closes_the_runner_the_engine_and_the_backend(tmp_path, tiny_model_path):  # noqa: F811
+    """The loop's ``finally``: a policy update that raises mid-step (planted) still closes
+    the step's agent runner, the engine and the backend, in that order, and propagates."""
+    from trace_gym.backend import InProcessBackend
+    from trace_gym.commands.train import resolve_train_setup
+    from trace_gym.train import train
+
+    closed: list[str] = []
+
+    def recording(obj, name):
+        close = obj.close
+        obj.close = lambda: (closed.append(name), close())[1]
+        return obj
+
+    class PlantedBackend(InProcessBackend):
+        def make_trainer(self, *args, **kwargs):
+            trainer = super().make_trainer(*args, **kwargs)
+
+            def step(trees):
+                raise RuntimeError("planted: the update failed")
+
+            trainer.step = step
+            return trainer
+
+        def make_engine(self, *args, **kwargs):
+            return recording(super().make_engine(*args, **kwargs), "engine")
+
+        def make_runner(self, *args, **kwargs):
+            return recording(super().make_runner(*args, **kwargs), "runner")
+
+        def close(self):
+            closed.append("backend")
+
+    cfg = load_train_config(None, {"run_dir": str(tmp_path / "r"), "policy": str(tiny_model_path),
+                                   "env": "guess_number", "predictor": "constant", "steps": "1", "candidates": "4",
+                                   "root_budget": "2", "max_turns": "1", "max_turn_tokens": "4",
+                                   "max_episode_tokens": "256", "progress": "false", "engine": "hf"})
+    with pytest.raises(RuntimeError, match="planted"):
+        train(cfg, resolve_train_setup(cfg), backend=PlantedBackend())
+    assert closed == ["runner", "engine", "backend"]

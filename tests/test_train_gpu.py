@@ -20,7 +20,7 @@ pytestmark = [
 
 
 def test_train_on_one_gpu_with_vllm_on_the_same_device(tmp_path):
-    from evaluators.cli import main
+    from trace_gym.cli import main
     from gpu_checks import gpu_model
 
     model, _ = gpu_model(tmp_path)

@@ -20,7 +20,7 @@ STEPS = 5
 
 def command(run_dir: Path, model: Path) -> list[str]:
     # `trace-gym train` once the face wires it; the same parser and handler today
-    return [sys.executable, "-m", "evaluators.cli", "train", f"run_dir={run_dir}", f"policy={model}",
+    return [sys.executable, "-m", "trace_gym.cli", "train", f"run_dir={run_dir}", f"policy={model}",
             "env=guess_number", "predictor=constant", f"steps={STEPS}", "candidates=4", "root_budget=2",
             "max_turns=3", "max_turn_tokens=8", "max_episode_tokens=512", "trainer.lr=1e-4", "keep_checkpoints=1",
             "progress=false"]

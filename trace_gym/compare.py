@@ -1,4 +1,4 @@
-"""``trace-gym compare RUN [RUN ...]``: training runs side by side, with uncertainty.
+"""Training runs side by side, with uncertainty (what ``trace-gym compare RUN [RUN ...]`` prints).
 
 Reads each run directory (``config.yaml``, ``metrics.jsonl``, ``evals/step-N.json``) and
 prints one markdown table, plus PNG plots of reward, effective ratio and held-out
@@ -19,7 +19,6 @@ Uncertainty, stated rather than hidden:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -273,16 +272,3 @@ def run_compare(paths: Sequence[str], out_dir: str | None = None, *, out: Any = 
         text += "\n\nwrote " + ", ".join([str(Path(out_dir) / "compare.md"), *plots])
     print(text, file=out)
     return text
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    run_compare(args.runs, args.out)
-    return 0
-
-
-def add_compare_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("compare", help="compare training runs: table + plots with confidence intervals")
-    p.add_argument("runs", nargs="+", help="run directories (seeds of one config are grouped)")
-    p.add_argument("--out", default=None, help="folder for compare.md and the PNG plots")
-    p.set_defaults(func=cmd_compare)
-    return p

@@ -1,0 +1,98 @@
+"""The one parser: every command comes from it, and every command takes ``--config FILE``
+and ``key=value`` (config fields for config commands, flag names for the others)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from trace_gym import cli
+
+COMMANDS = {"train", "eval", "compare", "bench", "index", "envs", "strategies", "estimators", "predictors", "models"}
+
+
+def leaf(parser, *path):
+    for name in path:
+        parser = cli._subparsers(parser).choices[name]
+    return parser
+
+
+def test_every_command_comes_from_one_parser_and_takes_config():
+    parser = cli.build_parser()
+    assert set(cli._subparsers(parser).choices) == COMMANDS
+    for p in cli._leaves(parser):
+        assert "--config" in p._option_string_actions, p.prog
+    text = parser.format_help()
+    assert "evaluators" not in text and "trace_gym." not in text  # no module paths for users
+
+
+def test_key_value_tokens_are_split_from_option_values():
+    parser = cli.build_parser()
+    rest, overrides, p = cli.split_overrides(parser, ["train", "--ray", "steps=2", "trainer.lr=1e-5", "--dry-run"])
+    assert rest == ["train", "--ray", "--dry-run"] and overrides == {"steps": "2", "trainer.lr": "1e-5"}
+    assert p is leaf(parser, "train")
+    # the value of an option that takes one stays its value, even when it holds "="
+    rest, overrides, p = cli.split_overrides(parser, ["compare", "runs/a", "--out", "x=y", "out_dir=1"])
+    assert rest == ["compare", "runs/a", "--out", "x=y"] and overrides == {"out_dir": "1"}
+
+
+def test_flag_commands_take_yaml_and_key_value_with_the_line_winning(tmp_path):
+    parser = cli.build_parser()
+    cfg = tmp_path / "compare.yaml"
+    cfg.write_text("out: from-yaml\n")
+    p = leaf(parser, "compare")
+    assert cli.flag_tokens(p, ["compare", "a", "--config", str(cfg)], {}) == ["--out", "from-yaml"]
+    assert cli.flag_tokens(p, ["compare", "a", "--config", str(cfg)], {"out": "kv"}) == ["--out", "kv"]
+    assert cli.flag_tokens(p, ["compare", "a", "--out", "line", "--config", str(cfg)], {"out": "kv"}) == []
+    build = leaf(parser, "index", "build")
+    tokens = cli.flag_tokens(build, ["index", "build"], {"synthetic": "true", "overwrite": "false", "recall": "3"})
+    args = parser.parse_args(["index", "build", *tokens])
+    assert args.synthetic is True and args.overwrite is False and args.recall == 3
+    with pytest.raises(ValueError, match=r"unknown key 'ot' for `trace-gym compare`; did you mean out\?"):
+        cli.flag_tokens(p, ["compare", "a"], {"ot": "x"})
+    with pytest.raises(ValueError, match="synthetic: expected a bool"):
+        cli.flag_tokens(build, ["index", "build"], {"synthetic": "maybe"})
+
+
+def test_bad_keys_are_one_line_errors_for_every_kind_of_command(capsys, tmp_path):
+    assert cli.main(["strategies", "colour=red"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown key 'colour'" in err[0]
+    assert cli.main(["bench", "--sim", "sedes=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown key 'sedes'" in err[0] and "did you mean seeds" in err[0]
+    assert cli.main(["bench", "--sim", "warmup_budget=4"]) == 2
+    assert "warmup_budget= does not apply to --sim (only to --env)" in capsys.readouterr().err
+    assert cli.main(["train", "--dry-run", "stpes=3"]) == 2
+    err = capsys.readouterr().err
+    assert "command line: unknown key(s) ['stpes']" in err and "did you mean steps" in err
+
+
+def test_config_commands_take_key_value_and_flag_aliases(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert cli.main(["bench", "--sim", "seeds=1", "steps=2", "pool_size=256", "candidates=64", "root_budget=64",
+                     "strategies=uniform", "--json", str(out)]) == 0
+    import json
+
+    data = json.loads(out.read_text())
+    assert data["config"]["seeds"] == 1 and data["config"]["root_budget"] == 64
+    assert list(data["strategies"]) == ["uniform"]
+
+
+def test_listings(capsys):
+    assert cli.main(["estimators"]) == 0
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in ("grpo", "treerpo", "tree_grpo"))
+    assert cli.main(["predictors"]) == 0
+    printed = capsys.readouterr().out
+    assert "embedding" in printed and "oracle" in printed and "the simulator" in printed
+
+
+def test_help_of_config_commands_lists_keys_from_the_dataclasses():
+    parser = cli.build_parser()
+    train = leaf(parser, "train").format_help()
+    assert "trainer.lr (float" in train and "advantage estimators" in train and "treerpo:" in train
+    assert "data_dir (str" in leaf(parser, "eval").format_help()
+    assert isinstance(leaf(parser, "bench"), argparse.ArgumentParser)
+    assert "root_budget (int" in leaf(parser, "bench").format_help()

@@ -1,0 +1,79 @@
+"""The commands of ``trace-gym`` (the face): one module per command, all added to the one
+parser of :mod:`trace_gym.cli`.
+
+=============  ===============================================================  ===================
+command        what it does                                                    its keys
+=============  ===============================================================  ===================
+``bench``      strategies at one budget on the simulator or real rollouts      ``SimBenchConfig`` /
+                                                                                ``EnvBenchConfig``
+``train``      one training run (run dir, resume, eval)                         ``TrainConfig``
+``eval``       checkpoints on suites (cached)                                   ``EvalConfig``
+``compare``    training runs side by side                                       its flags
+``index``      retrieval indexes: build, serve, recall, info                    its flags
+``envs`` ...   listings: envs, strategies, estimators, predictors, models       its flags
+=============  ===============================================================  ===================
+
+Every command takes ``--config FILE`` and ``key=value``: for the commands with a config
+dataclass the keys are its fields (dotted for a section: ``trainer.lr=1e-5``); for the
+others the keys are the names of their flags (``out=runs/cmp`` = ``--out runs/cmp``).
+Flags of a config command (``bench --seeds 3``) are aliases of its keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Mapping, Sequence
+
+from trace_gym.config import config_help, load_config
+
+#: argparse default that marks a parser whose keys are a config dataclass's fields.
+CONFIG_KEYS = "config_keys"
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%%")
+
+
+def config_epilog(*classes: type, title: str = "keys (--config YAML or key=value)") -> str:
+    """The ``--help`` epilog listing every key of ``classes`` with type, default and help."""
+    lines, seen = [f"{title}:"], set()
+    for cls in classes:
+        for name, tname, default, text in config_help(cls):
+            if name not in seen:
+                seen.add(name)
+                lines.append(f"  {name} ({tname}, default {default!r}): {text}")
+    return _escape("\n".join(lines))
+
+
+def add_config_parser(subparsers: argparse._SubParsersAction, name: str, help_text: str, *classes: type,
+                      description: str | None = None, epilog_prefix: str = "") -> argparse.ArgumentParser:
+    """A subcommand whose keys are the fields of ``classes``: ``--config FILE`` plus
+    ``key=value`` (collected by :func:`trace_gym.cli.main` into ``args.overrides``)."""
+    p = subparsers.add_parser(name, help=help_text, description=description or help_text,
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=_escape(epilog_prefix) + config_epilog(*classes),
+                              usage=f"trace-gym {name} [--config FILE] [options] [key=value ...]")
+    p.add_argument("--config", metavar="FILE", help="YAML file of keys (key=value and flags override it)")
+    p.set_defaults(**{CONFIG_KEYS: True})
+    return p
+
+
+def command_config(cls: type, args: argparse.Namespace, aliases: Mapping[str, Any] | None = None) -> Any:
+    """``cls`` from ``--config``, then ``key=value``, then the flag ``aliases`` given (not ``None``)."""
+    overrides = dict(getattr(args, "overrides", None) or {})
+    overrides.update({k: v for k, v in (aliases or {}).items() if v is not None})
+    return load_config(cls, getattr(args, "config", None), overrides)
+
+
+def did_you_mean(name: str, known: Sequence[str]) -> str:
+    """``"; did you mean X?"`` for the closest of ``known`` (difflib), else ``""``."""
+    import difflib
+
+    near = difflib.get_close_matches(name, list(known), n=3)
+    return f"; did you mean {', '.join(near)}?" if near else ""
+
+
+def summary(obj: Any) -> str:
+    """The first paragraph of ``obj``'s docstring, on one line ("" without one)."""
+    doc = (getattr(obj, "__doc__", None) or "").strip()
+    return " ".join(doc.split("\n\n")[0].split())

@@ -1,0 +1,122 @@
+"""``trace-gym bench``: allocation strategies at one budget, on the simulator or real rollouts.
+
+The keys are the fields of the mode's config (:class:`~trace_gym.config.SimBenchConfig`,
+:class:`~trace_gym.config.EnvBenchConfig`); each also has a ``--flag`` alias, typed by
+the field, with each mode's default in its help. A key that does not apply to the chosen
+mode is refused with a message naming the mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from trace_gym.commands import add_config_parser, did_you_mean
+from trace_gym.config import EnvBenchConfig, SimBenchConfig, config_help, load_config, parse_field_text
+
+#: The modes of ``bench`` and their configs.
+BENCH_MODES: dict[str, type] = {"sim": SimBenchConfig, "env": EnvBenchConfig}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, modes: dict[str, type], skip: Sequence[str] = ()) -> None:
+    """One ``--flag`` per field of the mode configs (union); the help names each mode's default.
+
+    Values stay strings here (``default=None`` marks "not given"); :func:`mode_config`
+    parses them by the field's type.
+    """
+    seen: dict[str, list[tuple[str, str, Any, str]]] = {}
+    for mode, cls in modes.items():
+        for name, tname, default, text in config_help(cls):
+            if name not in skip:
+                seen.setdefault(name, []).append((mode, tname, default, text))
+    for name, entries in seen.items():
+        _, tname, _, text = entries[0]
+        if len(entries) == 1 and len(modes) > 1:
+            defaults = f"default: {entries[0][2]!r}; only with --{entries[0][0]}"
+        elif len({repr(e[2]) for e in entries}) == 1:
+            defaults = f"default: {entries[0][2]!r}"
+        else:
+            defaults = "default: " + ", ".join(f"{e[2]!r} with --{e[0]}" for e in entries)
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=tname.split("[")[0].upper(),
+                            help=f"{text} ({defaults})".replace("%", "%%"))
+
+
+def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> Any:
+    """The config of ``mode``: YAML (``--config``), then ``key=value``, then every given
+    ``--flag`` on top.
+
+    Raises:
+        ValueError: a key or flag that belongs to another mode only, an unknown key, or a bad value.
+    """
+    cls = modes[mode]
+    own = {f.name for f in dataclasses.fields(cls)}
+    everyone = {f.name: m for m, c in modes.items() for f in dataclasses.fields(c)}
+    overrides: dict[str, Any] = {}
+    for key, raw in (getattr(args, "overrides", None) or {}).items():
+        if key not in everyone:
+            raise ValueError(f"command line: unknown key {key!r} for bench --{mode}{did_you_mean(key, sorted(own))}")
+        if key not in own:
+            raise ValueError(f"{key}= does not apply to --{mode} (only to --{everyone[key]})")
+        overrides[key] = parse_field_text(cls, key, raw)
+    for other, other_cls in modes.items():
+        for f in dataclasses.fields(other_cls):
+            raw = getattr(args, f.name, None)
+            if raw is None:
+                continue
+            if f.name not in own:
+                raise ValueError(f"--{f.name.replace('_', '-')} does not apply to --{mode} (only to --{other})")
+            overrides[f.name] = parse_field_text(cls, f.name, raw)
+    return load_config(cls, getattr(args, "config", None), overrides)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from trace_gym import bench
+    from trace_gym.registry import load_plugins, resolve_env
+    from trace_gym.strategies import shaped_strategies
+
+    if args.sim == bool(args.env):
+        raise ValueError("give exactly one of --sim or --env ENV (with --policy MODEL)")
+    mode = "sim" if args.sim else "env"
+    cfg = mode_config(args, mode, BENCH_MODES)
+    load_plugins(cfg.plugins)
+    strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
+                                   continuations_per_root=cfg.continuations_per_root)
+    if mode == "sim":
+        from trace_gym.bench_sim import run_sim_bench
+
+        results = run_sim_bench(cfg, strategies, progress=True)
+    else:
+        from trace_gym.bench_env import run_env_bench
+
+        family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
+        results = run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out,
+                                say=lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.out:
+        results["plots"] = bench.write_bench_plots(results, args.out)
+    print(bench.format_bench(results))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {args.json}")
+    if args.out:
+        print(f"wrote {', '.join(results['plots'] + results.get('episode_files', []))}")
+    failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
+    return 1 if failed and args.strict else 0
+
+
+def add(subparsers: argparse._SubParsersAction) -> None:
+    p = add_config_parser(subparsers, "bench", "benchmark allocation strategies at equal budget (no training)",
+                          *BENCH_MODES.values(),
+                          epilog_prefix="Every key is also a --flag (--root-budget 32 = root_budget=32).\n\n")
+    p.add_argument("--sim", action="store_true", help="use the simulator (no model needed)")
+    p.add_argument("--env", metavar="ENV", help="run on real rollouts in this env family or env id (e.g. math_python), "
+                   "with --policy MODEL")
+    p.add_argument("--json", help="write the results as JSON to this path")
+    p.add_argument("--out", help="write PNG plots (and with --dump-episodes, transcripts) into this folder")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a check FAILs")
+    add_config_flags(p, BENCH_MODES, skip=("env",))
+    p.set_defaults(func=cmd_bench)
