@@ -115,3 +115,28 @@ def test_import_trace_gym_registers_ids_without_importing_envs():
     ids, loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"trace_gym/MathPython-v0", "trace_gym/BFCL-v0", "trace_gym/GuessNumber-v0"} <= set(ids)
     assert not [m for m in loaded if m.split(".")[0] in FORBIDDEN_PACKAGES]
+
+
+def test_the_simulator_and_its_predictors_do_not_import_each_other():
+    """sim_predictors imports sim (its states and world); sim never imports sim_predictors."""
+    assert [n for _, n in imported_names(CORE / "sim.py") if n.startswith("trace_gym.sim_predictors")] == []
+    assert any(n.startswith("trace_gym.sim") for _, n in imported_names(CORE / "sim_predictors.py"))
+
+
+def test_predictor_kinds_are_listed_in_one_table():
+    """No module but predictor.py holds a list, tuple, set or dict of two or more predictor
+    kind names (configs validate against PREDICTORS, help text is generated from it)."""
+    from trace_gym.predictor import PREDICTORS
+
+    names = set(PREDICTORS)
+    offenders = []
+    for path in sorted(CORE.rglob("*.py")):
+        if path.name == "predictor.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+                items = node.keys if isinstance(node, ast.Dict) else node.elts
+                kinds = {i.value for i in items if isinstance(i, ast.Constant) and i.value in names}
+                if len(kinds) >= 2:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {sorted(kinds)}")
+    assert offenders == []
