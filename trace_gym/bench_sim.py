@@ -31,7 +31,7 @@ def sim_world(cfg: SimBenchConfig) -> Any:
     from trace_gym.sim_predictors import noise_for_spearman
 
     base = dict(target_mixed=cfg.target_mixed, mean_success=cfg.mean_success, group_size=cfg.group_size,
-                step_concentration=cfg.step_concentration)
+                step_concentration=cfg.step_concentration, min_turns=cfg.min_turns, max_turns=cfg.max_turns)
     prior = sim.SimWorld(**base).prior()
     return sim.SimWorld(**base, feature_noise=noise_for_spearman(cfg.feature_spearman, prior))
 

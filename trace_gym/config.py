@@ -354,6 +354,8 @@ class SimBenchConfig:
     target_mixed: float = field(default=0.27, metadata=doc("P(uniform group of G is mixed) to calibrate to"))
     mean_success: float = field(default=0.5, metadata=doc("mean task success probability"))
     step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
+    min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)"))
+    max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)"))
     demo_values: tuple[float, ...] = field(
         default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc("predicted values of the root-allocation demo"))
     demo_budgets: tuple[int, ...] = field(
