@@ -379,3 +379,26 @@ def test_stop_strings_are_read_from_every_kind_of_factory_without_building_an_en
 
     with pytest.raises(ValueError, match=r"BadStops.stop_strings must be a tuple of non-empty strings, got '</search>'"):
         env_stop_strings(BadStops)
+
+
+def test_guess_number_reads_the_last_integer_with_guess_format_number():
+    from environments.guess_number.env import GuessNumberEnv, make_tasks
+
+    env = GuessNumberEnv(high=8, guess_format="number", lie_prob=0.0)
+    task = make_tasks(1, high=8, seed=3)[0]
+    env.reset(seed=0, options={"task": task})
+    other = 1 if task.answer != 1 else 2
+    obs, reward, done, _, info = env.step(f"Between 1 and 8 I pick {other}.")
+    assert info["guess"] == other and reward == 0.0 and not done
+    obs, reward, done, _, info = env.step("9" * 40)  # a digit run beyond 12 digits is no guess, not a crash
+    assert info.get("error") == "no_guess"
+    obs, reward, done, _, _ = env.step(f"maybe {other}, no: {task.answer}")
+    assert reward == 1.0 and done
+    tagged = GuessNumberEnv(high=8)
+    tagged.reset(seed=0, options={"task": task})
+    assert tagged.step(f"I pick {task.answer}")[4].get("error") == "no_guess"  # the default is unchanged
+    with pytest.raises(ValueError, match="guess_format must be one of"):
+        GuessNumberEnv(guess_format="loose")
+    from trace_gym.env import check_env
+
+    assert check_env(GuessNumberEnv(high=8, guess_format="number"), make_tasks(3, high=8)).passed

@@ -7,7 +7,9 @@ hint) that must survive snapshot/restore, and a verifiable terminal reward.
 
 ## Action Space
 ``TextAction``: the model's raw text. The env reads the *last* ``guess: N`` in it
-(case-insensitive, ``:`` or ``=`` optional).
+(case-insensitive, ``:`` or ``=`` optional); with ``guess_format="number"`` it reads the
+last integer of the reply instead (at most 12 digits; a longer digit run is no guess), for
+small models that do not follow the ``guess:`` format.
 
 ## Observation Space
 ``ChatObservation``: at reset a system and a user message; after each step one user
@@ -23,7 +25,7 @@ Terminated when the guess is right; truncated after ``max_turns`` steps.
 ``state``: secret, turn, finished flag and the env RNG's state, frozen to bytes.
 
 ## Version History
-v0: first version.
+v0: first version; ``guess_format`` added later (default ``"tagged"``: unchanged).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 
 _GUESS = re.compile(r"guess\s*[:=]?\s*(-?\d{1,12})", re.IGNORECASE)
+_NUMBER = re.compile(r"(?<![\d-])(-?\d{1,12})(?!\d)")
+#: How a reply is read: ``tagged`` (``guess: N``) or ``number`` (its last integer).
+GUESS_FORMATS = {"tagged": _GUESS, "number": _NUMBER}
 
 SYSTEM_PROMPT = (
     "You are playing a guessing game. Each turn, reply with `guess: N` for an integer N. "
@@ -71,20 +76,24 @@ class GuessNumberEnv(gymnasium.Env):
         lie_prob: probability that a ``higher``/``lower`` hint is flipped (drawn from
             the env's own seeded RNG, so snapshots must carry the RNG state).
         tasks: the pool ``reset()`` draws from when no task is given.
+        guess_format: ``"tagged"`` (the last ``guess: N``) or ``"number"`` (the last integer).
     """
 
     metadata = {"render_modes": []}
     snapshot_mode = "state"
 
     def __init__(self, low: int = 1, high: int = 64, max_turns: int = 8, lie_prob: float = 0.1,
-                 tasks: list[Task] | None = None):
+                 tasks: list[Task] | None = None, guess_format: str = "tagged"):
         if not low < high:
             raise ValueError(f"need low < high, got low={low}, high={high}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if not 0.0 <= lie_prob <= 1.0:
             raise ValueError(f"lie_prob must be in [0, 1], got {lie_prob}")
+        if guess_format not in GUESS_FORMATS:
+            raise ValueError(f"guess_format must be one of {sorted(GUESS_FORMATS)}, got {guess_format!r}")
         self.low, self.high, self.max_turns, self.lie_prob = low, high, max_turns, lie_prob
+        self._pattern = GUESS_FORMATS[guess_format]
         self.tasks = list(tasks) if tasks is not None else make_tasks(16, low, high)
         self.action_space = TextAction(max_length=4096)
         self.observation_space = ChatObservation()
@@ -108,7 +117,7 @@ class GuessNumberEnv(gymnasium.Env):
         if self._done:
             return [Message("user", "The game is over.")], 0.0, True, False, {"error": "episode_over"}
         self._turn += 1
-        matches = _GUESS.findall(action if isinstance(action, str) else "")
+        matches = self._pattern.findall(action if isinstance(action, str) else "")
         info: dict[str, Any] = {"turn": self._turn}
         if not matches:
             text, reward = "I could not read a guess. Reply with `guess: N`.", 0.0
