@@ -74,6 +74,17 @@ def test_include_adds_in_place_including_errors_and_unspent_units():
         a.add_errors(-1)
 
 
+def test_exhausted_branches_are_counted_and_merged():
+    a, b = BudgetLedger(), BudgetLedger()
+    a.add_exhausted(2)
+    b.add_exhausted()
+    assert a.merge(b).exhausted == 3 and (a + b).to_dict()["exhausted"] == 3
+    a.include(b)
+    assert a.exhausted == 3 and a.nominal == 0  # a refused branch adds nothing by itself
+    with pytest.raises(ValueError, match="exhausted must be >= 0, got -1"):
+        a.add_exhausted(-1)
+
+
 def test_to_dict_and_validation():
     led = BudgetLedger()
     led.add_rollouts(2)
@@ -96,6 +107,7 @@ def test_to_dict_and_validation():
         "recovered_episodes": 0,
         "redone_env_steps": 0,
         "reissued_completions": 0,
+        "exhausted": 0,
         "seconds": {"allocation": 0.25},
     }
     with pytest.raises(ValueError, match="env steps must be >= 0, got -1"):

@@ -9,7 +9,7 @@ import pytest
 
 from trace_gym import cli
 
-COMMANDS = {"train", "eval", "compare", "bench", "index", "envs", "strategies", "estimators", "predictors", "models"}
+COMMANDS = {"train", "eval", "compare", "bench", "bank", "index", "envs", "strategies", "estimators", "predictors", "models"}
 
 
 def leaf(parser, *path):
@@ -96,3 +96,24 @@ def test_help_of_config_commands_lists_keys_from_the_dataclasses():
     assert "data_dir (str" in leaf(parser, "eval").format_help()
     assert isinstance(leaf(parser, "bench"), argparse.ArgumentParser)
     assert "root_budget (int" in leaf(parser, "bench").format_help()
+
+
+BANK_CONFIGS = sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "configs" / "banks").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BANK_CONFIGS, ids=lambda p: p.name)
+def test_bank_record_configs_dry_run(path, capsys, tmp_path):
+    """The shipped CPU bank configs and the paper-scale GPU ones resolve (env, prompts,
+    limits) without loading a model."""
+    assert cli.main(["bank", "record", "--config", str(path), "--dry-run", f"out={tmp_path / 'b.jsonl.gz'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "bank record --dry-run" in printed and "episodes per prompt" in printed
+
+
+def test_bank_record_refuses_bad_settings(capsys):
+    assert cli.main(["bank", "record", "--dry-run", "roots=1"]) == 2
+    assert "roots must be >= 2" in capsys.readouterr().err
+    assert cli.main(["bank", "record", "--dry-run", "out=x.json"]) == 2
+    assert "must end with .jsonl.gz" in capsys.readouterr().err
+    assert cli.main(["bank", "stats", "no-such-bank"]) == 2
+    assert "no bank file 'no-such-bank'" in capsys.readouterr().err

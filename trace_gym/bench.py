@@ -12,12 +12,15 @@ rollouts come from is a :class:`BenchSource`, a short adapter:
 - :mod:`trace_gym.bench_env` (``bench --env``): real episodes of a real policy in a real
   environment (no training). A warm-up batch of GRPO groups on other tasks trains the
   predictor first; each strategy starts from a copy of it.
+- :mod:`trace_gym.bench_bank` (``bench --bank``): a rollout bank, real outcomes recorded
+  once and replayed without replacement; a bench that asks for more than was recorded
+  gives no verdict (:func:`exhaustion_check`).
 
 The budget is nominal (M (1 + N/2) trajectory-equivalents, the paper's convention) or,
-with ``budget_unit="tokens"`` (sources whose steps can be replayed from the same state,
-the simulator), exact generated tokens: each strategy's nominal budget is rescaled per
-step until it generates within 0.5 % of what the reference strategy (uniform) generates
-at the nominal budget.
+with ``budget_unit="tokens"`` (sources whose steps can be replayed from the same state:
+the simulator, a rollout bank), exact generated tokens: each strategy's nominal budget
+is rescaled per step until it generates within 0.5 % of what the reference strategy
+(uniform) generates at the nominal budget.
 
 Uncertainty: metrics are means over repetitions (seeds) with a 95 % Student-t interval;
 with one repetition no interval is printed. Checks compare strategies by the paired
@@ -51,6 +54,8 @@ TOKEN_TOLERANCE = 0.005
 TOKEN_CHECK_TOLERANCE = 0.02
 #: Row-name suffix of the oracle upper bound.
 UPPER_BOUND = " (oracle, upper bound)"
+#: Largest share of refused (``exhausted``) branches a rollout-bank bench gives a verdict with.
+EXHAUSTED_LIMIT = 0.01
 
 
 @dataclass(frozen=True)
@@ -145,17 +150,26 @@ def bench_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     Each check is ``{"name", "status": PASS | FAIL | SKIP, "detail"}``. Comparisons of
     two strategies state the paired difference over repetitions and whether it is
-    distinguishable from zero at 95 %.
+    distinguishable from zero at 95 %. On a rollout bank, when any row's share of
+    refused branches exceeds :data:`EXHAUSTED_LIMIT` (:func:`exhaustion_check`), that
+    check FAILs, names the bank sizes needed, and every comparison is SKIPped: no verdict.
     """
     from trace_gym import report
 
     s = {n: v for n, v in results["strategies"].items() if not v["upper_bound"]}
     checks: list[dict[str, Any]] = []
+    guard = exhaustion_check(results)
+    if guard is not None:
+        checks.append(guard)
+    no_verdict = guard is not None and guard["status"] == "FAIL"
 
-    def add(name: str, needs: Sequence[str], ok: Callable[[], bool], detail: Callable[[], str]) -> None:
+    def add(name: str, needs: Sequence[str], ok: Callable[[], bool], detail: Callable[[], str],
+            verdict: bool = True) -> None:
         missing = [n for n in needs if n not in s]
         if missing:
             checks.append({"name": name, "status": "SKIP", "detail": f"needs {', '.join(missing)}"})
+        elif verdict and no_verdict:
+            checks.append({"name": name, "status": "SKIP", "detail": "no verdict: the bank ran out (see above)"})
         else:
             checks.append({"name": name, "status": "PASS" if ok() else "FAIL", "detail": detail()})
 
@@ -190,13 +204,41 @@ def bench_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         worst = max(abs(v["generated_tokens"] / max(reference, 1) - 1) for v in everyone)
         add("equal generated tokens (every strategy within 2 % of uniform's)", list(s)[:1],
             lambda: worst <= TOKEN_CHECK_TOLERANCE,
-            lambda: f"per step: {reference:,.0f} tokens; largest deviation {100 * worst:.2f} %")
+            lambda: f"per step: {reference:,.0f} tokens; largest deviation {100 * worst:.2f} %", verdict=False)
     else:
         costs = [v["nominal_cost"] for v in everyone]
         add("equal nominal budget", list(s)[:1],
             lambda: max(costs) - min(costs) <= 1e-9 * max(1.0, results["nominal_budget"]),
-            lambda: f"per step: {sorted(set(round(c, 6) for c in costs))} (budget {results['nominal_budget']:g})")
+            lambda: f"per step: {sorted(set(round(c, 6) for c in costs))} (budget {results['nominal_budget']:g})",
+            verdict=False)
     return checks
+
+
+def exhaustion_check(results: Mapping[str, Any]) -> dict[str, Any] | None:
+    """On a rollout bank (rows with ``exhausted_share``): PASS when every row, upper bounds included,
+    had at most :data:`EXHAUSTED_LIMIT` of its branches refused in every repetition; else FAIL,
+    naming the rows (their worst repetition's share) and the bank sizes the bench needed (the
+    most roots asked of one prompt, the most continuations of one prefix). ``None`` for sources
+    that cannot run out."""
+    rows = {n: v for n, v in results["strategies"].items() if "exhausted_share" in v}
+    if not rows:
+        return None
+    name = f"bank large enough for a verdict (at most {100 * EXHAUSTED_LIMIT:g} % of branches refused per strategy)"
+    share = {n: max(r["exhausted_share"] for r in v["per_rep"]) for n, v in rows.items()}  # the worst repetition
+    over = {n: x for n, x in share.items() if x > EXHAUSTED_LIMIT}
+    bank = results.get("bank", {})
+    have = f"this bank: R = {bank.get('roots', '?')} roots per prompt, K = {bank.get('continuations', '?')} " \
+           "continuations per prefix"
+    if not over:
+        worst = max(share.values())
+        return {"name": name, "status": "PASS", "detail": f"largest exhausted share {100 * worst:.2f} %; {have}"}
+    roots = max(int(r.get("roots_needed", 0)) for v in rows.values() for r in v["per_rep"])
+    conts = max(int(r.get("continuations_needed", 0)) for v in rows.values() for r in v["per_rep"])
+    shares = ", ".join(f"{n} {100 * x:.1f} %" for n, x in sorted(over.items(), key=lambda kv: -kv[1]))
+    return {"name": name, "status": "FAIL",
+            "detail": f"NO VERDICT: exhausted share {shares}; this bench needs a bank with at least {roots} roots per "
+                      f"prompt and {conts} continuations per recorded prefix ({have}); record a larger bank or lower "
+                      "the budget, the steps or the group size"}
 
 
 # ---------------------------------------------------------------------- the one loop

@@ -28,6 +28,9 @@ _ENV_COLUMNS = _COLUMNS + [("replayed steps", "replayed_env_steps"), ("errors", 
                            ("unspent cont.", "unspent_continuations"),
                            ("gen s", "generation_seconds"), ("env s", "environment_seconds"),
                            ("predictor share", "predictor_share"), ("mean reward", "mean_reward")]
+_BANK_COLUMNS = _COLUMNS + [("Spearman prefix", "prefix_spearman"), ("exhausted", "exhausted_share"),
+                            ("left-out prefixes", "left_out_prefixes"), ("errors", "episode_errors"),
+                            ("mean reward", "mean_reward")]
 
 
 def _applies(results: Mapping[str, Any]) -> str:
@@ -41,15 +44,15 @@ def format_bench(results: Mapping[str, Any]) -> str:
     from trace_gym.report import markdown_table, pm
 
     cfg = results["config"]
-    sim_mode = results["mode"] == "sim"
-    columns = _SIM_COLUMNS if sim_mode else _ENV_COLUMNS
+    sim_mode, bank_mode = results["mode"] == "sim", results["mode"] == "bank"
+    columns = _SIM_COLUMNS if sim_mode else _BANK_COLUMNS if bank_mode else _ENV_COLUMNS
     reps = cfg["seeds"]
     rows = []
     for name, r in results["strategies"].items():
         cells: list[Any] = [name, r["predictor"], pm(r["effective_ratio"], r["effective_ratio_ci"])]
         for _, key in columns[1:]:
             value = r.get(key, math.nan)
-            cells.append(f"{100 * value:.1f} %" if key == "predictor_share" else value)
+            cells.append(f"{100 * value:.1f} %" if key in ("predictor_share", "exhausted_share") else value)
         cells.insert(9, f"{r['rollouts']:.0f} + {r['continuations']:.0f}/2")
         rows.append(cells)
     headers = ["strategy", "predictor", *[c for c, _ in columns]]
@@ -67,6 +70,20 @@ def format_bench(results: Mapping[str, Any]) -> str:
                  f"{cfg['predictor']} (task feature Spearman {cfg['feature_spearman']:g}, prefix share "
                  f"{100 * cfg['prefix_share']:.0f} %); rows marked 'upper bound' use the oracle. "
                  f"Per-step means; effective ratio: {interval}."]
+    elif bank_mode:
+        bank = results["bank"]
+        unit = ("the recorded generated tokens (matched to uniform's per step)" if cfg["budget_unit"] == "tokens" else
+                f"{results['nominal_budget']:g} trajectory-equivalents = M (1 + N/2)")
+        title = (f"## Allocation benchmark on a rollout bank: {bank['env_id']} with {bank['policy'] or '?'} "
+                 f"({reps} seeds x {cfg['steps'] - cfg['warmup_steps']} measured steps; {results['seconds']:.1f} s)")
+        lines = [title, "", f"Bank {bank['path']}: {bank['prompts']} prompts, R = {bank['roots']} recorded roots each, "
+                 f"K = {bank['continuations']} continuations per recorded prefix (per-root cap "
+                 f"{bank['max_prefixes_per_root'] or 'none'}); outcomes replayed without replacement, a request "
+                 f"beyond them refused ('exhausted'). Budget per step: {unit}, M = {cfg['root_budget']}, "
+                 f"N = {cfg['continuations_per_root']}; {cfg['candidates']} candidates per step; group size "
+                 f"{cfg['group_size']} ({_applies(results)}). Headline predictor: {cfg['predictor']} (learned online "
+                 f"on the recorded texts); rows marked 'upper bound' use the bank's empirical rates. Spearman: "
+                 f"against the bank's empirical rates. Per-step means; effective ratio: {interval}."]
     else:
         title = (f"## Allocation benchmark on real rollouts: {cfg['env']} with {cfg['policy']} "
                  f"({results['engine']}; {reps} repetition(s); {results['seconds']:.0f} s)")
@@ -80,6 +97,20 @@ def format_bench(results: Mapping[str, Any]) -> str:
         lines += ["### Warnings", "", *[f"- {w}" for w in results["warnings"]], ""]
     lines += ["### Checks", ""]
     lines += [f"{c['status']}: {c['name']} ({c['detail']})" for c in results["checks"]]
+    if bank_mode:
+        depths = sorted({d for r in results["strategies"].values() for row in r["per_rep"]
+                         for d in row.get("prefix_spearman_by_depth", {})}, key=int)
+        if depths:
+            def by_depth(r: Mapping[str, Any], d: str) -> float:
+                values = [row["prefix_spearman_by_depth"].get(d, math.nan) for row in r["per_rep"]]
+                values = [v for v in values if not math.isnan(v)]
+                return sum(values) / len(values) if values else math.nan
+
+            lines += ["", "### Predictor Spearman against the bank's empirical rates, by prefix depth "
+                      "(mean over repetitions; prefixes scored before the predictor trained on them)", ""]
+            lines.append(markdown_table(["strategy", "prompt", *[f"depth {d}" for d in depths]],
+                                        [[n, r["prompt_spearman"], *[by_depth(r, d) for d in depths]]
+                                         for n, r in results["strategies"].items()]))
     if not sim_mode:
         trunc: dict[str, int] = {}
         for r in results["strategies"].values():

@@ -51,7 +51,8 @@ OVERLAPPING_PHASES = frozenset({"environment_busy"})
 
 #: The integer counters of a ledger (summed by :meth:`BudgetLedger.include`).
 _COUNTS = ("rollouts", "continuations", "generated_tokens", "prefill_tokens", "env_steps", "replayed_env_steps",
-           "errors", "unspent_continuations", "recovered_episodes", "redone_env_steps", "reissued_completions")
+           "errors", "unspent_continuations", "recovered_episodes", "redone_env_steps", "reissued_completions",
+           "exhausted")
 
 
 def _nonneg(name: str, value: float) -> None:
@@ -88,6 +89,10 @@ class BudgetLedger:
             ``env_steps``, which counts each step of the trajectories once.
         reissued_completions: completions requested again because the rollout worker
             generating them died; their tokens are in ``generated_tokens`` once.
+        exhausted: branches (root rollouts or continuations) a rollout bank refused
+            because it holds no unused recorded rollout for them (:mod:`trace_gym.banks`);
+            they are counted in ``rollouts`` / ``continuations`` as decided, but nothing
+            ran and no outcome exists.
         seconds: wall-clock seconds per phase name (``generation``, ``environment``,
             ``allocation``, ``predictor_scoring``, ``predictor_update``, ...), plus
             ``environment_busy``: env work summed over the agent runner's threads, which
@@ -106,6 +111,7 @@ class BudgetLedger:
     recovered_episodes: int = 0
     redone_env_steps: int = 0
     reissued_completions: int = 0
+    exhausted: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
 
@@ -153,6 +159,11 @@ class BudgetLedger:
         """Completions requested again after a rollout worker died mid-generation."""
         _nonneg("reissued completions", n)
         self.reissued_completions += int(n)
+
+    def add_exhausted(self, n: int = 1) -> None:
+        """Branches a rollout bank refused (nothing recorded left to replay)."""
+        _nonneg("exhausted", n)
+        self.exhausted += int(n)
 
     def add_seconds(self, phase: str, seconds: float) -> None:
         _nonneg(f"seconds for phase {phase!r}", seconds)
@@ -215,5 +226,6 @@ class BudgetLedger:
             "recovered_episodes": self.recovered_episodes,
             "redone_env_steps": self.redone_env_steps,
             "reissued_completions": self.reissued_completions,
+            "exhausted": self.exhausted,
             "seconds": dict(sorted(self.seconds.items())),
         }

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "eval": "trace_gym.commands.eval:add",
     "compare": "trace_gym.commands.compare:add",
     "bench": "trace_gym.commands.bench:add",
+    "bank": "trace_gym.commands.bank:add",
     "index": "retrieval_index.cli:add_index_subcommand",
     "listings": "trace_gym.commands.listings:add",  # envs, strategies, estimators, predictors, models
 }

@@ -1,0 +1,268 @@
+"""Recording a bank: dense rollout trees of a real policy, through the agent loop of training.
+
+For each prompt, :func:`record_bank` runs R root rollouts (one
+:meth:`~trace_gym.agent.AgentRunner.start_many`: a request with ``n = R``), and as soon
+as they are back, K continuations from every visited prefix of every root (after each
+non-final turn; :meth:`~trace_gym.agent.AgentRunner.branch`: restore the env snapshot
+into fresh envs, reuse the token prefix, one request with ``n = K``). The engine, the
+env factory, the agent limits and the token bookkeeping are those of training and
+``bench --env``, so a replayed outcome is one the live loop would have produced.
+
+Per-root prefix cap (``max_prefixes_per_root``): a root with more visited prefixes than
+the cap gets continuations at ``cap`` of them, evenly spaced over its turns (the first
+and the last prefix included); the others are listed in the root's ``left_out``, and
+the replay does not offer them to the allocators (the bench reports how many were
+left out). With R roots, T turns and K continuations, a prompt costs about
+R (1 + min(T - 1, cap) K (1 - t/T)) rollouts; the cap is what keeps long episodes
+(BFCL, 10+ turns) within a recording budget.
+
+Durability: prompts are recorded in batches of ``batch_prompts`` (memory: one batch of
+episodes and snapshots, never the bank) and each is written the moment its last
+branch returns, as one fsync'd line (:class:`~trace_gym.banks.format.BankWriter`). A
+killed recording keeps every prompt it wrote; rerunning the same call cuts a partial
+last line, skips the prompts already there and records each remaining prompt exactly
+once; the footer (count + checksum) is written when every prompt is in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from trace_gym.banks.format import success
+from trace_gym.banks.writer import BankWriter, weights_hash
+from trace_gym.budget import BudgetLedger
+
+
+def prefix_depths(turns: int, cap: int | None) -> list[int]:
+    """The prefix depths recorded for a root of ``turns`` turns: 1..turns-1, or ``cap`` of them evenly
+    spaced (first and last included) when there are more.
+
+    >>> prefix_depths(10, 3)
+    [1, 5, 9]
+    """
+    depths = list(range(1, max(turns, 1)))
+    if cap is None or len(depths) <= cap:
+        return depths
+    picks = np.round(np.linspace(0, len(depths) - 1, cap)).astype(int)
+    return [depths[i] for i in picks]
+
+
+def episode_end(ep: Any) -> str:
+    """How an episode ended: ``terminated`` (the env said done), ``truncated`` (the env's own
+    limit), the agent's reason (``max_turns``, ``episode_tokens``, ``env_error``), or ``error``
+    (no turn of its own: a failed reset/restore, a prompt over the limit)."""
+    turns = ep.own_turns
+    if not turns:
+        return "error"
+    last = turns[-1]
+    if last.terminated:
+        return "terminated"
+    if last.truncation in ("max_turns", "episode_tokens", "env_error"):
+        return last.truncation
+    return "truncated" if last.truncated else "cut"
+
+
+def episode_record(ep: Any) -> dict[str, Any]:
+    """One recorded episode (its own turns only; a continuation's inherited prefix is its anchor's).
+
+    Per turn: the texts a predictor reads (``action``, ``observation``), the live node's
+    extras (``finish_reason``, ``truncation``, ``env_error``, ``cached_tokens``) and its exact
+    costs: ``policy_tokens`` generated, ``observation_tokens``, ``context_tokens`` before the
+    turn's generation, ``prefill_tokens`` = context - cached (what the engine computed),
+    ``env_steps``.
+    """
+    inherited = len(ep.turns) - len(ep.own_turns)
+    context = len(ep.prompt_ids) + sum(len(t.action_ids) + len(t.obs_ids) for t in ep.turns[:inherited])
+    turns = []
+    for n, turn in enumerate(ep.own_turns):
+        turns.append({"depth": inherited + n + 1, "action": turn.action_text,
+                      "observation": [m.to_dict() for m in turn.obs_messages], "finish_reason": turn.finish_reason,
+                      "truncation": turn.truncation, "env_error": turn.info.get("env_error"),
+                      "cached_tokens": turn.cached_tokens, "policy_tokens": len(turn.action_ids),
+                      "observation_tokens": len(turn.obs_ids), "context_tokens": context,
+                      "prefill_tokens": max(context - (turn.cached_tokens or 0), 0), "env_steps": 1})
+        context += len(turn.action_ids) + len(turn.obs_ids)
+    reward = ep.reward if turns else None
+    return {"error": ep.error, "reward": reward, "success": success(reward), "end": episode_end(ep), "turns": turns}
+
+
+@dataclass
+class _Prompt:
+    index: int
+    task: Any
+    roots: list = field(default_factory=list)  # Episode per root, in seed order
+    back: int = 0  # roots returned
+    live: int = 0  # branches out
+    prefixes: dict = field(default_factory=dict)  # root j -> [(depth, [Episode], replayed steps each)]
+
+
+def _record_batch(agent: Any, batch: Sequence[tuple[int, Any]], cfg: dict[str, Any], ledger: BudgetLedger):
+    """Yield each prompt's record as soon as its last branch is back."""
+    roots, k, cap, seed = cfg["roots"], cfg["continuations"], cfg["max_prefixes_per_root"], cfg["seed"]
+    state: dict[int, _Prompt] = {}
+    for p, task in batch:
+        st = state[p] = _Prompt(p, task)
+        st.roots = agent.start_many([(task, seed + 1000 * p + j) for j in range(roots)], anchor=(p, -1, 0),
+                                    ledger=ledger)
+        st.live = roots
+    while agent.live:
+        for ep in agent.advance():
+            p, j, _ = ep.anchor
+            st = state[p]
+            st.live -= 1
+            if j < 0:
+                st.back += 1
+                if st.back == roots:
+                    _expand(agent, st, k, cap, ledger)
+            if st.live == 0:
+                yield _prompt_record(state.pop(p))
+
+
+def _expand(agent: Any, st: _Prompt, k: int, cap: int | None, ledger: BudgetLedger) -> None:
+    for j, root in enumerate(st.roots):
+        st.prefixes[j] = []
+        for depth in prefix_depths(len(root.turns), cap):
+            if k == 0:
+                st.prefixes[j].append((depth, [], []))
+                continue
+            before = ledger.replayed_env_steps  # the restores run inside branch(), at once
+            kids = agent.branch(root, depth, k, anchor=(st.index, j, depth), ledger=ledger)
+            restored = [kid.error is None for kid in kids]
+            each = (ledger.replayed_env_steps - before) // max(sum(restored), 1)
+            st.prefixes[j].append((depth, kids, [each if ok else 0 for ok in restored]))
+            st.live += k
+
+
+def _prompt_record(st: _Prompt) -> dict[str, Any]:
+    roots = []
+    for j, ep in enumerate(st.roots):
+        rec = episode_record(ep) | {"seed": ep.seed}
+        prefixes = st.prefixes.get(j, [])
+        rec["prefixes"] = [{"depth": depth, "continuations": [episode_record(kid) | {"replayed_env_steps": steps}
+                                                               for kid, steps in zip(kids, replayed)]}
+                           for depth, kids, replayed in prefixes]
+        recorded = {depth for depth, *_ in prefixes}
+        rec["left_out"] = [d for d in range(1, max(len(ep.turns), 1)) if d not in recorded]
+        roots.append(rec)
+    prompt_tokens = next((len(ep.prompt_ids) for ep in st.roots if ep.prompt_ids), 0)
+    return {"task": st.task.to_dict(), "task_index": st.index, "prompt_tokens": prompt_tokens, "roots": roots}
+
+
+def record_bank(
+    out: str,
+    *,
+    engine: Any,
+    family: Any,
+    prompts: int,
+    roots: int,
+    continuations: int,
+    max_prefixes_per_root: int | None = None,
+    sampling: Any = None,
+    agent_config: Any = None,
+    seed: int = 0,
+    batch_prompts: int = 8,
+    policy: str = "",
+    policy_path: str | None = None,
+    command: Sequence[str] | None = None,
+    progress: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Record (or finish recording) a bank into ``out``; returns a summary.
+
+    Args:
+        out: the bank file (``.jsonl.gz``); if it exists, the recording resumes (same
+            settings required, else ``BankError`` naming what differs).
+        engine: the rollout engine (``generate``, ``tokenizer``), as in training.
+        family: the env: ``make_env() -> AgentEnv`` and ``load_tasks(n, seed) -> list[Task]``
+            (``env_id`` / ``env_kwargs`` attributes, when it has them, go into the manifest).
+        prompts: P, tasks loaded with ``load_tasks(P, seed)`` (ids must be unique).
+        roots: R root rollouts per prompt.
+        continuations: K continuations per recorded prefix.
+        max_prefixes_per_root: the per-root prefix cap (``None``: every prefix); see the module docstring.
+        sampling: :class:`~trace_gym.types.SamplingParams` (``max_tokens`` comes from ``agent_config``).
+        agent_config: :class:`~trace_gym.agent.AgentConfig` (turn/episode limits).
+        seed: task seed, and base of the env seeds (root j of task p resets with
+            ``seed + 1000 p + j``, as :class:`~trace_gym.rollout.AgentBranchRunner` does).
+        batch_prompts: prompts in flight at once (memory: one batch).
+        policy: the policy's name, for the manifest; ``policy_path``: its folder (weights hashed).
+        command: the command line for the manifest (default ``sys.argv``).
+        progress: a progress bar over prompts, with ETA.
+        say: receives one line after each prompt is durably written, and the resume notes.
+
+    Returns:
+        ``{"path", "prompts", "recorded", "skipped", "truncated_bytes", "seconds", "complete"}``.
+    """
+    from tqdm.auto import tqdm
+
+    from trace_gym.agent import AgentConfig, AgentRunner
+    from trace_gym.types import SamplingParams
+
+    say = say or (lambda msg: None)
+    if prompts < 1 or roots < 1 or continuations < 0 or batch_prompts < 1:
+        raise ValueError(f"need prompts >= 1, roots >= 1, continuations >= 0, batch_prompts >= 1; got "
+                         f"{prompts}, {roots}, {continuations}, {batch_prompts}")
+    if max_prefixes_per_root is not None and max_prefixes_per_root < 1:
+        raise ValueError(f"max_prefixes_per_root must be >= 1 or None, got {max_prefixes_per_root!r}")
+    sampling = sampling or SamplingParams()
+    agent_config = agent_config or AgentConfig()
+    t0 = time.perf_counter()
+    manifest = {
+        "policy": policy, "policy_path": None if policy_path is None else str(policy_path),
+        "weights_sha256": weights_hash(policy_path), "engine": type(engine).__name__,
+        "env_id": getattr(family, "env_id", type(family).__name__),
+        "env_kwargs": dict(getattr(family, "env_kwargs", {})),
+        "task_loader_kwargs": dict(getattr(family, "loader_kwargs", {})),
+        "sampling": dataclasses.asdict(sampling), "agent": dataclasses.asdict(agent_config), "seed": seed,
+        "prompts": prompts, "roots": roots, "continuations": continuations,
+        "max_prefixes_per_root": max_prefixes_per_root,
+        "command": list(sys.argv if command is None else command), "created_at": time.time(),
+    }
+    writer = BankWriter(out, manifest, resume=True)
+    if writer.truncated_bytes:
+        say(f"{out}: cut {writer.truncated_bytes} bytes of a partial last line (a killed recording)")
+    summary = {"path": str(out), "prompts": len(writer.present), "recorded": 0, "skipped": len(writer.present),
+               "truncated_bytes": writer.truncated_bytes, "seconds": 0.0, "complete": writer.complete}
+    if writer.complete:
+        say(f"{out} is complete ({len(writer.present)} prompts); nothing to record")
+        return summary
+    tasks = list(family.load_tasks(prompts, seed=seed))
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"the task loader returned duplicate task ids (e.g. {twice!r}); a bank keys prompts by id")
+    stray = sorted(writer.present - set(ids))
+    if stray:
+        raise ValueError(f"{out} holds prompts the task loader no longer returns ({stray[:3]}...); "
+                         "record into another file")
+    todo = [(p, t) for p, t in enumerate(tasks) if t.id not in writer.present]
+    if writer.present:
+        say(f"{out}: resuming, {len(writer.present)} prompts already recorded, {len(todo)} to go")
+    run = writer.start_run(manifest["command"])
+    cfg = {"roots": roots, "continuations": continuations, "max_prefixes_per_root": max_prefixes_per_root,
+           "seed": seed}
+    ledger = BudgetLedger()
+    agent = AgentRunner(engine, engine.tokenizer, family.make_env, sampling, agent_config)
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="bank record", unit="prompt",
+               disable=not progress, dynamic_ncols=True)
+    try:
+        for start in range(0, len(todo), batch_prompts):
+            for record in _record_batch(agent, todo[start:start + batch_prompts], cfg, ledger):
+                writer.add(record | {"run": run, "written_at": time.time()})
+                summary["recorded"] += 1
+                bar.update(1)
+                say(f"prompt {len(writer.present)}/{len(tasks)} written: {record['task']['id']}")
+    finally:
+        agent.close()
+        bar.close()
+    footer = writer.finish(tasks=len(tasks), last_run={"generated_tokens": ledger.generated_tokens,
+                                                       "prefill_tokens": ledger.prefill_tokens,
+                                                       "env_steps": ledger.env_steps, "errors": ledger.errors})
+    summary.update(prompts=footer["prompts"], seconds=time.perf_counter() - t0, complete=True)
+    say(f"{out}: complete, {footer['prompts']} prompts ({footer['seconds']:.0f} s over {footer['runs']} run(s))")
+    return summary

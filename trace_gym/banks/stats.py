@@ -1,0 +1,242 @@
+"""What a bank says about its policy and env (``trace-gym bank stats``), in one streaming pass.
+
+- the distribution of prompt success rates (over each prompt's R roots), and the
+  probability that a group of G roots drawn without replacement is mixed
+  (:func:`mixed_without_replacement`): exactly what uniform (GRPO) gets when it replays
+  this bank at group size G;
+- the probability that one continuation from depth t flips the observed outcome of its
+  root (by t; depth 0: that a second root differs from the first), which is
+  2 E[V_t (1 - V_t)] for the value martingale V_t, and so says how much each turn reveals;
+- optionally, the Spearman of a learned predictor against the bank's empirical rates,
+  trained online over the bank (each batch scored before it is trained on), at prompt
+  level and per prefix depth (:func:`predictor_spearman`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from trace_gym.banks.format import BankPrompt, iter_prompts, read_header
+from trace_gym.banks.replay import BankTree, append_episode
+from trace_gym.predictor import Context
+from trace_gym.rollout import node_context
+from trace_gym.tree import ROOT
+
+#: Bin edges of the success-rate histogram (the first and last bins are exactly 0 and 1).
+RATE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def mixed_without_replacement(successes: int, recorded: int, group: int) -> float:
+    """P(a group of ``group`` draws without replacement from ``recorded`` roots, ``successes`` of
+    them successes, holds both outcomes) = 1 - C(s, G) / C(R, G) - C(R - s, G) / C(R, G).
+
+    >>> mixed_without_replacement(2, 4, 2)  # 1 - 1/6 - 1/6
+    0.6666666666666667
+    """
+    if not 0 <= successes <= recorded or not 1 <= group <= recorded:
+        raise ValueError(f"need 0 <= successes <= recorded and 1 <= group <= recorded, got "
+                         f"{successes}, {recorded}, {group}")
+    total = math.comb(recorded, group)
+    return 1.0 - (math.comb(successes, group) + math.comb(recorded - successes, group)) / total
+
+
+def _histogram(rates: Sequence[float]) -> dict[str, int]:
+    out = {"0": sum(r == 0 for r in rates)}
+    for lo, hi in zip(RATE_BINS[:-1], RATE_BINS[1:]):
+        out[f"({lo:g}, {hi:g}{']' if hi < 1 else ')'}"] = sum(lo < r <= hi if hi < 1 else lo < r < hi for r in rates)
+    out["1"] = sum(r == 1 for r in rates)
+    return out
+
+
+def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prompts: int | None = 512,
+               batch_prompts: int = 16, verify: bool = True) -> dict[str, Any]:
+    """Calibration numbers of a bank (one streaming pass; see the module docstring).
+
+    Args:
+        path: the bank file.
+        predictor: a fresh text predictor (``make_predictor(...)``) to measure, or ``None``.
+        predictor_prompts: prompts the predictor pass reads (``None``: all).
+        batch_prompts: prompts per predictor update.
+        verify: check the checksum (``BankError`` at the end of the pass on a mismatch).
+
+    Returns:
+        ``{"path", "manifest", "prompts", "roots", "prefixes", "continuations", "left_out_prefixes",
+        "errors", "success_rate": {"mean", "histogram", "all_fail", "all_success", "mixed"},
+        "mixed_by_group_size": {G: P(mixed)}, "flip_by_depth": {t: {"flip", "continuations"}},
+        "turns": {"mean", "min", "max", "histogram"}, "costs": {... per episode and per turn}, "ends": {end: count},
+        "predictor"?}``.
+    """
+    header = read_header(path)
+    manifest = header["manifest"]
+    rates, counts = [], []  # per prompt: rate, (successes, roots with a leaf)
+    flips: dict[int, list[int]] = {}  # depth -> [flips, continuations]
+    n_roots = n_prefixes = n_conts = left_out = errors = 0
+    turns, ends, prompt_tokens = [], {}, []
+    gen = prefill = env = episodes = n_turns = obs = 0
+    for record in iter_prompts(path, verify=verify):
+        prompt_tokens.append(record.data.get("prompt_tokens", 0))
+        outcomes = record.outcomes()
+        if outcomes:
+            rates.append(sum(outcomes) / len(outcomes))
+            counts.append((sum(outcomes), len(outcomes)))
+        if len(outcomes) >= 2:  # depth 0: a second root against the first, over all ordered pairs
+            s, n = sum(outcomes), len(outcomes)
+            f = flips.setdefault(0, [0, 0])
+            f[0] += 2 * s * (n - s)
+            f[1] += n * (n - 1)
+        for root in record.roots:
+            n_roots += 1
+            left_out += len(root["left_out"])
+            for ep in [root] + [c for p in root["prefixes"] for c in p["continuations"]]:
+                episodes += 1
+                errors += ep["error"] is not None
+                ends[ep["end"]] = ends.get(ep["end"], 0) + 1
+                n_turns += len(ep["turns"])
+                obs += sum(t["observation_tokens"] for t in ep["turns"])
+                gen += sum(t["policy_tokens"] for t in ep["turns"])
+                prefill += sum(t["prefill_tokens"] for t in ep["turns"])
+                env += sum(t["env_steps"] for t in ep["turns"]) + ep.get("replayed_env_steps", 0)
+            if root["turns"]:
+                turns.append(len(root["turns"]))
+            for p in root["prefixes"]:
+                n_prefixes += 1
+                for c in p["continuations"]:
+                    n_conts += 1
+                    if c["turns"] and root["turns"]:
+                        f = flips.setdefault(p["depth"], [0, 0])
+                        f[0] += c["success"] != root["success"]
+                        f[1] += 1
+    roots_per_prompt = int(manifest["roots"])
+    mixed_by_g = {}
+    for g in range(2, roots_per_prompt + 1):
+        usable = [(s, n) for s, n in counts if n >= g]
+        if usable:
+            mixed_by_g[str(g)] = float(np.mean([mixed_without_replacement(s, n, g) for s, n in usable]))
+    out: dict[str, Any] = {
+        "path": str(path), "manifest": manifest, "prompts": len(rates), "roots": n_roots, "prefixes": n_prefixes,
+        "continuations": n_conts, "left_out_prefixes": left_out, "errors": errors,
+        "success_rate": {"mean": float(np.mean(rates)) if rates else math.nan, "histogram": _histogram(rates),
+                         "all_fail": float(np.mean([r == 0 for r in rates])) if rates else math.nan,
+                         "all_success": float(np.mean([r == 1 for r in rates])) if rates else math.nan,
+                         "mixed": float(np.mean([0 < r < 1 for r in rates])) if rates else math.nan},
+        "mixed_by_group_size": mixed_by_g,
+        "flip_by_depth": {str(d): {"flip": f / n if n else math.nan, "continuations": n}
+                          for d, (f, n) in sorted(flips.items())},
+        "turns": {"mean": float(np.mean(turns)) if turns else math.nan, "min": min(turns, default=0),
+                  "max": max(turns, default=0),
+                  "histogram": {str(t): turns.count(t) for t in sorted(set(turns))}},
+        "costs": {"episodes": episodes, "generated_tokens": gen, "prefill_tokens": prefill, "env_steps": env,
+                  "generated_tokens_per_episode": gen / max(episodes, 1),
+                  "policy_tokens_per_turn": gen / max(n_turns, 1), "observation_tokens_per_turn": obs / max(n_turns, 1),
+                  "prompt_tokens": float(np.mean(prompt_tokens)) if prompt_tokens else math.nan},
+        "ends": dict(sorted(ends.items())),
+    }
+    if predictor is not None:
+        out["predictor"] = predictor_spearman(path, predictor, prompts=predictor_prompts, batch_prompts=batch_prompts)
+    return out
+
+
+def prompt_samples(record: BankPrompt) -> tuple[list[Context], list[float], list[int]]:
+    """A prompt's anchors with an empirical rate, as a live predictor reads them: the prompt (its
+    roots' rate) and every recorded prefix with a continuation leaf (their rate), the history built
+    from the replayed tree (:func:`trace_gym.rollout.node_context`)."""
+    contexts, rates, depths = [Context(record.prompt)], [record.prompt_rate()], [0]
+    for j, root in enumerate(record.roots):
+        tree = BankTree(record.task_id, text=record.prompt)
+        leaf = append_episode(tree, ROOT, root, {"root": j}, [p["depth"] for p in root["prefixes"]])
+        if leaf is None:
+            continue
+        for node_id in tree.path(leaf)[1:-1]:
+            rate = record.prefix_rate(j, tree.nodes[node_id].depth)
+            if rate is not None:
+                contexts.append(node_context(tree, node_id, record.prompt))
+                rates.append(rate)
+                depths.append(tree.nodes[node_id].depth)
+    return contexts, rates, depths
+
+
+def predictor_spearman(path: str | os.PathLike, predictor: Any, *, prompts: int | None = 512,
+                       batch_prompts: int = 16, prefix_share: float = 0.06) -> dict[str, Any]:
+    """A learned predictor's rank correlation with the bank's empirical rates, trained online.
+
+    The bank is read in batches of ``batch_prompts`` prompts; each batch is scored first
+    and then trained on (prefix samples weighted to ``prefix_share`` of the batch, as in
+    the step driver), so every score is out-of-sample.
+
+    Returns:
+        ``{"prompt": rho, "prefix": rho, "by_depth": {t: rho}, "prompts": n, "prefixes": n}``.
+    """
+    from trace_gym import report
+    from trace_gym.driver import prefix_weight_for_share
+
+    pred, truth, depth = [], [], []
+    batch: list[tuple[list[Context], list[float], list[int]]] = []
+
+    def flush() -> None:
+        contexts = [c for b in batch for c in b[0]]
+        rates = [r for b in batch for r in b[1]]
+        depths = np.array([d for b in batch for d in b[2]])
+        pred.extend(np.asarray(predictor.predict(contexts), dtype=float).tolist())
+        truth.extend(rates)
+        depth.extend(depths.tolist())
+        w = prefix_weight_for_share(int((depths == 0).sum()), int((depths > 0).sum()), prefix_share)
+        predictor.update(contexts, rates, np.where(depths > 0, w, 1.0))
+        batch.clear()
+
+    for n, record in enumerate(iter_prompts(path, verify=False)):
+        if prompts is not None and n >= prompts:
+            break
+        batch.append(prompt_samples(record))
+        if len(batch) == batch_prompts:
+            flush()
+    if batch:
+        flush()
+    p, t, d = np.array(pred), np.array(truth), np.array(depth, dtype=int)
+    by_depth = report.spearman_by_depth(p, t, d) if len(d) else {}
+    return {"prompt": by_depth.get(0, math.nan), "prefix": report.spearman(p[d > 0], t[d > 0]),
+            "by_depth": {str(k): v for k, v in by_depth.items() if k > 0},
+            "prompts": int((d == 0).sum()), "prefixes": int((d > 0).sum())}
+
+
+def format_bank_stats(stats: Mapping[str, Any]) -> str:
+    """The printed form of :func:`bank_stats` (markdown)."""
+    from trace_gym.report import markdown_table
+
+    m, sr = stats["manifest"], stats["success_rate"]
+    lines = [f"## Rollout bank {stats['path']}", "",
+             f"{m.get('env_id')} with {m.get('policy') or '?'} (weights {str(m.get('weights_sha256'))[:12]}); "
+             f"{stats['prompts']} prompts x R = {m['roots']} roots, K = {m['continuations']} continuations per "
+             f"recorded prefix (cap {m.get('max_prefixes_per_root') or 'none'}): {stats['prefixes']} prefixes, "
+             f"{stats['continuations']} continuations, {stats['left_out_prefixes']} prefixes left out, "
+             f"{stats['errors']} episodes ended on an error.", "",
+             "### Prompt success rates", "",
+             f"mean {sr['mean']:.3f}; all fail {100 * sr['all_fail']:.1f} %, all succeed {100 * sr['all_success']:.1f} "
+             f"%, mixed {100 * sr['mixed']:.1f} %", "",
+             markdown_table(list(sr["histogram"]), [list(sr["histogram"].values())]), ""]
+    if stats["mixed_by_group_size"]:
+        lines += ["P(a uniform group of G drawn from the bank is mixed):", "",
+                  markdown_table(["G", *stats["mixed_by_group_size"]],
+                                 [["P(mixed)", *stats["mixed_by_group_size"].values()]]),
+                  ""]
+    flips = stats["flip_by_depth"]
+    lines += ["### P(one continuation from depth t flips the observed outcome)", "",
+              "(depth 0: a second root rollout differs from the first)", "",
+              markdown_table(["depth", *flips], [["flip", *[v["flip"] for v in flips.values()]],
+                                                 ["n", *[v["continuations"] for v in flips.values()]]]), ""]
+    c = stats["costs"]
+    lines += [f"Turns per root: mean {stats['turns']['mean']:.2f}, min {stats['turns']['min']}, "
+              f"max {stats['turns']['max']}. "
+              f"{c['episodes']} episodes: {c['generated_tokens']:,} generated tokens "
+              f"({c['generated_tokens_per_episode']:.0f} per episode), {c['prefill_tokens']:,} prefill tokens, "
+              f"{c['env_steps']:,} env steps. Endings: " + ", ".join(f"{k} {v}" for k, v in stats["ends"].items())]
+    p = stats.get("predictor")
+    if p:
+        lines += ["", f"### Learned predictor against the bank's empirical rates (online, out-of-sample; "
+                      f"{p['prompts']} prompts, {p['prefixes']} prefixes)", "",
+                  f"Spearman prompt {p['prompt']:.3f}, prefix {p['prefix']:.3f}; by depth: "
+                  + (", ".join(f"{d}: {r:.3f}" for d, r in p["by_depth"].items()) or "none")]
+    return "\n".join(lines)

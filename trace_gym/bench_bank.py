@@ -1,0 +1,324 @@
+"""``trace-gym bench --bank FILE``: a rollout bank as a :class:`~trace_gym.bench.BenchSource`.
+
+Each repetition (seed) draws its candidate pools from the bank's prompts (disjoint
+pools until the bank is used up, then a fresh permutation: an epoch), and every arm
+replays them through the one step driver with a
+:class:`~trace_gym.banks.replay.BankBranchRunner`: recorded roots and continuations are
+drawn without replacement, and a request beyond what was recorded is refused
+(``exhausted``), never invented. The draws persist across an arm's steps (a prompt
+drawn again gets further unused rollouts) and are seeded per repetition, so every arm
+of a repetition sees the same recorded rollouts for the same requests.
+
+Predictors: every text kind of :data:`~trace_gym.predictor.PREDICTORS`, fresh per arm
+and repetition, learning online across the replayed steps from the recorded texts
+(the LM critic reads the policy named in the bank's manifest); and, as an upper bound
+labelled as one, TRACE with the bank's empirical rates
+(:class:`~trace_gym.banks.replay.BankOraclePredictor`). Besides the shared metrics, a
+row holds the predictor's Spearman against the bank's empirical rates (every candidate
+prompt; every recorded prefix it scored before training on it, overall and by depth),
+the exhausted share, the bank sizes the arm needed (roots per prompt, continuations
+per prefix), and the prefixes left out by the recording's per-root cap. When any
+arm's exhausted share exceeds 1 %, the bench gives no verdict
+(:func:`trace_gym.bench.bench_checks`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from trace_gym.banks.format import Bank, open_bank
+from trace_gym.banks.replay import BankBranchRunner, BankDraws, BankOraclePredictor, recorded_prefix_rate
+from trace_gym.bench import UPPER_BOUND, Arm, run_bench
+from trace_gym.config import BUDGET_UNITS, doc
+from trace_gym.driver import StepResult, run_step
+from trace_gym.predictor import PREDICTORS, check_predictor_name, make_predictor, predictor_names
+from trace_gym.strategy import Strategy
+
+#: The oracle arm's predictor name (not a kind of the predictor table: it reads the bank).
+ORACLE = "oracle"
+
+
+@dataclass(frozen=True)
+class BankBenchConfig:
+    """``trace-gym bench --bank FILE``: strategies replayed on a recorded rollout bank.
+
+    The default is sized for a bank of a few hundred prompts with R = 8 roots and K = 4
+    continuations: 64 candidates and M = 16 roots per step, N = 2 continuations per root.
+    """
+
+    bank: str = field(default="", metadata=doc("the rollout bank file (trace-gym bank record --out FILE)"))
+    seeds: int = field(default=5, metadata=doc("independent repetitions (fresh candidate draws and rollout draws)"))
+    steps: int = field(default=3, metadata=doc("allocation steps per repetition (a fresh candidate pool each)"))
+    warmup_steps: int = field(default=1, metadata=doc("first steps run (the predictor trains) but not measured"))
+    candidates: int = field(default=64, metadata=doc("candidate prompts scored per step (at most the bank's prompts)"))
+    root_budget: int = field(default=16, metadata=doc("M: root rollouts of a tree strategy per step"))
+    continuations_per_root: int = field(default=2, metadata=doc(
+        "N: continuations per root; nominal budget = M (1 + N/2)"))
+    group_size: int = field(default=4, metadata=doc("G: group size of every fixed-group strategy (uniform, pcl)"))
+    predictor: str = field(default="embedding", metadata=doc(
+        "predictor of every predictor-driven strategy: " + " | ".join(predictor_names("text"))))
+    predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
+        "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\"}"))
+    prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
+    oracle_upper_bound: bool = field(default=True, metadata=doc(
+        "also run TRACE with the bank's empirical rates as its predictor, labelled as an upper bound"))
+    budget_unit: str = field(default="nominal", metadata=doc(
+        "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (the recorded generated tokens)"))
+    strategies: tuple[str, ...] = field(default=(), metadata=doc("comma-separated strategy names (default: all)"))
+    plugins: tuple[str, ...] = field(default=(), metadata=doc(
+        "modules to import first (not installed plugins: their envs and strategies register on import)"))
+    seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)"))
+
+    def __post_init__(self) -> None:
+        for name in ("seeds", "steps", "candidates", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps must lie in [0, steps={self.steps}), got {self.warmup_steps!r}")
+        if self.root_budget < 2 or self.continuations_per_root < 0:
+            raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
+                             f"{self.root_budget!r}, {self.continuations_per_root!r}")
+        check_predictor_name(self.predictor, "text")
+        if not 0 <= self.prefix_share < 1:
+            raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
+        if self.budget_unit not in BUDGET_UNITS:
+            raise ValueError(f"budget_unit must be one of {list(BUDGET_UNITS)}, got {self.budget_unit!r}")
+
+    @property
+    def nominal_budget(self) -> float:
+        from trace_gym.budget import nominal_cost
+
+        return nominal_cost(self.root_budget, self.continuations_per_root)
+
+
+@dataclass
+class ArmState:
+    """What an arm carries from one step to the next: its predictor and its draws from the bank.
+
+    It is the predictor :func:`~trace_gym.bench.run_bench` passes around (it predicts and
+    learns through ``predictor``), so the token-budget mode, which retries a step from a
+    deep copy and keeps the copy of the try it chose, rolls the draws back and forth with it.
+    """
+
+    predictor: Any
+    draws: BankDraws
+    anchored: bool = False
+
+    def predict(self, contexts):
+        return self.predictor.predict(contexts)
+
+    def update(self, contexts, targets, weights=None):
+        return self.predictor.update(contexts, targets, weights)
+
+
+@dataclass
+class BankStep:
+    """One replayed step: the driver's result, plus the draws' bank sizes needed so far."""
+
+    result: StepResult
+    records: list  # the step's candidate BankPrompts
+    roots_needed: int
+    continuations_needed: int
+    exhausted_so_far: int
+
+    @property
+    def trees(self) -> list:
+        return self.result.trees
+
+    @property
+    def ledger(self) -> Any:
+        return self.result.ledger
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.result.values
+
+    @property
+    def root_counts(self) -> np.ndarray:
+        return self.result.root_counts
+
+    @property
+    def tree_candidates(self) -> np.ndarray:
+        return self.result.tree_candidates
+
+    @property
+    def learning(self) -> Any:
+        return self.result.learning
+
+
+@dataclass
+class BankRepetition:
+    """One repetition: its candidate pools, and a fresh predictor and draw state per arm."""
+
+    source: BankSource
+    rep: int
+
+    def __post_init__(self) -> None:
+        cfg, n = self.source.config, len(self.source.bank)
+        self.seed = cfg.seed + 7919 * self.rep
+        self.label = f"seed {self.seed}"
+        rng = np.random.default_rng([cfg.seed, self.rep, 0])
+        order: list[int] = []
+        self.pools = []
+        for _ in range(cfg.steps):  # epochs: disjoint pools until the bank is used up
+            if len(order) < cfg.candidates:
+                order = rng.permutation(n).tolist()
+            self.pools.append(order[:cfg.candidates])
+            order = order[cfg.candidates:]
+        self._template = None
+
+    def candidates(self, step: int) -> list:
+        return [self.source.bank.prompt(i) for i in self.pools[step]]
+
+    def predictor(self, arm: Arm) -> ArmState:
+        draws = BankDraws(self.seed)
+        if arm.predictor == ORACLE:
+            return ArmState(BankOraclePredictor(), draws, anchored=True)
+        if self._template is None:  # built once per repetition; each arm gets a pristine copy
+            cfg = self.source.config
+            self._template = make_predictor(arm.predictor, cfg.predictor_kwargs, model_path=self.source.policy_path,
+                                            seed=self.seed)
+        return ArmState(copy.deepcopy(self._template), draws)
+
+    def rng(self, arm: Arm) -> np.random.Generator:
+        return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])
+
+    def step(self, candidates: Sequence[Any], strategy: Strategy, predictor: ArmState, budget: float,
+             rng: np.random.Generator, *, measured: bool) -> BankStep:
+        runner = BankBranchRunner(predictor.draws, anchored=predictor.anchored)
+        result = run_step(candidates, strategy, predictor, runner, budget, rng,
+                          prefix_share=self.source.config.prefix_share, score_prefixes=measured)
+        d = predictor.draws
+        return BankStep(result, list(candidates), d.roots_needed, d.continuations_needed, d.exhausted)
+
+    def measure(self, arm: Arm, steps: Sequence[BankStep]) -> dict[str, Any]:
+        from trace_gym import report
+
+        values = np.concatenate([s.values for s in steps])
+        truth = np.array([r.prompt_rate() for s in steps for r in s.records])
+        pp, pt, pd = [], [], []
+        for s in steps:
+            learning = s.learning
+            prefix = learning.depths > 0
+            for pred, t, node in zip(learning.prefix_predictions, learning.tree_index[prefix],
+                                     learning.node_ids[prefix]):
+                record, tree = s.records[s.tree_candidates[t]], s.trees[t]
+                rate = recorded_prefix_rate(record, tree, int(node))
+                if rate is not None:
+                    pp.append(pred)
+                    pt.append(rate)
+                    pd.append(tree.nodes[node].depth)
+        requested = sum(s.ledger.rollouts + s.ledger.continuations for s in steps)
+        exhausted = sum(s.ledger.exhausted for s in steps)
+        left_out = sum(1 for s in steps for t in s.trees for n in t.nodes[1:]
+                       if not n.terminal and "prefix" not in n.info["bank"] and not n.info["bank"]["recorded"])
+        truncations: dict[str, int] = {}
+        for s in steps:
+            for t in s.trees:
+                for n in t.nodes[1:]:
+                    if "truncation" in n.info:
+                        truncations[n.info["truncation"]] = truncations.get(n.info["truncation"], 0) + 1
+        leaves = [leaf.reward for s in steps for t in s.trees for leaf in t.leaves()]
+        return {"prompt_spearman": report.spearman(values, truth),
+                "prefix_spearman": report.spearman(pp, pt),
+                "prefix_spearman_by_depth": {str(d): r for d, r in report.spearman_by_depth(pp, pt, pd).items()},
+                "scored_prefixes": len(pp) / len(steps),
+                "exhausted_share": exhausted / max(requested, 1),
+                "exhausted": exhausted / len(steps),
+                "roots_needed": steps[-1].roots_needed,
+                "continuations_needed": steps[-1].continuations_needed,
+                "left_out_prefixes": left_out / len(steps),
+                "mean_reward": float(np.mean(leaves)) if leaves else math.nan,
+                "truncations": truncations}
+
+    def after_arm(self, arm: Arm, steps: Sequence[BankStep]) -> None:
+        from trace_gym import report
+
+        trees = [t for s in steps for t in s.trees]
+        self.source.say(f"{self.label}: {arm.name} done, effective ratio {report.effective_ratio(trees):.2f}")
+
+
+@dataclass
+class BankSource:
+    """A rollout bank as a bench source (see the module docstring).
+
+    Attributes:
+        config: the bench config (``config.bank`` is the file).
+        say: receives one-line progress messages.
+    """
+
+    config: BankBenchConfig
+    say: Callable[[str], None] = lambda msg: None
+    mode: str = "bank"
+    bank: Bank = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        if not cfg.bank:
+            raise ValueError("bench --bank needs a bank file (bank=FILE); record one with trace-gym bank record")
+        self.bank = open_bank(cfg.bank, cache_prompts=max(4 * cfg.candidates, 256))
+        if cfg.candidates > len(self.bank):
+            raise ValueError(f"candidates {cfg.candidates} exceed the {len(self.bank)} prompts of {cfg.bank}")
+        self.repetitions, self.steps, self.warmup_steps = cfg.seeds, cfg.steps, cfg.warmup_steps
+        self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
+        self.policy_path = None
+        if "model_path" in PREDICTORS[cfg.predictor].needs:  # the critic reads the recorded policy's own LM
+            self.policy_path = self._policy_folder()
+
+    def _policy_folder(self) -> str | None:
+        """The recorded policy's folder here: the manifest's path if it exists, else its name resolved
+        (a known model is pulled); ``None`` when neither works (``make_predictor`` then says what it needs)."""
+        from trace_gym.models import resolve_model
+
+        m = self.bank.manifest
+        if m.get("policy_path") and Path(m["policy_path"]).is_dir():
+            return str(m["policy_path"])
+        if not m.get("policy"):
+            return None
+        try:
+            return str(resolve_model(m["policy"]))
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+
+    def arms(self, strategies: Mapping[str, Strategy]) -> dict[str, Arm]:
+        arms = {name: Arm(name, s, self.config.predictor) for name, s in strategies.items()}
+        if self.config.oracle_upper_bound and "trace" in strategies:
+            name = "trace" + UPPER_BOUND
+            arms[name] = Arm(name, strategies["trace"], ORACLE, upper_bound=True)
+        return arms
+
+    def repetition(self, rep: int) -> BankRepetition:
+        return BankRepetition(self, rep)
+
+    def results(self, strategies: Mapping[str, Strategy]) -> dict[str, Any]:
+        m = self.bank.manifest
+        keys = ("policy", "policy_path", "weights_sha256", "env_id", "env_kwargs", "roots", "continuations",
+                "max_prefixes_per_root", "seed", "sampling")
+        return {"bank": {"path": str(self.bank.path), "prompts": len(self.bank), **{k: m.get(k) for k in keys},
+                         "sha256": self.bank.scan.sha256}}
+
+
+def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], path: str | None = None, *,
+                   progress: bool = False, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Replay every strategy on a rollout bank (:func:`~trace_gym.bench.run_bench` over a
+    :class:`BankSource`); returns JSON-ready results.
+
+    Args:
+        cfg: the configuration.
+        strategies: name -> strategy, already shaped for ``cfg`` (plugins included).
+        path: the bank file, overriding ``cfg.bank``.
+        progress: show a progress bar.
+        say: receives one-line progress messages and the all-same-reward warnings.
+    """
+    if path is not None:
+        cfg = dataclasses.replace(cfg, bank=str(path))
+    source = BankSource(cfg, say or (lambda msg: None))
+    return run_bench(source, strategies, progress=progress, say=say)

@@ -1,0 +1,215 @@
+"""``trace-gym bank record | stats | list``: rollout banks (``docs/banks.md``).
+
+``record`` runs a real policy through the agent loop of training and writes a bank
+(resumable: rerun the same command after a kill); ``stats`` prints a bank's calibration
+numbers (prompt success rates, flip probability by depth, the learned predictor's
+Spearman); ``list`` shows the shipped banks and any under a folder. ``bench --bank FILE``
+replays strategies on a bank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_gym.commands import add_config_parser, command_config
+from trace_gym.config import doc
+
+#: Where the shipped banks live (package data).
+SHIPPED = Path(__file__).resolve().parents[1] / "banks" / "data"
+
+
+@dataclass(frozen=True)
+class BankRecordConfig:
+    """``trace-gym bank record``: record a rollout bank from a real policy."""
+
+    out: str = field(default="runs/bank.jsonl.gz", metadata=doc("the bank file (.jsonl.gz); an existing one resumes"))
+    env: str = field(default="math_python", metadata=doc("env family or registered env id (trace-gym envs)"))
+    env_kwargs: dict = field(default_factory=dict, metadata=doc("extra env keyword arguments"))
+    task_kwargs: dict = field(default_factory=dict, metadata=doc("extra task-loader keyword arguments"))
+    data: str = field(default="", metadata=doc("prompts: empty for the env family's own tasks, else a training "
+                                               "dataset name (e.g. deepscaler, hotpotqa, bfcl)"))
+    data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
+    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder"))
+    engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
+    engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
+    prompts: int = field(default=256, metadata=doc("P: prompts recorded"))
+    roots: int = field(default=8, metadata=doc("R: root rollouts per prompt"))
+    continuations: int = field(default=4, metadata=doc("K: continuations per recorded prefix"))
+    max_prefixes_per_root: int = field(default=0, metadata=doc(
+        "cap on the prefixes recorded per root, evenly spaced over its turns (0: every prefix)"))
+    max_turns: int = field(default=3, metadata=doc("turns per episode"))
+    max_turn_tokens: int = field(default=96, metadata=doc("generated tokens per turn"))
+    max_episode_tokens: int = field(default=1024, metadata=doc("context limit per episode, tokens"))
+    temperature: float = field(default=1.0, metadata=doc("sampling temperature"))
+    seed: int = field(default=0, metadata=doc("task seed and base of the env and sampling seeds"))
+    batch_prompts: int = field(default=8, metadata=doc("prompts in flight at once (memory: one batch)"))
+    progress: bool = field(default=True, metadata=doc("progress bar with ETA"))
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "roots", "max_turns", "max_turn_tokens", "max_episode_tokens", "batch_prompts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.roots < 2:
+            raise ValueError(f"roots must be >= 2 (a group of one has no contrast), got {self.roots!r}")
+        if self.continuations < 0 or self.max_prefixes_per_root < 0 or self.temperature < 0:
+            raise ValueError("continuations, max_prefixes_per_root and temperature must be >= 0")
+        if not self.out.endswith(".jsonl.gz"):
+            raise ValueError(f"out must end with .jsonl.gz (a gzip'd JSON-lines bank), got {self.out!r}")
+
+
+class _DataFamily:
+    """An env family whose prompts come from a training dataset (``data``)."""
+
+    def __init__(self, family: Any, source: Any, path: str | None):
+        self.family, self.source, self.path = family, source, path
+        self.env_id, self.env_kwargs = family.env_id, family.env_kwargs
+        self.loader_kwargs = {"data": getattr(source, "description", ""), "path": path}
+
+    def make_env(self) -> Any:
+        return self.family.make_env()
+
+    def load_tasks(self, n: int, seed: int = 0) -> list:
+        return list(self.source.load(n, seed=seed, path=self.path))
+
+
+def resolve_record(cfg: BankRecordConfig) -> Any:
+    """The env family (prompts from ``data`` when set) of a record config; loads no model."""
+    from evaluators import suites
+    from trace_gym.registry import resolve_env
+
+    family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
+    if not cfg.data:
+        return family
+    if cfg.data not in suites.TRAIN_DATA:
+        raise ValueError(f"unknown data {cfg.data!r}; known: {sorted(suites.TRAIN_DATA)} (empty: the env's own tasks)")
+    return _DataFamily(family, suites.TRAIN_DATA[cfg.data], cfg.data_path or None)
+
+
+def dry_run(cfg: BankRecordConfig, family: Any) -> str:
+    """What ``bank record`` would do, loading no model (and no remote data)."""
+    from evaluators import suites
+
+    cap = cfg.max_prefixes_per_root or cfg.max_turns - 1
+    per_prompt = cfg.roots * (1 + min(cfg.max_turns - 1, cap) * cfg.continuations)
+    lines = [f"trace-gym bank record --dry-run: {cfg.out}",
+             f"  policy: {cfg.policy} (engine {cfg.engine}{' ' + str(cfg.engine_kwargs) if cfg.engine_kwargs else ''}; "
+             "not loaded)",
+             f"  env: {cfg.env}: {family.env_id} {dict(family.env_kwargs)}",
+             f"  prompts: {cfg.prompts} x {cfg.roots} roots, {cfg.continuations} continuations per recorded prefix "
+             f"(cap {cfg.max_prefixes_per_root or 'none'} per root): at most {per_prompt} episodes per prompt, "
+             f"{cfg.prompts * per_prompt:,} in all",
+             f"  limits: {cfg.max_turns} turns x {cfg.max_turn_tokens} tokens, context {cfg.max_episode_tokens}, "
+             f"temperature {cfg.temperature:g}, seed {cfg.seed}"]
+    offline = not cfg.data or suites.TRAIN_DATA[cfg.data].offline or bool(cfg.data_path)
+    if offline:
+        tasks = family.load_tasks(min(cfg.prompts, 4), seed=cfg.seed)
+        lines.append(f"  prompts load: OK (first: {tasks[0].id if tasks else '-'})")
+    else:
+        lines.append(f"  prompts: {cfg.data} from the hub at record time (not fetched by --dry-run)")
+    return "\n".join(lines)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from trace_gym.agent import AgentConfig
+    from trace_gym.banks import record_bank
+    from trace_gym.engines import make_engine
+    from trace_gym.models import quiet_third_party, resolve_model
+    from trace_gym.types import SamplingParams
+
+    cfg = command_config(BankRecordConfig, args)
+    family = resolve_record(cfg)
+    if args.dry_run:
+        print(dry_run(cfg, family))
+        return 0
+    quiet_third_party()
+    policy_path = resolve_model(cfg.policy)
+    engine = make_engine(cfg.engine, policy_path, **cfg.engine_kwargs)
+    try:
+        summary = record_bank(
+            cfg.out, engine=engine, family=family, prompts=cfg.prompts, roots=cfg.roots,
+            continuations=cfg.continuations, max_prefixes_per_root=cfg.max_prefixes_per_root or None,
+            sampling=SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed),
+            agent_config=AgentConfig(max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
+                                     max_turns=cfg.max_turns),
+            seed=cfg.seed, batch_prompts=cfg.batch_prompts, policy=cfg.policy, policy_path=str(policy_path),
+            progress=cfg.progress, say=lambda msg: None)
+    finally:
+        engine.close()
+    state = "complete" if summary["complete"] else "incomplete"
+    print(f"wrote {summary['path']}: {summary['prompts']} prompts ({summary['recorded']} recorded now, "
+          f"{summary['skipped']} already there; {state}; {summary['seconds']:.0f} s)")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from trace_gym.banks import bank_stats, format_bank_stats
+
+    stats = bank_stats(_bank_path(args.bank), predictor=_learned_predictor(args.predictor))
+    print(format_bank_stats(stats))
+    if args.json:
+        import json
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(stats, indent=2, default=str))
+    return 0
+
+
+def _learned_predictor(name: str) -> Any:
+    if not name or name == "none":
+        return None
+    from trace_gym.predictor import check_predictor_name, make_predictor
+
+    check_predictor_name(name, "text", key="--predictor")
+    return make_predictor(name, seed=0)
+
+
+def _bank_path(name: str) -> str:
+    """A bank file, or the name of a shipped bank (``trace-gym bank list``)."""
+    path = Path(name)
+    if path.exists():
+        return str(path)
+    shipped = SHIPPED / (name if name.endswith(".jsonl.gz") else f"{name}.jsonl.gz")
+    if shipped.exists():
+        return str(shipped)
+    known = sorted(p.name[: -len(".jsonl.gz")] for p in SHIPPED.glob("*.jsonl.gz"))
+    raise ValueError(f"no bank file {name!r}, and no shipped bank of that name; shipped: {', '.join(known) or 'none'}")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from trace_gym.banks import list_banks
+    from trace_gym.report import markdown_table
+
+    rows = []
+    for folder in [SHIPPED, *(Path(f) for f in args.folders)]:
+        for b in list_banks(folder) if folder.exists() else []:
+            rows.append([Path(b["path"]).name, b.get("env_id", "?"), b.get("policy", "?"), b.get("prompts", "?"),
+                         b.get("roots", "?"), b.get("continuations", "?"), b.get("complete", "?"),
+                         f"{b.get('bytes', 0) / 1e6:.1f}", str(Path(b["path"]).parent)])
+    if not rows:
+        print("no banks found", file=sys.stderr)
+        return 0
+    print(markdown_table(["bank", "env", "policy", "prompts", "roots", "cont.", "complete", "MB", "folder"], rows))
+    return 0
+
+
+def add(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bank", help="record, inspect and list rollout banks (bench --bank replays them)")
+    sub = p.add_subparsers(dest="bank_command", required=True, metavar="{record,stats,list}")
+    record = add_config_parser(sub, "record", "record a rollout bank from a real policy (resumable)",
+                               BankRecordConfig)
+    record.prog = "trace-gym bank record"
+    record.add_argument("--dry-run", action="store_true", help="resolve the config, env and prompts; load no model")
+    record.set_defaults(func=cmd_record)
+    stats = sub.add_parser("stats", help="a bank's calibration numbers (success rates, flips by depth, Spearman)")
+    stats.add_argument("bank", help="a bank file or a shipped bank's name")
+    stats.add_argument("--predictor", default="embedding", help="learned predictor whose Spearman is measured "
+                       "(none: skip it)")
+    stats.add_argument("--json", help="also write the numbers as JSON here")
+    stats.set_defaults(func=cmd_stats)
+    listing = sub.add_parser("list", help="the shipped banks (and those under FOLDER...)")
+    listing.add_argument("folders", nargs="*", metavar="FOLDER")
+    listing.set_defaults(func=cmd_list)
