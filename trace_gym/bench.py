@@ -162,6 +162,7 @@ def bench_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     if guard is not None:
         checks.append(guard)
     no_verdict = guard is not None and guard["status"] == "FAIL"
+    degenerate = no_contrast(s)
 
     def add(name: str, needs: Sequence[str], ok: Callable[[], bool], detail: Callable[[], str],
             verdict: bool = True) -> None:
@@ -170,6 +171,9 @@ def bench_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             checks.append({"name": name, "status": "SKIP", "detail": f"needs {', '.join(missing)}"})
         elif verdict and no_verdict:
             checks.append({"name": name, "status": "SKIP", "detail": "no verdict: the bank ran out (see above)"})
+        elif verdict and degenerate:
+            checks.append({"name": name, "status": "SKIP", "detail": "no contrast: no strategy found a single mixed "
+                           "prompt (every rollout of a prompt had the same outcome), so there is nothing to compare"})
         else:
             checks.append({"name": name, "status": "PASS" if ok() else "FAIL", "detail": detail()})
 
@@ -212,6 +216,43 @@ def bench_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             lambda: f"per step: {sorted(set(round(c, 6) for c in costs))} (budget {results['nominal_budget']:g})",
             verdict=False)
     return checks
+
+
+def no_contrast(rows: Mapping[str, Any]) -> bool:
+    """Whether the comparison is degenerate: no row found a mixed prompt in any repetition."""
+    return bool(rows) and all(r["effective_ratio"] == 0 and all(x["effective_ratio"] == 0 for x in r["per_rep"])
+                              for r in rows.values())
+
+
+def verdict(results: Mapping[str, Any]) -> str:
+    """The headline line: TRACE against uniform on the headline rows (learned predictor,
+    upper bounds excluded), by the paired difference of effective ratios over repetitions,
+    stated plainly whichever way it goes; "NO VERDICT" when the bank ran out or nothing
+    had contrast."""
+    from trace_gym import report
+
+    s = {n: v for n, v in results["strategies"].items() if not v["upper_bound"]}
+    if "trace" not in s or "uniform" not in s:
+        return "no verdict: the TRACE-vs-uniform headline needs both strategies in the run"
+    guard = exhaustion_check(results)
+    if guard is not None and guard["status"] == "FAIL":
+        detail = guard["detail"]
+        return detail if detail.startswith("NO VERDICT") else f"NO VERDICT: {detail}"
+    if no_contrast(s):
+        return "NO VERDICT: no contrast (no strategy found a mixed prompt; every rollout of a prompt agreed)"
+    a, b = s["trace"]["effective_ratio"], s["uniform"]["effective_ratio"]
+    mean, half, n = report.paired_difference([r["effective_ratio"] for r in s["trace"]["per_rep"]],
+                                             [r["effective_ratio"] for r in s["uniform"]["per_rep"]])
+    if n < 2:
+        return f"TRACE and uniform cannot be told apart from one repetition (effective ratio {a:.3f} vs {b:.3f})"
+    if mean - half > 0:
+        word = "TRACE beats uniform"
+    elif mean + half < 0:
+        word = "TRACE is WORSE than uniform"
+    else:
+        word = "TRACE and uniform cannot be told apart"
+    return (f"{word}: effective ratio {a:.3f} vs {b:.3f}, difference {mean:+.3f} ± {half:.3f} "
+            f"(95 %, {n} paired repetitions, predictor {s['trace']['predictor']}; {a / max(b, 1e-12):.2f}x)")
 
 
 def exhaustion_check(results: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -373,5 +414,6 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
                                "strategies": summarise({n: per_rep[n] for n in arms}, arms)}
     results |= source.results(strategies)
     results["checks"] = bench_checks(results)
+    results["verdict"] = verdict(results)
     results["seconds"] = time.perf_counter() - t_start
     return results

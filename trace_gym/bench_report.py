@@ -92,6 +92,15 @@ def format_bench(results: Mapping[str, Any]) -> str:
                  f"{cfg['candidates']} candidates; group size {cfg['group_size']} ({_applies(results)}); "
                  f"predictor: {cfg['predictor']} "
                  f"(warmed up on {cfg['warmup_budget']} rollouts of other tasks). Effective ratio: {interval}."]
+    calibration = results.get("calibration")
+    if calibration:
+        used = ", ".join(f"{k} {v:.4g} (was {calibration['before'][k]:.4g})" for k, v in calibration["values"].items())
+        fit = calibration["fitted"]
+        lines += ["", f"Calibrated from the bank {calibration['bank']}: {used}; fitted prior Beta({fit['a']:.3g}, "
+                  f"{fit['b']:.3g}), per-turn variance ratio r = {fit['r'] if fit['r'] is None else round(fit['r'], 4)}"
+                  f" (trace_gym/calibrate.py)."]
+    if results.get("verdict"):
+        lines += ["", f"**Verdict ({'simulated' if sim_mode else 'real rollouts'}):** {results['verdict']}"]
     lines += ["", markdown_table(headers, rows), ""]
     if results.get("warnings"):
         lines += ["### Warnings", "", *[f"- {w}" for w in results["warnings"]], ""]

@@ -131,7 +131,33 @@ class SimSource:
         return out
 
 
+def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
+    """``cfg`` with the simulator's knobs set from the bank ``cfg.calibrate_from``
+    (:func:`trace_gym.calibrate.calibration_from_stats` of its
+    :func:`~trace_gym.banks.stats.bank_stats`, the learned predictor's Spearman measured by
+    the embedding predictor), and what was used: ``{"bank", "values", "fitted", "before"}``."""
+    import dataclasses
+
+    from trace_gym.banks.stats import bank_stats
+    from trace_gym.calibrate import calibration_from_stats, sim_overrides
+
+    stats = bank_stats(cfg.calibrate_from, predictor=make_predictor("embedding", seed=0))
+    found = calibration_from_stats(stats, group_size=cfg.group_size)
+    values = sim_overrides(found)
+    before = {k: getattr(cfg, k) for k in values}
+    return dataclasses.replace(cfg, **values), {"bank": cfg.calibrate_from, "values": values,
+                                                "fitted": found["fitted"], "before": before,
+                                                "learned_spearman": (stats.get("predictor") or {}).get("prompt")}
+
+
 def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, progress: bool = False) -> dict[str, Any]:
     """Run the simulated allocation benchmark (:func:`~trace_gym.bench.run_bench` over a
-    :class:`SimSource`); returns JSON-ready results."""
-    return run_bench(SimSource(cfg), strategies, progress=progress)
+    :class:`SimSource`); returns JSON-ready results. With ``cfg.calibrate_from`` the
+    simulator is first calibrated to that bank (:func:`calibrated`; ``results["calibration"]``)."""
+    calibration = None
+    if cfg.calibrate_from:
+        cfg, calibration = calibrated(cfg)
+    results = run_bench(SimSource(cfg), strategies, progress=progress)
+    if calibration is not None:
+        results["calibration"] = calibration
+    return results

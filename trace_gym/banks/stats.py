@@ -66,6 +66,7 @@ def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prom
     Returns:
         ``{"path", "manifest", "prompts", "roots", "prefixes", "continuations", "left_out_prefixes",
         "errors", "success_rate": {"mean", "histogram", "all_fail", "all_success", "mixed"},
+        "prompt_counts": [[successes, roots with a leaf] per prompt],
         "mixed_by_group_size": {G: P(mixed)}, "flip_by_depth": {t: {"flip", "continuations"}},
         "turns": {"mean", "min", "max", "histogram"}, "costs": {... per episode and per turn}, "ends": {end: count},
         "predictor"?}``.
@@ -124,6 +125,7 @@ def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prom
                          "all_success": float(np.mean([r == 1 for r in rates])) if rates else math.nan,
                          "mixed": float(np.mean([0 < r < 1 for r in rates])) if rates else math.nan},
         "mixed_by_group_size": mixed_by_g,
+        "prompt_counts": [[int(s), int(n)] for s, n in counts],
         "flip_by_depth": {str(d): {"flip": f / n if n else math.nan, "continuations": n}
                           for d, (f, n) in sorted(flips.items())},
         "turns": {"mean": float(np.mean(turns)) if turns else math.nan, "min": min(turns, default=0),

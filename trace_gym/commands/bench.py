@@ -1,7 +1,9 @@
-"""``trace-gym bench``: allocation strategies at one budget, on the simulator or real rollouts.
+"""``trace-gym bench``: allocation strategies at one budget, on the simulator, real
+rollouts, or a recorded rollout bank.
 
 The keys are the fields of the mode's config (:class:`~trace_gym.config.SimBenchConfig`,
-:class:`~trace_gym.config.EnvBenchConfig`); each also has a ``--flag`` alias, typed by
+:class:`~trace_gym.config.EnvBenchConfig`, :class:`~trace_gym.bench_bank.BankBenchConfig`);
+each also has a ``--flag`` alias, typed by
 the field, with each mode's default in its help. A key that does not apply to the chosen
 mode is refused with a message naming the mode.
 """
@@ -16,10 +18,17 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_gym.commands import add_config_parser, did_you_mean
+from trace_gym.commands.bank import _bank_path
 from trace_gym.config import EnvBenchConfig, SimBenchConfig, config_help, load_config, parse_field_text
 
+def _modes() -> dict[str, type]:
+    from trace_gym.bench_bank import BankBenchConfig
+
+    return {"sim": SimBenchConfig, "env": EnvBenchConfig, "bank": BankBenchConfig}
+
+
 #: The modes of ``bench`` and their configs.
-BENCH_MODES: dict[str, type] = {"sim": SimBenchConfig, "env": EnvBenchConfig}
+BENCH_MODES: dict[str, type] = _modes()
 
 
 def add_config_flags(parser: argparse.ArgumentParser, modes: dict[str, type], skip: Sequence[str] = ()) -> None:
@@ -78,23 +87,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from trace_gym.registry import load_plugins, resolve_env
     from trace_gym.strategies import shaped_strategies
 
-    if args.sim == bool(args.env):
-        raise ValueError("give exactly one of --sim or --env ENV (with --policy MODEL)")
-    mode = "sim" if args.sim else "env"
+    chosen = [m for m, on in (("sim", args.sim), ("env", bool(args.env)), ("bank", bool(args.bank))) if on]
+    if len(chosen) != 1:
+        raise ValueError("give exactly one of --sim, --env ENV (with --policy MODEL) or --bank FILE")
+    mode = chosen[0]
+    if mode == "bank":
+        args.bank = _bank_path(args.bank)
     cfg = mode_config(args, mode, BENCH_MODES)
+    if mode == "sim" and cfg.calibrate_from:
+        cfg = dataclasses.replace(cfg, calibrate_from=_bank_path(cfg.calibrate_from))
     load_plugins(cfg.plugins)
     strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
                                    continuations_per_root=cfg.continuations_per_root)
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if mode == "sim":
         from trace_gym.bench_sim import run_sim_bench
 
         results = run_sim_bench(cfg, strategies, progress=True)
+    elif mode == "bank":
+        from trace_gym.bench_bank import run_bank_bench
+
+        results = run_bank_bench(cfg, strategies, progress=True, say=say)
     else:
         from trace_gym.bench_env import run_env_bench
 
         family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
-        results = run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out,
-                                say=lambda msg: print(msg, file=sys.stderr, flush=True))
+        results = run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out, say=say)
     if args.out:
         results["plots"] = bench.write_bench_plots(results, args.out)
     print(bench.format_bench(results))
@@ -115,8 +133,10 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sim", action="store_true", help="use the simulator (no model needed)")
     p.add_argument("--env", metavar="ENV", help="run on real rollouts in this env family or env id (e.g. math_python), "
                    "with --policy MODEL")
+    p.add_argument("--bank", metavar="FILE", help="replay a recorded rollout bank (a file, or a shipped bank's name: "
+                   "trace-gym bank list)")
     p.add_argument("--json", help="write the results as JSON to this path")
     p.add_argument("--out", help="write PNG plots (and with --dump-episodes, transcripts) into this folder")
     p.add_argument("--strict", action="store_true", help="exit 1 when a check FAILs")
-    add_config_flags(p, BENCH_MODES, skip=("env",))
+    add_config_flags(p, BENCH_MODES, skip=("env", "bank"))
     p.set_defaults(func=cmd_bench)

