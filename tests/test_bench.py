@@ -291,3 +291,51 @@ def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch
     res = run_env_bench(cfg, strategies_for(cfg), env_family("guess_number"), engine=tiny_engine)
     assert res["strategies"]["pcl"]["predictor"] == "lm_critic"
     assert res["strategies"]["pcl"]["nominal_cost"] == 2
+
+
+def _fake(eff_trace, eff_uniform, *, reps=None, exhausted=False):
+    def row(effs):
+        return {"effective_ratio": float(np.mean(effs)), "nominal_cost": 10.0, "upper_bound": False,
+                "predictor": "learned", "generated_tokens": 1.0, "per_rep": [{"effective_ratio": e} for e in effs]}
+
+    out = {"nominal_budget": 10.0, "config": {"budget_unit": "nominal"}, "mode": "sim",
+           "strategies": {"uniform": row(eff_uniform), "trace": row(eff_trace)}}
+    if exhausted:
+        out["mode"] = "bank"
+        for r in out["strategies"].values():
+            for x in r["per_rep"]:
+                x["exhausted_share"] = 0.2
+    return out
+
+
+def test_the_verdict_says_which_way_it_goes_or_that_there_is_none():
+    better = bench.verdict(_fake([0.5, 0.52, 0.55], [0.3, 0.31, 0.29]))
+    assert better.startswith("TRACE beats uniform") and "3 paired repetitions" in better
+    worse = bench.verdict(_fake([0.2, 0.21, 0.19], [0.3, 0.31, 0.29]))
+    assert worse.startswith("TRACE is WORSE than uniform")
+    unclear = bench.verdict(_fake([0.3, 0.5, 0.1], [0.3, 0.31, 0.29]))
+    assert unclear.startswith("TRACE and uniform cannot be told apart")
+    assert "one repetition" in bench.verdict(_fake([0.5], [0.3]))
+    # degenerate inputs: every rollout agreed, so nothing can be compared: SKIP, never PASS
+    flat = _fake([0.0, 0.0], [0.0, 0.0])
+    assert bench.verdict(flat).startswith("NO VERDICT: no contrast")
+    statuses = {c["name"]: c["status"] for c in bench.bench_checks(flat)}
+    assert statuses["trace effective ratio above uniform"] == "SKIP"
+    assert statuses["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "SKIP"
+
+
+def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
+    from bank_fixtures import write_synthetic_bank
+
+    rng = np.random.default_rng(0)
+    successes = rng.binomial(8, rng.beta(0.5, 1.5, size=64))
+    path = write_synthetic_bank(tmp_path / "b.jsonl.gz", successes, roots=8, continuations=4, turns=3)
+    cfg = SimBenchConfig(**{**SMALL, "seeds": 1, "steps": 2, "calibrate_from": str(path)},
+                         strategies=("uniform", "trace"))
+    res = run_sim_bench(cfg, strategies_for(cfg))
+    values = res["calibration"]["values"]
+    assert values["mean_success"] == pytest.approx(successes.mean() / 8, abs=1e-9)
+    assert (values["min_turns"], values["max_turns"]) == (3, 3)
+    assert res["config"]["mean_success"] == values["mean_success"] and res["config"]["max_turns"] == 3
+    assert 0 < values["target_mixed"] < 1 and values["step_concentration"] > 0
+    assert "Calibrated from the bank" in bench.format_bench(res)
