@@ -24,10 +24,15 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/trace-gym models pull smollm2-135m
 	touch $(STAMP)
 
-# The main job: every strategy on the simulator (seconds), then SmolLM2-135M trained on CPU
-# with TRACE and with uniform GRPO at the same nominal budget, evaluated before and after on
-# held-out generated tasks, and compared (tables + plots in runs/demo/compare).
+# The main job: every strategy replayed on the two shipped rollout banks of real SmolLM2-135M
+# outcomes (the headline verdict on strategies, about a minute each), on the simulator
+# calibrated to one of them and on the default one (seconds), then SmolLM2-135M trained on
+# CPU with TRACE and with uniform GRPO at the same nominal budget, evaluated before and
+# after on held-out generated tasks, and compared (tables + plots in runs/demo/compare).
 demo: install
+	$(BIN)/trace-gym bench --bank math_python_smollm2 seeds=10 --json runs/demo/bank_math_python.json
+	$(BIN)/trace-gym bench --bank guess_number_smollm2 seeds=10 --json runs/demo/bank_guess_number.json
+	$(BIN)/trace-gym bench --sim calibrate_from=guess_number_smollm2 --json runs/demo/sim_calibrated.json
 	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo/sim
 	$(BIN)/trace-gym train --config configs/train_cpu_trace.yaml
 	$(BIN)/trace-gym train --config configs/train_cpu_uniform.yaml

@@ -46,21 +46,30 @@ def config_epilog(*classes: type, title: str = "keys (--config YAML or key=value
 
 
 def add_config_parser(subparsers: argparse._SubParsersAction, name: str, help_text: str, *classes: type,
-                      description: str | None = None, epilog_prefix: str = "") -> argparse.ArgumentParser:
+                      description: str | None = None, epilog_prefix: str = "",
+                      flags: bool = False) -> argparse.ArgumentParser:
     """A subcommand whose keys are the fields of ``classes``: ``--config FILE`` plus
-    ``key=value`` (collected by :func:`trace_gym.cli.main` into ``args.overrides``)."""
+    ``key=value`` (collected by :func:`trace_gym.cli.main` into ``args.overrides``), and
+    with ``flags`` a ``--flag`` alias per key (:func:`add_config_flags`)."""
     p = subparsers.add_parser(name, help=help_text, description=description or help_text,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog=_escape(epilog_prefix) + config_epilog(*classes),
                               usage=f"trace-gym {name} [--config FILE] [options] [key=value ...]")
     p.add_argument("--config", metavar="FILE", help="YAML file of keys (key=value and flags override it)")
     p.set_defaults(**{CONFIG_KEYS: True})
+    if flags:
+        add_config_flags(p, {c.__name__: c for c in classes})
     return p
 
 
 def command_config(cls: type, args: argparse.Namespace, aliases: Mapping[str, Any] | None = None) -> Any:
-    """``cls`` from ``--config``, then ``key=value``, then the flag ``aliases`` given (not ``None``)."""
+    """``cls`` from ``--config``, then ``key=value``, then the flags given: every ``--key``
+    alias of a field (:func:`add_config_flags`) and the named ``aliases`` (not ``None``)."""
+    import dataclasses
+
     overrides = dict(getattr(args, "overrides", None) or {})
+    overrides.update({f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                      if getattr(args, f.name, None) is not None and f.name not in (aliases or {})})
     overrides.update({k: v for k, v in (aliases or {}).items() if v is not None})
     return load_config(cls, getattr(args, "config", None), overrides)
 
@@ -77,3 +86,26 @@ def summary(obj: Any) -> str:
     """The first paragraph of ``obj``'s docstring, on one line ("" without one)."""
     doc = (getattr(obj, "__doc__", None) or "").strip()
     return " ".join(doc.split("\n\n")[0].split())
+
+
+def add_config_flags(parser: argparse.ArgumentParser, modes: dict[str, type], skip: Sequence[str] = ()) -> None:
+    """One ``--flag`` per field of the mode configs (union); the help names each mode's default.
+
+    Values stay strings here (``default=None`` marks "not given"); :func:`mode_config`
+    parses them by the field's type.
+    """
+    seen: dict[str, list[tuple[str, str, Any, str]]] = {}
+    for mode, cls in modes.items():
+        for name, tname, default, text in config_help(cls):
+            if name not in skip:
+                seen.setdefault(name, []).append((mode, tname, default, text))
+    for name, entries in seen.items():
+        _, tname, _, text = entries[0]
+        if len(entries) == 1 and len(modes) > 1:
+            defaults = f"default: {entries[0][2]!r}; only with --{entries[0][0]}"
+        elif len({repr(e[2]) for e in entries}) == 1:
+            defaults = f"default: {entries[0][2]!r}"
+        else:
+            defaults = "default: " + ", ".join(f"{e[2]!r} with --{e[0]}" for e in entries)
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=tname.split("[")[0].upper(),
+                            help=f"{text} ({defaults})".replace("%", "%%"))

@@ -200,7 +200,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bank", help="record, inspect and list rollout banks (bench --bank replays them)")
     sub = p.add_subparsers(dest="bank_command", required=True, metavar="{record,stats,list}")
     record = add_config_parser(sub, "record", "record a rollout bank from a real policy (resumable)",
-                               BankRecordConfig)
+                               BankRecordConfig, flags=True)
     record.prog = "trace-gym bank record"
     record.add_argument("--dry-run", action="store_true", help="resolve the config, env and prompts; load no model")
     record.set_defaults(func=cmd_record)

@@ -15,11 +15,11 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from trace_gym.commands import add_config_parser, did_you_mean
+from trace_gym.commands import add_config_flags, add_config_parser, did_you_mean
 from trace_gym.commands.bank import _bank_path
-from trace_gym.config import EnvBenchConfig, SimBenchConfig, config_help, load_config, parse_field_text
+from trace_gym.config import EnvBenchConfig, SimBenchConfig, load_config, parse_field_text
 
 def _modes() -> dict[str, type]:
     from trace_gym.bench_bank import BankBenchConfig
@@ -29,29 +29,6 @@ def _modes() -> dict[str, type]:
 
 #: The modes of ``bench`` and their configs.
 BENCH_MODES: dict[str, type] = _modes()
-
-
-def add_config_flags(parser: argparse.ArgumentParser, modes: dict[str, type], skip: Sequence[str] = ()) -> None:
-    """One ``--flag`` per field of the mode configs (union); the help names each mode's default.
-
-    Values stay strings here (``default=None`` marks "not given"); :func:`mode_config`
-    parses them by the field's type.
-    """
-    seen: dict[str, list[tuple[str, str, Any, str]]] = {}
-    for mode, cls in modes.items():
-        for name, tname, default, text in config_help(cls):
-            if name not in skip:
-                seen.setdefault(name, []).append((mode, tname, default, text))
-    for name, entries in seen.items():
-        _, tname, _, text = entries[0]
-        if len(entries) == 1 and len(modes) > 1:
-            defaults = f"default: {entries[0][2]!r}; only with --{entries[0][0]}"
-        elif len({repr(e[2]) for e in entries}) == 1:
-            defaults = f"default: {entries[0][2]!r}"
-        else:
-            defaults = "default: " + ", ".join(f"{e[2]!r} with --{e[0]}" for e in entries)
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=tname.split("[")[0].upper(),
-                            help=f"{text} ({defaults})".replace("%", "%%"))
 
 
 def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> Any:
