@@ -59,11 +59,11 @@ def format_bench(results: Mapping[str, Any]) -> str:
     headers.insert(9, "rollouts + cont./2")
     interval = ("mean ± 95 % CI over repetitions" if reps > 1 else
                 "one repetition: no confidence interval (repeat with more seeds to tell strategies apart)")
+    unit = (f"{'the recorded' if bank_mode else 'exact'} generated tokens (matched to uniform's per step)"
+            if cfg.get("budget_unit") == "tokens" else f"{results['nominal_budget']:g} trajectory-equivalents = M (1 + N/2)")
+    measured = f"{reps} seeds x {cfg.get('steps', 1) - cfg.get('warmup_steps', 0)} measured steps"
     if sim_mode:
-        unit = ("exact generated tokens (matched to uniform's per step)" if cfg["budget_unit"] == "tokens" else
-                f"{results['nominal_budget']:g} trajectory-equivalents = M (1 + N/2)")
-        title = (f"## Simulated allocation benchmark ({reps} seeds x {cfg['steps'] - cfg['warmup_steps']} measured "
-                 f"steps; {results['seconds']:.1f} s)")
+        title = f"## Simulated allocation benchmark ({measured}; {results['seconds']:.1f} s)"
         lines = [title, "", f"Budget per step: {unit}, M = {cfg['root_budget']}, N = {cfg['continuations_per_root']}; "
                  f"{cfg['candidates']} candidates per step; group size {cfg['group_size']} "
                  f"({_applies(results)}). Headline predictor: "
@@ -72,10 +72,8 @@ def format_bench(results: Mapping[str, Any]) -> str:
                  f"Per-step means; effective ratio: {interval}."]
     elif bank_mode:
         bank = results["bank"]
-        unit = ("the recorded generated tokens (matched to uniform's per step)" if cfg["budget_unit"] == "tokens" else
-                f"{results['nominal_budget']:g} trajectory-equivalents = M (1 + N/2)")
         title = (f"## Allocation benchmark on a rollout bank: {bank['env_id']} with {bank['policy'] or '?'} "
-                 f"({reps} seeds x {cfg['steps'] - cfg['warmup_steps']} measured steps; {results['seconds']:.1f} s)")
+                 f"({measured}; {results['seconds']:.1f} s)")
         lines = [title, "", f"Bank {bank['path']}: {bank['prompts']} prompts, R = {bank['roots']} recorded roots each, "
                  f"K = {bank['continuations']} continuations per recorded prefix (per-root cap "
                  f"{bank['max_prefixes_per_root'] or 'none'}); outcomes replayed without replacement, a request "
