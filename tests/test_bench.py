@@ -339,3 +339,14 @@ def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
     assert res["config"]["mean_success"] == values["mean_success"] and res["config"]["max_turns"] == 3
     assert 0 < values["target_mixed"] < 1 and values["step_concentration"] > 0
     assert "Calibrated from the bank" in bench.format_bench(res)
+
+
+def test_calibration_keeps_the_knobs_you_set(tmp_path):
+    from bank_fixtures import write_synthetic_bank
+
+    from trace_gym.bench_sim import calibrated
+
+    path = write_synthetic_bank(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8, roots=8, continuations=4, turns=3)
+    cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path), mean_success=0.3))
+    assert cfg.mean_success == 0.3 and info["kept"] == {"mean_success": 0.3} and "mean_success" not in info["values"]
+    assert cfg.max_turns == 3 and info["values"]["max_turns"] == 3

@@ -235,3 +235,20 @@ def test_lm_critic_reads_short_contexts_as_before(critic):
     # a long prompt alone keeps its head
     ids = critic.input_ids([Context(" ".join(f"word{i}" for i in range(2000)))])[0]
     assert len(ids) == critic.max_length and critic.tokenizer.decode(ids).startswith("word0 word1 word2")
+
+
+def test_a_deep_copy_of_the_critic_shares_its_frozen_backbone_and_learns_apart(tiny_model_path):  # noqa: F811
+    import copy
+
+    from trace_gym.critic import LMCriticPredictor
+
+    critic = LMCriticPredictor(str(tiny_model_path), seed=0, lr=1e-1)
+    twin = copy.deepcopy(critic)
+    assert twin.backbone is critic.backbone and twin._features is critic._features
+    assert twin.head is not critic.head
+    before = critic.predict([Context("q")])
+    twin.update([Context("q")], [1.0])
+    assert critic.predict([Context("q")]) == pytest.approx(before)  # the original's head is untouched
+    assert twin.predict([Context("q")])[0] > before[0]
+    trained = LMCriticPredictor(str(tiny_model_path), seed=0, train_backbone=True)
+    assert copy.deepcopy(trained).backbone is not trained.backbone  # a trained backbone is the predictor's own

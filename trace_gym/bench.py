@@ -256,12 +256,19 @@ def verdict(results: Mapping[str, Any]) -> str:
 
 
 def exhaustion_check(results: Mapping[str, Any]) -> dict[str, Any] | None:
-    """On a rollout bank (rows with ``exhausted_share``): PASS when every row, upper bounds included,
-    had at most :data:`EXHAUSTED_LIMIT` of its branches refused in every repetition; else FAIL,
-    naming the rows (their worst repetition's share) and the bank sizes the bench needed (the
-    most roots asked of one prompt, the most continuations of one prefix). ``None`` for sources
-    that cannot run out."""
-    rows = {n: v for n, v in results["strategies"].items() if "exhausted_share" in v}
+    """On a rollout bank (rows with ``exhausted_share``): PASS when every headline row had at
+    most :data:`EXHAUSTED_LIMIT` of its branches refused in every repetition; else FAIL, naming
+    the rows (their worst repetition's share) and the bank sizes the bench needed (the most
+    roots asked of one prompt, the most continuations of one prefix). An upper-bound row
+    never decides the verdict; when it ran out, the detail says its bound is not a valid one.
+    ``None`` for sources that cannot run out."""
+    every = {n: v for n, v in results["strategies"].items() if "exhausted_share" in v}
+    if not every:
+        return None
+    rows = {n: v for n, v in every.items() if not v.get("upper_bound")}
+    bounds = {n: max(r["exhausted_share"] for r in v["per_rep"]) for n, v in every.items() if v.get("upper_bound")}
+    spent = [f"{n} ran out at {100 * x:.1f} %, so it is not a valid bound" for n, x in bounds.items()
+             if x > EXHAUSTED_LIMIT]
     if not rows:
         return None
     name = f"bank large enough for a verdict (at most {100 * EXHAUSTED_LIMIT:g} % of branches refused per strategy)"
@@ -272,7 +279,8 @@ def exhaustion_check(results: Mapping[str, Any]) -> dict[str, Any] | None:
            "continuations per prefix"
     if not over:
         worst = max(share.values())
-        return {"name": name, "status": "PASS", "detail": f"largest exhausted share {100 * worst:.2f} %; {have}"}
+        note = "".join(f"; {x}" for x in spent)
+        return {"name": name, "status": "PASS", "detail": f"largest exhausted share {100 * worst:.2f} %; {have}{note}"}
     roots = max(int(r.get("roots_needed", 0)) for v in rows.values() for r in v["per_rep"])
     conts = max(int(r.get("continuations_needed", 0)) for v in rows.values() for r in v["per_rep"])
     shares = ", ".join(f"{n} {100 * x:.1f} %" for n, x in sorted(over.items(), key=lambda kv: -kv[1]))

@@ -271,22 +271,7 @@ class BankSource:
         self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
         self.policy_path = None
         if "model_path" in PREDICTORS[cfg.predictor].needs:  # the critic reads the recorded policy's own LM
-            self.policy_path = self._policy_folder()
-
-    def _policy_folder(self) -> str | None:
-        """The recorded policy's folder here: the manifest's path if it exists, else its name resolved
-        (a known model is pulled); ``None`` when neither works (``make_predictor`` then says what it needs)."""
-        from trace_gym.models import resolve_model
-
-        m = self.bank.manifest
-        if m.get("policy_path") and Path(m["policy_path"]).is_dir():
-            return str(m["policy_path"])
-        if not m.get("policy"):
-            return None
-        try:
-            return str(resolve_model(m["policy"]))
-        except (FileNotFoundError, ValueError, KeyError):
-            return None
+            self.policy_path = policy_folder(self.bank.manifest)
 
     def arms(self, strategies: Mapping[str, Strategy]) -> dict[str, Arm]:
         arms = {name: Arm(name, s, self.config.predictor) for name, s in strategies.items()}
@@ -322,3 +307,23 @@ def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], pat
         cfg = dataclasses.replace(cfg, bank=str(path))
     source = BankSource(cfg, say or (lambda msg: None))
     return run_bench(source, strategies, progress=progress, say=say)
+
+
+def policy_folder(manifest: Mapping[str, Any]) -> str:
+    """The recorded policy's folder here (what an ``lm_critic`` reads): the manifest's path if it
+    exists, else its name resolved (a known model is pulled).
+
+    Raises:
+        ValueError: neither works, naming the policy and why.
+    """
+    from trace_gym.models import resolve_model
+
+    if manifest.get("policy_path") and Path(manifest["policy_path"]).is_dir():
+        return str(manifest["policy_path"])
+    name = manifest.get("policy")
+    if not name:
+        raise ValueError("the bank's manifest names no policy, so an lm_critic has no model to read")
+    try:
+        return str(resolve_model(name))
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise ValueError(f"the bank's policy {name!r} cannot be found here ({exc}); an lm_critic needs it") from None

@@ -196,14 +196,14 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
     say = say or (lambda msg: None)
     t_start = time.perf_counter()
     owned = engine is None
-    if owned:
-        engine = make_engine(cfg.engine, cfg.policy)
-    say(f"engine {type(engine).__name__} ready ({time.perf_counter() - t_start:.1f} s)")
-    source = EnvSource(cfg, family, strategies, engine, say)
     try:
+        if owned:
+            engine = make_engine(cfg.engine, cfg.policy)
+        say(f"engine {type(engine).__name__} ready ({time.perf_counter() - t_start:.1f} s)")
+        source = EnvSource(cfg, family, strategies, engine, say)
         results = run_bench(source, strategies, progress=progress, say=say)
     finally:
-        if owned:
+        if owned and engine is not None:
             engine.close()
     if source.dumped:
         Path(out_dir).mkdir(parents=True, exist_ok=True)

@@ -94,9 +94,12 @@ def format_bench(results: Mapping[str, Any]) -> str:
     if calibration:
         used = ", ".join(f"{k} {v:.4g} (was {calibration['before'][k]:.4g})" for k, v in calibration["values"].items())
         fit = calibration["fitted"]
-        lines += ["", f"Calibrated from the bank {calibration['bank']}: {used}; fitted prior Beta({fit['a']:.3g}, "
-                  f"{fit['b']:.3g}), per-turn variance ratio r = {fit['r'] if fit['r'] is None else round(fit['r'], 4)}"
-                  f" (trace_gym/calibrate.py)."]
+        kept = "".join(f"; {k} {v!r} kept (set by you)" for k, v in calibration.get("kept", {}).items())
+        clipped = " (clipped at its bound)" if fit.get("clipped") else ""
+        lines += ["", f"Calibrated from the bank {calibration['bank']}: {used}{kept}; fitted prior "
+                  f"Beta({fit['a']:.3g}, {fit['b']:.3g}){clipped}, per-turn variance ratio r = "
+                  f"{fit['r'] if fit['r'] is None else round(fit['r'], 4)} (trace_gym/calibrate.py; feature_spearman "
+                  "is the learned predictor's measured Spearman, a lower bound of the knob)."]
     if results.get("verdict"):
         lines += ["", f"**Verdict ({'simulated' if sim_mode else 'real rollouts'}):** {results['verdict']}"]
     lines += ["", markdown_table(headers, rows), ""]

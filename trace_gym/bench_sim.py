@@ -135,7 +135,8 @@ def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
     """``cfg`` with the simulator's knobs set from the bank ``cfg.calibrate_from``
     (:func:`trace_gym.calibrate.calibration_from_stats` of its
     :func:`~trace_gym.banks.stats.bank_stats`, the learned predictor's Spearman measured by
-    the embedding predictor), and what was used: ``{"bank", "values", "fitted", "before"}``."""
+    the embedding predictor), and what was used: ``{"bank", "values", "fitted", "before",
+    "kept"}``. A knob set away from its default in ``cfg`` is yours and is kept (``kept``)."""
     import dataclasses
 
     from trace_gym.banks.stats import bank_stats
@@ -143,9 +144,12 @@ def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
 
     stats = bank_stats(cfg.calibrate_from, predictor=make_predictor("embedding", seed=0))
     found = calibration_from_stats(stats, group_size=cfg.group_size)
-    values = sim_overrides(found)
+    defaults = SimBenchConfig()
+    fitted = sim_overrides(found)
+    kept = {k: getattr(cfg, k) for k in fitted if getattr(cfg, k) != getattr(defaults, k)}
+    values = {k: v for k, v in fitted.items() if k not in kept}
     before = {k: getattr(cfg, k) for k in values}
-    return dataclasses.replace(cfg, **values), {"bank": cfg.calibrate_from, "values": values,
+    return dataclasses.replace(cfg, **values), {"bank": cfg.calibrate_from, "values": values, "kept": kept,
                                                 "fitted": found["fitted"], "before": before,
                                                 "learned_spearman": (stats.get("predictor") or {}).get("prompt")}
 

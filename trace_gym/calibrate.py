@@ -22,7 +22,12 @@ The simulator (:mod:`trace_gym.sim`) has three knobs a bank can measure:
   r is the maximum-likelihood fit of the flip counts by depth (binomial per depth; a
   bounded 1-D search), kappa = r / (1 - r) (:func:`concentration_from_flips`).
 - **predictor informativeness** (``feature_spearman``): the learned predictor's measured
-  prompt-level Spearman against the bank's empirical rates, when it was measured.
+  prompt-level Spearman against the bank's empirical rates, when it was measured. This is
+  a lower bound of what the simulator's knob means (the Spearman of the learned
+  predictor's *feature* against the *true* p): the measured value is against rates from R
+  roots (noisy) and of a predictor still learning, and the simulator's own learned
+  predictor only approaches its feature's correlation; so the calibrated simulator's
+  predictor is, if anything, weaker than the real one.
 
 Episode lengths (``min_turns``, ``max_turns``) come from the recorded roots' depths.
 """
@@ -34,7 +39,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-#: Bounds of the fitted Beta concentration a + b (a fit outside them is clipped and said).
+#: Bounds of the fitted Beta concentration a + b (a fit outside them is clipped, and
+#: :func:`calibration` says so in ``fitted["clipped"]``).
 CONCENTRATION_BOUNDS = (1e-3, 1e6)
 
 
@@ -122,8 +128,10 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
         out["min_turns"], out["max_turns"] = max(1, int(turns.min())), max(1, int(turns.max()))
     if learned_spearman is not None and math.isfinite(learned_spearman) and learned_spearman > 0:
         out["feature_spearman"] = float(min(learned_spearman, 1.0))
+    lo, hi = CONCENTRATION_BOUNDS
     out["fitted"] = {"a": a, "b": b, "concentration": a + b,
-                     "r": None if kappa is None else kappa / (kappa + 1)}
+                     "r": None if kappa is None else kappa / (kappa + 1),
+                     "clipped": bool(np.isclose(a + b, lo) or np.isclose(a + b, hi))}
     return out
 
 

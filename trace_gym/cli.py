@@ -54,7 +54,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for target in COMMANDS.values():
         module, _, function = target.partition(":")
         getattr(importlib.import_module(module), function)(sub)
+    parser.allow_abbrev = False
     for leaf in _leaves(parser):
+        leaf.allow_abbrev = False  # `--ou x=y` must not mean `--out x=y` to argparse but not to split_overrides
         if not any("--config" in a.option_strings for a in leaf._actions):
             leaf.add_argument("--config", metavar="FILE", help="YAML file whose keys are this command's flag names "
                               "(flags and key=value override it)")
@@ -149,7 +151,7 @@ def flag_tokens(leaf: argparse.ArgumentParser, rest: Sequence[str], overrides: d
             where = f"{path}" if path and key not in overrides else "command line"
             raise ValueError(f"{where}: unknown key {key!r} for `{leaf.prog}`{did_you_mean(key, sorted(actions))}; "
                              f"keys: {', '.join(sorted(actions)) or 'none'}")
-        if key in given:
+        if key in given or value is None:  # a YAML null leaves the flag at its default
             continue
         flag = max(action.option_strings, key=len)
         if action.nargs == 0:
@@ -209,10 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rest, overrides, leaf = split_overrides(parser, argv)
     command = next((t for t in rest if not t.startswith("-")), "")
     try:
-        if overrides and leaf.get_default(CONFIG_KEYS) is None and leaf is not parser:
-            rest = rest + flag_tokens(leaf, rest, overrides)
-        elif leaf.get_default(CONFIG_KEYS) is None and _config_path(rest) and leaf is not parser:
-            rest = rest + flag_tokens(leaf, rest, {})
+        if leaf.get_default(CONFIG_KEYS) is None and leaf is not parser and (overrides or _config_path(rest)):
+            cut = rest.index("--") if "--" in rest else len(rest)  # flags go before a `--`, never after it
+            rest = rest[:cut] + flag_tokens(leaf, rest[:cut], overrides) + rest[cut:]
     except ValueError as exc:
         print(f"trace-gym {command}: error: {exc}", file=sys.stderr)
         return 2

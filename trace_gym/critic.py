@@ -150,6 +150,19 @@ class LMCriticPredictor:
                 del window[i]
         return ids, whole
 
+    def __deepcopy__(self, memo: dict) -> "LMCriticPredictor":
+        """A copy with its own head and optimizer; a frozen backbone, the tokenizer and the
+        feature cache are shared (a bench copies a predictor per strategy and token-budget
+        try: copying an 8B backbone each time would not fit in memory)."""
+        import copy
+
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        shared = {"tokenizer"} | (set() if self.train_backbone else {"backbone", "_features"})
+        for key, value in self.__dict__.items():
+            setattr(new, key, value if key in shared else copy.deepcopy(value, memo))
+        return new
+
     def _hidden(self, ids: list[list[int]]):
         enc = self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt").to(self.device)
         return self.backbone(**enc).last_hidden_state[:, -1].float()  # left padding: last is real

@@ -244,42 +244,44 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
 
     ``backend`` (a :class:`~trace_gym.backend.TrainBackend`) builds the trainer, the engine
     and each step's agent runner; default: :func:`~trace_gym.backend.backend_for` ``cfg``
-    (in process, or on Ray when ``cfg.ray`` is set). Engine, runner and backend are closed
-    at the end, also when a step raises.
+    (in process, or on Ray when ``cfg.ray`` is set), built only once there is a step to
+    run. The engine, the backend (a given one too) and the TensorBoard writer are closed
+    on every way out: a finished run, one with nothing left to do, a refused resume, an
+    exception mid-step; one of them failing to close does not keep the others open.
     """
+    import contextlib
+
     from tqdm.auto import tqdm
 
     from trace_gym.backend import backend_for
-    from trace_gym.models import quiet_third_party
+    from trace_gym.models import quiet_third_party, resolve_model
 
     quiet_third_party()
     out = out or sys.stdout
     say = lambda msg: tqdm.write(msg, file=out) if cfg.progress else None  # noqa: E731
-    run = RunDir(cfg.run_dir)
-    resume = run.start(to_yaml(cfg), compare=config_differences)
-    start = resume.step if resume else 0
-    if start >= cfg.steps:
-        say(f"{cfg.run_dir}: all {cfg.steps} steps are done")
-        return {"run_dir": cfg.run_dir, "steps": start, "metrics": run.read_metrics()}
-    from trace_gym.models import resolve_model
-
-    tasks = list(setup.load_train_tasks())[: cfg.train_pool]
-    base_policy = resolve_model(cfg.policy)
-    weights = resume.policy_path if resume else base_policy
-    backend = backend or backend_for(cfg)
-    engine = writer = None
-    try:
+    with contextlib.ExitStack() as closing:
+        if backend is not None:
+            closing.callback(backend.close)
+        run = RunDir(cfg.run_dir)
+        resume = run.start(to_yaml(cfg), compare=config_differences)
+        start = resume.step if resume else 0
+        if start >= cfg.steps:
+            say(f"{cfg.run_dir}: all {cfg.steps} steps are done")
+            return {"run_dir": cfg.run_dir, "steps": start, "metrics": run.read_metrics()}
+        tasks = list(setup.load_train_tasks())[: cfg.train_pool]
+        base_policy = resolve_model(cfg.policy)
+        weights = resume.policy_path if resume else base_policy
+        if backend is None:
+            backend = backend_for(cfg)
+            closing.callback(backend.close)
         trainer = backend.make_trainer(weights, cfg.trainer, total_steps=cfg.steps, temperature=cfg.temperature,
                                        device=cfg.device, seed=cfg.seed)
         engine = backend.make_engine(cfg.engine, weights, **cfg.engine_kwargs)
+        closing.callback(engine.close)
         writer = _tensorboard(cfg, run.path / "tb")
-        _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, writer, say, out)
-    finally:
         if writer is not None:
-            writer.close()
-        if engine is not None:
-            engine.close()
-        backend.close()
+            closing.callback(writer.close)
+        _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, writer, say, out)
     return {"run_dir": cfg.run_dir, "steps": cfg.steps, "metrics": run.read_metrics()}
 
 

@@ -148,7 +148,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from trace_gym.banks import bank_stats, format_bank_stats
 
-    stats = bank_stats(_bank_path(args.bank), predictor=_learned_predictor(args.predictor))
+    path = _bank_path(args.bank)
+    stats = bank_stats(path, predictor=_learned_predictor(args.predictor, path))
     print(format_bank_stats(stats))
     if args.json:
         import json
@@ -158,13 +159,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _learned_predictor(name: str) -> Any:
+def _learned_predictor(name: str, path: str) -> Any:
+    """A fresh predictor of kind ``name`` for ``bank stats`` (an lm_critic reads the bank's policy)."""
     if not name or name == "none":
         return None
-    from trace_gym.predictor import check_predictor_name, make_predictor
+    from trace_gym.banks import read_header
+    from trace_gym.bench_bank import policy_folder
+    from trace_gym.predictor import PREDICTORS, check_predictor_name, make_predictor
 
     check_predictor_name(name, "text", key="--predictor")
-    return make_predictor(name, seed=0)
+    supplied = {"model_path": policy_folder(read_header(path)["manifest"])} if "model_path" in PREDICTORS[name].needs \
+        else {}
+    return make_predictor(name, seed=0, **supplied)
 
 
 def _bank_path(name: str) -> str:

@@ -78,7 +78,6 @@ def resolve_train_setup(cfg: Any) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from trace_gym.backend import backend_for
     from trace_gym.registry import load_plugins
     from trace_gym.train import TrainConfig, dry_run, train
 
@@ -88,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run(cfg, setup))
         return 0
-    result = train(cfg, setup, backend=backend_for(cfg))
+    result = train(cfg, setup)  # the backend (in process, or Ray with --ray) is built and closed inside
     print(f"wrote {result['run_dir']}/metrics.jsonl ({len(result['metrics'])} steps)")
     return 0
 

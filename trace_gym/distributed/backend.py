@@ -187,11 +187,14 @@ class RayBackend:
         if self._closed:
             return
         self._closed = True
-        for fn in self._closers:
-            fn()
-        for pool in self._pools.values():
-            pool.shutdown()
-        self.cluster.shutdown()
+        first: BaseException | None = None
+        for fn in [*self._closers, *(pool.shutdown for pool in self._pools.values()), self.cluster.shutdown]:
+            try:  # every part is stopped even when one of them fails; the first failure is raised
+                fn()
+            except Exception as exc:  # noqa: BLE001
+                first = first or exc
+        if first is not None:
+            raise first
 
 
 def ray_backend(cfg: Any) -> RayBackend:
