@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_gym.config import doc
+from trace_gym.models import weights_hash  # noqa: F401  (re-exported: the one definition is the core's)
 
 
 @dataclass(frozen=True)
@@ -85,35 +86,6 @@ def resolve_policy(spec: str) -> tuple[Path, str, bool]:
     if step:
         raise ValueError(f"policy {spec!r}: {path!r} is not a run directory (no config.yaml + checkpoints/)")
     return Path(resolve_model(path)), path, True
-
-
-def weights_hash(folder: str | Path) -> str:
-    """sha256 over the folder's ``*.safetensors`` files (names and bytes), memoised by size/mtime."""
-    folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors weights in {str(folder)!r}")
-    memo = folder / ".trace_gym_weights_hash.json"
-    stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
-    if memo.exists():
-        try:
-            saved = json.loads(memo.read_text())
-            if saved.get("stamp") == stamp:
-                return saved["sha256"]
-        except (json.JSONDecodeError, KeyError):
-            pass
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 22), b""):
-                h.update(chunk)
-    digest = h.hexdigest()
-    try:
-        memo.write_text(json.dumps({"stamp": stamp, "sha256": digest}))
-    except OSError:
-        pass  # a read-only model folder: just recompute next time
-    return digest
 
 
 def _cache_dir(cfg: EvalConfig) -> Path:

@@ -359,7 +359,7 @@ def test_bank_bench_every_predictor_kind_oracle_and_token_mode(tmp_path):
     assert check["status"] == "PASS", check
     with pytest.raises(ValueError, match="predictor must be one of .*got 'oracle'"):
         BankBenchConfig(bank=str(path), predictor="oracle")
-    with pytest.raises(ValueError, match="needs model_path"):  # the synthetic policy exists nowhere
+    with pytest.raises(ValueError, match="the bank's policy 'synthetic' cannot be found here"):  # exists nowhere
         bench_on(path, seeds=1, steps=1, warmup_steps=0, candidates=4, predictor="lm_critic")
     with pytest.raises(ValueError, match="candidates 64 exceed the 32 prompts"):
         bench_on(path, candidates=64)

@@ -293,19 +293,13 @@ def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch
     assert res["strategies"]["pcl"]["nominal_cost"] == 2
 
 
-def _fake(eff_trace, eff_uniform, *, reps=None, exhausted=False):
+def _fake(eff_trace, eff_uniform):
     def row(effs):
         return {"effective_ratio": float(np.mean(effs)), "nominal_cost": 10.0, "upper_bound": False,
                 "predictor": "learned", "generated_tokens": 1.0, "per_rep": [{"effective_ratio": e} for e in effs]}
 
-    out = {"nominal_budget": 10.0, "config": {"budget_unit": "nominal"}, "mode": "sim",
-           "strategies": {"uniform": row(eff_uniform), "trace": row(eff_trace)}}
-    if exhausted:
-        out["mode"] = "bank"
-        for r in out["strategies"].values():
-            for x in r["per_rep"]:
-                x["exhausted_share"] = 0.2
-    return out
+    return {"nominal_budget": 10.0, "config": {"budget_unit": "nominal"}, "mode": "sim",
+            "strategies": {"uniform": row(eff_uniform), "trace": row(eff_trace)}}
 
 
 def test_the_verdict_says_which_way_it_goes_or_that_there_is_none():

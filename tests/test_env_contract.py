@@ -402,3 +402,16 @@ def test_guess_number_reads_the_last_integer_with_guess_format_number():
     from trace_gym.env import check_env
 
     assert check_env(GuessNumberEnv(high=8, guess_format="number"), make_tasks(3, high=8)).passed
+
+
+def test_check_env_is_a_short_orchestrator_over_named_checks():
+    import ast
+    import inspect
+
+    from trace_gym import env as env_module
+    from trace_gym.env_checks import CHECKS
+
+    node = next(n for n in ast.parse(inspect.getsource(env_module)).body
+                if isinstance(n, ast.FunctionDef) and n.name == "check_env")
+    assert node.end_lineno - node.lineno + 1 <= 60
+    assert all(fn.__name__ == name for name, fn in CHECKS.items())  # each check is named as it reports

@@ -4,7 +4,7 @@ Commands come from one explicit table, :data:`COMMANDS` (name -> the module that
 parser: ``module:function`` taking argparse's subparsers and setting ``func``). Every
 command takes ``--config FILE`` and ``key=value`` overrides:
 
-- a config command (``bench``, ``train``, ``eval``: its parser sets ``config_keys``) gets
+- a config command (``bench``, ``train``, ``eval``, ``bank record``: its parser sets ``config_keys``) gets
   them as ``args.overrides`` and builds its config dataclass with them
   (:func:`trace_gym.commands.command_config`); its flags are aliases of the keys;
 - any other command's keys are its flags' names: the YAML file and the ``key=value``
@@ -207,6 +207,14 @@ def split_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     modules, argv = split_plugins(list(sys.argv[1:] if argv is None else argv))
+    if modules:  # before the parser: what the plugins register shows up in --help too
+        from trace_gym.registry import load_plugins
+
+        try:
+            load_plugins(modules)
+        except ValueError as exc:
+            print(f"trace-gym: error: {exc}", file=sys.stderr)
+            return 2
     parser = build_parser()
     rest, overrides, leaf = split_overrides(parser, argv)
     command = next((t for t in rest if not t.startswith("-")), "")
@@ -221,10 +229,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides = overrides
     configure_logging(args.verbose)
     try:
-        if modules:
-            from trace_gym.registry import load_plugins
-
-            load_plugins(modules)
         return int(args.func(args) or 0)
     except ValueError as exc:  # bad configuration or input: say what, without a traceback
         if args.verbose:

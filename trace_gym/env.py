@@ -281,26 +281,23 @@ def check_env(
 ) -> CheckReport:
     """Check that ``env`` honours the agent-environment contract on ``tasks``.
 
-    Runs the checks of :data:`trace_gym.env_checks.CHECKS` in this order, each over every
-    task (played once, the recordings shared); each is a function of its name in
-    :mod:`trace_gym.env_checks`, whose docstring says what it checks, and the failing
-    one is named in :class:`EnvCheckError`: ``gymnasium_api``, ``protocol``,
-    ``message_schema``, ``seeded_determinism``, ``snapshot_immutable``,
+    Runs the checks of :data:`trace_gym.env_checks.CHECKS` in order (``gymnasium_api``,
+    ``protocol``, ``message_schema``, ``seeded_determinism``, ``snapshot_immutable``,
     ``snapshot_roundtrip``, ``branch_isolation``, ``snapshot_pickle_process``,
-    ``close_idempotent``.
+    ``close_idempotent``), each over every task (played once, the recordings shared); each
+    is a function of its name in :mod:`trace_gym.env_checks`, and the failing one is named
+    in :class:`EnvCheckError`.
 
     Args:
-        env: the env to check (closed at the end, by ``close_idempotent``).
+        env: the env to check (closed at the end, whichever checks ran).
         tasks: tasks to reset to (``options={"task": task}``).
-        actions: per-task action lists (by id) or a function task -> actions; default:
-            the env's ``reference_actions(task)`` if it has one
-            (:class:`ReferenceActions`), else seeded ``action_space.sample()`` strings.
+        actions: per-task action lists (by id) or a function task -> actions; default: the env's
+            ``reference_actions(task)`` (:class:`ReferenceActions`), else seeded samples.
         branch_actions: actions for the alternative branch; default: seeded samples.
         make_env: zero-argument, picklable factory for fresh instances; default from
             ``env.spec`` (registered envs). Without one the cross-instance and
             cross-process checks are skipped and reported in ``CheckReport.skipped``.
-        max_steps: at most this many actions per task.
-        seed: the reset seed.
+        max_steps, seed: at most this many actions per task; the reset seed.
         gymnasium_checks: run Gymnasium's checker first.
         process_timeout: seconds allowed for the cross-process worker.
         only: run just these checks (names in ``CHECKS``, run in its order), e.g.
@@ -319,9 +316,13 @@ def check_env(
         raise ValueError(f"check_env(only=...): {unknown} are not checks; the checks are {list(env_checks.CHECKS)}")
     run = env_checks.CheckRun(env, tasks, actions, branch_actions, make_env, max_steps, seed, process_timeout)
     report = CheckReport(skipped=run.skipped)
-    for name, check in env_checks.CHECKS.items():
-        if name in names and (gymnasium_checks or name != "gymnasium_api"):
-            passed = check(run)
-            if passed is not None:
-                report.ok(name, passed)
+    try:
+        for name, check in env_checks.CHECKS.items():
+            if name in names and (gymnasium_checks or name != "gymnasium_api"):
+                passed = check(run)
+                if passed is not None:
+                    report.ok(name, passed)
+    finally:
+        if "close_idempotent" not in names:  # that check closes the env itself (twice)
+            env.close()
     return report

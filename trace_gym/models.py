@@ -365,3 +365,51 @@ def quiet_third_party() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+
+
+def weights_hash(folder: str | os.PathLike) -> str:
+    """SHA-256 naming a model folder's weights: over ``name:sha256`` of each ``*.safetensors``
+    file, the one definition (eval cache keys, bank manifests).
+
+    Per-file hashes come from the folder's ``trace_gym_manifest.json`` when its sizes match
+    (a pulled model: free), else from hashing the files (about 1 s per 500 MB); the result
+    is memoised in ``.trace_gym_weights_hash.json`` by the files' sizes and mtimes (skipped
+    in a read-only folder).
+
+    Raises:
+        ValueError: the folder holds no ``*.safetensors`` file.
+    """
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {str(folder)!r}")
+    memo = folder / ".trace_gym_weights_hash.json"
+    stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    try:
+        saved = json.loads(memo.read_text())
+        if saved.get("stamp") == stamp and saved.get("version") == 2:
+            return saved["sha256"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    try:
+        known = json.loads((folder / "trace_gym_manifest.json").read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        known = {}
+    digest = hashlib.sha256()
+    for f in files:
+        meta = known.get(f.name, {}) if isinstance(known, dict) else {}
+        if meta.get("size") == f.stat().st_size and meta.get("sha256"):
+            file_hash = meta["sha256"]
+        else:
+            h = hashlib.sha256()
+            with open(f, "rb") as handle:
+                while block := handle.read(1 << 22):
+                    h.update(block)
+            file_hash = h.hexdigest()
+        digest.update(f"{f.name}:{file_hash}\n".encode())
+    value = digest.hexdigest()
+    try:
+        memo.write_text(json.dumps({"version": 2, "stamp": stamp, "sha256": value}))
+    except OSError:
+        pass  # a read-only model folder: recompute next time
+    return value

@@ -124,35 +124,13 @@ class BankWriter:
 
 # ---------------------------------------------------------------------- the policy's weights
 def weights_hash(folder: str | os.PathLike | None) -> str | None:
-    """SHA-256 naming a policy's weights: over ``name:sha256`` of each ``*.safetensors`` file.
+    """:func:`trace_gym.models.weights_hash` of the policy folder (the one definition, shared
+    with the eval cache), or ``None`` without a folder or without weights files."""
+    from trace_gym.models import weights_hash as sha256_of_weights
 
-    The per-file hashes come from the folder's ``trace_gym_manifest.json`` when it has one
-    whose sizes match (a pulled model: free), else from hashing the files (about 1 s per
-    500 MB). ``None`` without a folder or without weights files.
-    """
-    if folder is None:
+    if folder is None or not Path(folder).is_dir():
         return None
-    folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    if not files:
+    try:
+        return sha256_of_weights(folder)
+    except ValueError:
         return None
-    known: dict[str, Any] = {}
-    manifest = folder / "trace_gym_manifest.json"
-    if manifest.is_file():
-        try:
-            known = json.loads(manifest.read_text()).get("files", {})
-        except ValueError:
-            known = {}
-    digest = hashlib.sha256()
-    for f in files:
-        meta = known.get(f.name, {})
-        if meta.get("size") == f.stat().st_size and meta.get("sha256"):
-            file_hash = meta["sha256"]
-        else:
-            h = hashlib.sha256()
-            with open(f, "rb") as fh:
-                while block := fh.read(1 << 22):
-                    h.update(block)
-            file_hash = h.hexdigest()
-        digest.update(f"{f.name}:{file_hash}\n".encode())
-    return digest.hexdigest()

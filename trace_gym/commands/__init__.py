@@ -4,8 +4,10 @@ parser of :mod:`trace_gym.cli`.
 =============  ===============================================================  ===================
 command        what it does                                                    its keys
 =============  ===============================================================  ===================
-``bench``      strategies at one budget on the simulator or real rollouts      ``SimBenchConfig`` /
-                                                                                ``EnvBenchConfig``
+``bench``      strategies at one budget: simulator, real rollouts, or a bank   ``SimBenchConfig`` /
+                                                                                ``EnvBenchConfig`` /
+                                                                                ``BankBenchConfig``
+``bank``       rollout banks: ``record`` (its keys), ``stats``, ``list``       ``BankRecordConfig``
 ``train``      one training run (run dir, resume, eval)                         ``TrainConfig``
 ``eval``       checkpoints on suites (cached)                                   ``EvalConfig``
 ``compare``    training runs side by side                                       its flags
@@ -68,8 +70,8 @@ def command_config(cls: type, args: argparse.Namespace, aliases: Mapping[str, An
     import dataclasses
 
     overrides = dict(getattr(args, "overrides", None) or {})
-    overrides.update({f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-                      if getattr(args, f.name, None) is not None and f.name not in (aliases or {})})
+    registered = set(getattr(args, "_config_flags", ()) or ()) & {f.name for f in dataclasses.fields(cls)}
+    overrides.update({name: getattr(args, name) for name in sorted(registered) if getattr(args, name) is not None})
     overrides.update({k: v for k, v in (aliases or {}).items() if v is not None})
     return load_config(cls, getattr(args, "config", None), overrides)
 
@@ -91,8 +93,9 @@ def summary(obj: Any) -> str:
 def add_config_flags(parser: argparse.ArgumentParser, modes: dict[str, type], skip: Sequence[str] = ()) -> None:
     """One ``--flag`` per field of the mode configs (union); the help names each mode's default.
 
-    Values stay strings here (``default=None`` marks "not given"); :func:`mode_config`
-    parses them by the field's type.
+    Values stay strings here (``default=None`` marks "not given"); :func:`command_config`
+    (and the bench's ``mode_config``) parse them by the field's type. The flags' names are
+    recorded in the parser's ``_config_flags`` default, the only attributes read as aliases.
     """
     seen: dict[str, list[tuple[str, str, Any, str]]] = {}
     for mode, cls in modes.items():
@@ -109,3 +112,4 @@ def add_config_flags(parser: argparse.ArgumentParser, modes: dict[str, type], sk
             defaults = "default: " + ", ".join(f"{e[2]!r} with --{e[0]}" for e in entries)
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=tname.split("[")[0].upper(),
                             help=f"{text} ({defaults})".replace("%", "%%"))
+    parser.set_defaults(_config_flags=tuple(seen))

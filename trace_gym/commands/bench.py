@@ -40,22 +40,28 @@ def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> 
     """
     cls = modes[mode]
     own = {f.name for f in dataclasses.fields(cls)}
-    everyone = {f.name: m for m, c in modes.items() for f in dataclasses.fields(c)}
+    everyone: dict[str, list[str]] = {}
+    for m, c in modes.items():
+        for f in dataclasses.fields(c):
+            everyone.setdefault(f.name, []).append(m)
+
+    def only(name: str) -> str:
+        return " or ".join(f"--{m}" for m in everyone[name])
+
     overrides: dict[str, Any] = {}
     for key, raw in (getattr(args, "overrides", None) or {}).items():
         if key not in everyone:
             raise ValueError(f"command line: unknown key {key!r} for bench --{mode}{did_you_mean(key, sorted(own))}")
         if key not in own:
-            raise ValueError(f"{key}= does not apply to --{mode} (only to --{everyone[key]})")
+            raise ValueError(f"{key}= does not apply to --{mode} (only to {only(key)})")
         overrides[key] = parse_field_text(cls, key, raw)
-    for other, other_cls in modes.items():
-        for f in dataclasses.fields(other_cls):
-            raw = getattr(args, f.name, None)
-            if raw is None:
-                continue
-            if f.name not in own:
-                raise ValueError(f"--{f.name.replace('_', '-')} does not apply to --{mode} (only to --{other})")
-            overrides[f.name] = parse_field_text(cls, f.name, raw)
+    for name in everyone:
+        raw = getattr(args, name, None)
+        if raw is None:
+            continue
+        if name not in own:
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to --{mode} (only to {only(name)})")
+        overrides[name] = parse_field_text(cls, name, raw)
     return load_config(cls, getattr(args, "config", None), overrides)
 
 
