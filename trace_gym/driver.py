@@ -25,7 +25,8 @@ Its learning half (:func:`update_predictor`), once every branch is back:
 Every decision is made here or in :mod:`trace_gym.planning`; how a branch is run
 (a model in an env, or the simulator's martingale) is a :class:`BranchRunner`'s
 business: :class:`trace_gym.rollout.AgentBranchRunner` for real rollouts,
-:class:`trace_gym.sim.SimBranchRunner` for the simulator. So a simulated number and a
+:class:`trace_gym.sim.SimBranchRunner` for the simulator,
+:class:`trace_gym.banks.replay.BankBranchRunner` for a recorded rollout bank. So a simulated number and a
 real number mean the same thing. Each call records into its own
 :class:`~trace_gym.budget.BudgetLedger`: the nominal units it decided on (roots,
 continuations, unspent units) and, from the runner, the exact ones (tokens, env steps,

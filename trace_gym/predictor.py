@@ -101,8 +101,9 @@ def _depth_features(depths: np.ndarray) -> np.ndarray:
 _ENCODERS: dict[tuple[str, str], tuple[Any, OrderedDict]] = {}
 
 
-def _shared_encoder(key: tuple[str, str], cache_size: int = 50_000) -> tuple[Any, OrderedDict]:
-    """The process's one frozen encoder (and embedding cache) for ``(folder, device)``."""
+def _shared_encoder(key: tuple[str, str]) -> tuple[Any, OrderedDict]:
+    """The process's one frozen encoder (and embedding cache) for ``(folder, device)``; each
+    predictor trims the shared cache to its own ``cache_size`` after it adds to it."""
     if key not in _ENCODERS:
         from sentence_transformers import SentenceTransformer
 
@@ -157,7 +158,7 @@ class EmbeddingPredictor:
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
         self._encoder_key = (str(encoder_path), str(device))
-        _shared_encoder(self._encoder_key, cache_size)
+        _shared_encoder(self._encoder_key)
         dim = self.encoder.get_embedding_dimension()
         torch.manual_seed(seed)
         in_dim = 2 * dim + 2

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trace_gym.commands import add_config_flags, add_config_parser, did_you_mean
+from trace_gym.commands import add_config_flags, add_config_parser, command_config, did_you_mean
 from trace_gym.commands.bank import _bank_path
-from trace_gym.config import EnvBenchConfig, SimBenchConfig, load_config, parse_field_text
+from trace_gym.config import EnvBenchConfig, SimBenchConfig
 
 def _modes() -> dict[str, type]:
     from trace_gym.bench_bank import BankBenchConfig
@@ -33,7 +33,8 @@ BENCH_MODES: dict[str, type] = _modes()
 
 def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> Any:
     """The config of ``mode``: YAML (``--config``), then ``key=value``, then every given
-    ``--flag`` on top.
+    ``--flag`` on top (:func:`trace_gym.commands.command_config`), once every key and flag
+    given is checked to belong to ``mode``.
 
     Raises:
         ValueError: a key or flag that belongs to another mode only, an unknown key, or a bad value.
@@ -48,21 +49,15 @@ def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> 
     def only(name: str) -> str:
         return " or ".join(f"--{m}" for m in everyone[name])
 
-    overrides: dict[str, Any] = {}
-    for key, raw in (getattr(args, "overrides", None) or {}).items():
+    for key in getattr(args, "overrides", None) or {}:
         if key not in everyone:
             raise ValueError(f"command line: unknown key {key!r} for bench --{mode}{did_you_mean(key, sorted(own))}")
         if key not in own:
             raise ValueError(f"{key}= does not apply to --{mode} (only to {only(key)})")
-        overrides[key] = parse_field_text(cls, key, raw)
     for name in everyone:
-        raw = getattr(args, name, None)
-        if raw is None:
-            continue
-        if name not in own:
+        if getattr(args, name, None) is not None and name not in own:
             raise ValueError(f"--{name.replace('_', '-')} does not apply to --{mode} (only to {only(name)})")
-        overrides[name] = parse_field_text(cls, name, raw)
-    return load_config(cls, getattr(args, "config", None), overrides)
+    return command_config(cls, args, {name: getattr(args, name, None) for name in ("env", "bank") if name in own})
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
