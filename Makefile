@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 # after on held-out generated tasks, and compared (tables + plots in runs/demo/compare).
 demo: install
 	$(BIN)/trace-gym bench --bank math_python_smollm2 seeds=10 --json runs/demo/bank_math_python.json
-	$(BIN)/trace-gym bench --bank guess_number_smollm2 seeds=10 --json runs/demo/bank_guess_number.json
+	$(BIN)/trace-gym bench --bank guess_number_smollm2 seeds=10 continuations_per_root=1 --json runs/demo/bank_guess_number.json
 	$(BIN)/trace-gym bench --sim calibrate_from=guess_number_smollm2 --json runs/demo/sim_calibrated.json
 	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo/sim
 	$(BIN)/trace-gym train --config configs/train_cpu_trace.yaml
