@@ -56,7 +56,7 @@ Estimators (``ESTIMATORS`` names them; a new one is one entry, from a user's pac
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from trace_gym.tree import ROOT, RolloutTree
 
@@ -177,14 +177,6 @@ def tree_grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: boo
         for i, a in zip(members, group_normalize([rewards[i] for i in members], eps=eps, std_normalize=std_normalize)):
             total[i] += a
     return leaf_sums(tree, total)
-
-
-class AdvantageEstimator(Protocol):
-    """``estimator(tree, *, eps, std_normalize) -> {node id: advantage}`` over a finished
-    tree (see the module docstring); pure, deterministic, the root never in the result."""
-
-    def __call__(self, tree: RolloutTree, *, eps: float = DEFAULT_EPS,
-                 std_normalize: bool = True) -> dict[int, float]: ...
 
 
 #: Every advantage estimator by name. A new estimator is one entry (:func:`register_estimator`).

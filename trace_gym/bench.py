@@ -34,7 +34,6 @@ the names up.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence

@@ -148,7 +148,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from trace_gym.banks import bank_stats, format_bank_stats
 
-    path = _bank_path(args.bank)
+    path = bank_path(args.bank)
     stats = bank_stats(path, predictor=_learned_predictor(args.predictor, path))
     print(format_bank_stats(stats))
     if args.json:
@@ -173,7 +173,7 @@ def _learned_predictor(name: str, path: str) -> Any:
     return make_predictor(name, seed=0, **supplied)
 
 
-def _bank_path(name: str) -> str:
+def bank_path(name: str) -> str:
     """A bank file, or the name of a shipped bank (``trace-gym bank list``)."""
     path = Path(name)
     if path.exists():

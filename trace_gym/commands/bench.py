@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.commands import add_config_flags, add_config_parser, command_config, did_you_mean
-from trace_gym.commands.bank import _bank_path
+from trace_gym.commands.bank import bank_path
 from trace_gym.config import EnvBenchConfig, SimBenchConfig
 
 def _modes() -> dict[str, type]:
@@ -70,10 +70,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("give exactly one of --sim, --env ENV (with --policy MODEL) or --bank FILE")
     mode = chosen[0]
     if mode == "bank":
-        args.bank = _bank_path(args.bank)
+        args.bank = bank_path(args.bank)
     cfg = mode_config(args, mode, BENCH_MODES)
     if mode == "sim" and cfg.calibrate_from:
-        cfg = dataclasses.replace(cfg, calibrate_from=_bank_path(cfg.calibrate_from))
+        cfg = dataclasses.replace(cfg, calibrate_from=bank_path(cfg.calibrate_from))
     load_plugins(cfg.plugins)
     strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
                                    continuations_per_root=cfg.continuations_per_root)
