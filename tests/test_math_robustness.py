@@ -258,6 +258,34 @@ def test_a_dead_fork_server_is_replaced_transparently(env):
         other.close()
 
 
+def test_a_host_holding_descriptors_above_fd_setsize_still_runs_cells():
+    """A recording holds many kernels, so the host's descriptors pass 1024 (select's
+    FD_SETSIZE); the bank recorded with select had 156 episodes end on "filedescriptor out
+    of range in select()". Every wait on a kernel's channel must take such descriptors."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1400:
+        pytest.skip(f"the descriptor limit here ({hard}) is below 1400")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400) if hard == resource.RLIM_INFINITY
+                                                else min(max(soft, 1400), hard), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        fresh = MathPythonEnv([TASK], limits=LIMITS, step_timeout_s=6.0)  # its channels open above 1100
+        try:
+            fresh.reset(seed=0)
+            obs, _, _, _, info = fresh.step(code("print(6 * 7)"))
+            assert obs[0].content == "```output\n42\n```", info
+        finally:
+            fresh.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_kernel_killed_between_steps_restarts_with_a_notice(env, tokenizer):
     env.step(code("kept = 1"))
     os.kill(env._kernel.pid, signal.SIGKILL)

@@ -37,7 +37,6 @@ import errno
 import json
 import os
 import platform
-import select
 import signal
 import socket
 import sys
@@ -236,7 +235,7 @@ class Zygote:
 
     def serve(self):
         while True:
-            ready, _, _ = select.select([self.sock], [], [], 0.5)
+            ready = kp.ready([self.sock], [], 0.5)[0]
             self.reap()
             if not ready:
                 continue

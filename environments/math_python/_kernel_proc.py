@@ -231,11 +231,25 @@ def _flush(streams):
             pass
 
 
+
+def ready(readers, writers, timeout):
+    """``(readable, writable)`` among the given descriptors within ``timeout`` seconds: ``poll``,
+    which, unlike ``select``, takes descriptors above ``FD_SETSIZE`` (1024)."""
+    poller = select.poll()
+    for fd in set(readers) | set(writers):
+        poller.register(fd, (select.POLLIN | select.POLLPRI if fd in readers else 0)
+                        | (select.POLLOUT if fd in writers else 0))
+    events = dict(poller.poll(timeout * 1000.0))
+    gone = select.POLLHUP | select.POLLERR
+    r = [fd for fd in readers if events.get(fd, 0) & (select.POLLIN | select.POLLPRI | gone)]
+    w = [fd for fd in writers if events.get(fd, 0) & (select.POLLOUT | gone)]
+    return r, w
+
 def _next_request(req, flush):
     """The supervisor's next request; meanwhile, output of background threads is flushed
     every 0.1 s so that it reaches the supervisor as between-cell output."""
     try:
-        while not select.select([req], [], [], 0.1)[0]:
+        while not ready([req], [], 0.1)[0]:
             flush()
         return read_frame(req)
     except (EOFError, OSError, ValueError):  # the supervisor is gone, or a cell broke the pipe
@@ -454,7 +468,7 @@ class Supervisor:
             if self.e_res is not None:
                 readers.append(self.e_res)
             writers = [self.e_req] if self.to_exec else []
-            ready_r, ready_w, _ = select.select(readers, writers, [], 1.0)
+            ready_r, ready_w = ready(readers, writers, 1.0)
             for fd in ready_r:
                 if fd in self.streams:
                     self._read_stream(fd)
@@ -572,7 +586,7 @@ def _await_ready(fd, child, limits):
     """The executor's first message (its protections), read before any model code runs."""
     buf = bytearray()
     while True:
-        select.select([fd], [], [], 1.0)
+        ready([fd], [], 1.0)
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:

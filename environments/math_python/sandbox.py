@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import struct
 import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from environments.math_python.zygote import KERNEL_ENV, UID_BASE, ForkServer, KernelError
+from environments.math_python.zygote import KERNEL_ENV, UID_BASE, ForkServer, KernelError, wait_readable
 
 __all__ = ["KERNEL_ENV", "UID_BASE", "CellResult", "Kernel", "KernelError", "KernelFactory", "KernelLimits",
            "StreamOutput", "safe_text"]
@@ -158,8 +157,7 @@ def _read_frame(fd: int, deadline: float, max_bytes: int) -> dict:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
+            if not wait_readable(fd, left):
                 raise TimeoutError
             chunk = os.read(fd, min(n - len(buf), 1 << 20))
             if not chunk:

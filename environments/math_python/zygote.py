@@ -25,6 +25,18 @@ import threading
 import time
 from typing import Any, Sequence
 
+
+def wait_readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` becomes readable (data, end of file or an error) within ``timeout`` seconds.
+
+    ``poll``, not ``select``: a process that holds many kernels has descriptors above
+    ``FD_SETSIZE`` (1024), which ``select`` refuses ("filedescriptor out of range").
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(max(timeout, 0.0) * 1000.0))
+
+
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernel_driver.py")
 
 #: Kernel uids are ``UID_BASE + pid``: unique among live kernels, never a real user.
@@ -194,7 +206,7 @@ class ForkServer:
     @staticmethod
     def _recv(sock: socket.socket, deadline: float) -> dict:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([sock], [], [], left)[0]:
+        if left <= 0 or not wait_readable(sock.fileno(), left):
             raise TimeoutError("no answer from the kernel zygote")
         data = sock.recv(1 << 20)
         if not data:
