@@ -233,17 +233,26 @@ def _flush(streams):
 
 
 def ready(readers, writers, timeout):
-    """``(readable, writable)`` among the given descriptors within ``timeout`` seconds: ``poll``,
-    which, unlike ``select``, takes descriptors above ``FD_SETSIZE`` (1024)."""
+    """``(readable, writable)`` among the given descriptors (ints or objects with
+    ``fileno()``, returned as given) within ``timeout`` seconds: ``poll``, which, unlike
+    ``select``, takes descriptors above ``FD_SETSIZE`` (1024)."""
+    def num(f):
+        return f if isinstance(f, int) else f.fileno()
+
+    want = {}
+    for f in readers:
+        want[num(f)] = want.get(num(f), 0) | select.POLLIN | select.POLLPRI
+    for f in writers:
+        want[num(f)] = want.get(num(f), 0) | select.POLLOUT
     poller = select.poll()
-    for fd in set(readers) | set(writers):
-        poller.register(fd, (select.POLLIN | select.POLLPRI if fd in readers else 0)
-                        | (select.POLLOUT if fd in writers else 0))
+    for fd, mask in want.items():
+        poller.register(fd, mask)
     events = dict(poller.poll(timeout * 1000.0))
     gone = select.POLLHUP | select.POLLERR
-    r = [fd for fd in readers if events.get(fd, 0) & (select.POLLIN | select.POLLPRI | gone)]
-    w = [fd for fd in writers if events.get(fd, 0) & (select.POLLOUT | gone)]
+    r = [f for f in readers if events.get(num(f), 0) & (select.POLLIN | select.POLLPRI | gone)]
+    w = [f for f in writers if events.get(num(f), 0) & (select.POLLOUT | gone)]
     return r, w
+
 
 def _next_request(req, flush):
     """The supervisor's next request; meanwhile, output of background threads is flushed
