@@ -141,17 +141,51 @@ def configs():
 
 
 @pytest.mark.parametrize("path", configs(), ids=lambda p: p.relative_to(ROOT / "configs").as_posix())
-def test_shipped_configs_dry_run(path, tmp_path):
+def test_shipped_configs_dry_run(path, tmp_path, capsys):
     import yaml
 
     from trace_gym.cli import main
     from trace_gym.registry import ENV_FAMILIES
 
-    env = (yaml.safe_load(path.read_text()) or {}).get("env", "math_python")
+    raw = yaml.safe_load(path.read_text()) or {}
+    env = raw.get("env", "math_python")
     if env not in ENV_FAMILIES:
         pytest.skip(f"env family {env!r} is not registered yet (the retrieval issue adds wiki_qa)")
     assert main(["train", "--config", str(path), "--dry-run", f"run_dir={tmp_path / 'r'}"]) == 0
     assert not (tmp_path / "r").exists()
+    out = capsys.readouterr().out
+    if path.parent.name == "paper":  # the paper's separate 0.6B critic, on the GPU in bf16, sized
+        assert raw["device"] == "cuda" and raw["trainer"]["ppo_epochs"] == raw["trainer"]["mini_batches"] == 1
+        assert "critic: Qwen/Qwen3-0.6B on cuda in bfloat16, backbone trained; 0.60B parameters, 596.1M trainable, " \
+               "~4.4 GiB" in out, out
+        assert "1 epoch x 1 mini-batch per batch (on-policy)" in out
+
+
+def test_a_cpu_critic_beside_a_cuda_policy_is_refused_unless_asked(tmp_path, capsys):
+    from trace_gym.cli import main
+
+    base = ["train", "--config", "configs/paper/deepscaler_trace.yaml", "--dry-run", f"run_dir={tmp_path / 'r'}"]
+    assert main([*base, "predictor_kwargs={}"]) == 2
+    err = capsys.readouterr().err
+    assert "lm_critic would run on the CPU beside a CUDA policy" in err and len(err.strip().splitlines()) == 1
+    assert main([*base, "predictor_kwargs={}", "allow_cpu_critic=true"]) == 0
+    assert "critic: Qwen/Qwen3-0.6B on cpu in float32, backbone frozen; 0.60B parameters, 0.0M trainable" \
+           in capsys.readouterr().out
+
+
+def test_critic_plan_counts_the_backbone_it_would_load(tiny_model_path):  # noqa: F811
+    from trace_gym.critic import LMCriticPredictor, critic_plan
+
+    plan = critic_plan(str(tiny_model_path), {"dtype": "bfloat16", "train_backbone": True})
+    critic = LMCriticPredictor(str(tiny_model_path), dtype="bfloat16", train_backbone=True)
+    n = sum(p.numel() for p in critic.backbone.parameters())
+    head = sum(p.numel() for p in critic.head.parameters())
+    assert plan.parameters == n and plan.trainable == n + head
+    assert plan.memory_bytes == n * 2 * 4 + head * 16  # bf16 weights, grads and two AdamW states; fp32 head x 4
+    frozen = critic_plan(str(tiny_model_path), {})
+    assert (frozen.dtype, frozen.device, frozen.trainable, frozen.memory_bytes) == ("float32", "cpu", head,
+                                                                                      n * 4 + head * 16)
+    assert critic_plan("no/such-model", {}).parameters is None
 
 
 def test_dry_run_checks_predictor_kwargs(tmp_path, capsys):

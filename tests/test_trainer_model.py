@@ -11,8 +11,8 @@ import pytest
 import torch
 from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
-from trace_gym.advantages import grpo, treerpo
-from trace_gym.batches import slot_bases, token_tree
+from trace_gym.advantages import PathAdvantages, grpo, tree_grpo, treerpo
+from trace_gym.batches import LOSS_AGGREGATIONS, slot_bases, token_tree
 from trace_gym.trainer import PolicyTrainer, TrainerConfig
 from trace_gym.tree import ROOT, RolloutTree
 
@@ -101,7 +101,7 @@ def test_observation_and_prompt_tokens_get_exactly_zero_gradient(trainer):
     from trace_gym.trainer import ppo_clip_loss
 
     logp = leaf[row.targets]
-    loss, _ = ppo_clip_loss(logp, logp.detach(), row.advantages, row.weights, clip_low=0.2, clip_high=0.2)
+    loss, _ = ppo_clip_loss(logp, logp.detach(), row.pos, row.neg, row.weights, clip_low=0.2, clip_high=0.2)
     loss.backward()
     grad = leaf.grad
     for i, k in enumerate(kind):
@@ -205,7 +205,8 @@ def test_step_then_sync_gives_the_engine_the_trainers_logprobs(tiny_model_path):
 
 def test_several_epochs_and_mini_batches_kl_and_tis(tiny_model_path):  # noqa: F811
     cfg = TrainerConfig(lr=1e-3, ppo_epochs=2, mini_batches=2, kl_coef=0.05, tis_cap=2.0, clip_high=0.28,
-                        loss_aggregation="seq-mean-token-sum-norm", lr_schedule="cosine", warmup_steps=1)
+                        loss_aggregation="seq-mean-token-sum-norm", loss_norm_tokens=32, lr_schedule="cosine",
+                        warmup_steps=1)
     trainer = PolicyTrainer(tiny_model_path, cfg, total_steps=3)
     trees = [token_tree(t, treerpo(t)) for t in (shared_prefix_tree(s)[0] for s in (8, 9))]
     first = trainer.step(trees)
@@ -217,3 +218,171 @@ def test_several_epochs_and_mini_batches_kl_and_tis(tiny_model_path):  # noqa: F
     assert 0 < first["is_weight_mean"] <= 2.0
     # KL on: zero-advantage nodes are run too (their KL term has a gradient)
     assert first["trained_tokens"] == sum(t.policy_tokens for t in trees)
+
+
+# -- the per-sequence objective against brute force, with the ratio away from 1 ----------------
+
+def random_tree(seed: int) -> RolloutTree:
+    """Root rollouts with both outcomes, and continuations of opposite outcomes from one inner
+    node of the first (so a shared prefix holds leaves of both signs)."""
+    rng = np.random.default_rng(seed)
+    tree = RolloutTree("t", rng.integers(100, 40000, 5).tolist())
+    rollout(tree, ROOT, 3, 0.0, rng)
+    for r in rng.choice([0.0, 1.0], int(rng.integers(1, 3))).tolist() + [1.0]:
+        rollout(tree, ROOT, int(rng.integers(1, 4)), float(r), rng)
+    first = tree.nodes[ROOT].children[0]  # the 3-turn rollout that failed: its first turn is shared
+    for r in (1.0, 1.0, 0.0):
+        rollout(tree, first, int(rng.integers(1, 3)), r, rng)
+    inner = [n.id for n in tree.nodes[1:] if not n.terminal]
+    rollout(tree, int(rng.choice(inner)), int(rng.integers(1, 3)), float(rng.random()), rng)
+    return tree
+
+
+def sequences(tree, adv):
+    """The objective's sequences of one tree: (anchor, nodes, advantage of each node)."""
+    if isinstance(adv, PathAdvantages):
+        return [(ROOT, tree.path(leaf)[1:], {v: a for v in tree.path(leaf)[1:]}) for leaf, a in adv.leaves.items()]
+    return [(b.anchor, tree.branch_nodes(b.id), {v: adv[v] for v in tree.branch_nodes(b.id)}) for b in tree.branches]
+
+
+def brute_force_loss(model, trees, advs, old, cfg, temperature=1.0):
+    """Each sequence as its own causal forward, PPO per sequence (verl's form, dual-clip
+    included), aggregated as the mode says; ``old`` by slot."""
+    base, _ = slot_bases([token_tree(t, a) for t, a in zip(trees, advs)])
+    per_seq = []  # (sum of token losses, policy tokens)
+    for t, (tree, adv) in enumerate(zip(trees, advs)):
+        for anchor, nodes, a_of in sequences(tree, adv):
+            ids, where = list(tree.context(anchor)[0]), []
+            for v in nodes:
+                n = tree.nodes[v]
+                where += [(len(ids) + k, v, k) for k in range(len(n.policy_token_ids))]
+                ids += list(n.policy_token_ids) + list(n.observation_token_ids)
+            x = torch.tensor([ids])
+            lp = torch.log_softmax(model(input_ids=x).logits[0].float() / temperature, -1)
+            pos = torch.tensor([p for p, _, _ in where])
+            logp = lp[pos - 1, x[0, pos]]
+            o = torch.tensor([float(old[base[(t, v)] + k]) for _, v, k in where])
+            a = torch.tensor([a_of[v] for _, v, _ in where])
+            r = torch.exp(torch.clamp(logp - o, -20, 20))
+            loss = -torch.minimum(r * a, torch.clamp(r, 1 - cfg.clip_low, 1 + cfg.clip_high) * a)
+            if cfg.clip_ratio_c is not None:
+                loss = torch.where(a < 0, torch.minimum(loss, -a * cfg.clip_ratio_c), loss)
+            per_seq.append((loss.sum(), len(where)))
+    per_seq = [(l, n) for l, n in per_seq if n]
+    S, N = len(per_seq), sum(n for _, n in per_seq)
+    mode = cfg.loss_aggregation
+    if mode == "token-mean":
+        return sum(l for l, _ in per_seq) / N
+    if mode == "seq-mean-token-mean":
+        return sum(l / n for l, n in per_seq) / S
+    if mode == "seq-mean-token-sum":
+        return sum(l for l, _ in per_seq) / S
+    return sum(l for l, _ in per_seq) / (S * cfg.loss_norm_tokens)
+
+
+def assert_close(got, want, tol=1e-5):
+    assert set(got) == set(want)
+    for name in want:
+        err = float((got[name] - want[name]).norm())
+        assert err <= tol * float(want[name].norm()) + 1e-9, (name, err, float(want[name].norm()))
+
+
+def perturbed_old_logprobs(trainer, tts, seed, spread=0.6):
+    """Step-start log-probabilities moved by up to +-spread/2 nats per token, so that ratios
+    fall on both sides of both clip bounds."""
+    rows, total = trainer._rows(tts)
+    old = torch.zeros(total)
+    with torch.no_grad():
+        for row in rows:
+            old[row.slots] = trainer.row_logprobs(row)[0]
+    g = torch.Generator().manual_seed(seed)
+    return old + spread * (torch.rand(total, generator=g) - 0.5)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
+def test_trainer_equals_the_per_sequence_objective_away_from_ratio_one(tiny_model_path, mode):  # noqa: F811
+    cfg = TrainerConfig(loss_aggregation=mode, loss_norm_tokens=64, clip_low=0.2, clip_high=0.28, clip_ratio_c=1.3,
+                        micro_batch_tokens=40)  # small rows: trees split across micro-batches too
+    trainer = PolicyTrainer(tiny_model_path, cfg)
+    trees = [random_tree(s) for s in (11, 12)]
+    for est in (grpo, tree_grpo, treerpo):
+        advs = [est(t) for t in trees]
+        tts = [token_tree(t, a) for t, a in zip(trees, advs)]
+        old = perturbed_old_logprobs(trainer, tts, seed=3)
+        loss, grads = trainer.objective(tts, old)
+        trainer.model.zero_grad(set_to_none=True)
+        want = brute_force_loss(trainer.model, trees, advs, old, cfg)
+        want.backward()
+        want_grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        trainer.model.zero_grad(set_to_none=True)
+        assert loss == pytest.approx(float(want.detach()), abs=1e-5), est.__name__
+        assert_close(grads, want_grads)
+
+
+def test_clipping_the_summed_advantage_is_a_different_objective(tiny_model_path):  # noqa: F811
+    """The check above can fail: the old objective (a shared prefix's leaf advantages summed,
+    then clipped) differs from the per-leaf one once the ratio moves. (seq-mean-token-sum: one
+    sequence per leaf either way, each rollout ending in one leaf, so the weights agree.)"""
+    cfg = TrainerConfig(micro_batch_tokens=10_000, loss_aggregation="seq-mean-token-sum")
+    trainer = PolicyTrainer(tiny_model_path, cfg)
+    trees = [random_tree(s) for s in (11, 12)]
+    advs = [grpo(t) for t in trees]
+    from trace_gym.advantages import node_advantages
+
+    summed = [token_tree(t, node_advantages(t, a)) for t, a in zip(trees, advs)]  # one term per node: the sum
+    old = perturbed_old_logprobs(trainer, summed, seed=3)
+    loss_summed, _ = trainer.objective(summed, old)
+    want = float(brute_force_loss(trainer.model, trees, advs, old, cfg).detach())
+    assert abs(loss_summed - want) > 1e-3
+    # ... and at ratio 1 the two agree in gradient (the sum is exact there)
+    _, g_sum = trainer.objective(summed)
+    _, g_leaf = trainer.objective([token_tree(t, a) for t, a in zip(trees, advs)])
+    assert_close(g_sum, g_leaf, tol=1e-4)
+
+
+def test_several_epochs_and_mini_batches_follow_the_per_leaf_objective(tiny_model_path):  # noqa: F811
+    """ppo_epochs = 2, mini_batches = 2: at every optimizer step the accumulated gradient is
+    the brute-force per-leaf gradient of that mini-batch at the current weights, with the
+    old log-probabilities of the step's start (computed once, before the first epoch)."""
+    cfg = TrainerConfig(lr=2e-2, ppo_epochs=2, mini_batches=2, loss_aggregation="seq-mean-token-mean",
+                        max_grad_norm=0.0, micro_batch_tokens=10_000)
+    trainer = PolicyTrainer(tiny_model_path, cfg, total_steps=1)
+    trees = [random_tree(s) for s in (21, 22, 23, 24)]
+    advs = [grpo(t) for t in trees]
+    groups = [[i for i in range(len(trees)) if i % 2 == g] for g in range(2)]
+    old_by_group = []
+    for g in groups:  # step-start log-probabilities, unpacked, by the group's slots
+        tts = [token_tree(trees[i], advs[i]) for i in g]
+        rows, total = trainer._rows(tts)
+        buf = torch.zeros(total)
+        with torch.no_grad():
+            for row in rows:
+                buf[row.slots] = trainer.row_logprobs(row)[0]
+        old_by_group.append(buf)
+    seen, ratios_moved = [], []
+    clip = trainer._clip
+
+    def checking_clip():
+        k = len(seen)
+        g = groups[k % 2]
+        got = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        trainer.model.zero_grad(set_to_none=True)
+        brute_force_loss(trainer.model, [trees[i] for i in g], [advs[i] for i in g], old_by_group[k % 2], cfg).backward()
+        want = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        for n, p in trainer.model.named_parameters():
+            p.grad = got.get(n)
+        seen.append((got, want))
+        with torch.no_grad():
+            tts = [token_tree(trees[i], advs[i]) for i in g]
+            rows, _ = trainer._rows(tts)
+            now = torch.cat([trainer.row_logprobs(row)[0] for row in rows])
+            then = torch.cat([old_by_group[k % 2][row.slots] for row in rows])
+            ratios_moved.append(float((now - then).abs().max()))
+        return clip()
+
+    trainer._clip = checking_clip
+    trainer.step([token_tree(t, a) for t, a in zip(trees, advs)])
+    assert len(seen) == 4  # 2 epochs x 2 mini-batches
+    assert ratios_moved[0] < 1e-4 and min(ratios_moved[1:]) > 1e-3  # after the first update the ratio moves
+    for got, want in seen:
+        assert_close(got, want, tol=1e-4)

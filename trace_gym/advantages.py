@@ -1,12 +1,25 @@
-"""Advantage estimators: the finished rollout tree of one prompt -> an advantage per node.
+"""Advantage estimators: the finished rollout tree of one prompt -> what each policy token is trained with.
 
-Every estimator is a pure function ``estimator(tree, *, eps, std_normalize) -> {node id: A}``
-over a finished :class:`~trace_gym.tree.RolloutTree` (one tree holds every rollout of one
-prompt: its root rollouts and their continuations). ``A[v]`` is the weight that *every
-policy token* of node ``v`` (the tokens the policy generated in that turn) carries in the
-policy loss; observation tokens (the env's answer, the chat template's glue, the prompt)
-carry none, and the root (the prompt) never appears in the result. The trainer trains
-each node's policy tokens exactly once (each tree edge once), with weight ``A[v]``.
+Every estimator is a pure function ``estimator(tree, *, eps, std_normalize)`` over a
+finished :class:`~trace_gym.tree.RolloutTree` (one tree holds every rollout of one prompt:
+its root rollouts and their continuations). It returns one of two objectives:
+
+- :class:`PathAdvantages` (``grpo``, ``tree_grpo``): an advantage ``A_l`` per leaf. The
+  objective is exactly that of training each leaf's path (prompt to leaf) as its own
+  sequence with ``A_l``: per policy token, ``sum over the leaves l below it of
+  min(r A_l, clip(r) A_l)``. A prefix shared by several leaves is computed once and
+  carries two numbers, the sums ``A+`` and ``A-`` of its leaves' positive and negative
+  advantages (:mod:`trace_gym.batches`), because ``min(r A, clip(r) A)`` is
+  ``A min(r, clip(r))`` for ``A > 0`` and ``A max(r, clip(r))`` for ``A < 0``. Summing the
+  advantages first would let opposite-sign leaves cancel before PPO's ``min`` once the
+  ratio ``r`` leaves 1 (several epochs or mini-batches, an off-policy engine);
+- a node mapping ``{node id: A}`` (``treerpo``, and any estimator returning a plain
+  mapping): every policy token of node ``v`` carries ``A[v]``, once, as part of the
+  rollout (branch) that generated it.
+
+Observation tokens (the env's answer, the chat template's glue, the prompt) carry nothing,
+and the root (the prompt) never appears. :func:`node_advantages` gives the per-node total
+of either form (the weight of a token at ratio 1).
 
 Groups and normalisation, shared by all estimators:
 
@@ -14,9 +27,11 @@ Groups and normalisation, shared by all estimators:
   get ``(x_i - mean) / (std + eps)`` with the sample standard deviation (``ddof = 1``,
   as ``torch.std`` in verl's and TRL's GRPO), or ``x_i - mean`` when
   ``std_normalize=False`` (Dr. GRPO);
-- a group of one has nothing to be relative to: as in the references (verl's
-  ``compute_grpo_outcome_advantage``), its mean is taken as 0 and its std as 1, so its
-  member contributes ``x / (1 + eps)`` (``x`` without std normalisation);
+- a group of one has nothing to contrast with and contributes exactly 0 (verl's GRPO
+  instead takes mean 0 and std 1, so a lone member carries its raw reward; under
+  Tree-GRPO every root rollout without a continuation would then add ``+R`` on top of its
+  prompt-level term). So on a one-level tree (root rollouts only) ``grpo``, ``treerpo``
+  and ``tree_grpo`` are the same objective;
 - a group whose members are all equal contributes exactly 0.
 
 Rewards need not be 0/1: BFCL's partial credit or an F1 score go through unchanged.
@@ -25,10 +40,8 @@ Estimators (``ESTIMATORS`` names them; a new one is one entry, from a user's pac
 :func:`register_estimator` or the ``trace_gym.advantages`` entry-point group):
 
 ``grpo``
-    Flat GRPO: the group is every leaf of the prompt, ``A_i = (R_i - mean) / (std + eps)``.
-    Each leaf's whole path is its own trajectory, so a node carries the *sum* of ``A_i``
-    over the leaves below it (a prefix shared by continuations counts once per leaf, as if
-    each trajectory were trained as its own sequence).
+    Flat GRPO: the group is every leaf of the prompt, ``A_i = (R_i - mean) / (std + eps)``,
+    each leaf's path trained as its own sequence (:class:`PathAdvantages`).
 
 ``treerpo``
     TreeRPO on recursive node values ``V`` (``tree.targets()``: a leaf's reward, an inner
@@ -38,25 +51,25 @@ Estimators (``ESTIMATORS`` names them; a new one is one entry, from a user's pac
     includes). Each sibling group (the children of the root or of one branching node) gets
     ``A_c = (V_c - mean_sib) / (std_sib + eps)``, and every node of ``c``'s segment carries
     ``A_c``. So each edge is trained once, with the contrast of the branch point it hangs
-    from; a sibling group without variance contributes zero. On a tree without
-    continuations (root rollouts only) every segment is one whole rollout and the root's
-    children are the GRPO group: ``treerpo == grpo`` (tested).
+    from; a sibling group without variance (or of one) contributes zero. On a tree without
+    continuations every segment is one whole rollout and the root's children are the GRPO
+    group: ``treerpo == grpo`` (tested). Where this differs from the TreeRPO paper:
+    ``docs/training.md``.
 
 ``tree_grpo``
     Tree-GRPO: ``A_i = (R_i - mu_prompt) / (sd_prompt + eps) + (R_i - mu_tree) / (sd_tree + eps)``
     per leaf ``i``, where the prompt group is every leaf of the prompt and the tree group is
     every leaf of ``i``'s own tree. A *tree* in Tree-GRPO's sense is one root rollout grown
     by its continuations: the subtree below one child of the root (continuations always
-    start from a root rollout's prefix). A tree with a single leaf is a singleton group and
-    contributes ``R_i`` (see above). As in ``grpo``, every token on the leaf's path carries
-    ``A_i``, so a node carries the *sum* of ``A_i`` over the leaves below it: a shared
-    prefix receives the sum over its leaves.
+    start from a root rollout's prefix). A tree with a single leaf is a group of one and
+    adds 0. Each leaf's path is trained as its own sequence (:class:`PathAdvantages`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence, Union
 
 from trace_gym.tree import ROOT, RolloutTree
 
@@ -64,18 +77,36 @@ from trace_gym.tree import ROOT, RolloutTree
 DEFAULT_EPS = 1e-6
 
 
+@dataclass(frozen=True)
+class PathAdvantages:
+    """Per leaf ``l`` of a tree, the advantage ``A_l`` that every policy token on ``l``'s
+    path carries, each leaf's path being one sequence of the objective (see the module
+    docstring).
+
+    Attributes:
+        leaves: leaf node id -> ``A_l``; every leaf of the tree appears (a zero still makes
+            its path a sequence of the loss normalisers).
+    """
+
+    leaves: Mapping[int, float]
+
+
+#: What an estimator returns: per-leaf path advantages, or ``{node id: A}``.
+Advantages = Union[PathAdvantages, Mapping[int, float]]
+
+
 class AdvantageEstimator(Protocol):
-    """``(tree, *, eps, std_normalize) -> {node id: advantage of each policy token}``."""
+    """``(tree, *, eps, std_normalize) -> PathAdvantages | {node id: A}``."""
 
     def __call__(self, tree: RolloutTree, *, eps: float = DEFAULT_EPS,
-                 std_normalize: bool = True) -> dict[int, float]: ...
+                 std_normalize: bool = True) -> Advantages: ...
 
 
 def group_normalize(values: Sequence[float], *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> list[float]:
     """``(x_i - mean) / (std + eps)`` over one group (sample std, ``ddof = 1``).
 
-    A group of one uses mean 0 and std 1 (see the module docstring); ``std_normalize=False``
-    returns ``x_i - mean`` (Dr. GRPO).
+    A group of one gives ``[0.0]`` (nothing to contrast with; see the module docstring);
+    ``std_normalize=False`` returns ``x_i - mean`` (Dr. GRPO).
 
     >>> group_normalize([1.0, 0.0], eps=0.0)
     [0.7071067811865475, -0.7071067811865475]
@@ -88,13 +119,10 @@ def group_normalize(values: Sequence[float], *, eps: float = DEFAULT_EPS, std_no
         raise ValueError(f"group values must be finite, got {bad[:3]}")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps!r}")
-    if len(xs) == 1:
-        mean, std = 0.0, 1.0
-    else:
-        mean = sum(xs) / len(xs)
-        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    if all(x == xs[0] for x in xs) and len(xs) > 1:
-        return [0.0] * len(xs)  # exactly zero, not rounding noise
+    if all(x == xs[0] for x in xs):
+        return [0.0] * len(xs)  # a group of one, or no variance: exactly zero, not rounding noise
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
     if not std_normalize:
         return [x - mean for x in xs]
     if std + eps == 0:
@@ -129,11 +157,19 @@ def leaf_sums(tree: RolloutTree, leaf_advantages: Mapping[int, float]) -> dict[i
     return {n.id: total[n.id] for n in tree.nodes if n.id != ROOT}
 
 
-def grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> dict[int, float]:
-    """Flat GRPO over every leaf of the prompt; a node carries the sum over its leaves."""
+def node_advantages(tree: RolloutTree, advantages: Advantages) -> dict[int, float]:
+    """Per non-root node, the total advantage its policy tokens carry at ratio 1: the sum
+    over the leaves below it for :class:`PathAdvantages`, the mapping itself otherwise."""
+    if isinstance(advantages, PathAdvantages):
+        return leaf_sums(tree, advantages.leaves)
+    return {int(k): float(v) for k, v in advantages.items()}
+
+
+def grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> PathAdvantages:
+    """Flat GRPO over every leaf of the prompt, each leaf's path its own sequence."""
     leaves = _check_finished(tree)
     rewards = [tree.nodes[i].reward for i in leaves]
-    return leaf_sums(tree, dict(zip(leaves, group_normalize(rewards, eps=eps, std_normalize=std_normalize))))
+    return PathAdvantages(dict(zip(leaves, group_normalize(rewards, eps=eps, std_normalize=std_normalize))))
 
 
 def segment_heads(tree: RolloutTree) -> dict[int, int]:
@@ -162,9 +198,9 @@ def treerpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: bool 
     return {node: at_head.get(h, 0.0) for node, h in segment_heads(tree).items()}
 
 
-def tree_grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> dict[int, float]:
-    """Tree-GRPO: prompt-level plus tree-level group advantages per leaf; a node carries
-    the sum over its leaves."""
+def tree_grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: bool = True) -> PathAdvantages:
+    """Tree-GRPO: prompt-level plus tree-level group advantages per leaf, each leaf's path
+    its own sequence."""
     leaves = _check_finished(tree)
     rewards = {i: float(tree.nodes[i].reward) for i in leaves}  # type: ignore[arg-type]
     prompt_term = dict(zip(leaves, group_normalize([rewards[i] for i in leaves], eps=eps,
@@ -176,7 +212,7 @@ def tree_grpo(tree: RolloutTree, *, eps: float = DEFAULT_EPS, std_normalize: boo
     for members in by_tree.values():
         for i, a in zip(members, group_normalize([rewards[i] for i in members], eps=eps, std_normalize=std_normalize)):
             total[i] += a
-    return leaf_sums(tree, total)
+    return PathAdvantages(total)
 
 
 #: Every advantage estimator by name. A new estimator is one entry (:func:`register_estimator`).

@@ -25,7 +25,8 @@ Trees and benches:
     ``format_bench``, ``SimBenchConfig``, ``EnvBenchConfig``.
 Training:
     ``TrainConfig``, ``TrainSetup``, ``train``; the advantage estimators:
-    ``AdvantageEstimator`` (the Protocol), ``ESTIMATORS`` and ``register_estimator``
+    ``AdvantageEstimator`` (the Protocol; it returns ``PathAdvantages`` per leaf or a
+    ``{node: A}`` mapping), ``ESTIMATORS`` and ``register_estimator``
     (or the ``trace_gym.advantages`` entry-point group); the success predictors:
     ``SuccessPredictor``, ``PREDICTORS``, ``make_predictor``.
 """
@@ -46,7 +47,7 @@ from trace_gym.allocation import (
     solve_prefix,
     solve_root,
 )
-from trace_gym.advantages import ESTIMATORS, AdvantageEstimator, register_estimator
+from trace_gym.advantages import ESTIMATORS, AdvantageEstimator, PathAdvantages, register_estimator
 from trace_gym.bench import format_bench
 from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
@@ -98,7 +99,7 @@ def register_env(env_id: str, entry_point: str | Callable[..., Any],
 
 
 __all__ = [
-    "AdvantageEstimator", "ESTIMATORS", "PREDICTORS", "SuccessPredictor", "TrainConfig", "TrainSetup",
+    "AdvantageEstimator", "ESTIMATORS", "PathAdvantages", "PREDICTORS", "SuccessPredictor", "TrainConfig", "TrainSetup",
     "make_predictor", "register_estimator", "train",
     "AgentEnv", "BudgetLedger", "GroupSized", "ChatObservation", "EnvBenchConfig", "EnvCheckError", "EnvFamily", "Message",
     "PCLRootAllocator", "PrefixAllocator", "RandomPrefixAllocator", "ReferenceActions", "ReplayCost", "RolloutTree",

@@ -6,7 +6,9 @@ row* holding whole trees, or parts of trees, in which every node's tokens appear
 
 - a :class:`TokenTree` is one prompt's tree as token segments: per node its policy tokens
   (loss mask 1) then its observation tokens (loss mask 0; for the root, the prompt), the
-  advantage every policy token of the node carries, and the engine's sampling logprobs;
+  objective's sequences that hold the node with their advantages (:class:`TokenNode`),
+  and the engine's sampling logprobs; :func:`node_coefficients` folds the aggregation
+  mode into two numbers per token (``A+``, ``A-``) and a weight;
 - :func:`plan_rows` chooses, per micro-batch, which nodes to *train* and which to carry
   as context only: a whole tree when it fits ``micro_batch_tokens``, else its rollouts
   (branches) in groups that fit, each group with its ancestors as context. Every trained
@@ -30,7 +32,7 @@ from typing import Any, Mapping, Sequence
 from trace_gym.tree import ROOT, RolloutTree
 
 #: Loss aggregation modes: how per-token losses are weighted into one scalar.
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 @dataclass(frozen=True)
@@ -41,19 +43,26 @@ class TokenNode:
         parent: index of the parent node, ``-1`` for the root (the prompt).
         token_ids: the node's policy tokens, then its observation tokens.
         n_policy: how many leading ``token_ids`` the policy generated (loss mask 1).
-        advantage: the advantage each policy token carries (0 for the root).
+        terms: ``(sequence, advantage)`` per sequence of the objective that holds the
+            node's policy tokens: one per leaf below it for path advantages (each leaf's
+            path is a sequence), one (its rollout) for node advantages; empty for the root.
         sampling_logprobs: the engine's sampling logprobs of the policy tokens (nats),
             ``n_policy`` of them, or empty when not recorded.
-        sequence: the rollout (branch) that generated the node; ``-1`` for the root. The
-            ``seq-mean-*`` aggregations treat one rollout's own tokens as one sequence.
+        rollout: the rollout (branch) that generated the node, ``-1`` for the root; rows
+            are split between rollouts when a tree does not fit one.
     """
 
     parent: int
     token_ids: tuple[int, ...]
     n_policy: int
-    advantage: float
+    terms: tuple[tuple[int, float], ...] = ()
     sampling_logprobs: tuple[float, ...] = ()
-    sequence: int = -1
+    rollout: int = -1
+
+    @property
+    def advantage(self) -> float:
+        """The total advantage a policy token carries at ratio 1 (the sum of the terms)."""
+        return float(sum(a for _, a in self.terms))
 
 
 @dataclass(frozen=True)
@@ -67,62 +76,124 @@ class TokenTree:
         return sum(n.n_policy for n in self.nodes)
 
 
-def token_tree(tree: RolloutTree, advantages: Mapping[int, float]) -> TokenTree:
-    """Convert a finished :class:`RolloutTree` and its per-node advantages (from
-    :mod:`trace_gym.advantages`) into a :class:`TokenTree`.
+def token_tree(tree: RolloutTree, advantages: Any) -> TokenTree:
+    """Convert a finished :class:`RolloutTree` and its advantages (from
+    :mod:`trace_gym.advantages`: :class:`~trace_gym.advantages.PathAdvantages` or
+    ``{node id: A}``) into a :class:`TokenTree`.
 
     The root's tokens are the prompt (observation, never trained); every other node's are
-    ``policy_token_ids + observation_token_ids``. Raises ``ValueError`` when a node with
-    policy tokens has no advantage, or an advantage is not finite.
+    ``policy_token_ids + observation_token_ids``. Path advantages give a node one term per
+    leaf below it (each leaf's path a sequence); node advantages one term, its rollout.
+
+    Raises:
+        ValueError: a node (or, for path advantages, a leaf) without an advantage, or an
+            advantage that is not finite.
     """
+    from trace_gym.advantages import PathAdvantages
+
+    per_leaf = isinstance(advantages, PathAdvantages)
+    given = advantages.leaves if per_leaf else advantages
+    for k, a in given.items():
+        if not math.isfinite(float(a)):
+            raise ValueError(f"tree {tree.task_id!r}: node {k} has advantage {a!r}")
+    terms: dict[int, list[tuple[int, float]]] = {n.id: [] for n in tree.nodes}
+    if per_leaf:
+        for leaf in tree.leaves():
+            if leaf.id not in given:
+                raise ValueError(f"tree {tree.task_id!r}: leaf {leaf.id} has no advantage "
+                                 f"(got leaves {sorted(given)[:8]})")
+            for v in tree.path(leaf.id)[1:]:
+                terms[v].append((leaf.id, float(given[leaf.id])))
     nodes = []
     for n in tree.nodes:
         if n.id == ROOT:
-            nodes.append(TokenNode(-1, tuple(n.observation_token_ids), 0, 0.0))
+            nodes.append(TokenNode(-1, tuple(n.observation_token_ids), 0))
             continue
-        if n.id not in advantages:
-            raise ValueError(f"tree {tree.task_id!r}: node {n.id} has no advantage (got keys {sorted(advantages)[:8]})")
-        a = float(advantages[n.id])
-        if not math.isfinite(a):
-            raise ValueError(f"tree {tree.task_id!r}: node {n.id} has advantage {a!r}")
+        if not per_leaf:
+            if n.id not in given:
+                raise ValueError(f"tree {tree.task_id!r}: node {n.id} has no advantage (got keys {sorted(given)[:8]})")
+            terms[n.id] = [(int(n.branch), float(given[n.id]))]
         nodes.append(TokenNode(int(n.parent), tuple(n.policy_token_ids) + tuple(n.observation_token_ids),
-                               len(n.policy_token_ids), a, tuple(n.logprobs), n.branch))
+                               len(n.policy_token_ids), tuple(terms[n.id]), tuple(n.logprobs), n.branch))
     return TokenTree(tuple(nodes))
 
 
-def node_weights(trees: Sequence[TokenTree], aggregation: str, norm_tokens: int | None = None) -> list[list[float]]:
-    """Per tree, per node: the weight of each of the node's policy tokens in the loss.
+@dataclass(frozen=True)
+class Coefficients:
+    """What each policy token of one node carries into the loss (see :func:`node_coefficients`).
 
-    The loss is ``sum_t weight_t * loss_t`` over all policy tokens of ``trees`` (zero-advantage
-    ones included in the normalisers, as in GRPO), so micro-batching never changes it:
+    Attributes:
+        pos: ``sum of c_s A_s`` over the node's sequences with ``A_s > 0``.
+        neg: ``sum of c_s A_s`` over those with ``A_s < 0``.
+        weight: ``sum of c_s`` over all its sequences: the token's weight in the aggregated
+            mean (what the KL term is multiplied by).
+    """
 
-    - ``token-mean``: ``1 / N``, N the policy tokens of all trees;
-    - ``seq-mean-token-mean``: ``1 / (S * n_s)``, S the sequences (rollouts with policy
-      tokens), n_s the policy tokens of the token's own sequence;
-    - ``seq-mean-token-sum-norm`` (Dr. GRPO): ``1 / (S * L)`` with L = ``norm_tokens``, or
-      the longest sequence's policy tokens when ``norm_tokens`` is ``None`` or 0.
+    pos: float = 0.0
+    neg: float = 0.0
+    weight: float = 0.0
+
+    @property
+    def trained(self) -> bool:
+        """Whether the node's tokens carry any policy-gradient term."""
+        return self.pos != 0.0 or self.neg != 0.0
+
+
+def node_coefficients(trees: Sequence[TokenTree], aggregation: str,
+                      norm_tokens: int | None = None) -> list[list[Coefficients]]:
+    """Per tree, per node: the coefficients every policy token of the node carries.
+
+    The loss is ``sum over policy tokens t, over the sequences s holding t, of
+    c_s * l_s(t)`` with ``l_s(t) = -min(r_t A_s, clip(r_t) A_s)``, which
+    :func:`~trace_gym.trainer.ppo_clip_loss` computes once per token from
+    ``pos = sum_{A_s > 0} c_s A_s`` and ``neg = sum_{A_s < 0} c_s A_s``. A sequence is a
+    leaf's path for path advantages (a shared prefix counts once per leaf below it, exactly
+    as training each path on its own would), a rollout's own tokens for node advantages.
+    With ``n_s`` the policy tokens of sequence ``s`` and ``S`` the sequences with policy
+    tokens (zero-advantage ones included, as in GRPO), normalised over the whole batch so
+    micro-batching never changes the loss:
+
+    - ``token-mean``: ``c_s = 1 / N``, ``N = sum_s n_s``;
+    - ``seq-mean-token-mean``: ``c_s = 1 / (S n_s)``;
+    - ``seq-mean-token-sum``: ``c_s = 1 / S``;
+    - ``seq-mean-token-sum-norm`` (Dr. GRPO): ``c_s = 1 / (S L)``, ``L = norm_tokens``, a
+      constant (the configured generation length), not a property of the batch.
+
+    Raises:
+        ValueError: an unknown mode, or Dr. GRPO's without ``norm_tokens >= 1``.
     """
     if aggregation not in LOSS_AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {aggregation!r}; expected one of {LOSS_AGGREGATIONS}")
+    if aggregation == "seq-mean-token-sum-norm" and not (norm_tokens and norm_tokens >= 1):
+        raise ValueError(f"seq-mean-token-sum-norm divides by a constant L (loss_norm_tokens, the configured "
+                         f"generation length), got {norm_tokens!r}")
     seq_len: dict[tuple[int, int], int] = {}
     for t, tree in enumerate(trees):
         for n in tree.nodes:
             if n.n_policy:
-                seq_len[(t, n.sequence)] = seq_len.get((t, n.sequence), 0) + n.n_policy
+                for s, _ in n.terms:
+                    seq_len[(t, s)] = seq_len.get((t, s), 0) + n.n_policy
     total, sequences = sum(seq_len.values()), len(seq_len)
-    out: list[list[float]] = []
+
+    def c(t: int, s: int) -> float:
+        if aggregation == "token-mean":
+            return 1.0 / total
+        if aggregation == "seq-mean-token-mean":
+            return 1.0 / (sequences * seq_len[(t, s)])
+        if aggregation == "seq-mean-token-sum":
+            return 1.0 / sequences
+        return 1.0 / (sequences * norm_tokens)  # type: ignore[operator]
+
+    out: list[list[Coefficients]] = []
     for t, tree in enumerate(trees):
         row = []
         for n in tree.nodes:
             if not n.n_policy:
-                row.append(0.0)
-            elif aggregation == "token-mean":
-                row.append(1.0 / total)
-            elif aggregation == "seq-mean-token-mean":
-                row.append(1.0 / (sequences * seq_len[(t, n.sequence)]))
-            else:
-                norm = norm_tokens or max(seq_len.values())
-                row.append(1.0 / (sequences * norm))
+                row.append(Coefficients())
+                continue
+            cs = [(c(t, s), a) for s, a in n.terms]
+            row.append(Coefficients(pos=sum(w * a for w, a in cs if a > 0), neg=sum(w * a for w, a in cs if a < 0),
+                                    weight=sum(w for w, _ in cs)))
         out.append(row)
     return out
 
@@ -177,7 +248,7 @@ def plan_rows(trees: Sequence[TokenTree], trained: Sequence[Sequence[bool]], bud
             continue
         by_seq: dict[int, list[int]] = {}
         for v in chosen:
-            by_seq.setdefault(tree.nodes[v].sequence, []).append(v)
+            by_seq.setdefault(tree.nodes[v].rollout, []).append(v)
         group: list[int] = []
         for seq in sorted(by_seq):
             trial = _closure(tree, group + by_seq[seq])
@@ -212,7 +283,8 @@ class Row:
             ``ancestors[i, j]`` iff row node ``j`` is node ``i`` or one of its ancestors.
         targets: ``[T]`` row positions of the trained tokens; ``predictors`` ``[T]`` the
             positions whose logits predict them (the previous token on their path).
-        advantages, weights, sampling_logprobs (NaN where unknown): ``[T]`` float32.
+        pos, neg, weights: ``[T]`` float64, each trained token's :class:`Coefficients`.
+        sampling_logprobs (NaN where unknown): ``[T]`` float32.
         slots: ``[T]`` the tokens' indices in the step's flat token order (for logprobs
             kept across passes).
     """
@@ -223,7 +295,8 @@ class Row:
     ancestors: Any
     targets: Any
     predictors: Any
-    advantages: Any
+    pos: Any
+    neg: Any
     weights: Any
     sampling_logprobs: Any
     slots: Any
@@ -242,17 +315,18 @@ class Row:
         return mask[None, None]
 
 
-def build_row(trees: Sequence[TokenTree], units: Sequence[Unit], weights: Sequence[Sequence[float]],
+def build_row(trees: Sequence[TokenTree], units: Sequence[Unit], coefficients: Sequence[Sequence[Coefficients]],
               slot_base: Mapping[tuple[int, int], int]) -> Row:
-    """Lay out ``units`` as one :class:`Row`. ``slot_base[(tree, node)]`` is the flat index
-    of the node's first policy token in the step's token order."""
+    """Lay out ``units`` as one :class:`Row`. ``coefficients`` come from
+    :func:`node_coefficients`; ``slot_base[(tree, node)]`` is the flat index of the node's
+    first policy token in the step's token order."""
     import torch
 
     ids: list[int] = []
     pos: list[int] = []
     node_of: list[int] = []
     parents: list[int] = []
-    targets, predictors, adv, wts, samp, slots = [], [], [], [], [], []
+    targets, predictors, pos_, neg_, wts, samp, slots = [], [], [], [], [], [], []
     for unit in units:
         tree = trees[unit.tree]
         local: dict[int, int] = {}
@@ -277,8 +351,10 @@ def build_row(trees: Sequence[TokenTree], units: Sequence[Unit], weights: Sequen
                 for k in range(node.n_policy):
                     targets.append(start + k)
                     predictors.append(prev if k == 0 else start + k - 1)
-                    adv.append(node.advantage)
-                    wts.append(weights[unit.tree][v])
+                    coef = coefficients[unit.tree][v]
+                    pos_.append(coef.pos)
+                    neg_.append(coef.neg)
+                    wts.append(coef.weight)
                     samp.append(node.sampling_logprobs[k] if node.sampling_logprobs else math.nan)
                     slots.append(slot_base[(unit.tree, v)] + k)
     n = len(parents)
@@ -291,7 +367,8 @@ def build_row(trees: Sequence[TokenTree], units: Sequence[Unit], weights: Sequen
         input_ids=torch.tensor(ids, dtype=torch.long), position_ids=torch.tensor(pos, dtype=torch.long),
         node_index=torch.tensor(node_of, dtype=torch.long), ancestors=ancestors,
         targets=torch.tensor(targets, dtype=torch.long), predictors=torch.tensor(predictors, dtype=torch.long),
-        advantages=torch.tensor(adv, dtype=torch.float32), weights=torch.tensor(wts, dtype=torch.float64),
+        pos=torch.tensor(pos_, dtype=torch.float64), neg=torch.tensor(neg_, dtype=torch.float64),
+        weights=torch.tensor(wts, dtype=torch.float64),
         sampling_logprobs=torch.tensor(samp, dtype=torch.float32), slots=torch.tensor(slots, dtype=torch.long),
     )
 

@@ -8,14 +8,68 @@ when a history is long. Listed in :data:`trace_gym.predictor.PREDICTORS` as ``lm
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from trace_gym.predictor import Context, _check_targets
 
-#: Backbone dtypes :class:`LMCriticPredictor` takes.
+#: Backbone dtypes :class:`LMCriticPredictor` takes, and their bytes per parameter.
 DTYPES = ("float32", "bfloat16", "float16")
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class CriticPlan:
+    """What an ``lm_critic`` will be, resolved without loading it (``train --dry-run``).
+
+    Attributes:
+        model: the backbone's name or folder.
+        device, dtype: where and in what its weights live.
+        train_backbone: whether the backbone is fine-tuned (else only the head learns).
+        parameters: the backbone's parameters, or ``None`` when its architecture is unknown here.
+        trainable: parameters the optimiser updates (the head's included).
+        memory_bytes: weights, plus gradients and AdamW's two states (all in ``dtype``)
+            when the backbone trains; activations and the feature cache not counted.
+    """
+
+    model: str
+    device: str
+    dtype: str
+    train_backbone: bool
+    parameters: int | None
+    trainable: int | None
+    memory_bytes: int | None
+
+    def describe(self) -> str:
+        """One line: model, device, dtype, trainable parameters, memory."""
+        if self.parameters is None:
+            size = "size unknown here (no config.json; name it in models.ARCHITECTURES)"
+        else:
+            size = (f"{self.parameters / 1e9:.2f}B parameters, {self.trainable / 1e6:,.1f}M trainable, "
+                    f"~{self.memory_bytes / 2**30:.1f} GiB ({'weights + grads + AdamW' if self.train_backbone else 'weights'}"
+                    f", activations not counted)")
+        return (f"{self.model} on {self.device} in {self.dtype}, backbone "
+                f"{'trained' if self.train_backbone else 'frozen'}; {size}")
+
+
+def critic_plan(model: str, kwargs: Mapping[str, Any]) -> CriticPlan:
+    """The :class:`CriticPlan` of ``LMCriticPredictor(model, **kwargs)`` (defaults as the class)."""
+    from trace_gym.models import backbone_parameters, model_config
+
+    device, dtype = str(kwargs.get("device", "cpu")), str(kwargs.get("dtype", "float32"))
+    if dtype not in DTYPES:
+        raise ValueError(f"predictor_kwargs.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    train_backbone = bool(kwargs.get("train_backbone", False))
+    config = model_config(model)
+    if config is None:
+        return CriticPlan(str(model), device, dtype, train_backbone, None, None, None)
+    n = backbone_parameters(config)
+    head = int(config.hidden_size) + 1
+    per_param = _BYTES[dtype] * (4 if train_backbone else 1)
+    return CriticPlan(str(model), device, dtype, train_backbone, n, head + (n if train_backbone else 0),
+                      n * per_param + head * 4 * 4)
 
 
 def prompt_head_history_tail(prompt: Sequence[int], separator: Sequence[int], history: Sequence[int],

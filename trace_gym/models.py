@@ -36,7 +36,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 MANIFEST = "trace_gym_manifest.json"
 _MANIFEST_VERSION = 1
@@ -68,6 +68,45 @@ MODELS: dict[str, ModelSpec] = {
         description="SmolLM2-135M-Instruct (Llama arch, 30 layers, 49152 vocab), from a Q4_1 GGUF",
     ),
 }
+
+
+#: The architectures (config.json values) of hub models that shipped configs name, so
+#: that ``train --dry-run`` sizes them offline; a local folder's own config.json wins.
+ARCHITECTURES: dict[str, dict] = {
+    "Qwen/Qwen3-0.6B": dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                            num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                            tie_word_embeddings=True, max_position_embeddings=40960),
+    "Qwen/Qwen3-8B": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                          tie_word_embeddings=False, max_position_embeddings=40960),
+}
+
+
+def model_config(name_or_path: str | os.PathLike) -> Any:
+    """A model's transformers config without loading, pulling or downloading anything: a
+    local folder's ``config.json``, an already pulled known model's, or
+    :data:`ARCHITECTURES`; ``None`` when none of them knows it."""
+    from transformers import AutoConfig
+
+    ref = os.fspath(name_or_path)
+    folder = model_dir(ref) if ref in MODELS else Path(ref).expanduser()
+    if (folder / "config.json").is_file():
+        return AutoConfig.from_pretrained(folder)
+    if ref in ARCHITECTURES:
+        arch = dict(ARCHITECTURES[ref])
+        return AutoConfig.for_model(arch.pop("model_type"), **arch)
+    return None
+
+
+def backbone_parameters(config: Any) -> int:
+    """Parameters of the base model (``AutoModel``: no LM head) of ``config``, counted on
+    the meta device (nothing is allocated)."""
+    import torch
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def cache_root() -> Path:

@@ -69,6 +69,10 @@ class TrainConfig:
     predictor: str = field(default="embedding", metadata=doc("success predictor: " + " | ".join(predictor_names("text"))))
     predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
         "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", \"dtype\": \"bfloat16\"}"))
+    critic_model: str = field(default="", metadata=doc(
+        "the lm_critic's backbone: a known name, folder or hub id (empty: the policy; the paper: a 0.6B critic)"))
+    allow_cpu_critic: bool = field(default=False, metadata=doc(
+        "let an lm_critic run on the CPU beside a CUDA policy (refused otherwise: it would be slow)"))
     prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
     max_turns: int = field(default=3, metadata=doc("turns per episode"))
     max_turn_tokens: int = field(default=160, metadata=doc("generated tokens per turn"))
@@ -109,6 +113,16 @@ class TrainConfig:
             raise ValueError("temperature, eval_every and keep_checkpoints must be >= 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.predictor == "lm_critic" and self.device == "cuda" and not self.allow_cpu_critic \
+                and str(self.predictor_kwargs.get("device", "cpu")).startswith("cpu"):
+            raise ValueError("predictor lm_critic would run on the CPU beside a CUDA policy (predictor_kwargs has no "
+                             "device: cuda); set predictor_kwargs.device: cuda, or allow_cpu_critic: true")
+        if self.trainer.loss_aggregation == "seq-mean-token-sum-norm" and not self.trainer.loss_norm_tokens:
+            # Dr. GRPO's constant: the most policy tokens one sequence can have in this run
+            import dataclasses
+
+            object.__setattr__(self, "trainer", dataclasses.replace(
+                self.trainer, loss_norm_tokens=min(self.max_turns * self.max_turn_tokens, self.max_episode_tokens)))
 
     @property
     def nominal_budget(self) -> float:
@@ -198,7 +212,10 @@ class TrainSetup:
 
 # ---------------------------------------------------------------------- dry run
 def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
-    """Resolve everything but the model: budget split, data, one env reset, estimator."""
+    """Resolve everything but the model: budget split, data, one env reset, estimator, the
+    critic's size."""
+    from trace_gym.critic import critic_plan
+
     roots, continuations = setup.strategy.budget_split(cfg.nominal_budget)
     predictor_spec(cfg.predictor, cfg.predictor_kwargs, model_path=str(cfg.policy), seed=cfg.seed)
     lines = [f"trace-gym train --dry-run: {cfg.run_dir}",
@@ -207,9 +224,13 @@ def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
              f"  budget per step: {cfg.nominal_budget:g} nominal = {roots} root rollouts + {continuations} "
              f"continuations / 2, from {cfg.candidates} candidates",
              f"  predictor: {cfg.predictor} {cfg.predictor_kwargs or ''}".rstrip(),
+             *([f"  critic: {critic_plan(cfg.critic_model or str(cfg.policy), cfg.predictor_kwargs).describe()}"]
+               if cfg.predictor == "lm_critic" else []),
              f"  advantage: {cfg.advantage} (std normalise {cfg.advantage_std_normalize}); loss "
              f"{cfg.trainer.loss_aggregation}, clip [{1 - cfg.trainer.clip_low:g}, {1 + cfg.trainer.clip_high:g}], "
-             f"lr {cfg.trainer.lr:g} ({cfg.trainer.lr_schedule}, warm-up {cfg.trainer.warmup_steps})"]
+             f"lr {cfg.trainer.lr:g} ({cfg.trainer.lr_schedule}, warm-up {cfg.trainer.warmup_steps}); "
+             f"{_plural(cfg.trainer.ppo_epochs, 'epoch')} x {_plural(cfg.trainer.mini_batches, 'mini-batch')} per batch "
+             f"({'on-policy' if cfg.trainer.ppo_epochs * cfg.trainer.mini_batches == 1 else 'off-policy after the first optimizer step'})"]
     lines += [f"  {k}: {v}" for k, v in setup.describe.items()]
     if setup.data_offline:
         tasks = setup.load_train_tasks()
@@ -226,6 +247,10 @@ def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
     _tensorboard(cfg, None)
     lines.append(f"  steps: {cfg.steps}; checkpoint every {cfg.checkpoint_every}; eval every {cfg.eval_every or '-'}")
     return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word.endswith("h") else f"{n} {word}s"
 
 
 def _tensorboard(cfg: TrainConfig, logdir: Path | None) -> Any:
@@ -293,13 +318,15 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
 
     from trace_gym.agent import AgentConfig
     from trace_gym.batches import token_tree
+    from trace_gym.models import resolve_model
     from trace_gym.predictor import make_predictor
     from trace_gym.rollout import collect
     from trace_gym.types import SamplingParams
 
     start = resume.step if resume else 0
     estimator = get_estimator(cfg.advantage)
-    predictor = make_predictor(cfg.predictor, cfg.predictor_kwargs, model_path=base_policy, seed=cfg.seed)
+    critic = str(resolve_model(cfg.critic_model)) if cfg.critic_model and cfg.predictor == "lm_critic" else base_policy
+    predictor = make_predictor(cfg.predictor, cfg.predictor_kwargs, model_path=critic, seed=cfg.seed)
     cursor = TaskCursor(len(tasks), cfg.seed)
     rng = np.random.default_rng([cfg.seed, 1])
     if resume:
@@ -339,7 +366,8 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
                       if t.leaves() else {} for t in batch.trees]  # a tree whose roots all failed: nothing
         # 5. policy update (PPO-clip on packed trees, each edge once)
         bar.set_postfix_str("policy update")
-        update = trainer.step([token_tree(t, a) for t, a in zip(batch.trees, advantages)])
+        token_trees = [token_tree(t, a) for t, a in zip(batch.trees, advantages)]
+        update = trainer.step(token_trees)
         # 6. weight sync to the rollout engine (version-checked)
         sync_seconds = trainer.sync_weights(engine, version=step)
         # 7. evaluate every K steps (and at the end)
@@ -353,7 +381,7 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
             (run.path / "evals" / f"step-{step}.json").write_text(json.dumps(evaluation, default=str))
         # 8. log and checkpoint (atomic; the metrics line is appended after the checkpoint)
         record = step_record(step, batch, update, batch.learning.stats, sync_seconds, evaluation,
-                             time.perf_counter() - t_step, advantages, eval_seconds)
+                             time.perf_counter() - t_step, token_trees, eval_seconds)
         checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
         bar.set_postfix_str("checkpoint" if checkpoint else "")
         run.commit(step, record, (lambda folder: _write_checkpoint(folder, step, trainer, predictor, cursor, rng))
@@ -403,7 +431,7 @@ def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> Non
 # ---------------------------------------------------------------------- metrics
 def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_stats: Mapping[str, Any],
                 sync_seconds: float, evaluation: Mapping[str, Any] | None, seconds: float,
-                advantages: Sequence[Mapping[int, float]], eval_seconds: float = 0.0) -> dict[str, Any]:
+                token_trees: Sequence[Any], eval_seconds: float = 0.0) -> dict[str, Any]:
     """One ``metrics.jsonl`` line (see ``docs/training.md`` for every field)."""
     from trace_gym import report
 
@@ -424,7 +452,7 @@ def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_st
     phases["weight_sync"] = float(sync_seconds)
     if evaluation is not None:
         phases["eval"] = float(eval_seconds)
-    nonzero = sum(1 for a in advantages for v in a.values() if v != 0.0)
+    nonzero = sum(1 for tt in token_trees for n in tt.nodes if any(a != 0.0 for _, a in n.terms))
     record: dict[str, Any] = {
         "step": step,
         "reward": float(np.mean([leaf.reward for leaf in leaves])) if leaves else math.nan,

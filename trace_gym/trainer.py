@@ -8,22 +8,29 @@ step", step 5) on the finished trees of a batch and their per-node advantages
    contribute exactly zero policy-gradient, so without a KL term they are not run
    (their tokens still count in the loss normalisers, so the loss is unchanged);
 2. rows of at most ``micro_batch_tokens`` tokens are packed, each tree edge once;
-3. per token ``t`` (a policy token of a trained node, weight ``w_t`` from the aggregation
-   mode, advantage ``A_t``):
+3. per token ``t`` of a trained node, held by the objective's sequences ``s`` (each leaf's
+   path for ``grpo``/``tree_grpo``, its own rollout for ``treerpo``) with advantages
+   ``A_s`` and aggregation coefficients ``c_s`` (:func:`~trace_gym.batches.node_coefficients`):
 
-   ``r_t = exp(logp_t - logp_old_t)`` with ``logp_old`` the trainer's own log-probabilities
-   at the start of the step (when the step is one epoch over one mini-batch, the very same
-   forward pass provides them, detached: ``r_t = 1`` with the right gradient, and no extra
-   pass is spent);
+   ``r_t = exp(clamp(logp_t - logp_old_t, -20, 20))`` with ``logp_old`` the trainer's own
+   log-probabilities at the start of the step (when the step is one epoch over one
+   mini-batch, the very same forward pass provides them, detached: ``r_t = 1`` with the
+   right gradient, and no extra pass is spent); the log-ratio clamp is verl's;
 
-   ``l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))``  (PPO-clip, asymmetric);
+   ``l_t = -sum_s c_s min(r_t A_s, clip(r_t) A_s) = -(A+_t min(r_t, clip(r_t)) +
+   A-_t max(r_t, clip(r_t)))`` with ``clip(r) = clamp(r, 1 - clip_low, 1 + clip_high)``
+   and ``A+_t``, ``A-_t`` the sums of ``c_s A_s`` over the positive and the negative
+   ``A_s``: PPO-clip per sequence, computed once per token, so opposite-sign leaves
+   sharing a prefix never cancel before the clip. With dual-clip (``clip_ratio_c = C``)
+   the negative part is ``A-_t min(max(r_t, clip(r_t)), C)``;
 
    optionally ``l_t *= min(exp(logp_old_t - logp_engine_t), tis_cap)`` (truncated importance
    weight against the engine's sampling log-probabilities, detached; off by default) and
-   ``l_t += kl_coef * (exp(d_t) - d_t - 1)`` with ``d_t = logp_ref_t - logp_t`` (the k3 KL
-   estimator to a frozen copy of the initial policy; off by default);
+   ``l_t += kl_coef * w_t * (exp(d_t) - d_t - 1)`` with ``d_t = logp_ref_t - logp_t`` (the
+   k3 KL estimator to a frozen copy of the initial policy; off by default) and
+   ``w_t = sum_s c_s``;
 
-   ``loss = sum_t w_t l_t``, backpropagated per micro-batch (gradients accumulate);
+   ``loss = sum_t l_t``, backpropagated per micro-batch (gradients accumulate);
 4. gradient clipping to ``max_grad_norm``, one AdamW step per mini-batch, the LR schedule
    (linear warm-up, then constant or cosine) advanced once per policy update.
 
@@ -48,13 +55,15 @@ from trace_gym.batches import (
     Row,
     TokenTree,
     build_row,
-    node_weights,
+    node_coefficients,
     plan_rows,
     slot_bases,
 )
 from trace_gym.config import doc
 
 LR_SCHEDULES = ("constant", "cosine")
+#: |logp - logp_old| is clamped to this before the ratio is taken (verl's value), nats.
+LOG_RATIO_CLAMP = 20.0
 DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -71,10 +80,13 @@ class TrainerConfig:
     max_grad_norm: float = field(default=1.0, metadata=doc("clip the global gradient norm (0: off)"))
     clip_low: float = field(default=0.2, metadata=doc("PPO clip: ratio >= 1 - clip_low"))
     clip_high: float = field(default=0.2, metadata=doc("PPO clip: ratio <= 1 + clip_high (DAPO uses 0.28)"))
+    clip_ratio_c: float | None = field(default=None, metadata=doc(
+        "dual-clip: a negative advantage's ratio term is capped at this (> 1; verl uses 3.0; null: off)"))
     loss_aggregation: str = field(default="token-mean", metadata=doc(
-        "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"))
+        "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr. GRPO)"))
     loss_norm_tokens: int = field(default=0, metadata=doc(
-        "L of seq-mean-token-sum-norm (0: the longest sequence's policy tokens)"))
+        "L of seq-mean-token-sum-norm, a constant (0: train sets the run's generation length, "
+        "min(max_turns * max_turn_tokens, max_episode_tokens))"))
     tis_cap: float | None = field(default=None, metadata=doc(
         "truncated importance weight cap vs the engine's sampling logprobs (null: off)"))
     kl_coef: float = field(default=0.0, metadata=doc("k3 KL penalty to the initial policy (0: off)"))
@@ -96,6 +108,8 @@ class TrainerConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low!r}, {self.clip_high!r}")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            raise ValueError(f"clip_ratio_c (dual-clip) must be > 1 or null, got {self.clip_ratio_c!r}")
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"tis_cap must be > 0 or null, got {self.tis_cap!r}")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
@@ -127,28 +141,37 @@ def lr_factor(update: int, *, warmup_steps: int, total_steps: int, schedule: str
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def ppo_clip_loss(logp, old_logp, advantages, weights, *, clip_low: float, clip_high: float,
-                  is_weights=None, ref_logp=None, kl_coef: float = 0.0) -> tuple[Any, dict[str, Any]]:
-    """Token-level PPO-clip loss ``sum_t w_t l_t`` (see the module docstring).
+def ppo_clip_loss(logp, old_logp, pos, neg, weights, *, clip_low: float, clip_high: float,
+                  clip_ratio_c: float | None = None, is_weights=None, ref_logp=None,
+                  kl_coef: float = 0.0) -> tuple[Any, dict[str, Any]]:
+    """Token-level PPO-clip loss over per-sequence terms (see the module docstring).
 
     Args:
         logp: ``[T]`` current log-probabilities (with grad).
         old_logp: ``[T]`` log-probabilities at the start of the step (no grad).
-        advantages: ``[T]``; weights: ``[T]`` aggregation weights (sum over the whole step's
-            tokens gives the aggregated mean).
+        pos, neg: ``[T]`` the sums of ``c_s A_s`` over the token's sequences with positive
+            and with negative advantage (:class:`~trace_gym.batches.Coefficients`).
+        weights: ``[T]`` ``sum_s c_s``, the token's weight in the aggregated mean (the KL term's).
+        clip_ratio_c: dual-clip cap of a negative advantage's ratio term (``> 1``), or ``None``.
         is_weights: ``[T]`` importance weights (detached) or ``None``.
         ref_logp: ``[T]`` reference log-probabilities, needed when ``kl_coef > 0``.
 
     Returns:
-        ``(loss, sums)``: the scalar, and weighted sums for reporting (``pg``, ``kl``,
-        ``clipped_low``, ``clipped_high``: tokens where the clipped side was taken).
+        ``(loss, sums)``: the scalar, and sums for reporting (``pg``, ``kl``; tokens where a
+        clip bound was taken: ``clipped_low`` (a negative term below ``1 - clip_low``),
+        ``clipped_high`` (a positive term above ``1 + clip_high``), ``clipped_dual`` (a
+        negative term above ``clip_ratio_c``)).
     """
     import torch
 
-    ratio = torch.exp(logp - old_logp)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    pg = torch.maximum(unclipped, clipped)
+    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    gain_pos = torch.minimum(ratio, clipped)  # min(r A, clip(r) A) / A for A > 0
+    gain_neg = torch.maximum(ratio, clipped)  # ... for A < 0
+    if clip_ratio_c is not None:
+        gain_neg = torch.clamp(gain_neg, max=clip_ratio_c)
+    pos, neg = pos.to(ratio.dtype), neg.to(ratio.dtype)
+    pg = -(pos * gain_pos + neg * gain_neg)
     if is_weights is not None:
         pg = pg * is_weights
     per_token = pg
@@ -157,17 +180,17 @@ def ppo_clip_loss(logp, old_logp, advantages, weights, *, clip_low: float, clip_
         if ref_logp is None:
             raise ValueError("kl_coef > 0 needs ref_logp")
         delta = ref_logp - logp
-        kl = torch.exp(delta) - delta - 1.0
+        kl = weights.to(ratio.dtype) * (torch.exp(delta) - delta - 1.0)
         per_token = per_token + kl_coef * kl
-    w = weights.to(per_token.dtype)
-    loss = (w * per_token).sum()
+    loss = per_token.sum()
     with torch.no_grad():
-        taken = clipped > unclipped
+        dual = (neg != 0) & (torch.maximum(ratio, clipped) > clip_ratio_c) if clip_ratio_c is not None else None
         sums = {
-            "pg": float((w * pg).sum()),
-            "kl": float((w * kl).sum()) if kl is not None else 0.0,
-            "clipped_low": int((taken & (ratio < 1.0 - clip_low)).sum()),
-            "clipped_high": int((taken & (ratio > 1.0 + clip_high)).sum()),
+            "pg": float(pg.sum()),
+            "kl": float(kl.sum()) if kl is not None else 0.0,
+            "clipped_low": int(((neg != 0) & (ratio < 1.0 - clip_low)).sum()),
+            "clipped_high": int(((pos != 0) & (ratio > 1.0 + clip_high)).sum()),
+            "clipped_dual": int(dual.sum()) if dual is not None else 0,
         }
     return loss, sums
 
@@ -198,6 +221,9 @@ class PolicyTrainer:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if config.loss_aggregation == "seq-mean-token-sum-norm" and not config.loss_norm_tokens:
+            raise ValueError("loss_aggregation seq-mean-token-sum-norm (Dr. GRPO) divides by a constant: set "
+                             "trainer.loss_norm_tokens (train sets it to the run's generation length)")
         torch.manual_seed(seed)
         self.config = config
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
@@ -264,12 +290,13 @@ class PolicyTrainer:
 
     def _rows(self, trees: Sequence[TokenTree]) -> tuple[list[Row], int]:
         c = self.config
-        weights = node_weights(trees, c.loss_aggregation, c.loss_norm_tokens or None)
-        # zero-advantage nodes add exactly zero policy gradient; run them only for a KL term
-        trained = [[n.n_policy > 0 and (bool(c.kl_coef) or n.advantage != 0.0) for n in t.nodes] for t in trees]
+        coefficients = node_coefficients(trees, c.loss_aggregation, c.loss_norm_tokens or None)
+        # nodes without a policy-gradient term add exactly zero gradient; run them only for a KL term
+        trained = [[n.n_policy > 0 and (bool(c.kl_coef) or k.trained) for n, k in zip(t.nodes, coef)]
+                   for t, coef in zip(trees, coefficients)]
         base, total = slot_bases(trees)
         plan = plan_rows(trees, trained, c.micro_batch_tokens)
-        return [build_row(trees, units, weights, base) for units in plan], total
+        return [build_row(trees, units, coefficients, base) for units in plan], total
 
     # -- one policy update
     def step(self, trees: Sequence[TokenTree]) -> dict[str, float]:
@@ -310,15 +337,26 @@ class PolicyTrainer:
                    policy_tokens=float(sum(t.policy_tokens for t in trees)), seconds=time.perf_counter() - t0)
         return out
 
+    def objective(self, trees: Sequence[TokenTree], old_logprobs: Any = None) -> tuple[float, dict[str, Any]]:
+        """The loss and its gradient (by parameter name) of one pass over ``trees``, without an
+        optimizer step; for tests and diagnostics. ``old_logprobs``: the step-start
+        log-probabilities by slot (:func:`~trace_gym.batches.slot_bases` order), or ``None``
+        for on-policy (ratio 1)."""
+        import torch
+
+        self.optimizer.zero_grad(set_to_none=True)
+        rows, _ = self._rows(trees)
+        old = None if old_logprobs is None else torch.as_tensor(old_logprobs, dtype=torch.float32).to(self.device)
+        stats = _Stats()
+        self._accumulate(rows, old, stats)
+        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats.loss, grads
+
     def gradients(self, trees: Sequence[TokenTree]) -> dict[str, Any]:
         """The loss gradient of one on-policy pass over ``trees`` (no optimizer step), by
         parameter name; for tests and diagnostics."""
-        self.optimizer.zero_grad(set_to_none=True)
-        rows, _ = self._rows(trees)
-        self._accumulate(rows, None, _Stats())
-        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
-        self.optimizer.zero_grad(set_to_none=True)
-        return grads
+        return self.objective(trees)[1]
 
     def _accumulate(self, rows: Sequence[Row], old: Any, stats: "_Stats") -> None:
         """Forward and backward every row; ``old`` holds step-start logprobs by slot, or
@@ -340,9 +378,9 @@ class PolicyTrainer:
         if c.kl_coef:
             with torch.no_grad():
                 ref = self.row_logprobs(row, model=self.reference)[0]
-        loss, sums = ppo_clip_loss(logp, old_logp, row.advantages.to(dev), row.weights.to(dev),
-                                   clip_low=c.clip_low, clip_high=c.clip_high, is_weights=isw,
-                                   ref_logp=ref, kl_coef=c.kl_coef)
+        loss, sums = ppo_clip_loss(logp, old_logp, row.pos.to(dev), row.neg.to(dev), row.weights.to(dev),
+                                   clip_low=c.clip_low, clip_high=c.clip_high, clip_ratio_c=c.clip_ratio_c,
+                                   is_weights=isw, ref_logp=ref, kl_coef=c.kl_coef)
         loss.backward()
         with torch.no_grad():
             known = ~torch.isnan(samp)
@@ -422,7 +460,7 @@ class _null:
 class _Stats:
     def __init__(self) -> None:
         self.loss = self.pg = self.kl = self.entropy = self.mismatch_abs = self.mismatch_kl = self.is_weight = 0.0
-        self.tokens = self.mismatch_tokens = self.clipped_low = self.clipped_high = 0
+        self.tokens = self.mismatch_tokens = self.clipped_low = self.clipped_high = self.clipped_dual = 0
         self.grad_norms: list[float] = []
         self.optimizer_steps = 1
 
@@ -432,6 +470,7 @@ class _Stats:
         self.kl += sums["kl"]
         self.clipped_low += sums["clipped_low"]
         self.clipped_high += sums["clipped_high"]
+        self.clipped_dual += sums["clipped_dual"]
         self.tokens += tokens
         self.entropy += entropy
         self.mismatch_abs += mismatch_abs
@@ -444,6 +483,7 @@ class _Stats:
         return {  # losses: mean over optimizer steps; fractions and means: over every token run
             "loss": self.loss / k, "pg_loss": self.pg / k, "kl": self.kl / k,
             "clip_fraction_low": self.clipped_low / n, "clip_fraction_high": self.clipped_high / n,
+            "clip_fraction_dual": self.clipped_dual / n,
             "entropy": self.entropy / n,
             "mismatch_abs": self.mismatch_abs / m if self.mismatch_tokens else math.nan,
             "mismatch_kl": self.mismatch_kl / m if self.mismatch_tokens else math.nan,

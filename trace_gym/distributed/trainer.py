@@ -193,7 +193,7 @@ class ShardedTrainer(DataParallelTrainer):
         if most > len(mine):  # same number of forward/backward passes on every rank
             small = min(rows, key=len)
             zero = torch.zeros_like(small.weights)
-            padding = [dataclasses.replace(small, weights=zero, advantages=zero.clone())
+            padding = [dataclasses.replace(small, weights=zero, pos=zero.clone(), neg=zero.clone())
                        for _ in range(most - len(mine))]
         self._padding.update(id(row) for row in padding)
         self._padded["rows"] += len(padding)
