@@ -305,7 +305,7 @@ def _fake(eff_trace, eff_uniform):
 def test_the_verdict_says_which_way_it_goes_or_that_there_is_none():
     better = bench.verdict(_fake([0.5, 0.52, 0.55], [0.3, 0.31, 0.29]))
     assert better.startswith("TRACE beats uniform") and "3 paired repetitions" in better
-    worse = bench.verdict(_fake([0.2, 0.21, 0.19], [0.3, 0.31, 0.29]))
+    worse = bench.verdict(_fake([0.2, 0.22, 0.19], [0.3, 0.31, 0.29]))
     assert worse.startswith("TRACE is WORSE than uniform")
     unclear = bench.verdict(_fake([0.3, 0.5, 0.1], [0.3, 0.31, 0.29]))
     assert unclear.startswith("TRACE and uniform cannot be told apart")
@@ -316,6 +316,96 @@ def test_the_verdict_says_which_way_it_goes_or_that_there_is_none():
     statuses = {c["name"]: c["status"] for c in bench.bench_checks(flat)}
     assert statuses["trace effective ratio above uniform"] == "SKIP"
     assert statuses["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "SKIP"
+
+
+COST_CHECKS = {"equal nominal budget", "equal generated tokens (every strategy within 2 % of uniform's)"}
+
+
+def assert_no_outcome_check_passes(results):
+    """On a bench where every reward was equal, only the cost checks may PASS: every
+    comparison of outcomes must say SKIP (no contrast), and the verdict that there is none."""
+    printed = bench.format_bench(results)
+    passed = [c["name"] for c in results["checks"] if c["status"] == "PASS" and c["name"] not in COST_CHECKS]
+    assert not passed, f"checks PASSed on a bench without contrast: {passed}"
+    assert all(f"PASS: {c['name']}" not in printed for c in results["checks"] if c["name"] not in COST_CHECKS)
+    assert results["verdict"].startswith("NO VERDICT: no contrast")
+
+
+@pytest.fixture(scope="module")
+def all_fail():
+    """The simulator bench in a world where every task is hopeless (success probability 0):
+    every reward of every rollout is 0."""
+    from trace_gym import sim
+
+    original = sim.make_pool
+    sim.make_pool = lambda *a, **kw: dataclasses.replace(
+        original(*a, **kw), success=np.zeros_like(original(*a, **kw).success))
+    try:
+        yield run_sim(seeds=2, steps=2)
+    finally:
+        sim.make_pool = original
+
+
+def test_an_all_zero_reward_bench_skips_every_comparison(all_fail):
+    assert all(v["effective_ratio"] == 0 for v in all_fail["strategies"].values())
+    status = {c["name"]: c["status"] for c in all_fail["checks"]}
+    assert {n for n, st in status.items() if n not in COST_CHECKS} == {c.name for c in bench.COMPARISONS}
+    assert all(status[c.name] == "SKIP" for c in bench.COMPARISONS)
+    assert status["equal nominal budget"] == "PASS"  # costs, not outcomes: still checked
+    printed = bench.format_bench(all_fail)
+    assert "SKIP: trace effective ratio >= 2x uniform" in printed and "no contrast" in printed
+    assert "0.000 ± 0 (all 2 equal)" in printed  # not "0.000 ± 0.000"
+    assert_no_outcome_check_passes(all_fail)
+
+
+def test_a_planted_check_that_passes_on_equal_zeros_is_caught(all_fail, monkeypatch):
+    # a new comparison that would PASS on 0 vs 0 goes through no_contrast like every other: SKIP
+    planted = bench.Comparison("planted: trace at least uniform", ("trace", "uniform"),
+                               lambda eff: eff("trace") >= eff("uniform"),
+                               lambda eff, versus: versus("trace", "uniform"))
+    monkeypatch.setattr(bench, "COMPARISONS", bench.COMPARISONS + (planted,))
+    rerun = dict(all_fail) | {"checks": bench.bench_checks(all_fail)}
+    assert {c["name"]: c["status"] for c in rerun["checks"]}[planted.name] == "SKIP"
+    assert_no_outcome_check_passes(rerun)
+    # the same checks computed without the guard (the bug of issue 20): the test sees the PASS
+    monkeypatch.setattr(bench, "no_contrast", lambda rows: False)
+    broken = dict(all_fail) | {"checks": bench.bench_checks(all_fail)}
+    status = {c["name"]: c["status"] for c in broken["checks"]}
+    assert status[planted.name] == "PASS"
+    assert status["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "PASS"
+    with pytest.raises(AssertionError, match="checks PASSed on a bench without contrast"):
+        assert_no_outcome_check_passes(broken)
+
+
+def test_a_comparison_skips_when_its_own_rows_have_no_contrast():
+    fake = _fake([0.0, 0.0], [0.0, 0.0])
+    fake["strategies"]["pcl"] = dict(fake["strategies"]["trace"], effective_ratio=0.4,
+                                     per_rep=[{"effective_ratio": 0.4}, {"effective_ratio": 0.4}])
+    status = {c["name"]: c for c in bench.bench_checks(fake)}
+    # pcl found contrast, trace and uniform none: 0 vs 0 is still nothing to compare
+    assert status["trace effective ratio above uniform"]["status"] == "SKIP"
+    assert status["trace effective ratio above pcl"]["status"] == "FAIL"  # 0 vs 0.4: a real loss
+    # a ratio to a row without contrast is undefined, whatever the numerator
+    fake = _fake([0.3, 0.4], [0.0, float("nan")])
+    ratio = {c["name"]: c for c in bench.bench_checks(fake)}[
+        "trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"]
+    assert ratio["status"] == "SKIP" and "ratio to it is undefined" in ratio["detail"]
+    fake = _fake([0.3, 0.4], [0.0, 0.0])  # trace found contrast where uniform found none
+    assert {c["name"]: c["status"] for c in bench.bench_checks(fake)}["trace effective ratio above uniform"] == "PASS"
+
+
+def test_equal_paired_differences_are_judged_by_the_sign_test():
+    same = _fake([0.5, 0.6, 0.7], [0.3, 0.4, 0.5])  # +0.2 in every repetition (up to rounding)
+    line = bench.verdict(same)
+    # no spread, so no t interval; the sign test of 3 agreeing signs: p = 2 / 2^3 = 0.25
+    assert line.startswith("TRACE and uniform cannot be told apart") and "± 0 (all equal: no spread" in line
+    assert "± 0.000" not in line
+    detail = {c["name"]: c["detail"] for c in bench.bench_checks(same)}["trace effective ratio above uniform"]
+    assert "difference +0.200 ± 0 (all equal: no spread; judged by the sign test) over 3 paired repetitions, " \
+           "NOT distinguishable" in detail
+    # six agreeing signs: p = 2 / 2^6 = 0.031 < 0.05
+    six = _fake([0.5] * 6, [0.3] * 6)
+    assert bench.verdict(six).startswith("TRACE beats uniform")
 
 
 def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):

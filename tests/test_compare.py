@@ -40,15 +40,27 @@ def test_paired_verdicts_and_seed_groups(tmp_path):
     c = make_run(tmp_path / "c", "pcl", 0, [0.3, 0.4], after=base[:-1] + [0], before=base)  # one task lost
     text = run_compare([a, b, c], out_dir=str(tmp_path / "out"))
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    # b - a: d = 1 on 12 tasks, 0 on 28: mean 0.3, t-interval half-width t(.975, 39) * sd / sqrt(40)
-    d = np.array([1.0] * 12 + [0.0] * 28)
-    half = 2.0227 * d.std(ddof=1) / math.sqrt(40)
-    assert f"+30.0 ± {100 * half:.1f} pts (paired over 40 tasks): distinguishable" in rows["trace / treerpo (1 seed)"]
-    assert "-2.5 ± 5.1 pts (paired over 40 tasks): cannot be told apart" in rows["pcl / treerpo (1 seed)"]
+    # b - a: d = 1 on 12 tasks, 0 on 28. Agresti-Min: W = 42, centre 12/42,
+    # v = ((12 + 1)/42 - (12/42)^2)/42, bounds centre -/+ 1.96 sqrt(v) = [+14.1, +43.0] points
+    centre, v = 12 / 42, (13 / 42 - (12 / 42) ** 2) / 42
+    lo, hi = 100 * (centre - 1.959964 * math.sqrt(v)), 100 * (centre + 1.959964 * math.sqrt(v))
+    assert (round(lo, 1), round(hi, 1)) == (14.1, 43.0)
+    b_row = rows["trace / treerpo (1 seed)"]
+    assert f"+30.0 pts [{lo:+.1f}, {hi:+.1f}] (paired over 40 tasks): distinguishable" in b_row
+    # c - a: one task lost (n21 = 1): centre -1/42, v = (2/42 - (1/42)^2)/42
+    centre, v = -1 / 42, (2 / 42 - (1 / 42) ** 2) / 42
+    lo, hi = 100 * (centre - 1.959964 * math.sqrt(v)), 100 * (centre + 1.959964 * math.sqrt(v))
+    pcl_row = rows["pcl / treerpo (1 seed)"]
+    assert f"-2.5 pts [{lo:+.1f}, {hi:+.1f}] (paired over 40 tasks): cannot be told apart" in pcl_row
     assert "reference" in rows["uniform / treerpo (1 seed)"]
     # within a run: after - before, paired over the same 40 tasks
-    assert f"+30.0 ± {100 * half:.1f} pts (paired over 40 tasks): a real change" in rows["trace / treerpo (1 seed)"]
-    assert "+0.0 ± 0.0 pts (paired over 40 tasks): no detectable change" in rows["uniform / treerpo (1 seed)"]
+    assert "(paired over 40 tasks): a real change" in b_row
+    # no task changed: still an interval, +-1.96 / 42 = +-4.7 points, not "+0.0 ± 0.0"
+    assert "+0.0 pts [-4.7, +4.7] (paired over 40 tasks): no detectable change" in rows["uniform / treerpo (1 seed)"]
+    # held-out accuracy carries Wilson's interval recomputed from the per-task outcomes
+    # (10 of 40: [14.2, 40.2]), not the eval file's stored [10, 90]
+    assert "| 25.0 [14.2, 40.2]" in rows["uniform / treerpo (1 seed)"]
+    assert "mix" not in text  # one env, one suite: no warning
     for png in ("reward.png", "effective_ratio.png", "accuracy.png"):
         assert (tmp_path / "out" / png).stat().st_size > 1000
     assert (tmp_path / "out" / "compare.md").read_text().startswith("| run")
@@ -65,6 +77,48 @@ def test_seeds_form_one_row_with_intervals(tmp_path):
     assert "0.200 ± 0.248" in trace_row
     uniform_row = next(line for line in text.splitlines() if line.startswith("| uniform"))
     assert "2 seeds each" in uniform_row and "cannot be told apart" in uniform_row
+    # uniform's two seeds trained with the same reward: no spread, said so, not "± 0.000"
+    assert "0.100 ± 0 (all 2 equal)" in uniform_row
+
+
+def test_zero_observed_variance_still_has_a_wide_interval(tmp_path):
+    # 5 tasks, every one wrong before and after, in both runs: the paired difference has
+    # zero observed variance, yet 5 tasks cannot make a difference certain: +-1.96 / 7
+    a = make_run(tmp_path / "a", "uniform", 0, [0.0], after=[0] * 5, before=[0] * 5)
+    b = make_run(tmp_path / "b", "trace", 0, [0.0], after=[0] * 5, before=[0] * 5)
+    text = run_compare([a, b])
+    half = 100 * 1.959964 / 7
+    assert f"+0.0 pts [{-half:+.1f}, {half:+.1f}] (paired over 5 tasks): cannot be told apart" in text
+    assert "0.0 [0.0, 43.4]" in text  # Wilson of 0 of 5, not [0.0, 0.0]
+    assert "± 0.0 pts" not in text
+
+
+def test_seeds_that_all_agree_tell_nothing_apart(tmp_path):
+    runs = [make_run(tmp_path / f"t{s}", "trace", s, [0.1], after=[1, 0], before=[0, 0]) for s in range(2)]
+    other = [make_run(tmp_path / f"u{s}", "uniform", s, [0.1], after=[0, 0], before=[0, 0]) for s in range(2)]
+    text = run_compare(other + runs)
+    trace_row = next(line for line in text.splitlines() if line.startswith("| trace"))
+    # every seed gained exactly 50 points: no spread over seeds to build an interval from
+    assert "+50.0 ± 0 (every seed equal) pts (over 2 seeds): no detectable change" in trace_row
+    assert "+50.0 ± 0 (every seed equal) pts (2 seeds each): cannot be told apart" in trace_row
+
+
+def test_mixing_envs_or_suites_says_so_in_one_line(tmp_path):
+    a = make_run(tmp_path / "a", "uniform", 0, [0.2], after=[0, 1], before=[0, 1])
+    b = make_run(tmp_path / "b", "trace", 0, [0.2], after=[0, 1], before=[0, 1])
+    c = make_run(tmp_path / "c", "trace", 1, [0.2], after=[0, 1], before=[0, 1])
+    for run, env, suite in ((a, "math_python", "generated"), (b, "guess_number", "generated"),
+                            (c, "math_python", "math500")):
+        cfg = yaml.safe_load((run / "config.yaml").read_text()) | {"env": env, "eval_suite": suite}
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    text = run_compare([a, b, c])
+    first = text.splitlines()[0]
+    assert first.startswith("WARNING: these runs mix envs math_python (a, c); guess_number (b) and eval suites "
+                            "generated (a, b); math500 (c)")
+    assert sum("WARNING" in line for line in text.splitlines()) == 1
+    assert "| uniform / treerpo (1 seed)" in text  # still tabulated: existing usage keeps working
+    same = run_compare([a])  # one env, one suite
+    assert "WARNING" not in same
 
 
 def test_not_a_run_dir(tmp_path):

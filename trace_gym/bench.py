@@ -23,9 +23,12 @@ is rescaled per step until it generates within 0.5 % of what the reference strat
 (uniform) generates at the nominal budget.
 
 Uncertainty: metrics are means over repetitions (seeds) with a 95 % Student-t interval;
-with one repetition no interval is printed. Checks compare strategies by the paired
-difference over repetitions (common random numbers) and say when two strategies cannot
-be told apart.
+with one repetition no interval is printed, and when every repetition gave the same
+value it prints ``± 0 (all n equal)``: no spread to estimate from, which is not
+certainty; such a paired difference is judged by the exact sign test instead (apart
+from 6 repetitions at 95 %). Checks compare strategies by the paired difference over
+repetitions (common random numbers) and say when two strategies cannot be told apart; a
+comparison whose rows found no mixed prompt is SKIPped ("no contrast"), never PASSed.
 
 The functions take resolved objects (strategies, env family, engine); the face looks
 the names up.
@@ -144,90 +147,147 @@ def transcripts(trees: Sequence[Any], limit: int) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------- checks
+Effective = Callable[[str], float]  # row name -> its mean effective ratio
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One check of the verdict that compares headline rows' effective ratios.
+
+    ``passes(eff)`` is the claim; ``detail(eff, versus)`` says what was measured
+    (``versus(a, b)`` states the paired difference of a and b over repetitions). Every
+    comparison goes through :func:`no_contrast` on the rows it reads (``needs``): when
+    none of them found a mixed prompt it is SKIPped, never PASSed (0 vs 0 proves
+    nothing). A ratio's ``denominator`` must itself show contrast: "2x of nothing" holds
+    for anything.
+    """
+
+    name: str
+    needs: tuple[str, ...]
+    passes: Callable[[Effective], bool]
+    detail: Callable[[Effective, Callable[[str, str], str]], str]
+    denominator: str | None = None
+
+
+#: The comparisons of :func:`bench_checks`, in the order they print.
+COMPARISONS: tuple[Comparison, ...] = (
+    *(Comparison(f"trace effective ratio above {b}", ("trace", b),
+                 lambda eff, b=b: eff("trace") > eff(b), lambda eff, versus, b=b: versus("trace", b))
+      for b in ("uniform", "pcl", "random_tree")),
+    Comparison("trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)",
+               ("trace", "uniform"), lambda eff: eff("trace") >= 2 * eff("uniform"),
+               lambda eff, versus: f"{eff('trace'):.3f} = {eff('trace') / max(eff('uniform'), 1e-12):.2f}x "
+                                  f"{eff('uniform'):.3f}",
+               denominator="uniform"),
+    *(Comparison(f"{a} between uniform and trace", ("uniform", a, "trace"),
+                 lambda eff, a=a: eff("uniform") < eff(a) < eff("trace"),
+                 lambda eff, versus, a=a: f"{eff('uniform'):.3f} < {eff(a):.3f} < {eff('trace'):.3f}")
+      for a in ("trace_root_only", "trace_prefix_only")),
+)
+
+
 def bench_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The verdict, on the headline rows (learned predictor; upper bounds excluded).
 
-    Each check is ``{"name", "status": PASS | FAIL | SKIP, "detail"}``. Comparisons of
-    two strategies state the paired difference over repetitions and whether it is
-    distinguishable from zero at 95 %. On a rollout bank, when any row's share of
-    refused branches exceeds :data:`EXHAUSTED_LIMIT` (:func:`exhaustion_check`), that
-    check FAILs, names the bank sizes needed, and every comparison is SKIPped: no verdict.
+    Each check is ``{"name", "status": PASS | FAIL | SKIP, "detail"}``: the bank guard
+    (:func:`exhaustion_check`), every :data:`COMPARISONS` entry, then the equal-budget
+    check. Comparisons of two strategies state the paired difference over repetitions
+    and whether it is distinguishable from zero at 95 %. A comparison is SKIPped when a
+    row it needs is missing, when the bank ran out (the guard FAILs, names the bank
+    sizes needed: no verdict), or when its rows have no contrast (:func:`no_contrast`:
+    every rollout of every prompt agreed, e.g. every reward 0). The budget check reads
+    costs, not outcomes, so it holds whatever the rewards.
     """
-    from trace_gym import report
-
     s = {n: v for n, v in results["strategies"].items() if not v["upper_bound"]}
     checks: list[dict[str, Any]] = []
     guard = exhaustion_check(results)
     if guard is not None:
         checks.append(guard)
     no_verdict = guard is not None and guard["status"] == "FAIL"
-    degenerate = no_contrast(s)
+    for comparison in COMPARISONS:
+        checks.append(_compare(comparison, s, no_verdict))
+    checks.append(budget_check(results, s))
+    return checks
 
-    def add(name: str, needs: Sequence[str], ok: Callable[[], bool], detail: Callable[[], str],
-            verdict: bool = True) -> None:
-        missing = [n for n in needs if n not in s]
-        if missing:
-            checks.append({"name": name, "status": "SKIP", "detail": f"needs {', '.join(missing)}"})
-        elif verdict and no_verdict:
-            checks.append({"name": name, "status": "SKIP", "detail": "no verdict: the bank ran out (see above)"})
-        elif verdict and degenerate:
-            checks.append({"name": name, "status": "SKIP", "detail": "no contrast: no strategy found a single mixed "
-                           "prompt (every rollout of a prompt had the same outcome), so there is nothing to compare"})
-        else:
-            checks.append({"name": name, "status": "PASS" if ok() else "FAIL", "detail": detail()})
+
+def _needs(names: Sequence[str], rows: Mapping[str, Any]) -> dict[str, Any] | None:
+    missing = [n for n in names if n not in rows]
+    return {"status": "SKIP", "detail": f"needs {', '.join(missing)}"} if missing else None
+
+
+def _compare(c: Comparison, s: Mapping[str, Any], no_verdict: bool) -> dict[str, Any]:
+    """One :class:`Comparison` on the headline rows ``s``: SKIP, PASS or FAIL."""
+    skip = _needs(c.needs, s)
+    if skip is None and no_verdict:
+        skip = {"status": "SKIP", "detail": "no verdict: the bank ran out (see above)"}
+    if skip is None and no_contrast({n: s[n] for n in c.needs}):
+        skip = {"status": "SKIP", "detail": f"no contrast: {', '.join(c.needs)} found no mixed prompt in any "
+                "repetition (every rollout of a prompt had the same outcome), so there is nothing to compare"}
+    if skip is None and c.denominator is not None and no_contrast({c.denominator: s[c.denominator]}):
+        skip = {"status": "SKIP", "detail": f"no contrast: {c.denominator} found no mixed prompt in any repetition, "
+                "so a ratio to it is undefined"}
+    if skip is not None:
+        return {"name": c.name, **skip}
 
     def eff(n: str) -> float:
         return s[n]["effective_ratio"]
 
-    def versus(a: str, b: str) -> str:
-        ea = [r["effective_ratio"] for r in s[a]["per_rep"]]
-        eb = [r["effective_ratio"] for r in s[b]["per_rep"]]
-        mean, half, n = report.paired_difference(ea, eb)
-        if n < 2:
-            told = "one repetition: cannot tell apart"
-        else:
-            told = "distinguishable" if abs(mean) > half else "NOT distinguishable"
-            told = f"difference {mean:+.3f} ± {half:.3f} over {n} paired repetitions, {told}"
-        return f"{eff(a):.3f} vs {eff(b):.3f}; {told}"
+    return {"name": c.name, "status": "PASS" if c.passes(eff) else "FAIL",
+            "detail": c.detail(eff, lambda a, b: _versus(s, a, b))}
 
-    for baseline in ("uniform", "pcl", "random_tree"):
-        add(f"trace effective ratio above {baseline}", ["trace", baseline],
-            lambda b=baseline: eff("trace") > eff(b), lambda b=baseline: versus("trace", b))
-    add("trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)",
-        ["trace", "uniform"], lambda: eff("trace") >= 2 * eff("uniform"),
-        lambda: f"{eff('trace'):.3f} = {eff('trace') / max(eff('uniform'), 1e-12):.2f}x {eff('uniform'):.3f}")
-    for ablation in ("trace_root_only", "trace_prefix_only"):
-        add(f"{ablation} between uniform and trace", ["uniform", ablation, "trace"],
-            lambda a=ablation: eff("uniform") < eff(a) < eff("trace"),
-            lambda a=ablation: f"{eff('uniform'):.3f} < {eff(a):.3f} < {eff('trace'):.3f}")
-    unit = results["config"].get("budget_unit", "nominal")
+
+def _versus(s: Mapping[str, Any], a: str, b: str) -> str:
+    """Effective ratios of rows ``a`` and ``b`` and their paired difference over repetitions."""
+    from trace_gym import report
+
+    mean, half, n = report.paired_difference([r["effective_ratio"] for r in s[a]["per_rep"]],
+                                             [r["effective_ratio"] for r in s[b]["per_rep"]])
+    if n < 2:
+        told = "one repetition: cannot tell apart"
+    else:
+        told = "distinguishable" if report.distinguishable(mean, half, n) else "NOT distinguishable"
+        spread = f"± {half:.3f}" if half > 0 else "± 0 (all equal: no spread; judged by the sign test)"
+        told = f"difference {mean:+.3f} {spread} over {n} paired repetitions, {told}"
+    return f"{s[a]['effective_ratio']:.3f} vs {s[b]['effective_ratio']:.3f}; {told}"
+
+
+def budget_check(results: Mapping[str, Any], s: Mapping[str, Any]) -> dict[str, Any]:
+    """Every strategy (upper bounds included) spent the same budget per step: the nominal one,
+    or in token mode generated tokens within :data:`TOKEN_CHECK_TOLERANCE` of uniform's."""
     everyone = list(results["strategies"].values())
-    if unit == "tokens":
+    if results["config"].get("budget_unit", "nominal") == "tokens":
+        name = "equal generated tokens (every strategy within 2 % of uniform's)"
+        skip = _needs(list(s)[:1], s)
+        if skip is not None:
+            return {"name": name, **skip}
         reference = s.get("uniform", everyone[0])["generated_tokens"]
         worst = max(abs(v["generated_tokens"] / max(reference, 1) - 1) for v in everyone)
-        add("equal generated tokens (every strategy within 2 % of uniform's)", list(s)[:1],
-            lambda: worst <= TOKEN_CHECK_TOLERANCE,
-            lambda: f"per step: {reference:,.0f} tokens; largest deviation {100 * worst:.2f} %", verdict=False)
-    else:
-        costs = [v["nominal_cost"] for v in everyone]
-        add("equal nominal budget", list(s)[:1],
-            lambda: max(costs) - min(costs) <= 1e-9 * max(1.0, results["nominal_budget"]),
-            lambda: f"per step: {sorted(set(round(c, 6) for c in costs))} (budget {results['nominal_budget']:g})",
-            verdict=False)
-    return checks
+        return {"name": name, "status": "PASS" if worst <= TOKEN_CHECK_TOLERANCE else "FAIL",
+                "detail": f"per step: {reference:,.0f} tokens; largest deviation {100 * worst:.2f} %"}
+    name = "equal nominal budget"
+    skip = _needs(list(s)[:1], s)
+    if skip is not None:
+        return {"name": name, **skip}
+    costs = [v["nominal_cost"] for v in everyone]
+    ok = max(costs) - min(costs) <= 1e-9 * max(1.0, results["nominal_budget"])
+    return {"name": name, "status": "PASS" if ok else "FAIL",
+            "detail": f"per step: {sorted(set(round(c, 6) for c in costs))} (budget {results['nominal_budget']:g})"}
 
 
 def no_contrast(rows: Mapping[str, Any]) -> bool:
-    """Whether the comparison is degenerate: no row found a mixed prompt in any repetition."""
-    return bool(rows) and all(r["effective_ratio"] == 0 and all(x["effective_ratio"] == 0 for x in r["per_rep"])
-                              for r in rows.values())
+    """Whether comparing ``rows`` is degenerate: none of them found a mixed prompt in any
+    repetition (every effective ratio 0, or NaN where a repetition gave no prompt a rollout)."""
+    return bool(rows) and not any(r["effective_ratio"] > 0 or any(x["effective_ratio"] > 0 for x in r["per_rep"])
+                                  for r in rows.values())
 
 
 def verdict(results: Mapping[str, Any]) -> str:
     """The headline line: TRACE against uniform on the headline rows (learned predictor,
     upper bounds excluded), by the paired difference of effective ratios over repetitions,
-    stated plainly whichever way it goes; "NO VERDICT" when the bank ran out or nothing
-    had contrast."""
+    stated plainly whichever way it goes; "NO VERDICT" when the bank ran out or neither
+    found a mixed prompt. Paired differences that are all equal have no spread to build an
+    interval from: the line says so, and the exact sign test decides
+    (:func:`trace_gym.report.distinguishable`: from 6 repetitions at 95 %)."""
     from trace_gym import report
 
     s = {n: v for n, v in results["strategies"].items() if not v["upper_bound"]}
@@ -237,21 +297,23 @@ def verdict(results: Mapping[str, Any]) -> str:
     if guard is not None and guard["status"] == "FAIL":
         detail = guard["detail"]
         return detail if detail.startswith("NO VERDICT") else f"NO VERDICT: {detail}"
-    if no_contrast(s):
-        return "NO VERDICT: no contrast (no strategy found a mixed prompt; every rollout of a prompt agreed)"
+    if no_contrast({n: s[n] for n in ("trace", "uniform")}):
+        return ("NO VERDICT: no contrast (neither TRACE nor uniform found a mixed prompt; every rollout of a prompt "
+                "agreed)")
     a, b = s["trace"]["effective_ratio"], s["uniform"]["effective_ratio"]
     mean, half, n = report.paired_difference([r["effective_ratio"] for r in s["trace"]["per_rep"]],
                                              [r["effective_ratio"] for r in s["uniform"]["per_rep"]])
     if n < 2:
         return f"TRACE and uniform cannot be told apart from one repetition (effective ratio {a:.3f} vs {b:.3f})"
-    if mean - half > 0:
-        word = "TRACE beats uniform"
-    elif mean + half < 0:
-        word = "TRACE is WORSE than uniform"
+    ratio = f"{a / b:.2f}x" if b > 0 else "uniform found no mixed prompt"
+    if report.distinguishable(mean, half, n):
+        word = "TRACE beats uniform" if mean > 0 else "TRACE is WORSE than uniform"
     else:
         word = "TRACE and uniform cannot be told apart"
-    return (f"{word}: effective ratio {a:.3f} vs {b:.3f}, difference {mean:+.3f} ± {half:.3f} "
-            f"(95 %, {n} paired repetitions, predictor {s['trace']['predictor']}; {a / max(b, 1e-12):.2f}x)")
+    spread = (f"± {half:.3f} (95 %, " if half > 0 else
+              "± 0 (all equal: no spread for an interval; exact sign test at 95 %, ")
+    return (f"{word}: effective ratio {a:.3f} vs {b:.3f}, difference {mean:+.3f} {spread}{n} paired repetitions, "
+            f"predictor {s['trace']['predictor']}; {ratio})")
 
 
 def exhaustion_check(results: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -49,7 +49,8 @@ def format_bench(results: Mapping[str, Any]) -> str:
     reps = cfg["seeds"]
     rows = []
     for name, r in results["strategies"].items():
-        cells: list[Any] = [name, r["predictor"], pm(r["effective_ratio"], r["effective_ratio_ci"])]
+        cells: list[Any] = [name, r["predictor"], pm(r["effective_ratio"], r["effective_ratio_ci"],
+                                                     n=r.get("repetitions"))]
         for _, key in columns[1:]:
             value = r.get(key, math.nan)
             cells.append(f"{100 * value:.1f} %" if key in ("predictor_share", "exhausted_share") else value)
@@ -57,7 +58,8 @@ def format_bench(results: Mapping[str, Any]) -> str:
         rows.append(cells)
     headers = ["strategy", "predictor", *[c for c, _ in columns]]
     headers.insert(9, "rollouts + cont./2")
-    interval = ("mean ± 95 % CI over repetitions" if reps > 1 else
+    interval = ("mean ± 95 % CI over repetitions ('± 0 (all n equal)': every repetition gave the same value, "
+                "no spread to estimate an interval from)" if reps > 1 else
                 "one repetition: no confidence interval (repeat with more seeds to tell strategies apart)")
     unit = (f"{'the recorded' if bank_mode else 'exact'} generated tokens (matched to uniform's per step)"
             if cfg.get("budget_unit") == "tokens" else f"{results['nominal_budget']:g} trajectory-equivalents = M (1 + N/2)")

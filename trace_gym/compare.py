@@ -8,13 +8,22 @@ seconds (the paper's axes).
 Uncertainty, stated rather than hidden:
 
 - runs whose configs differ only in ``seed`` (and ``run_dir``) form one row; with two or
-  more seeds every number is a mean with a 95 % Student-t interval over seeds;
-- held-out accuracy with one seed carries the evaluation's own 95 % interval over tasks;
-- each row's gain (after minus before) is paired over the evaluation tasks (one seed) or
-  taken over seeds, with its interval;
-- every row is compared with the first one on held-out accuracy after training: by the
-  paired difference over the same evaluation tasks (one seed each) or over seeds, and the
-  table says when the two cannot be told apart (the interval contains 0).
+  more seeds every number is a mean with a 95 % Student-t interval over seeds (printed
+  ``± 0 (all n equal)`` when every seed gave the same value: no spread, not certainty);
+- held-out accuracy with one seed carries a 95 % interval over the evaluation's tasks,
+  recomputed from its per-task outcomes: Wilson at the effective sample size of the
+  tasks' samples (:func:`trace_gym.report.clustered_wilson_interval`), never zero width;
+- each row's gain (after minus before) is paired over the evaluation tasks (one seed:
+  the Agresti-Min interval for matched proportions,
+  :func:`trace_gym.report.paired_proportion_difference`, printed as ``[lower, upper]``,
+  wide even when no task changed) or taken over seeds (Student t, ``±``);
+- every row is compared with the first one on held-out accuracy after training, the same
+  way, and the table says when the two cannot be told apart (the interval contains 0; a
+  zero-width interval over seeds is judged by the exact sign test for paired gains, and
+  tells two rows of independent seeds nothing).
+
+Runs of different envs or evaluation suites are still tabulated side by side, under a
+one-line warning that their numbers measure different things.
 """
 
 from __future__ import annotations
@@ -106,9 +115,14 @@ def _before_after(run: Run) -> tuple[dict | None, dict | None]:
 
 
 def _acc(ev: Mapping[str, Any] | None) -> str:
+    """Accuracy % with its 95 % interval over tasks, from the per-task outcomes when the
+    eval recorded them (an older eval's zero-width Student-t interval is not reprinted)."""
     if ev is None:
         return "-"
-    lo, hi = ev.get("accuracy_ci", [math.nan, math.nan])
+    if ev.get("per_task"):
+        lo, hi = report.clustered_wilson_interval([[float(r >= 0.5) for r in rs] for rs in ev["per_task"].values()])
+    else:
+        lo, hi = ev.get("accuracy_ci", [math.nan, math.nan])
     return f"{100 * ev['accuracy']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
@@ -116,8 +130,28 @@ def _task_scores(ev: Mapping[str, Any]) -> dict[str, float]:
     return {t: float(np.mean([r >= 0.5 for r in rs])) for t, rs in ev.get("per_task", {}).items()}
 
 
+def _over_tasks(a: Mapping[str, float], b: Mapping[str, float], words: tuple[str, str]) -> str:
+    """``a - b`` paired over their shared tasks, Agresti-Min interval; ``words`` = (told apart, not)."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        return "no shared eval tasks"
+    diff, lo, hi, n = report.paired_proportion_difference([a[t] for t in shared], [b[t] for t in shared])
+    verdict = words[0] if lo > 0 or hi < 0 else words[1]
+    return f"{100 * diff:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (paired over {n} tasks): {verdict}"
+
+
+def _over_seeds(diff: float, half: float, n: str, words: tuple[str, str], paired: int | None = None) -> str:
+    """``diff ± half`` (Student t over seeds); ``words`` = (told apart, not); ``paired``: the
+    number of paired seed differences, for the sign test when they are all equal
+    (:func:`trace_gym.report.distinguishable`)."""
+    spread = "± 0 (every seed equal)" if half == 0 else f"± {100 * half:.1f}"
+    verdict = words[0] if report.distinguishable(diff, half, paired) else words[1]
+    return f"{100 * diff:+.1f} {spread} pts ({n}): {verdict}"
+
+
 def _versus(ref: list[Run], other: list[Run]) -> str:
     """Held-out accuracy after training, ``other`` minus ``ref``: difference, interval, verdict."""
+    words = ("distinguishable", "cannot be told apart")
     if len(ref) >= 2 and len(other) >= 2:
         a = [_before_after(r)[1] for r in other]
         b = [_before_after(r)[1] for r in ref]
@@ -125,41 +159,44 @@ def _versus(ref: list[Run], other: list[Run]) -> str:
             return "-"
         mean, half, _ = report.mean_ci([x["accuracy"] for x in a])
         mean_b, half_b, _ = report.mean_ci([x["accuracy"] for x in b])
-        diff = mean - mean_b
         half = math.sqrt(half**2 + half_b**2)  # independent seeds: intervals add in quadrature
-        n = f"{min(len(a), len(b))} seeds each"
-    else:
-        after_o, after_r = _before_after(other[0])[1], _before_after(ref[0])[1]
-        if after_o is None or after_r is None:
-            return "-"
-        so, sr = _task_scores(after_o), _task_scores(after_r)
-        shared = sorted(set(so) & set(sr))
-        if not shared:
-            return "no shared eval tasks"
-        diff, half, _ = report.paired_difference([so[t] for t in shared], [sr[t] for t in shared])
-        if math.isnan(half) or half == 0:
-            half = 0.0 if all(so[t] == sr[t] for t in shared) else half
-        n = f"paired over {len(shared)} tasks"
-    verdict = "cannot be told apart" if math.isnan(half) or abs(diff) <= half else "distinguishable"
-    return f"{100 * diff:+.1f} ± {100 * half:.1f} pts ({n}): {verdict}"
+        return _over_seeds(mean - mean_b, half, f"{min(len(a), len(b))} seeds each", words)
+    after_o, after_r = _before_after(other[0])[1], _before_after(ref[0])[1]
+    if after_o is None or after_r is None:
+        return "-"
+    return _over_tasks(_task_scores(after_o), _task_scores(after_r), words)
 
 
 def _gain(runs: list[Run]) -> str:
     """Held-out accuracy after minus before training: paired over the evaluation tasks (one
     seed) or over seeds (several), with its 95 % interval and whether it excludes 0."""
+    words = ("a real change", "no detectable change")
     pairs = [_before_after(r) for r in runs]
     if any(b is None or a is None for b, a in pairs):
         return "-"
     if len(runs) == 1:
-        before, after = _task_scores(pairs[0][0]), _task_scores(pairs[0][1])
-        shared = sorted(set(before) & set(after))
-        diff, half, _ = report.paired_difference([after[t] for t in shared], [before[t] for t in shared])
-        n = f"paired over {len(shared)} tasks"
-    else:
-        diff, half, _ = report.mean_ci([a["accuracy"] - b["accuracy"] for b, a in pairs])
-        n = f"over {len(runs)} seeds"
-    verdict = "no detectable change" if math.isnan(half) or abs(diff) <= half else "a real change"
-    return f"{100 * diff:+.1f} ± {100 * half:.1f} pts ({n}): {verdict}"
+        return _over_tasks(_task_scores(pairs[0][1]), _task_scores(pairs[0][0]), words)
+    diff, half, n = report.mean_ci([a["accuracy"] - b["accuracy"] for b, a in pairs])
+    return _over_seeds(diff, half, f"over {len(runs)} seeds", words, paired=n)
+
+
+def mixed_warning(runs: Sequence[Run]) -> str | None:
+    """One line when ``runs`` train on different envs or evaluate on different suites
+    (their numbers measure different things); None when they agree or do not say."""
+    parts = []
+    for key, what in (("env", "envs"), ("eval_suite", "eval suites")):
+        seen: dict[str, list[str]] = {}
+        for run in runs:
+            value = run.config.get(key)
+            if value not in (None, ""):
+                seen.setdefault(str(value), []).append(run.path.name)
+        if len(seen) > 1:
+            parts.append(f"{what} " + "; ".join(f"{v} ({', '.join(names)})" for v, names in seen.items()))
+    if not parts:
+        return None
+    return ("WARNING: these runs mix " + " and ".join(parts)
+            + ": rows of different envs or suites are not comparable, and their 'after vs first row' is not a "
+            "like-for-like difference")
 
 
 def compare_table(groups: Mapping[str, list[Run]]) -> str:
@@ -169,8 +206,8 @@ def compare_table(groups: Mapping[str, list[Run]]) -> str:
     for label, runs in groups.items():
         def stat(fn) -> str:
             values = [fn(r) for r in runs]
-            mean, half, _ = report.mean_ci(values)
-            return report.pm(mean, half, 3 if abs(mean) < 10 else 0)
+            mean, half, n = report.mean_ci(values)
+            return report.pm(mean, half, 3 if abs(mean) < 10 else 0, n)
 
         before = [_before_after(r)[0] for r in runs]
         after = [_before_after(r)[1] for r in runs]
@@ -263,8 +300,12 @@ def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]
 def run_compare(paths: Sequence[str], out_dir: str | None = None, *, out: Any = None) -> str:
     """Load, group, tabulate and plot; returns the markdown."""
     out = out or sys.stdout
-    groups = group_runs([load_run(p) for p in paths])
+    runs = [load_run(p) for p in paths]
+    groups = group_runs(runs)
     text = compare_table(groups)
+    warning = mixed_warning(runs)
+    if warning:
+        text = warning + "\n\n" + text
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "compare.md").write_text(text + "\n")

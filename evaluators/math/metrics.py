@@ -7,10 +7,15 @@ For a task with ``n`` sampled answers of which ``c`` are correct:
   ``1 - C(n - c, k) / C(n, k)``, the probability that at least one of ``k`` answers drawn
   without replacement from the ``n`` is correct; defined for ``k <= n``.
 
-Uncertainty is over tasks (the sampling unit of a benchmark): :func:`wilson_interval`
-for a proportion of tasks (one sample per task), :func:`mean_interval` (Student t) for a
-mean of per-task scores (paired comparisons: ``trace_gym.report.paired_difference``).
-All intervals are 95 % by default.
+Uncertainty is over tasks (the sampling unit of a benchmark), for 0/1 outcomes, by
+intervals that never have zero width: :func:`wilson_interval` for a proportion of tasks
+(one sample per task) and :func:`clustered_wilson_interval` for avg@k with k >= 1
+samples per task (Wilson at Kish's effective sample size; the same interval at k = 1;
+formulas in :mod:`trace_gym.report`). Paired comparisons over tasks:
+``trace_gym.report.paired_proportion_difference`` (Agresti-Min). :func:`mean_interval`
+is the Student-t interval of a mean of continuous scores; over per-task accuracies it
+collapses to zero width when every task scores the same (5 tasks x 2 samples, all
+wrong: [0, 0]), so accuracy does not use it. All intervals are 95 % by default.
 """
 
 from __future__ import annotations
@@ -43,20 +48,32 @@ def avg_at_k(correct: Sequence[Sequence[float]]) -> float:
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a proportion ``successes / n`` (95 % by default)."""
+    """Wilson score interval of a proportion ``successes / n`` (95 % by default; formula:
+    :func:`trace_gym.report.wilson_bounds`); 0 of 5 gives [0, 0.4345]."""
+    from trace_gym.report import wilson_bounds
+
     if n <= 0:
         return (math.nan, math.nan)
     if not 0 <= successes <= n:
         raise ValueError(f"successes must lie in [0, {n}], got {successes}")
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    return wilson_bounds(successes / n, n, z=z)
+
+
+def clustered_wilson_interval(correct: Sequence[Sequence[float]], level: float = 0.95) -> tuple[float, float]:
+    """Interval of avg@k over tasks, ``correct[i]`` the 0/1 outcomes of task i's samples:
+    Wilson at the mean of task means with Kish's effective sample size
+    (:func:`trace_gym.report.clustered_wilson_interval`, formula there); equal to
+    :func:`wilson_interval` with one sample per task, and wide when every task agrees
+    with itself (5 tasks x 2 samples, all wrong: [0, 0.4345])."""
+    from trace_gym.report import clustered_wilson_interval as interval
+
+    return interval(correct, level)
 
 
 def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """Student-t interval of the mean of ``values`` (NaN when fewer than two)."""
+    """Student-t interval of the mean of continuous ``values`` (NaN when fewer than two;
+    zero width when all are equal, which is no spread rather than certainty: not for
+    accuracies, see :func:`clustered_wilson_interval`)."""
     from trace_gym.report import mean_ci
 
     mean, half, _ = mean_ci(values, level)
