@@ -231,7 +231,9 @@ def test_a_broken_plugin_is_one_line_and_the_builtins_still_work(tmp_path):
     assert len(lines) == 1 and "no_such_module_xyz" in lines[0] and "built-ins still work" in lines[0]
     out = run(tmp_path, "-m", "trace_gym.cli", "strategies", "--plugin", "no_such_plugin_module")
     assert out.returncode == 2
-    assert "--plugin no_such_plugin_module: cannot import it" in out.stderr
+    lines = [line for line in out.stderr.splitlines() if "no_such_plugin_module" in line]
+    assert lines == ["trace-gym: error: --plugin no_such_plugin_module failed: ModuleNotFoundError: No module named "
+                     "'no_such_plugin_module' (not importable from the current folder or sys.path)"]
 
 
 def test_unknown_env_names_the_choices(site):
@@ -279,3 +281,16 @@ def test_reward_warning_is_silent_when_outcomes_mix():
     won = RolloutTree("w", (1, 2))
     won.add_turn(ROOT, branch=won.start_branch(ROOT), policy_token_ids=(3,), reward=1.0, terminal=True)
     assert "every rollout succeeded" in reward_warning([won])
+
+
+def test_the_trace_gym_script_finds_a_plugin_module_in_the_current_folder(tmp_path):
+    """The installed script's sys.path[0] is its bin folder, not the current one: --plugin
+    puts the current folder on the path, as `python -m` does, so no PYTHONPATH is needed."""
+    script = Path(sys.executable).with_name("trace-gym")
+    if not script.is_file():
+        pytest.skip("the trace-gym script is not installed in this environment")
+    write_plugin(tmp_path, installed=False)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    out = subprocess.run([str(script), "strategies", "--plugin", "echo_local"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "local_greedy" in out.stdout, out.stderr

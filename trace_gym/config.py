@@ -11,7 +11,8 @@ declaration:
   tuple, ``true/false`` for a bool);
 - :func:`load_config`, the one loader, stacks a YAML file and ``key=value`` overrides
   (dotted keys reach into nested sections such as ``trainer``);
-- :func:`config_help` lists the fields (sections included) for ``--help`` texts.
+- :func:`config_help` lists the fields (sections included) for ``--help`` texts;
+- :func:`did_you_mean` is the one "did you mean X?" hint of every unknown-name error.
 
 argparse itself lives in ``trace_gym/cli.py`` alone; it asks this module what flags a
 config has and how to parse them.
@@ -27,7 +28,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 from trace_gym.predictor import check_predictor_name, predictor_names
 
@@ -166,24 +167,72 @@ def parse_field_text(cls: type, name: str, text: str) -> Any:
 
 
 # ---------------------------------------------------------------------- building configs
-def config_from_mapping(cls: type[C], data: Mapping[str, Any], *, source: str = "config") -> C:
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the closest of ``known`` (difflib), else ``""``."""
+    import difflib
+
+    near = difflib.get_close_matches(name, list(known), n=3)
+    return f"; did you mean {', '.join(near)}?" if near else ""
+
+
+def _key_names(cls: type) -> list[str]:
+    """Every key of ``cls``: its fields and ``section.field`` for its sections."""
+    subs = sections(cls)
+    return sorted(field_types(cls)) + [f"{n}.{f}" for n, c in subs.items() for f in field_types(c)]
+
+
+def _unknown_keys(source: str, cls: type, unknown: Sequence[str]) -> ValueError:
+    """The one error for keys ``cls`` does not have, each with its closest known key."""
+    names = _key_names(cls)
+    hints = [(key, did_you_mean(key, names)) for key in unknown]
+    if len(hints) == 1 and hints[0][1]:
+        hint = hints[0][1]
+    elif any(h for _, h in hints):
+        hint = "".join(f"; {key!r}: {h.removeprefix('; ')}" for key, h in hints if h)
+    else:
+        hint = f"; known: {sorted(field_types(cls))}"
+    return ValueError(f"{source}: unknown key(s) {list(unknown)} for {cls.__name__}{hint}")
+
+
+def _check_mapping(cls: type, data: Mapping[str, Any], *, source: str, prefix: str = "") -> None:
+    """Raise ``ValueError`` naming ``source`` for the first unknown key (with the closest
+    known ones) or ill-typed value of ``data``, nested sections included; builds nothing,
+    so checks that need every key (``__post_init__``) are left to the config itself."""
+    types_, subs = field_types(cls), sections(cls)
+    unknown = [key for key in data if key not in types_]
+    if unknown:
+        raise _unknown_keys(f"{source} ({prefix.rstrip('.')})" if prefix else source, cls, unknown)
+    for key, value in data.items():
+        if key in subs and isinstance(value, Mapping):
+            _check_mapping(subs[key], value, source=source, prefix=f"{prefix}{key}.")
+            continue
+        try:
+            coerce(types_[key], value)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {prefix}{key}: {exc}") from None
+
+
+def config_from_mapping(cls: type[C], data: Mapping[str, Any], *, source: str = "config",
+                        blame: Mapping[str, str] | None = None) -> C:
     """Build ``cls`` from ``data``, rejecting unknown keys and ill-typed values by name.
 
     Args:
         cls: a dataclass config type.
         data: field name -> value (YAML values, or strings from the command line).
         source: where ``data`` came from, for error messages (a file name).
+        blame: where single keys came from, when not from ``source`` (key -> ``"command line"``).
     """
+    blame = dict(blame or {})
     types_ = field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown} for {cls.__name__}; known: {sorted(types_)}")
+        raise _unknown_keys(source, cls, unknown)
     values = {}
     for key, value in data.items():
         try:
             values[key] = coerce(types_[key], value)
         except ValueError as exc:
-            raise ValueError(f"{source}: {key}: {exc}") from None
+            raise ValueError(f"{blame.get(key, source)}: {key}: {exc}") from None
     return cls(**values)
 
 
@@ -224,8 +273,6 @@ def nest(cls: type, flat: Mapping[str, Any], *, source: str = "config") -> dict[
     """``{"steps": 3, "trainer.lr": 1e-5}`` -> ``{"steps": 3, "trainer": {"lr": 1e-5}}`` for the
     sections of ``cls``; an unknown key (or an unknown section) raises ``ValueError`` naming
     ``source``, with the closest known keys."""
-    import difflib
-
     known, subs = set(field_types(cls)), sections(cls)
     out: dict[str, Any] = {}
     for key, value in flat.items():
@@ -235,10 +282,7 @@ def nest(cls: type, flat: Mapping[str, Any], *, source: str = "config") -> dict[
             out.setdefault(head, {}).update(inner)
             continue
         if key not in known:
-            names = sorted(known) + [f"{n}.{f}" for n, c in subs.items() for f in field_types(c)]
-            near = difflib.get_close_matches(key, names, n=3)
-            hint = f"; did you mean {', '.join(near)}?" if near else f"; known: {sorted(known)}"
-            raise ValueError(f"{source}: unknown key(s) {[key]} for {cls.__name__}{hint}")
+            raise _unknown_keys(source, cls, [key])
         out[key] = value
     return out
 
@@ -249,20 +293,27 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: Mapping
     Nested sections (a field whose type is itself a config, e.g. ``trainer``) are YAML
     mappings; an override reaches into one with a dotted key (``trainer.lr=1e-5``).
     Unknown keys and ill-typed values raise ``ValueError`` naming them and where they
-    came from (the file, or the command line), before anything loads.
+    came from (the file for its keys, ``command line`` for the overrides), with the
+    closest known key, before anything loads.
     """
     source = str(path) if path else "config"
     data: dict[str, Any] = read_yaml(path) if path else {}
-    for key, value in nest(cls, dict(overrides or {}), source="command line").items():
-        if key in sections(cls):
+    _check_mapping(cls, data, source=source)
+    line = nest(cls, dict(overrides or {}), source="command line")
+    _check_mapping(cls, line, source="command line")
+    blame: dict[str, str] = {}
+    for key, value in line.items():
+        if key in sections(cls) and isinstance(value, Mapping):
             section = data.get(key) or {}
             if not isinstance(section, Mapping):
                 raise ValueError(f"{source}: {key} must be a mapping of {sections(cls)[key].__name__} keys, "
                                  f"got {section!r}")
             data[key] = {**section, **value}
+            blame[key] = f"{source} and the command line" if section else "command line"
         else:
             data[key] = value
-    return config_from_mapping(cls, data, source=source)
+            blame[key] = "command line"
+    return config_from_mapping(cls, data, source=source, blame=blame)
 
 
 def flatten(cls: type, mapping: Mapping[str, Any]) -> dict[str, Any]:

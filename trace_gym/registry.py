@@ -19,11 +19,13 @@ Plugins (see ``docs/adding-an-environment.md`` and ``docs/strategies.md``) arriv
   a zero-argument function returning one or a ``{name: Strategy}`` dict;
 - the group ``trace_gym.advantages``: ``<name> = "pkg.module:function"``, an advantage
   estimator ``fn(tree, *, eps, std_normalize) -> {node id: advantage}``;
-- ``--plugin MODULE`` (config key ``plugins``): a module that is not installed; importing
-  it runs its own registration calls (``trace_gym.api.register_env`` /
-  ``register_strategy``).
+- ``--plugin MODULE`` (config key ``plugins``): a module that is not installed (the
+  current folder is on the import path, as with ``python -m``); importing it runs its own
+  registration calls (``trace_gym.api.register_env`` / ``register_strategy``).
 
-A plugin that fails to load is reported in one line naming it; the built-ins still work.
+An installed plugin that fails to load is reported in one line naming it, and the
+built-ins still work; a ``--plugin`` module that fails to import stops the command with
+one line naming the module and the file and line that raised (the command asked for it).
 """
 
 from __future__ import annotations
@@ -154,8 +156,12 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
     ``trace_gym.strategies``, estimators of ``trace_gym.advantages``, and the given modules (``--plugin``; imported every call
     that names them, which is a no-op after the first).
 
-    Returns the env ids the plugins added. Failures are logged in one line each and kept
-    in :data:`PLUGIN_ERRORS`; they never stop the built-ins.
+    Returns the env ids the plugins added. Failures of installed plugins are logged in one
+    line each and kept in :data:`PLUGIN_ERRORS`; they never stop the built-ins.
+
+    Raises:
+        ValueError: a module of ``modules`` failed to import (one line: the module, the
+            exception, and the file and line that raised it).
     """
     global _plugins_loaded
     from gymnasium.envs.registration import registry
@@ -190,13 +196,49 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
                 register_estimator(ep.name, ep.load())
             except Exception as exc:
                 _report(f"{ESTIMATORS_GROUP}:{ep.name} ({ep.value})", exc)
+    if modules:
+        _cwd_on_path()
     for module in modules:
         try:
             importlib.import_module(module)
-        except Exception as exc:
-            _report(f"--plugin {module}", exc)
-            raise ValueError(f"--plugin {module}: cannot import it ({type(exc).__name__}: {exc})") from None
+        except Exception as exc:  # asked for by name: the command cannot go on without it
+            raise ValueError(f"--plugin {module} failed: {_raised_where(exc)}") from None
     return sorted(set(registry) - before)
+
+
+def _cwd_on_path() -> None:
+    """The current folder first on ``sys.path``, as ``python -m`` has it, so ``--plugin
+    MODULE`` finds a module beside the user without ``PYTHONPATH`` (the ``trace-gym``
+    script's own ``sys.path[0]`` is its bin folder)."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if not any(os.path.realpath(p or os.curdir) == os.path.realpath(cwd) for p in sys.path):
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+
+
+def _raised_where(exc: BaseException) -> str:
+    """``"ZeroDivisionError at my_envs.py:12: division by zero"``: the exception and the
+    innermost frame that raised it (a path under the current folder is shown relative)."""
+    import os
+    import traceback
+
+    if isinstance(exc, SyntaxError) and exc.filename:
+        file, line = exc.filename, exc.lineno
+    else:
+        machinery = {os.path.realpath(importlib.__file__), os.path.realpath(__file__)}
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not f.filename.startswith("<frozen") and os.path.realpath(f.filename) not in machinery]
+        file, line = (frames[-1].filename, frames[-1].lineno) if frames else (None, None)
+    if file is None:  # nothing of the plugin ran: it was not found
+        hint = " (not importable from the current folder or sys.path)" if isinstance(exc, ModuleNotFoundError) else ""
+        return f"{type(exc).__name__}: {exc}{hint}"
+    if not os.path.relpath(file).startswith(os.pardir):
+        file = os.path.relpath(file)
+    message = exc.msg if isinstance(exc, SyntaxError) else exc
+    return f"{type(exc).__name__} at {file}:{line}: {message}"
 
 
 def env_ids() -> list[str]:
@@ -244,9 +286,14 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
     register_envs()
     env_id = name if name in registry else f"{NAMESPACE}/{name}"
     if env_id not in registry:
+        from trace_gym.config import did_you_mean
+
         ids = sorted(k for k in registry if k.startswith(NAMESPACE + "/"))
+        # compared without the shared namespace, which would make every id look close
+        short = name.removeprefix(NAMESPACE + "/")
+        near = did_you_mean(short, [*ENV_FAMILIES, *(i.split("/", 1)[1] for i in ids)])
         raise ValueError(f"unknown env {name!r}: not an env family ({sorted(ENV_FAMILIES)}) nor a registered id "
-                         f"({ids}); plugins load from installed entry points or --plugin MODULE")
+                         f"({ids}){near}; plugins load from installed entry points or --plugin MODULE")
     return EnvFamily(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Mapping, Sequence
 
-from trace_gym.config import config_help, load_config
+from trace_gym.config import config_help, did_you_mean, load_config  # noqa: F401  (did_you_mean: re-exported)
 
 #: argparse default that marks a parser whose keys are a config dataclass's fields.
 CONFIG_KEYS = "config_keys"
@@ -74,14 +74,6 @@ def command_config(cls: type, args: argparse.Namespace, aliases: Mapping[str, An
     overrides.update({name: getattr(args, name) for name in sorted(registered) if getattr(args, name) is not None})
     overrides.update({k: v for k, v in (aliases or {}).items() if v is not None})
     return load_config(cls, getattr(args, "config", None), overrides)
-
-
-def did_you_mean(name: str, known: Sequence[str]) -> str:
-    """``"; did you mean X?"`` for the closest of ``known`` (difflib), else ``""``."""
-    import difflib
-
-    near = difflib.get_close_matches(name, list(known), n=3)
-    return f"; did you mean {', '.join(near)}?" if near else ""
 
 
 def summary(obj: Any) -> str:

@@ -30,8 +30,8 @@ def resolve_train_setup(cfg: Any) -> Any:
         raise ValueError(f"unknown strategy {cfg.strategy!r}{did_you_mean(cfg.strategy, list(STRATEGIES))}; "
                          f"known: {sorted(STRATEGIES)}")
     if cfg.data and cfg.data not in suites.TRAIN_DATA:
-        raise ValueError(f"unknown training data {cfg.data!r}; known: {sorted(suites.TRAIN_DATA)} "
-                         "(empty: the env family's own tasks)")
+        raise ValueError(f"unknown training data {cfg.data!r}{did_you_mean(cfg.data, list(suites.TRAIN_DATA))}; "
+                         f"known: {sorted(suites.TRAIN_DATA)} (empty: the env family's own tasks)")
     if cfg.eval_every:
         suites.get_suite(cfg.eval_suite)
     strategy = shaped_strategies([cfg.strategy], group_size=cfg.group_size,
@@ -77,13 +77,42 @@ def resolve_train_setup(cfg: Any) -> Any:
                                 "eval": f"{cfg.eval_suite} every {cfg.eval_every} steps" if cfg.eval_every else "-"})
 
 
+def eval_env_warning(cfg: Any) -> str | None:
+    """One line when the run evaluates a suite that runs in another env than its training
+    env (its accuracy would be printed as held-out accuracy), else ``None``.
+
+    Conservative: only the registered env ids are compared, so a suite of the same env
+    with other tasks (``generated`` for ``math_python_hard``) is not flagged.
+    """
+    from evaluators import suites
+    from trace_gym.registry import resolve_env
+
+    if not cfg.eval_every:
+        return None
+    train_env, eval_env = resolve_env(cfg.env).env_id, suites.get_suite(cfg.eval_suite).env_id
+    if eval_env == train_env:
+        return None
+    try:  # a suite named by the env id itself, where the suite table has one
+        fix = f"eval_suite={suites.get_suite(train_env).name}"
+    except ValueError:
+        fix = f"eval_suite set to a suite of {train_env}"
+    return (f"WARNING: eval_suite {cfg.eval_suite!r} runs in {eval_env}, but training runs in {train_env} "
+            f"(env={cfg.env}): its accuracy is not held-out accuracy on the training env; train with {fix}, "
+            "or eval_every=0")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    import sys
+
     from trace_gym.registry import load_plugins
     from trace_gym.train import TrainConfig, dry_run, train
 
     load_plugins()  # installed plugins: envs, strategies and estimators named by the config
     cfg = command_config(TrainConfig, args, {"ray": args.ray})
     setup = resolve_train_setup(cfg)
+    warning = eval_env_warning(cfg)
+    if warning:  # before anything loads: a long run would report the wrong env's accuracy
+        print(warning, file=sys.stderr)
     if args.dry_run:
         print(dry_run(cfg, setup))
         return 0

