@@ -238,3 +238,19 @@ def test_a_step_that_raises_closes_the_runner_the_engine_and_the_backend(tmp_pat
     with pytest.raises(RuntimeError, match="planted"):
         train(cfg, resolve_train_setup(cfg), backend=PlantedBackend())
     assert closed == ["runner", "engine", "backend"]
+
+
+def test_near_miss_names_get_a_suggestion():
+    from trace_gym.advantages import get_estimator
+    from trace_gym.models import resolve_model
+    from trace_gym.predictor import check_predictor_name
+    from trace_gym.train import TrainConfig
+
+    with pytest.raises(ValueError, match="did you mean tree_grpo"):
+        get_estimator("tree_grp")
+    with pytest.raises(ValueError, match="did you mean treerpo"):
+        TrainConfig(advantage="treerp")
+    with pytest.raises(ValueError, match="did you mean embedding"):
+        check_predictor_name("embeding", "text")
+    with pytest.raises(FileNotFoundError, match="did you mean smollm2-135m"):
+        resolve_model("smollm2-135")

@@ -255,5 +255,8 @@ def register_estimator(name: str, estimator: AdvantageEstimator) -> str:
 def get_estimator(name: str) -> AdvantageEstimator:
     """Look an estimator up by name, with the known names in the error."""
     if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
+        from trace_gym.config import did_you_mean
+
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}"
+                         f"{did_you_mean(name, ESTIMATORS)}")
     return ESTIMATORS[name]

@@ -346,7 +346,10 @@ def predictor_names(reads: str) -> list[str]:
 def check_predictor_name(name: str, reads: str, key: str = "predictor") -> None:
     """``ValueError`` naming ``key`` unless ``name`` is a kind that reads ``reads``."""
     if name not in predictor_names(reads):
-        raise ValueError(f"{key} must be one of {', '.join(predictor_names(reads))}, got {name!r}")
+        from trace_gym.config import did_you_mean
+
+        raise ValueError(f"{key} must be one of {', '.join(predictor_names(reads))}, got {name!r}"
+                         f"{did_you_mean(str(name), predictor_names(reads))}")
 
 
 def predictor_spec(name: str, kwargs: dict | None = None, **supplied) -> tuple:

@@ -104,7 +104,10 @@ class TrainConfig:
         if self.engine not in ("auto", *ENGINES):
             raise ValueError(f"engine must be one of {['auto', *ENGINES]}, got {self.engine!r}")
         if self.advantage not in ESTIMATORS:
-            raise ValueError(f"advantage must be one of {sorted(ESTIMATORS)}, got {self.advantage!r}")
+            from trace_gym.config import did_you_mean
+
+            raise ValueError(f"advantage must be one of {sorted(ESTIMATORS)}, got {self.advantage!r}"
+                             f"{did_you_mean(self.advantage, ESTIMATORS)}")
         check_predictor_name(self.predictor, "text")
         if not 0 <= self.heldout_fraction < 1 or not 0 <= self.prefix_share < 1:
             raise ValueError(f"heldout_fraction and prefix_share must lie in [0, 1), got "
