@@ -68,8 +68,9 @@ def parity_after_update(trainer: Any, engine: Any, *, prompts: int = 32, samples
     gen_s = time.perf_counter() - t0
     gen_tokens = sum(len(c.token_ids) for cs in out for c in cs)
     rng = np.random.default_rng(seed)
-    trees = [TokenTree((TokenNode(-1, tuple(p), 0, 0.0),
-                        *(TokenNode(0, tuple(c.token_ids), len(c.token_ids), float(rng.normal()), tuple(c.logprobs), j)
+    trees = [TokenTree((TokenNode(-1, tuple(p), 0),
+                        *(TokenNode(0, tuple(c.token_ids), len(c.token_ids), ((j, float(rng.normal())),),
+                                    tuple(c.logprobs), j)
                           for j, c in enumerate(cs))))
              for p, cs in zip(ids, out) if all(c.token_ids for c in cs)]
     if not trees:

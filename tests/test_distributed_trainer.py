@@ -54,16 +54,16 @@ def random_trees(n_trees: int, seed: int, vocab: int = 2000) -> list[TokenTree]:
     toks = lambda k: tuple(int(t) for t in rng.integers(10, vocab, size=k))  # noqa: E731
     trees = []
     for _ in range(n_trees):
-        nodes = [TokenNode(-1, toks(int(rng.integers(6, 14))), 0, 0.0)]
+        nodes = [TokenNode(-1, toks(int(rng.integers(6, 14))), 0)]
         for b in range(3):
             n_pol = int(rng.integers(3, 9))
-            nodes.append(TokenNode(0, toks(n_pol + 4), n_pol, float(rng.normal()),
+            nodes.append(TokenNode(0, toks(n_pol + 4), n_pol, ((b, float(rng.normal())),),
                                    tuple(float(x) for x in -rng.random(n_pol) * 3), b))
             parent = len(nodes) - 1
             n_pol = int(rng.integers(2, 7))
-            nodes.append(TokenNode(parent, toks(n_pol), n_pol, float(rng.normal()), (), b))
+            nodes.append(TokenNode(parent, toks(n_pol), n_pol, ((b, float(rng.normal())),), (), b))
         n_pol = int(rng.integers(2, 6))
-        nodes.append(TokenNode(1, toks(n_pol), n_pol, float(rng.normal()), (), 3))
+        nodes.append(TokenNode(1, toks(n_pol), n_pol, ((3, float(rng.normal())),), (), 3))
         trees.append(TokenTree(tuple(nodes)))
     return trees
 
