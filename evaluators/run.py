@@ -4,8 +4,9 @@
 calls: every policy (a model name, an HF folder, or a run dir ``RUN[@STEP]``) on every
 suite of :mod:`evaluators.suites`, through the core's agent loop.
 
-Evaluation results are cached per (weights hash, suite, samples, seed, and every other
-setting that changes the numbers) under ``$TRACE_GYM_CACHE/eval``, so a repeat is instant.
+Evaluation results are cached per (weights hash, suite, samples, seed, the content hash
+of every data file read, and every other setting that changes the numbers) under
+``$TRACE_GYM_CACHE/eval``, so a repeat is instant and an edited data file is re-evaluated.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ class EvalConfig:
 
     policy: tuple[str, ...] = field(default=("smollm2-135m",), metadata=doc(
         "model names, HF folders or run dirs (RUN or RUN@STEP), comma-separated"))
-    suites: tuple[str, ...] = field(default=("generated",), metadata=doc("suite names, comma-separated"))
-    limit: int = field(default=64, metadata=doc("tasks per suite (per category for bfcl); 0: all"))
+    suites: tuple[str, ...] = field(default=("generated",), metadata=doc(
+        "suite names or registered env ids with a task loader, comma-separated"))
+    limit: int = field(default=64, metadata=doc(
+        "tasks per suite (per category for bfcl); 0: all (64 for an env id)"))
     samples: int = field(default=1, metadata=doc("samples per task (k of avg@k)"))
     pass_k: tuple[int, ...] = field(default=(1,), metadata=doc("k values of the unbiased pass@k"))
     temperature: float = field(default=0.0, metadata=doc("0: greedy; > 0: sampled with the fixed seed"))
@@ -40,22 +43,35 @@ class EvalConfig:
     env_kwargs: dict = field(default_factory=dict, metadata=doc(
         "extra env keyword arguments (e.g. the retrieval server of the QA suites)"))
     data_dir: str = field(default="", metadata=doc(
-        "folder with local copies of the math suites (<suite>.jsonl / .parquet / .json or <suite>/)"))
-    heldout_fraction: float = field(default=0.2, metadata=doc("held-out share of the generated family"))
-    max_turns: int = field(default=0, metadata=doc("turns per episode (0: the suite's default)"))
-    max_turn_tokens: int = field(default=0, metadata=doc("tokens per turn (0: the suite's default)"))
-    max_episode_tokens: int = field(default=0, metadata=doc("context limit (0: the suite's default)"))
+        "folder with local copies of the hub suites (<suite>.jsonl / .parquet / .json or <suite>/); "
+        "a missing file is an error, not a hub download"))
+    heldout_fraction: float = field(default=0.2, metadata=doc(
+        "held-out share of the generated family and of an env id's tasks (0 for an env id: no split)"))
+    max_turns: int = field(default=0, metadata=doc("turns per episode (0: the suite's default, listed above)"))
+    max_turn_tokens: int = field(default=0, metadata=doc(
+        "generated tokens per turn (0: the suite's default, listed above)"))
+    max_episode_tokens: int = field(default=0, metadata=doc(
+        "context limit per episode, tokens (0: the suite's default, listed above)"))
     out: str = field(default="runs/eval", metadata=doc("folder for results.json and results.md"))
     cache: bool = field(default=True, metadata=doc("reuse cached results of the same weights and settings"))
     cache_dir: str = field(default="", metadata=doc("cache folder (default $TRACE_GYM_CACHE/eval)"))
-    progress: bool = field(default=True, metadata=doc("progress bars"))
+    progress: bool = field(default=True, metadata=doc("progress bars (episodes done, turns generated)"))
+    dump_episodes: int = field(default=0, metadata=doc(
+        "write this many transcripts per policy and suite into out (episodes-<policy>-<suite>.jsonl): "
+        "messages, the extracted answer, the grader's verdict"))
 
     def __post_init__(self) -> None:
-        from evaluators.suites import SUITES
+        from evaluators.suites import get_suite
 
-        unknown = [s for s in self.suites if s not in SUITES]
-        if unknown or not self.suites:
-            raise ValueError(f"unknown suite(s) {unknown or list(self.suites)}; known: {sorted(SUITES)}")
+        if not self.suites:
+            raise ValueError("suites is empty; give a suite name or an env id")
+        for name in self.suites:
+            get_suite(name)  # raises, naming the closest names
+        if self.dump_episodes < 0:
+            raise ValueError(f"dump_episodes must be >= 0, got {self.dump_episodes!r}")
+        for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: the suite's default), got {getattr(self, name)!r}")
         if not self.policy:
             raise ValueError("policy is empty; give a model name, an HF folder or a run dir")
         if self.samples < 1 or self.limit < 0 or self.temperature < 0:
@@ -71,9 +87,13 @@ class EvalConfig:
 
 # ---------------------------------------------------------------------- policies
 def resolve_policy(spec: str) -> tuple[Path, str, bool]:
-    """``(weights folder, label, is_base_model)`` for a model name / folder / ``RUN[@STEP]``."""
+    """``(weights folder, label, is_base_model)`` for a model name / folder / ``RUN[@STEP]``.
+
+    Raises:
+        ValueError: a spec that is none of these (one line, with the closest model names).
+    """
     from trace_gym.checkpoint import RunDir
-    from trace_gym.models import resolve_model
+    from trace_gym.models import MODELS, resolve_model
 
     path, _, step = spec.partition("@")
     run = Path(path)
@@ -84,7 +104,16 @@ def resolve_policy(spec: str) -> tuple[Path, str, bool]:
         return ckpt / "policy", f"{run.name}@{ckpt.name.split('-')[1]}", False
     if step:
         raise ValueError(f"policy {spec!r}: {path!r} is not a run directory (no config.yaml + checkpoints/)")
-    return Path(resolve_model(path)), path, True
+    try:
+        return Path(resolve_model(path)), path, True
+    except FileNotFoundError:
+        from trace_gym.commands import did_you_mean
+
+        if run.is_dir():
+            raise ValueError(f"policy {spec!r}: the folder is neither a model (no config.json) nor a run dir "
+                             "(no config.yaml + checkpoints/)") from None
+        raise ValueError(f"policy {spec!r} is neither a model folder, a run dir nor a known model name"
+                         f"{did_you_mean(path, sorted(MODELS))}; known: {sorted(MODELS)}") from None
 
 
 def _cache_dir(cfg: EvalConfig) -> Path:
@@ -93,68 +122,200 @@ def _cache_dir(cfg: EvalConfig) -> Path:
     return Path(os.environ.get("TRACE_GYM_CACHE", Path.home() / ".cache" / "trace_gym")) / "eval"
 
 
-def _data_path(cfg: EvalConfig, suite: str) -> str | None:
-    if not cfg.data_dir:
+def data_path(cfg: EvalConfig, suite: str) -> str | None:
+    """The local file (or folder) of ``suite`` in ``cfg.data_dir``; ``None`` when no
+    ``data_dir`` is set or the suite reads none (``Suite.data_file``).
+
+    Raises:
+        ValueError: ``data_dir`` is set and holds none of the suite's file names (one line
+            naming the folder and the names; never a silent fall-back to the hub).
+    """
+    from evaluators.suites import get_suite
+
+    spec = get_suite(suite)
+    if not cfg.data_dir or not spec.data_file:
         return None
-    base = Path(cfg.data_dir)
-    for candidate in (base / f"{suite}.jsonl", base / f"{suite}.parquet", base / f"{suite}.json", base / suite):
-        if candidate.exists():
+    base = Path(cfg.data_dir).expanduser()
+    for name in spec.data_file_names():
+        candidate = base / name.rstrip("/")
+        if candidate.is_dir() if name.endswith("/") else candidate.is_file():
             return str(candidate)
-    return None
+    names = ", ".join(spec.data_file_names())
+    if not base.is_dir():
+        raise ValueError(f"data_dir {str(base)!r} does not exist (suite {suite!r} looks there for {names}; "
+                         "unset data_dir to load it from the hub)")
+    raise ValueError(f"data_dir {str(base)!r} has none of {names} for suite {suite!r} "
+                     "(unset data_dir to load it from the hub)")
 
 
-def cache_key(cfg: EvalConfig, digest: str, suite: str) -> str:
-    """The settings that determine a suite's numbers, hashed."""
+def _file_sha256(file: Path, memo: dict[str, list]) -> str:
+    """SHA-256 of one file's bytes, memoised in ``memo`` by (resolved path, size, mtime)."""
+    st = file.stat()
+    key, stamp = str(file.resolve()), [st.st_size, st.st_mtime_ns]
+    hit = memo.get(key)
+    if isinstance(hit, list) and hit[:2] == stamp:
+        return hit[2]
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    memo[key] = [*stamp, digest.hexdigest()]
+    return memo[key][2]
+
+
+def content_hashes(paths: Sequence[str | os.PathLike], memo_file: Path | None = None) -> dict[str, str]:
+    """``{path: sha256}`` of each file's bytes, or of a folder's files (sha256 over every
+    ``relative/name:sha256`` line, sorted by name), for the eval cache keys.
+
+    As in :func:`trace_gym.models.weights_hash`, per-file hashes are memoised by size and
+    mtime, here in ``memo_file`` (JSON; skipped where it cannot be written), so a large
+    index is read once until it changes.
+    """
+    memo: dict[str, list] = {}
+    if memo_file is not None:
+        try:
+            memo = dict(json.loads(memo_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            memo = {}
+    before = json.dumps(memo, sort_keys=True)
+    out: dict[str, str] = {}
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            lines = [f"{f.relative_to(p).as_posix()}:{_file_sha256(f, memo)}"
+                     for f in sorted(p.rglob("*")) if f.is_file()]
+            out[str(path)] = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+        else:
+            out[str(path)] = _file_sha256(p, memo)
+    if memo_file is not None and json.dumps(memo, sort_keys=True) != before:
+        try:
+            memo_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_file.with_name(f"{memo_file.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(memo))
+            tmp.replace(memo_file)
+        except OSError:
+            pass
+    return out
+
+
+def local_paths(value: Any) -> list[str]:
+    """Every existing local file or folder named in ``value`` (env kwargs: strings, and
+    searcher specs ``kind:PATH`` such as ``bm25:/data/index``, at any depth of dicts and lists)."""
+    if isinstance(value, str):
+        for candidate in (value, value.partition(":")[2]):
+            if candidate and "://" not in value and os.path.exists(candidate):
+                return [candidate]
+        return []
+    if isinstance(value, dict):
+        return [p for k in sorted(value, key=str) for p in local_paths(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in local_paths(v)]
+    return []
+
+
+def tasks_hash(tasks: Sequence[Any]) -> str:
+    """SHA-256 of the tasks' JSON form (id, prompt, answer, ...), for suites whose loader is
+    code outside this package (``Suite.hash_tasks``)."""
+    text = json.dumps([t.to_dict() for t in tasks], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cache_key(cfg: EvalConfig, digest: str, suite: str, tasks_digest: str | None = None) -> str:
+    """The settings that determine a suite's numbers, hashed: every config key that changes
+    them, the weights hash, the content hash of the suite's data file and of every local
+    file named in ``env_kwargs`` (an index), and ``tasks_digest`` where given."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items()
-                if k not in ("policy", "suites", "out", "cache", "cache_dir", "progress", "engine_kwargs")}
+                if k not in ("policy", "suites", "out", "cache", "cache_dir", "progress", "engine_kwargs",
+                             "dump_episodes")}
     settings["env_kwargs"] = json.dumps(cfg.env_kwargs, sort_keys=True, default=str)
-    settings.update(weights=digest, suite=suite, data_path=_data_path(cfg, suite))
+    data = data_path(cfg, suite)
+    files = content_hashes([*([data] if data else []), *local_paths(cfg.env_kwargs)],
+                           _cache_dir(cfg) / "file_hashes.json")
+    settings.update(weights=digest, suite=suite, data_path=data, data_sha256=files.get(data) if data else None,
+                    env_files=files, tasks_sha256=tasks_digest)
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = None) -> tuple[dict[str, Any], Any]:
     """One suite's result for the weights in ``folder``: from the cache when the same weights
     and settings were evaluated before, else run (on ``engine``, built when ``None``) and
-    stored. Returns ``(result, engine or None)``."""
+    stored. Returns ``(result, engine or None)``; with ``cfg.dump_episodes`` the result's
+    ``"transcripts"`` holds that many (kept beside the cached result, so a cached repeat
+    has them too; a cache entry without enough of them is recomputed)."""
     from evaluators import suites
     from trace_gym.engines import make_engine
 
-    key = cache_key(cfg, weights_hash(folder), suite)
+    spec = suites.get_suite(suite)
+    path = data_path(cfg, suite)
+    limit = cfg.limit or None
+    tasks = suites.load_suite_tasks(spec, limit, path, cfg.heldout_fraction) if spec.hash_tasks else None
+    key = cache_key(cfg, weights_hash(folder), suite, tasks_hash(tasks) if tasks is not None else None)
     cached = _cache_dir(cfg) / f"{key}.json"
+    episodes_file = cached.with_suffix(".episodes.jsonl")
     if cfg.cache and cached.exists():
-        return json.loads(cached.read_text()) | {"cached": True}, engine
+        result = json.loads(cached.read_text()) | {"cached": True}
+        if not cfg.dump_episodes:
+            return result, engine
+        kept = [json.loads(line) for line in episodes_file.read_text().splitlines()] if episodes_file.exists() else []
+        if len(kept) >= min(cfg.dump_episodes, result["tasks"] * result["samples"]):
+            return result | {"transcripts": kept[:cfg.dump_episodes]}, engine
     if engine is None:
         engine = make_engine(cfg.engine, folder, **cfg.engine_kwargs)
     limits = {k: getattr(cfg, k) for k in ("max_turns", "max_turn_tokens", "max_episode_tokens") if getattr(cfg, k)}
-    result = suites.evaluate(engine, suite, limit=cfg.limit or None, samples=cfg.samples,
+    result = suites.evaluate(engine, suite, limit=limit, samples=cfg.samples,
                              temperature=cfg.temperature, seed=cfg.seed, pass_k=cfg.pass_k,
-                             data_path=_data_path(cfg, suite), heldout_fraction=cfg.heldout_fraction,
-                             progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs)
+                             data_path=path, heldout_fraction=cfg.heldout_fraction,
+                             progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs, tasks=tasks,
+                             transcripts=cfg.dump_episodes)
+    transcripts = result.pop("transcripts", None)
     cached.parent.mkdir(parents=True, exist_ok=True)
+    if transcripts is not None:
+        _write_jsonl(episodes_file, transcripts)
     tmp = cached.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(cached)
-    return result | {"cached": False}, engine
+    return result | {"cached": False} | ({"transcripts": transcripts} if transcripts is not None else {}), engine
+
+
+def _write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """One JSON object per line (the bench's transcript file format), written atomically."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
+    tmp.replace(path)
+
+
+def _file_label(text: str) -> str:
+    """A policy or suite name as a file-name part (``runs/a@2`` -> ``runs_a@2``)."""
+    return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in text).strip("._") or "policy"
 
 
 def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
     """Evaluate every policy on every suite (cached); writes ``results.json`` and ``results.md``."""
     from trace_gym.models import quiet_third_party
 
+    for suite in cfg.suites:  # input errors first, in one line, before any backend imports or download starts
+        data_path(cfg, suite)
     quiet_third_party()
     out = out or sys.stdout
+    resolved = [(spec, *resolve_policy(spec)) for spec in cfg.policy]
     rows = []
-    for spec in cfg.policy:
-        folder, label, base = resolve_policy(spec)
-        engine = None
-        for suite in cfg.suites:
-            result, engine = evaluate_cached(cfg, folder, suite, engine)
-            result.update(policy=spec, label=("ReAct (no RL): " if base else "") + label,
-                          weights_sha256=weights_hash(folder))
-            rows.append(result)
-        if engine is not None:
-            engine.close()
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    for spec, folder, label, base in resolved:
+        engine = None
+        try:
+            for suite in cfg.suites:
+                result, engine = evaluate_cached(cfg, folder, suite, engine)
+                transcripts = result.pop("transcripts", None)
+                if transcripts is not None:
+                    dump = Path(cfg.out) / f"episodes-{_file_label(spec)}-{_file_label(suite)}.jsonl"
+                    _write_jsonl(dump, transcripts)
+                    result["episode_file"] = str(dump)
+                result.update(policy=spec, label=("ReAct (no RL): " if base else "") + label,
+                              weights_sha256=weights_hash(folder))
+                rows.append(result)
+        finally:
+            if engine is not None:
+                engine.close()
     (Path(cfg.out) / "results.json").write_text(json.dumps(rows, indent=2))
     text = format_results(rows)
     (Path(cfg.out) / "results.md").write_text(text + "\n")

@@ -10,10 +10,15 @@ suite             tasks                                  scored by
 ``generated``     the generated math family's held-out   reward (math-verify), avg@k,
                   split (offline; the CPU default)       unbiased pass@k
 ``aime24`` ...    AIME24, AMC23, MATH500, Minerva,       the same
-                  OlympiadBench (``data_path`` or hub)
+                  OlympiadBench (``data_dir`` or hub)
 ``bfcl``          BFCL v4 multi-turn, eval split, all    the official multi-turn checks,
                   four categories                        per category and overall
+an env id         the held-out split of a registered     reward (success at >= 0.5)
+                  env's task loader (:func:`env_suite`)
 ================  =====================================  ===============================
+
+:func:`get_suite` looks a name up in :data:`SUITES`, else takes it as a registered env id
+(or env family) that offers tasks; :func:`register_suite` adds a named suite (plugins).
 
 :func:`run_suite` generates through the rollout engine with the agent loop (batched, the
 same code as rollouts), with fixed seeds: sample ``j`` of task ``i`` resets its env with
@@ -23,6 +28,7 @@ sampled.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -31,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from evaluators.math.metrics import avg_at_k, mean_interval, pass_at_k, wilson_interval
+from evaluators.math.metrics import avg_at_k, clustered_wilson_interval, pass_at_k
 from trace_gym.datafiles import split_tasks
 from trace_gym.types import Task
 
@@ -53,8 +59,15 @@ class Suite:
         scorer: ``"reward"`` (per-sample reward, success at >= 0.5), ``"bfcl"`` (the
             official checks, per category) or ``"qa"`` (EM and F1, :mod:`evaluators.qa`).
         offline: tasks load without network.
-        max_turns, max_turn_tokens, max_episode_tokens: the agent loop's defaults here.
+        max_turns, max_turn_tokens, max_episode_tokens: the agent loop's defaults here
+            (turns per episode; generated tokens per turn; context tokens per episode).
         description: one line.
+        data_file: the tasks come from ``data_dir/<name>.jsonl`` (``.parquet``, ``.json``,
+            a folder ``<name>/``) when ``data_dir`` is set, else from the hub; a set
+            ``data_dir`` without that file is an error, never a silent hub download.
+        hash_tasks: the result cache's key hashes the loaded tasks (loaders defined
+            outside this table, e.g. a plugin env's, whose output can change with no file
+            to hash).
     """
 
     name: str
@@ -67,6 +80,17 @@ class Suite:
     max_turn_tokens: int = 512
     max_episode_tokens: int = 4096
     description: str = ""
+    data_file: bool = False
+    hash_tasks: bool = False
+
+    def data_file_names(self) -> tuple[str, ...]:
+        """The names looked for in ``data_dir``, in order (the folder form ends in ``/``)."""
+        return (f"{self.name}.jsonl", f"{self.name}.parquet", f"{self.name}.json", f"{self.name}/")
+
+    def limits(self) -> str:
+        """The agent-loop defaults on one line (``--help`` and the docs)."""
+        return (f"max_turns {self.max_turns}, max_turn_tokens {self.max_turn_tokens}, "
+                f"max_episode_tokens {self.max_episode_tokens}")
 
 
 # ---------------------------------------------------------------------- task loaders
@@ -150,7 +174,8 @@ SUITES: dict[str, Suite] = {
                        max_episode_tokens=1024,
                        description="held-out split of the generated math family (offline CPU default)"),
     **{name: Suite(name, _MATH_ENV, math_dataset(name), offline=False, max_turns=4, max_turn_tokens=2048,
-                   max_episode_tokens=8192, description=f"{name} (local file via data_path, else the hub)")
+                   max_episode_tokens=8192, description=f"{name} (local file via data_dir, else the hub)",
+                   data_file=True)
        for name in ("aime24", "amc23", "math500", "minerva", "olympiadbench")},
     "bfcl": Suite("bfcl", "trace_gym/BFCL-v0", bfcl_eval_split, scorer="bfcl", max_turns=64, max_turn_tokens=512,
                   max_episode_tokens=16384, description="BFCL v4 multi-turn, eval split, per category"),
@@ -161,7 +186,7 @@ SUITES: dict[str, Suite] = {
     # (env_kwargs), the questions come from data_dir or the hub
     **{name: Suite(name, "trace_gym/WikiQA-v0", qa_dataset(name), scorer="qa", offline=False, max_turns=4,
                    max_turn_tokens=512, max_episode_tokens=8192, description=f"{name} (EM and F1; local FlashRAG "
-                   "file via data_dir, else the hub; index via env_kwargs)")
+                   "file via data_dir, else the hub; index via env_kwargs)", data_file=True)
        for name in ("hotpotqa", "2wiki", "musique", "bamboogle")},
 }
 
@@ -210,10 +235,114 @@ def _qa_train(name: str, path: str | None) -> list[Task]:
     return load_tasks(name, path=path or None, split="train")
 
 
-def get_suite(name: str) -> Suite:
-    if name not in SUITES:
-        raise ValueError(f"unknown suite {name!r}; known: {sorted(SUITES)}")
+def env_heldout(family: Any) -> Callable[..., list[Task]]:
+    """A suite loader over an env's own task loader (a :class:`trace_gym.registry.EnvFamily`):
+    its held-out split, the prompts that ``trace-gym train`` on that env never trains on
+    (``limit`` None: 64 tasks; ``heldout_fraction`` 0: the loader's first tasks, no split)."""
+
+    def load(limit: int | None, seed: int = 0, path: str | None = None,
+             heldout_fraction: float = HELDOUT_FRACTION) -> list[Task]:
+        want = 64 if limit is None else limit
+        if heldout_fraction <= 0:
+            return family.load_tasks(want, seed=HELDOUT_SEED + seed)[:want]
+        n = 4 * want + 16
+        while True:
+            pool = family.load_tasks(n, seed=HELDOUT_SEED + seed)
+            held = split_tasks(pool, "heldout", heldout_fraction)
+            if len(held) >= want or len(pool) < n or n > 64 * want + 4096:  # enough, or the loader ran dry
+                break
+            n *= 2
+        if want and not held:
+            raise ValueError(f"none of the {len(pool)} prompts of {family.env_id}'s task loader is held out at "
+                             f"heldout_fraction={heldout_fraction}; heldout_fraction=0 takes its tasks unsplit")
+        return held[:want]
+
+    load.__name__ = f"heldout_of_{family.env_id.split('/')[-1]}"
+    return load
+
+
+def env_suite(name: str, family: Any, **fields: Any) -> Suite:
+    """The suite of an env that offers tasks: its held-out split (:func:`env_heldout`), scored
+    by reward, with the agent-loop defaults of :class:`Suite` unless ``fields`` say otherwise."""
+    fields = {"env_kwargs": dict(family.env_kwargs), "hash_tasks": True,
+              "description": f"held-out split of {family.env_id}'s tasks", **fields}
+    return Suite(name, family.env_id, env_heldout(family), **fields)
+
+
+def register_suite(name: str, env_id: str, load: Callable[..., list[Task]] | None = None, **fields: Any) -> Suite:
+    """Add a named suite to :data:`SUITES` (plugins and user code); ``--suite NAME`` and
+    ``eval_suite=NAME`` then take it.
+
+    Args:
+        name: the suite's name.
+        env_id: the registered env id its episodes run in (``trace_gym/`` when it has no namespace).
+        load: ``load(limit, seed=0, path=None, heldout_fraction=0.2) -> list[Task]``; ``None``:
+            the held-out split of the env's own task loader (:func:`env_heldout`).
+        fields: any other :class:`Suite` field (``scorer``, ``env_kwargs``, ``max_turns``,
+            ``max_turn_tokens``, ``max_episode_tokens``, ``description``, ``offline``, ...);
+            ``hash_tasks`` defaults to True (the cache key follows what the loader returns).
+
+    Returns the suite. Registering an equal suite again is a no-op.
+
+    Raises:
+        ValueError: an empty name, a name taken by another suite, or a bad field.
+    """
+    if not isinstance(name, str) or not name.strip() or "," in name:
+        raise ValueError(f"a suite name must be a non-empty str without commas, got {name!r}")
+    full = env_id if "/" in env_id else f"trace_gym/{env_id}"
+    known = {f.name for f in dataclasses.fields(Suite)} - {"name", "env_id", "load"}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"register_suite({name!r}): unknown field(s) {unknown}; known: {sorted(known)}")
+    old = SUITES.get(name)
+    if old is not None and old.env_id != full:
+        raise ValueError(f"suite name {name!r} is taken (env {old.env_id}); known: {sorted(SUITES)}")
+    if load is None:
+        from trace_gym.registry import resolve_env
+
+        suite = env_suite(name, resolve_env(full), **fields)
+    else:
+        suite = Suite(name, full, load, **{"hash_tasks": True, "description": f"{name} ({full})", **fields})
+    if suite.scorer not in ("reward", "bfcl", "qa"):
+        raise ValueError(f"register_suite({name!r}): scorer must be 'reward', 'bfcl' or 'qa', got {suite.scorer!r}")
+    if old is not None and (old.env_kwargs, old.scorer) != (suite.env_kwargs, suite.scorer):
+        raise ValueError(f"suite name {name!r} is taken (env {old.env_id}); known: {sorted(SUITES)}")
+    if old is None:
+        SUITES[name] = suite
     return SUITES[name]
+
+
+def get_suite(name: str) -> Suite:
+    """The suite ``name``: a :data:`SUITES` entry, else the held-out split of a registered env
+    id (``trace_gym/Echo-v0``, ``Echo-v0``) or env family that offers tasks (:func:`env_suite`).
+
+    Raises:
+        ValueError: neither (with the closest names), or an env without a task loader.
+    """
+    if name in SUITES:
+        return SUITES[name]
+    from gymnasium.envs.registration import registry
+
+    from trace_gym.registry import ENV_FAMILIES, NAMESPACE, env_ids, resolve_env
+
+    ids = env_ids()  # registers the built-in and plugin ids
+    if name not in ENV_FAMILIES and name not in registry and f"{NAMESPACE}/{name}" not in registry:
+        from trace_gym.commands import did_you_mean
+
+        short = [i.split("/", 1)[1] for i in ids]
+        raise ValueError(f"unknown suite {name!r}{did_you_mean(name, [*SUITES, *short])}; known suites: "
+                         f"{sorted(SUITES)}, or a registered env id with a task loader: {short}")
+    return env_suite(name, resolve_env(name))
+
+
+def load_suite_tasks(suite: Suite, limit: int | None, data_path: str | None = None,
+                     heldout_fraction: float = HELDOUT_FRACTION) -> list[Task]:
+    """The suite's tasks (``limit`` None: all, or the loader's default)."""
+    tasks = suite.load(limit, seed=0, path=data_path or None, heldout_fraction=heldout_fraction)
+    if not tasks:
+        raise ValueError(f"suite {suite.name!r} has no tasks (limit={limit}, file={data_path!r}, "
+                         f"heldout_fraction={heldout_fraction})")
+    return list(tasks)
 
 
 # ---------------------------------------------------------------------- running
@@ -222,7 +351,9 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
                  max_episode_tokens: int | None = None, progress: bool = False, batch_episodes: int = 64) -> list[list[Any]]:
     """Run ``samples`` episodes of every task; returns the finished episodes per task.
 
-    Episodes run ``batch_episodes`` at a time (the engine decodes them as one batch).
+    Episodes run ``batch_episodes`` at a time (the engine decodes them as one batch). The
+    progress bar counts finished episodes and shows the turns generated so far, updated
+    after every generation round (a long suite such as BFCL moves per turn, not per entry).
     """
     import gymnasium
     from tqdm.auto import tqdm
@@ -241,17 +372,23 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
     kwargs = {**dict(suite.env_kwargs), **dict(env_kwargs or {})}
     make_env = functools.partial(gymnasium.make, suite.env_id, disable_env_checker=True, **kwargs)
     out: list[list[Any]] = [[] for _ in tasks]
-    bar = tqdm(total=len(tasks), desc=f"eval {suite.name}", disable=not progress, leave=False, dynamic_ncols=True)
+    bar = tqdm(total=len(tasks) * samples, desc=f"eval {suite.name}", unit="episode", disable=not progress,
+               leave=False, dynamic_ncols=True)
     runner = AgentRunner(engine, engine.tokenizer, make_env, sampling, agent_cfg)
     per_batch = max(1, batch_episodes // samples)
+    turns_before = 0
     try:
         for lo in range(0, len(tasks), per_batch):
             episodes = []
             for i in range(lo, min(lo + per_batch, len(tasks))):  # a task's samples: one request, n = samples
                 episodes += runner.start_many([(tasks[i], seed + 1000 * i + j) for j in range(samples)], anchor=i)
-            for ep in runner.run(episodes):
-                out[ep.anchor].append(ep)
-            bar.update(min(per_batch, len(tasks) - lo))
+            while runner.live:  # one generation round per advance: the bar moves per turn
+                finished = runner.advance()
+                for ep in finished:
+                    out[ep.anchor].append(ep)
+                bar.update(len(finished))
+                bar.set_postfix_str(f"turns {turns_before + sum(len(ep.turns) for ep in episodes)}", refresh=True)
+            turns_before += sum(len(ep.turns) for ep in episodes)
     finally:
         runner.close()
         bar.close()
@@ -265,11 +402,7 @@ def score_episodes(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Seque
     rewards = [[float(ep.reward) for ep in eps] for eps in episodes]
     success = [[float(r >= 0.5) for r in rs] for rs in rewards]
     n = min((len(s) for s in success), default=0)
-    per_task = [float(np.mean(s)) for s in success]
-    if n == 1:
-        lo, hi = wilson_interval(int(sum(per_task)), len(per_task))
-    else:
-        lo, hi = mean_interval(per_task)
+    lo, hi = clustered_wilson_interval(success)  # Wilson at one sample per task; never zero width
     result: dict[str, Any] = {
         "suite": suite.name,
         "tasks": len(tasks),
@@ -304,23 +437,22 @@ def qa_scores(name: str, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]
     return asdict(score_records(name, records))
 
 
-def bfcl_entry_results(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> list[Any]:
-    """One official verdict per episode (the first sample of each task); an episode the agent
-    loop cut (turn or token limit) before the env ended it is a failure ``trace_gym:<reason>``."""
+def bfcl_entry_result(task: Task, ep: Any) -> Any:
+    """The official verdict of one episode; an episode the agent loop cut (turn or token
+    limit) before the env ended it is a failure ``trace_gym:<reason>``."""
     from environments.bfcl import data
     from evaluators.bfcl import EntryResult
 
-    out = []
-    for task, eps in zip(tasks, episodes):
-        ep = eps[0]
-        last = ep.turns[-1] if ep.turns else None
-        if last is not None and "valid" in last.info and last.terminated:
-            out.append(EntryResult.from_info(last.info, len(ep.turns)))
-        else:
-            reason = (last.truncation if last is not None else None) or ("error" if ep.error else "no_turn")
-            out.append(EntryResult(task.id, data.category_of(task.id), False, {"check": f"trace_gym:{reason}"},
-                                   len(ep.turns)))
-    return out
+    last = ep.turns[-1] if ep.turns else None
+    if last is not None and "valid" in last.info and last.terminated:
+        return EntryResult.from_info(last.info, len(ep.turns))
+    reason = (last.truncation if last is not None else None) or ("error" if ep.error else "no_turn")
+    return EntryResult(task.id, data.category_of(task.id), False, {"check": f"trace_gym:{reason}"}, len(ep.turns))
+
+
+def bfcl_entry_results(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> list[Any]:
+    """One official verdict per task (its first sample; :func:`bfcl_entry_result`)."""
+    return [bfcl_entry_result(task, eps[0]) for task, eps in zip(tasks, episodes)]
 
 
 def bfcl_scores(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> dict[str, Any]:
@@ -330,20 +462,79 @@ def bfcl_scores(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> dic
     return scores.to_dict() | {"markdown": markdown(scores)}
 
 
+def episode_verdict(suite: Suite, task: Task, ep: Any) -> tuple[Any, dict[str, Any]]:
+    """``(the extracted answer, the grader's verdict)`` of one finished episode, as its
+    suite's scorer sees it: the math grader's ``grading`` record (reward scorer), the QA
+    prediction with EM and F1, or BFCL's official entry verdict with the calls made."""
+    info = ep.turns[-1].info if ep.turns else {}
+    if suite.scorer == "bfcl":
+        entry = bfcl_entry_result(task, ep)
+        calls = [c for turn in ep.turns for c in turn.info.get("tool_calls", [])]
+        return calls, {"valid": entry.valid, "failure": entry.failure, "category": entry.category}
+    if suite.scorer == "qa":
+        return info.get("prediction"), {key: info.get(key) for key in ("em", "f1", "golden_answers")}
+    grading = info.get("grading")
+    return (grading or {}).get("extracted"), {"success": ep.reward >= 0.5, "reward": ep.reward, "grading": grading}
+
+
+def episode_tree(ep: Any) -> Any:
+    """One finished episode as a one-branch :class:`~trace_gym.tree.RolloutTree` (the form
+    the bench's transcript writer, :func:`trace_gym.bench.transcripts`, reads)."""
+    from trace_gym.tree import ROOT, RolloutTree
+
+    tree = RolloutTree(ep.task.id, ep.prompt_ids, text=ep.task.prompt)
+    branch, node = tree.start_branch(ROOT), ROOT
+    for n, turn in enumerate(ep.turns):
+        last = n == len(ep.turns) - 1
+        info: dict[str, Any] = {"observation": [m.to_dict() for m in turn.obs_messages]}
+        if turn.truncation:
+            info["truncation"] = turn.truncation
+        if "env_error" in turn.info:
+            info["error"] = turn.info["env_error"]
+        node = tree.add_turn(node, branch=branch, policy_token_ids=turn.action_ids, observation_token_ids=turn.obs_ids,
+                             text=turn.action_text, reward=ep.reward if last else None, terminal=last, info=info)
+    return tree
+
+
+def episode_transcripts(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]],
+                        limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` transcripts, task by task and sample by sample: the bench's record
+    (prompt, each turn's action and observation, reward) plus the whole conversation
+    (``messages``), the extracted ``answer`` and the grader's ``verdict``."""
+    from trace_gym.bench import transcripts
+
+    out: list[dict[str, Any]] = []
+    for task, eps in zip(tasks, episodes):
+        for sample, ep in enumerate(eps):
+            if len(out) >= limit:
+                return out
+            record = (transcripts([episode_tree(ep)], 1) or
+                      [{"task_id": task.id, "prompt": task.prompt, "reward": ep.reward, "turns": []}])[0]
+            answer, verdict = episode_verdict(suite, task, ep)
+            out.append({"suite": suite.name, **record, "sample": sample, "seed": ep.seed,
+                        "messages": [m.to_dict() for m in ep.messages], "answer": answer, "verdict": verdict,
+                        "error": ep.error})
+    return out
+
+
 def evaluate(engine: Any, suite_name: str, *, limit: int | None, samples: int = 1, temperature: float = 0.0,
              seed: int = 0, pass_k: Sequence[int] = (1,), data_path: str | None = None,
              heldout_fraction: float = HELDOUT_FRACTION, progress: bool = False,
-             agent_limits: Mapping[str, int] | None = None, env_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Load a suite's tasks, run them through ``engine`` and score them (one suite)."""
+             agent_limits: Mapping[str, int] | None = None, env_kwargs: Mapping[str, Any] | None = None,
+             tasks: Sequence[Task] | None = None, transcripts: int = 0) -> dict[str, Any]:
+    """Load a suite's tasks (unless given), run them through ``engine`` and score them (one
+    suite). With ``transcripts`` > 0 the result's ``"transcripts"`` holds that many
+    (:func:`episode_transcripts`)."""
     suite = get_suite(suite_name)
     t0 = time.perf_counter()
-    tasks = suite.load(limit, seed=0, path=data_path or None, heldout_fraction=heldout_fraction)
-    if not tasks:
-        raise ValueError(f"suite {suite_name!r} has no tasks (limit={limit}, data_path={data_path!r})")
+    if tasks is None:
+        tasks = load_suite_tasks(suite, limit, data_path, heldout_fraction)
     episodes = run_episodes(engine, suite, tasks, samples=samples, temperature=temperature, seed=seed,
                             env_kwargs=env_kwargs, progress=progress, **dict(agent_limits or {}))
     result = score_episodes(suite, tasks, episodes, pass_k)
     result.update(temperature=temperature, seed=seed, seconds=time.perf_counter() - t0)
+    if transcripts:
+        result["transcripts"] = episode_transcripts(suite, tasks, episodes, transcripts)
     if math.isnan(result["accuracy"]):
         raise RuntimeError(f"suite {suite_name!r}: no episode finished")
     return result

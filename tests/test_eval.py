@@ -113,6 +113,6 @@ def test_eval_cli_one_line_errors(tmp_path, capsys):
 
     assert main(["eval", "--suite", "nope", f"out={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown suite(s) ['nope']" in err[0]
+    assert len(err) == 1 and "unknown suite 'nope'" in err[0] and "aime24" in err[0]
     assert main(["eval", "--policy", str(tmp_path / "missing-run@3")]) == 2
     assert "not a run directory" in capsys.readouterr().err

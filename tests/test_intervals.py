@@ -73,8 +73,6 @@ def test_clustered_wilson_is_wilson_at_k_1_and_never_zero_width():
     assert all(math.isnan(x) for x in clustered_wilson_interval([]))
 
 
-@pytest.mark.xfail(strict=True, reason="evaluators/suites.py still calls mean_interval for k > 1 samples; "
-                   "drop this marker once it calls clustered_wilson_interval")
 def test_eval_accuracy_over_five_tasks_with_zero_variance_has_width():
     from evaluators.suites import SUITES, score_episodes
 

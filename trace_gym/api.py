@@ -20,6 +20,9 @@ Strategies:
     bench: group size and tree shape).
 Environments:
     ``register_env`` (a Gymnasium id + its task loader), ``resolve_env``, ``EnvFamily``.
+Evaluation:
+    ``register_suite`` (a named suite for ``trace-gym eval --suite`` and ``eval_suite``; an env
+    id with a task loader is a suite without it).
 Trees and benches:
     ``RolloutTree``, ``BudgetLedger``; ``run_sim_bench``, ``run_env_bench``,
     ``format_bench``, ``SimBenchConfig``, ``EnvBenchConfig``.
@@ -38,6 +41,7 @@ from typing import Any, Callable
 from baselines.pcl import PCLRootAllocator
 from baselines.random_tree import RandomPrefixAllocator
 from baselines.uniform import UniformRootAllocator, fixed_groups
+from evaluators.suites import register_suite
 from trace_gym.allocation import (
     GroupSized,
     PrefixAllocator,
@@ -105,7 +109,7 @@ __all__ = [
     "PCLRootAllocator", "PrefixAllocator", "RandomPrefixAllocator", "ReferenceActions", "ReplayCost", "RolloutTree",
     "RootAllocator", "STRATEGIES", "SimBenchConfig", "Snapshot", "StopStrings", "Strategy", "Task", "TextAction", "TracePrefixAllocator", "TraceRootAllocator",
     "UniformRootAllocator", "check_env", "fixed_groups", "format_bench", "freeze", "register_env",
-    "register_strategy", "resolve_env", "rng_from_state", "rng_state", "run_env_bench", "run_sim_bench",
+    "register_strategy", "register_suite", "resolve_env", "rng_from_state", "rng_state", "run_env_bench", "run_sim_bench",
     "shaped_strategies",
     "solve_prefix", "solve_root", "task_from_options", "thaw",
 ]

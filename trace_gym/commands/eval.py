@@ -1,6 +1,6 @@
 """``trace-gym eval``: checkpoints on benchmark suites (cached), from an
-:class:`~evaluators.run.EvalConfig`; ``--policy`` and ``--suite`` are aliases of its
-``policy`` and ``suites`` keys."""
+:class:`~evaluators.run.EvalConfig`; ``--policy``, ``--suite`` and ``--dump-episodes`` are
+aliases of its ``policy``, ``suites`` and ``dump_episodes`` keys."""
 
 from __future__ import annotations
 
@@ -8,22 +8,36 @@ import argparse
 
 from trace_gym.commands import add_config_parser, command_config
 
+#: The documented CPU-sized BFCL run (docs/evaluation.md): four entries, one per category,
+#: in 2.5 min with SmolLM2-135M on the HF engine on an idle 2-core machine (the prompts
+#: alone are ~4.2k tokens; the defaults allow 64 turns of 512 tokens).
+BFCL_CPU = "limit=1 max_turns=6 max_turn_tokens=96 max_episode_tokens=6144"
+
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from evaluators.run import EvalConfig, run_eval
 
-    run_eval(command_config(EvalConfig, args, {"policy": args.policy, "suites": args.suite}))
+    run_eval(command_config(EvalConfig, args, {"policy": args.policy, "suites": args.suite,
+                                               "dump_episodes": args.dump_episodes}))
     return 0
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
     from evaluators.run import EvalConfig
-    from evaluators.suites import SUITES
+    from evaluators.suites import SUITES, Suite
 
-    suites = "suites (suites=NAME[,NAME...] or --suite):\n" + "\n".join(
-        f"  {name}: {s.description}" for name, s in SUITES.items()) + "\n\n"
+    env_limits = Suite("", "", list).limits()  # an env id's suite takes Suite's defaults
+    suites = ("suites (suites=NAME[,NAME...] or --suite), each with its agent-loop limits (max_turns, "
+              "max_turn_tokens, max_episode_tokens override them):\n"
+              + "\n".join(f"  {name}: {s.description}\n      {s.limits()}" for name, s in SUITES.items())
+              + "\n  any registered env id with a task loader (a plugin's, e.g. --plugin MODULE) or env family "
+              f"(guess_number, ...): the held-out split of its tasks\n      {env_limits}\n\n"
+              f"BFCL on a CPU (four entries in a few minutes): --suite bfcl {BFCL_CPU}\n\n")
     p = add_config_parser(subparsers, "eval", "evaluate checkpoints on benchmark suites (cached)", EvalConfig,
                           epilog_prefix=suites)
-    p.add_argument("--policy", help="PATH | RUN[@STEP] | model name (comma-separated for several); = policy=...")
-    p.add_argument("--suite", help="NAME[,NAME...] (default: generated); = suites=...")
+    p.add_argument("--policy", help="model folder | RUN[@STEP] | model name (comma-separated for several); "
+                   "= policy=...")
+    p.add_argument("--suite", help="NAME[,NAME...] suite names or env ids (default: generated); = suites=...")
+    p.add_argument("--dump-episodes", metavar="N", help="write N transcripts per policy and suite into out; "
+                   "= dump_episodes=N")
     p.set_defaults(func=cmd_eval)
