@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,13 +33,10 @@ def test_tutorial_blocks_run(page, tmp_path, monkeypatch, smollm2_path):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     namespace: dict = {"__name__": f"docs_{page.replace('-', '_').replace('.', '_')}"}
     ran = 0
-    from gymnasium.envs.registration import registry as gym_registry
+    from registry_fixtures import registries_restored
 
-    from trace_gym import registry
-    from trace_gym.strategies import STRATEGIES
-
-    saved = (dict(STRATEGIES), dict(registry.TASK_LOADERS), set(gym_registry))
-    try:
+    # the tutorials' modules and registrations must not leak into other tests
+    with registries_restored(lambda name, module: name.split(".")[0] in ("arith_envs", "my_strategies")):
         for block in blocks:
             first, _, body = block.partition("\n")
             if first.startswith("# file: "):
@@ -50,13 +46,4 @@ def test_tutorial_blocks_run(page, tmp_path, monkeypatch, smollm2_path):
                 continue
             exec(compile(block, f"{page} block {ran + 1}", "exec"), namespace)
             ran += 1
-    finally:  # the tutorials' modules and registrations must not leak into other tests
-        for name in [m for m in sys.modules if m.split(".")[0] in ("arith_envs", "my_strategies")]:
-            del sys.modules[name]
-        STRATEGIES.clear()
-        STRATEGIES.update(saved[0])
-        registry.TASK_LOADERS.clear()
-        registry.TASK_LOADERS.update(saved[1])
-        for env_id in set(gym_registry) - saved[2]:
-            gym_registry.pop(env_id)
     assert ran >= 1

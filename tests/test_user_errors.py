@@ -21,23 +21,12 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 @pytest.fixture
 def clean_registries(monkeypatch, tmp_path):
     """Plugins written by a test must not leak: their modules, strategies, env ids, sys.path."""
-    from gymnasium.envs.registration import registry as gym_registry
-
-    from trace_gym import registry
-    from trace_gym.strategies import STRATEGIES
+    from registry_fixtures import registries_restored
 
     monkeypatch.setattr(sys, "path", list(sys.path))
-    saved = (dict(STRATEGIES), dict(registry.TASK_LOADERS), set(gym_registry))
-    yield
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
-    STRATEGIES.clear()
-    STRATEGIES.update(saved[0])
-    registry.TASK_LOADERS.clear()
-    registry.TASK_LOADERS.update(saved[1])
-    for env_id in set(gym_registry) - saved[2]:
-        gym_registry.pop(env_id)
+    with registries_restored(lambda name, module: str(getattr(module, "__file__", None) or "").startswith(
+            str(tmp_path))):
+        yield
 
 
 def _off_path(folder: Path) -> None:
@@ -323,3 +312,12 @@ def test_the_cli_keeps_native_torch_warnings_out_of_the_log():
     loud = subprocess.run([sys.executable, "-c", code, "-v"], env=env, capture_output=True, text=True, timeout=300,
                           cwd=DOCS.parent)
     assert "NUMA binding" in loud.stderr  # the same call does print it when asked to be verbose
+
+
+def test_a_training_data_path_without_its_file_is_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = cli.main(["train", "--config", "configs/train_cpu_trace.yaml", "data=deepscaler", f"data_path={empty}",
+                     "--dry-run", f"run_dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"data_path='{empty}'" in err[0] and "train.jsonl" in err[0], err

@@ -38,7 +38,11 @@ def resolve_train_setup(cfg: Any) -> Any:
                                  continuations_per_root=cfg.continuations_per_root)[cfg.strategy]
     if cfg.data:
         source = suites.TRAIN_DATA[cfg.data]
-        load = lambda: source.load(cfg.train_pool, seed=cfg.seed, path=cfg.data_path or None)  # noqa: E731
+        def load():
+            try:
+                return source.load(cfg.train_pool, seed=cfg.seed, path=cfg.data_path or None)
+            except FileNotFoundError as exc:  # a user's path: one line, naming the key
+                raise ValueError(f"data_path={cfg.data_path!r} for data={cfg.data}: {exc}") from None
         offline = source.offline or bool(cfg.data_path)
         data_line = f"{cfg.data} ({cfg.data_path or source.description})"
     else:
