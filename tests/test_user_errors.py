@@ -321,3 +321,15 @@ def test_a_training_data_path_without_its_file_is_one_line(tmp_path, capsys):
                      "--dry-run", f"run_dir={tmp_path / 'r'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"data_path='{empty}'" in err[0] and "train.jsonl" in err[0], err
+
+
+def test_a_hub_id_that_cannot_be_fetched_is_one_line(tmp_path, capsys, monkeypatch):
+    """Online but wrong (here: a hub endpoint that refuses the connection): one line naming the id."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRACE_GYM_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    from trace_gym.models import resolve_model
+
+    with pytest.raises(ValueError, match=r"model 'nobody/no-such-model' could not be fetched from the hub"):
+        resolve_model("nobody/no-such-model")

@@ -335,11 +335,18 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
             f"model {ref!r} is neither a known name {sorted(MODELS)} nor an existing folder"
             f"{did_you_mean(ref, MODELS)}"
         )
+    from trace_gym.config import did_you_mean
+
     if is_offline():
         raise ValueError(f"model {ref!r} looks like a hub id, but the hub is off (offline mode)")
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(ref))
+    try:
+        return Path(snapshot_download(ref))
+    except Exception as exc:  # noqa: BLE001  (not found, no network, no access: one line, naming the id)
+        first = (str(exc).strip().splitlines() or [""])[-1][:200]
+        raise ValueError(f"model {ref!r} could not be fetched from the hub ({type(exc).__name__}: {first}); "
+                         f"known names: {sorted(MODELS)}{did_you_mean(ref, MODELS)}") from None
 
 
 def tiny_random_model(
