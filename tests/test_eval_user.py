@@ -138,10 +138,14 @@ def test_unknown_policy_and_suite_are_one_line_with_a_suggestion(tmp_path, capsy
 # ---------------------------------------------------------------------- 3. env ids and registered suites
 @pytest.fixture
 def echo_plugin(tmp_path, monkeypatch):
+    """The plugin's env id, strategy and suite must not leak into later tests."""
+    from registry_fixtures import registries_restored
+
     site = tmp_path / "site"
     write_plugin(site, installed=False)
     monkeypatch.syspath_prepend(str(site))
-    yield "echo_local"
+    with registries_restored(lambda name, module: name.split(".")[0] == "echo_local"):
+        yield "echo_local"
     suites.SUITES.pop("echo_suite", None)
 
 
