@@ -31,7 +31,7 @@ from trace_gym.advantages import ESTIMATORS, get_estimator
 from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state
 from trace_gym.config import doc, flatten, load_config, to_yaml
 from trace_gym.engines import ENGINES
-from trace_gym.predictor import check_predictor_name, predictor_names, predictor_spec
+from trace_gym.predictor import check_predictor_name, predictor_names
 from trace_gym.trainer import TrainerConfig
 from trace_gym.types import Task
 
@@ -213,50 +213,9 @@ class TrainSetup:
     describe: dict[str, str] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------------- dry run
-def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
-    """Resolve everything but the model: budget split, data, one env reset, estimator, the
-    critic's size."""
-    from trace_gym.critic import critic_plan
-
-    roots, continuations = setup.strategy.budget_split(cfg.nominal_budget)
-    predictor_spec(cfg.predictor, cfg.predictor_kwargs, model_path=str(cfg.policy), seed=cfg.seed)
-    lines = [f"trace-gym train --dry-run: {cfg.run_dir}",
-             f"  policy: {cfg.policy} (engine {cfg.engine}, trainer device {cfg.device}; not loaded)",
-             f"  strategy: {cfg.strategy}: {getattr(setup.strategy, 'description', '')}",
-             f"  budget per step: {cfg.nominal_budget:g} nominal = {roots} root rollouts + {continuations} "
-             f"continuations / 2, from {cfg.candidates} candidates",
-             f"  predictor: {cfg.predictor} {cfg.predictor_kwargs or ''}".rstrip(),
-             *([f"  critic: {critic_plan(cfg.critic_model or str(cfg.policy), cfg.predictor_kwargs).describe()}"]
-               if cfg.predictor == "lm_critic" else []),
-             f"  advantage: {cfg.advantage} (std normalise {cfg.advantage_std_normalize}); loss "
-             f"{cfg.trainer.loss_aggregation}, clip [{1 - cfg.trainer.clip_low:g}, {1 + cfg.trainer.clip_high:g}], "
-             f"lr {cfg.trainer.lr:g} ({cfg.trainer.lr_schedule}, warm-up {cfg.trainer.warmup_steps}); "
-             f"{_plural(cfg.trainer.ppo_epochs, 'epoch')} x {_plural(cfg.trainer.mini_batches, 'mini-batch')} per batch "
-             f"({'on-policy' if cfg.trainer.ppo_epochs * cfg.trainer.mini_batches == 1 else 'off-policy after the first optimizer step'})"]
-    lines += [f"  {k}: {v}" for k, v in setup.describe.items()]
-    if setup.data_offline:
-        tasks = setup.load_train_tasks()
-        lines.append(f"  training prompts: {len(tasks)} (first: {tasks[0].id if tasks else '-'})")
-        if tasks:
-            env = setup.make_env()
-            try:
-                obs, _ = env.reset(seed=cfg.seed, options={"task": tasks[0]})
-                lines.append(f"  environment: reset OK ({len(obs)} messages in the first observation)")
-            finally:
-                env.close()
-    else:
-        lines.append("  training prompts: loaded at train time (remote data is not fetched by --dry-run)")
-    _tensorboard(cfg, None)
-    lines.append(f"  steps: {cfg.steps}; checkpoint every {cfg.checkpoint_every}; eval every {cfg.eval_every or '-'}")
-    return "\n".join(lines)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word.endswith("h") else f"{n} {word}s"
-
-
-def _tensorboard(cfg: TrainConfig, logdir: Path | None) -> Any:
+def tensorboard_writer(cfg: TrainConfig, logdir: Path | None) -> Any:
+    """A TensorBoard writer on ``logdir`` when ``cfg.tensorboard`` (``None`` without a
+    ``logdir``: only checks that the package imports), else ``None``."""
     if not cfg.tensorboard:
         return None
     try:
@@ -306,7 +265,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
                                        device=cfg.device, seed=cfg.seed)
         engine = backend.make_engine(cfg.engine, weights, **cfg.engine_kwargs)
         closing.callback(engine.close)
-        writer = _tensorboard(cfg, run.path / "tb")
+        writer = tensorboard_writer(cfg, run.path / "tb")
         if writer is not None:
             closing.callback(writer.close)
         _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, writer, say, out)

@@ -109,7 +109,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     import sys
 
     from trace_gym.registry import load_plugins
-    from trace_gym.train import TrainConfig, dry_run, train
+    from trace_gym.train import TrainConfig, train
+    from trace_gym.train_dry_run import dry_run
 
     load_plugins()  # installed plugins: envs, strategies and estimators named by the config
     cfg = command_config(TrainConfig, args, {"ray": args.ray})
