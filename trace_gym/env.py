@@ -239,10 +239,16 @@ class EnvCheckError(AssertionError):
 
 @dataclass
 class CheckReport:
-    """What :func:`check_env` verified (each entry: check name -> count of cases)."""
+    """What :func:`check_env` verified (each entry: check name -> count of cases).
+
+    ``snapshot_strategy`` is how the env snapshots: ``native`` (its own ``snapshot``),
+    or, for another ecosystem's env run through :mod:`trace_gym.env_adapter`, ``copy``
+    or ``replay``.
+    """
 
     passed: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    snapshot_strategy: str = "native"
 
     def ok(self, check: str, n: int = 1) -> None:
         self.passed[check] = self.passed.get(check, 0) + n
@@ -282,7 +288,7 @@ def check_env(
     """Check that ``env`` honours the agent-environment contract on ``tasks``.
 
     Runs the checks of :data:`trace_gym.env_checks.CHECKS` in order (``gymnasium_api``,
-    ``protocol``, ``message_schema``, ``seeded_determinism``, ``snapshot_immutable``,
+    ``protocol``, ``message_schema``, ``replay_deterministic``, ``seeded_determinism``, ``snapshot_immutable``,
     ``snapshot_roundtrip``, ``branch_isolation``, ``snapshot_pickle_process``,
     ``close_idempotent``), each over every task (played once, the recordings shared); each
     is a function of its name in :mod:`trace_gym.env_checks`, and the failing one is named
@@ -315,7 +321,7 @@ def check_env(
     if unknown:
         raise ValueError(f"check_env(only=...): {unknown} are not checks; the checks are {list(env_checks.CHECKS)}")
     run = env_checks.CheckRun(env, tasks, actions, branch_actions, make_env, max_steps, seed, process_timeout)
-    report = CheckReport(skipped=run.skipped)
+    report = CheckReport(skipped=run.skipped, snapshot_strategy=run.snapshot_strategy)
     try:
         for name, check in env_checks.CHECKS.items():
             if name in names and (gymnasium_checks or name != "gymnasium_api"):

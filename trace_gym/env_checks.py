@@ -215,6 +215,8 @@ class CheckRun:
         self.base = self.env.unwrapped if hasattr(self.env, "unwrapped") else self.env
         self.make_env = self.make_env or _default_make_env(self.env)
         self._recordings: list[Recording] | None = None
+        #: ``native``, or the :mod:`trace_gym.env_adapter` strategy of an adapted env
+        self.snapshot_strategy: str = getattr(self.base, "snapshot_strategy", "native")
 
     @property
     def recordings(self) -> list[Recording]:
@@ -293,6 +295,34 @@ def seeded_determinism(run: CheckRun) -> int:
         problem = _diff(rec.trajectory, _play(run.base, rec.actions))
         if problem:
             raise EnvCheckError("seeded_determinism", f"{rec.where}: same seed and actions, {problem}")
+    return len(run.recordings)
+
+
+def replay_deterministic(run: CheckRun) -> int | None:
+    """An env snapshotted by replay (:mod:`trace_gym.env_adapter`) reproduces every
+    recorded turn when its actions are re-applied to a fresh episode with the same seed;
+    a non-deterministic one is refused, naming the first turn that differed. Skipped for
+    the other strategies."""
+    from trace_gym.env_adapter import ReplayDivergence
+
+    if run.snapshot_strategy != "replay":
+        run.skipped["replay_deterministic"] = f"snapshot strategy is {run.snapshot_strategy}"
+        return None
+    for rec in run.recordings:
+        try:
+            run.base.restore(rec.snapshots[-1])  # re-applies every recorded action, digest-checked
+        except ReplayDivergence as exc:
+            raise EnvCheckError("replay_deterministic", f"{rec.where}: {exc}") from None
+        if rec.trajectory and not (rec.trajectory[-1][2] or rec.trajectory[-1][3]):
+            continue
+        # the last step ended the episode and has no snapshot: replay it by hand
+        run.base.restore(rec.snapshots[-1])
+        last = _play(run.base, rec.actions[len(rec.snapshots) - 1:])
+        problem = _diff(rec.trajectory[len(rec.snapshots) - 1:], last)
+        if problem:
+            raise EnvCheckError("replay_deterministic", f"{rec.where}: replaying turn {len(rec.snapshots)}: the env "
+                                f"is not deterministic under replay ({problem}); seed its randomness from the "
+                                "episode seed, or use snapshot='copy'")
     return len(run.recordings)
 
 
@@ -397,7 +427,7 @@ def close_idempotent(run: CheckRun) -> int:
 #: Every check by the name it reports, in the order :func:`~trace_gym.env.check_env` runs them.
 CHECKS: dict[str, Callable[[CheckRun], int | None]] = {
     check.__name__: check
-    for check in (gymnasium_api, protocol, message_schema, seeded_determinism, snapshot_immutable,
+    for check in (gymnasium_api, protocol, message_schema, replay_deterministic, seeded_determinism, snapshot_immutable,
                   snapshot_roundtrip, branch_isolation, snapshot_pickle_process, close_idempotent)
 }
 

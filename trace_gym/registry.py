@@ -64,6 +64,8 @@ class EnvFamily:
         loader_kwargs: extra keyword arguments of the task loader.
         env_kwargs: keyword arguments of ``gymnasium.make``.
         description: one line for ``trace-gym envs``.
+        entry_point: ``"module:Class"`` to register ``env_id`` with where a process has
+            not (ids made on the fly, such as the ecosystem adapters' ``gem:<id>``).
     """
 
     env_id: str
@@ -71,6 +73,7 @@ class EnvFamily:
     loader_kwargs: Mapping[str, Any] = field(default_factory=dict)
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    entry_point: str | None = None
 
     def load_tasks(self, n: int, seed: int = 0) -> list:
         """``n`` tasks from the family's loader."""
@@ -83,8 +86,11 @@ class EnvFamily:
     def make_env(self) -> Any:
         """A fresh env instance (``Callable[[], AgentEnv]``); the id is registered first."""
         import gymnasium
+        from gymnasium.envs.registration import registry
 
         register_envs()
+        if self.entry_point is not None and self.env_id not in registry:
+            gymnasium.register(id=self.env_id, entry_point=self.entry_point)
         return gymnasium.make(self.env_id, disable_env_checker=True, **dict(self.env_kwargs))
 
 
@@ -107,6 +113,19 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
     "wiki_qa": EnvFamily("trace_gym/WikiQA-v0", "environments.wiki_qa.data:offline_tasks",
                          loader_kwargs={"single_hop_share": 0.5}, env_kwargs={"few_shot": True},
                          description="multi-hop QA over the synthetic offline Wikipedia-style corpus (retrieval)"),
+}
+
+#: Other ecosystems' envs, by id prefix (``--env gem:game:GuessTheNumber-v0-easy``):
+#: ``"module"`` of an adapter in ``environments/ecosystems`` (imported only when an id
+#: with its prefix is named), offering ``family(name, options, env_kwargs, task_kwargs)
+#: -> EnvFamily`` for the rest of the id (``options`` from an ``?a=1&b=x`` tail),
+#: ``available() -> list[str]`` (what the installed package provides) and ``PACKAGE``.
+ECOSYSTEMS: dict[str, str] = {
+    "gem": "environments.ecosystems.gem",
+    "skyrl": "environments.ecosystems.skyrl",
+    "verifiers": "environments.ecosystems.verifiers",
+    "openenv": "environments.ecosystems.openenv",
+    "reasoning_gym": "environments.ecosystems.reasoning_gym",
 }
 
 _log = logging.getLogger(__name__)
@@ -273,12 +292,17 @@ def _task_loader_for(env_id: str) -> Callable[..., list] | str:
 
 def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
                 task_kwargs: Mapping[str, Any] | None = None) -> EnvFamily:
-    """The env a command names: a family short name (:data:`ENV_FAMILIES`) or any
-    registered id (``trace_gym/ArithChain-v0``, ``ArithChain-v0``, ``my_ns/Env-v1``),
-    with extra env and task-loader keyword arguments on top."""
+    """The env a command names: a family short name (:data:`ENV_FAMILIES`), any
+    registered id (``trace_gym/ArithChain-v0``, ``ArithChain-v0``, ``my_ns/Env-v1``), or
+    another ecosystem's env by prefix (:data:`ECOSYSTEMS`: ``gem:<id>``,
+    ``reasoning_gym:<dataset>?size=50``), with extra env and task-loader keyword
+    arguments on top."""
     from gymnasium.envs.registration import registry
 
     env_kwargs, task_kwargs = dict(env_kwargs or {}), dict(task_kwargs or {})
+    prefix, sep, rest = name.partition(":")
+    if sep and prefix in ECOSYSTEMS:
+        return ecosystem_family(prefix, rest, env_kwargs, task_kwargs)
     if name in ENV_FAMILIES:
         fam = ENV_FAMILIES[name]
         return EnvFamily(fam.env_id, fam.task_loader, {**fam.loader_kwargs, **task_kwargs},
@@ -295,6 +319,51 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
         raise ValueError(f"unknown env {name!r}: not an env family ({sorted(ENV_FAMILIES)}) nor a registered id "
                          f"({ids}){near}; plugins load from installed entry points or --plugin MODULE")
     return EnvFamily(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs)
+
+
+def ecosystem_module(prefix: str) -> Any:
+    """The adapter module of an ecosystem prefix; one line naming the package to install
+    when that package is missing."""
+    try:
+        return importlib.import_module(ECOSYSTEMS[prefix])
+    except ImportError as exc:
+        raise ValueError(f"--env {prefix}:...: the adapter cannot import its package ({exc}); "
+                         "`make install` installs every ecosystem package") from None
+
+
+def ecosystem_family(prefix: str, rest: str, env_kwargs: Mapping[str, Any],
+                     task_kwargs: Mapping[str, Any]) -> EnvFamily:
+    """The :class:`EnvFamily` of ``<prefix>:<rest>`` (``rest`` may end in ``?k=v&...``)."""
+    from trace_gym.env_adapter import query_kwargs
+
+    name, _, query = rest.partition("?")
+    if not name:
+        raise ValueError(f"--env {prefix}: names no env; `trace-gym envs` lists what {prefix} provides")
+    return ecosystem_module(prefix).family(name, query_kwargs(query), dict(env_kwargs), dict(task_kwargs))
+
+
+def adapter_env_id(prefix: str, name: str) -> str:
+    """The Gymnasium id an ecosystem env is registered under: ``gem:game:X-v0`` is
+    ``trace_gym/gem.game.X-v0`` (``gymnasium.make`` reads ``:`` as ``module:id``; other
+    characters an id cannot hold become ``_``)."""
+    safe = re.sub(r"[^\w.-]", "_", name.replace(":", "."))
+    return f"{NAMESPACE}/{prefix}.{safe}"
+
+
+def adapter_family(prefix: str, name: str, entry_point: str, *, env_kwargs: Mapping[str, Any],
+                   task_loader: str | Callable[..., list], loader_kwargs: Mapping[str, Any] | None = None,
+                   description: str = "") -> EnvFamily:
+    """What an ecosystem adapter's ``family`` returns: ``<prefix>:<name>`` registered as
+    :func:`adapter_env_id` with ``entry_point`` (the adapter class), made with
+    ``env_kwargs``; ``task_loader`` (a ``"module:function"`` or a picklable callable, it
+    travels to workers) is called as ``task_loader(n, seed=seed, **loader_kwargs)``."""
+    import gymnasium
+    from gymnasium.envs.registration import registry
+
+    env_id = adapter_env_id(prefix, name)
+    if env_id not in registry:
+        gymnasium.register(id=env_id, entry_point=entry_point)
+    return EnvFamily(env_id, task_loader, dict(loader_kwargs or {}), dict(env_kwargs), description, entry_point)
 
 
 def env_family(name: str) -> EnvFamily:

@@ -1,0 +1,324 @@
+"""Run another framework's environment under our contract, snapshots included.
+
+The environments of other ecosystems (GEM, verifiers, OpenEnv, skyrl-gym, reasoning-gym;
+``environments/ecosystems``) cannot snapshot an episode mid-way, yet prefix replay needs
+exactly that. :class:`AdaptedEnv` is the base of their adapters: a subclass says how to
+begin an episode of the wrapped env and how to apply one action, and the base supplies
+our :class:`~trace_gym.env.AgentEnv` (text actions, ``list[Message]`` observations,
+``snapshot``/``restore``) with one of three snapshot strategies:
+
+``native``
+    the wrapped env offers its own state capture (``_native_snapshot``/``_native_restore``).
+``copy``
+    the wrapped env's state is plain Python: the snapshot is a pickled deep copy of it
+    (``_state``/``_set_state``, by default the ``inner`` object itself), with the
+    private random state of envs that draw from the process-global ``random`` module.
+``replay``
+    anything else, as long as it is deterministic: the snapshot is the task, the episode
+    seed and the actions taken; ``restore`` begins a fresh episode with that seed and
+    re-applies the actions (counted as exact cost, :class:`~trace_gym.env.ReplayCost`).
+    Every replayed observation is checked against a digest kept in the snapshot, so a
+    non-deterministic env is caught (:class:`ReplayDivergence`, naming the turn) rather
+    than silently branching from a different state; ``check_env`` refuses such an env.
+
+A wrapped env that raises on an action (malformed model output, a dead server) ends that
+episode as truncated, with ``info["env_error"]`` and an observation the model can read;
+it never raises into the rollout batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import pickle
+import random
+import threading
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
+
+import gymnasium
+import numpy as np
+
+from trace_gym.env import Snapshot, freeze, task_from_options, thaw
+from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.types import Message, Task
+
+#: The snapshot strategies an adapter may use (``check_env`` reports which one it got).
+SNAPSHOT_STRATEGIES = ("native", "copy", "replay")
+#: Longest error text put into an observation or ``info["env_error"]`` (characters).
+MAX_ERROR_CHARS = 2000
+#: Held while an env that draws from the process-global RNGs runs with its own state
+#: swapped in (the agent loop steps envs on a thread pool).
+_GLOBAL_RNG_LOCK = threading.RLock()
+
+StepResult = tuple  # (list[Message], float, bool, bool, dict)
+
+
+class ReplayDivergence(RuntimeError):
+    """Re-applying a snapshot's actions gave a different observation than when it was taken."""
+
+    def __init__(self, turn: int, detail: str = ""):
+        super().__init__(f"replaying the snapshot's actions diverged at turn {turn}{detail}: the env is not "
+                         "deterministic under replay (seed its randomness from the episode seed, or use "
+                         "snapshot='copy')")
+        self.turn = turn
+
+
+def _digest(obs: Sequence[Message], reward: float | None = None, terminated: bool = False,
+            truncated: bool = False) -> str:
+    """A short fingerprint of one turn's outcome, kept in replay snapshots."""
+    text = repr(([(m.role, m.content) for m in obs], reward, bool(terminated), bool(truncated)))
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+def error_text(exc: BaseException) -> str:
+    """``"TypeName: message"``, cut to :data:`MAX_ERROR_CHARS`."""
+    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+
+
+class AdaptedEnv(gymnasium.Env):
+    """Base of the ecosystem adapters (see the module docstring).
+
+    Subclasses implement :meth:`_begin` and :meth:`_act`, and may override
+    :meth:`_state`/:meth:`_set_state` (copy), :meth:`_native_snapshot`/
+    :meth:`_native_restore` (native), :meth:`_end` (release the wrapped env),
+    :meth:`_default_tasks` (the pool of a reset without a task) and :meth:`_load_task`
+    (a task by id).
+
+    Class attributes:
+        snapshot_strategies: the strategies the adapter supports; the first is its default.
+        global_rng: the wrapped env draws from ``random``/``numpy.random`` globals; each
+            instance then owns a private copy of that state, swapped in around every call
+            (seeded from the episode seed at :meth:`reset`), so envs never perturb each
+            other and ``copy``/``replay`` snapshots stay exact.
+
+    Args:
+        snapshot: one of :attr:`snapshot_strategies` (default: the first).
+        max_turns: truncate after this many steps (``None``: the wrapped env decides).
+    """
+
+    metadata = {"render_modes": []}
+    snapshot_strategies: ClassVar[tuple[str, ...]] = ("copy", "replay")
+    global_rng: ClassVar[bool] = False
+
+    def __init__(self, *, snapshot: str | None = None, max_turns: int | None = None):
+        strategy = snapshot or self.snapshot_strategies[0]
+        if strategy not in self.snapshot_strategies:
+            raise ValueError(f"snapshot={strategy!r}: {type(self).__name__} supports {list(self.snapshot_strategies)}")
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
+        self.snapshot_strategy = strategy
+        #: our contract's mode: a replay strategy re-executes, the others restore state
+        self.snapshot_mode = "replay" if strategy == "replay" else "state"
+        self.max_turns = max_turns
+        self.action_space = TextAction(max_length=1 << 16)
+        self.observation_space = ChatObservation()
+        self.inner: Any = None  # the wrapped env (set by _begin)
+        self._task: Task | None = None
+        self._seed = 0
+        self._actions: list[str] = []
+        self._digests: list[str] = []
+        self._done = False
+        self._rng: tuple | None = None  # private (random, numpy.random) state when global_rng
+
+    # -- what a subclass implements ------------------------------------------------
+    def _begin(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
+        """Start a fresh episode of the wrapped env on ``task`` with ``seed``; set
+        :attr:`inner`; return the first observation and info."""
+        raise NotImplementedError
+
+    def _act(self, action: str) -> StepResult:
+        """Apply one action to the wrapped env: ``(obs, reward, terminated, truncated, info)``."""
+        raise NotImplementedError
+
+    def _state(self) -> Any:
+        """What the ``copy`` strategy deep-copies (by pickling): by default :attr:`inner`."""
+        return self.inner
+
+    def _set_state(self, state: Any) -> None:
+        """Install a fresh copy made from :meth:`_state`'s value."""
+        self._end()
+        self.inner = state
+
+    def _native_snapshot(self) -> Any:
+        """The wrapped env's own state capture (``native`` strategy); picklable."""
+        raise NotImplementedError
+
+    def _native_restore(self, payload: Any) -> None:
+        raise NotImplementedError
+
+    def _end(self) -> None:
+        """Release the wrapped env of the current episode (called before a new one)."""
+
+    def _default_tasks(self) -> Sequence[Task]:
+        """Tasks a ``reset()`` without ``options["task"]`` draws from."""
+        return ()
+
+    def _load_task(self, task_id: str) -> Task:
+        raise ValueError(f"{type(self).__name__} cannot load a task by id ({task_id!r}); pass the Task")
+
+    # -- the contract ----------------------------------------------------------------
+    @property
+    def env_key(self) -> str:
+        """What a snapshot records as its maker (checked by ``restore``)."""
+        return type(self).__name__
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        task = task_from_options(options, list(self._default_tasks()), self.np_random, self._load_task)
+        episode_seed = task.metadata.get("seed") if isinstance(task.metadata.get("seed"), int) else None
+        if episode_seed is None:
+            episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
+        obs, info = self._start(task, episode_seed)
+        self._digests = [_digest(obs)]
+        return obs, {"task_id": task.id, **info}
+
+    def _start(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
+        self._end()
+        self.inner = None
+        self._task, self._seed, self._actions, self._done = task, seed, [], False
+        if self.global_rng:
+            with _GLOBAL_RNG_LOCK:
+                saved = (random.getstate(), np.random.get_state())
+                random.seed(seed)
+                np.random.seed(seed % 2**32)
+                try:
+                    obs, info = self._begin(task, seed)
+                finally:
+                    self._rng = (random.getstate(), np.random.get_state())
+                    random.setstate(saved[0])
+                    np.random.set_state(saved[1])
+        else:
+            obs, info = self._begin(task, seed)
+        return list(obs), dict(info or {})
+
+    @contextlib.contextmanager
+    def _private_rng(self) -> Iterator[None]:
+        if not self.global_rng:
+            yield
+            return
+        with _GLOBAL_RNG_LOCK:
+            saved = (random.getstate(), np.random.get_state())
+            if self._rng is not None:
+                random.setstate(self._rng[0])
+                np.random.set_state(self._rng[1])
+            try:
+                yield
+            finally:
+                self._rng = (random.getstate(), np.random.get_state())
+                random.setstate(saved[0])
+                np.random.set_state(saved[1])
+
+    def _apply(self, action: str) -> StepResult:
+        """One step through the wrapped env, its failures turned into a truncated turn."""
+        try:
+            with self._private_rng():
+                obs, reward, terminated, truncated, info = self._act(action)
+            reward = float(reward)
+            if not math.isfinite(reward):
+                raise ValueError(f"the wrapped env returned a non-finite reward {reward!r}")
+            obs, info = list(obs), dict(info or {})
+        except Exception as exc:  # noqa: BLE001  (any failure of foreign code on model output)
+            detail = error_text(exc)
+            obs = [Message("user", f"The environment could not process that action ({detail}).")]
+            reward, terminated, truncated, info = 0.0, False, True, {"env_error": detail}
+        self._actions.append(action)
+        if self.max_turns is not None and len(self._actions) >= self.max_turns and not terminated:
+            truncated = True
+        self._done = bool(terminated or truncated)
+        return obs, reward, bool(terminated), bool(truncated), info
+
+    def step(self, action: str):
+        if self._task is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            return [Message("user", "The episode is over.")], 0.0, True, False, {"error": "episode_over"}
+        text = action if isinstance(action, str) else ""
+        obs, reward, terminated, truncated, info = self._apply(text)
+        self._digests.append(_digest(obs, reward, terminated, truncated))
+        return obs, reward, terminated, truncated, info
+
+    def snapshot(self) -> Snapshot:
+        if self._task is None:
+            raise RuntimeError("call reset() before snapshot()")
+        head = (self._task, self._seed, tuple(self._actions), self._done)
+        if self.snapshot_strategy == "replay":
+            body: Any = tuple(self._digests)
+        elif self.snapshot_strategy == "copy":
+            try:
+                body = (pickle.dumps(self._state(), protocol=pickle.HIGHEST_PROTOCOL), self._rng)
+            except Exception as exc:  # noqa: BLE001  (whatever the wrapped env holds)
+                raise TypeError(f"{self.env_key}: the copy snapshot strategy cannot copy the wrapped env "
+                                f"({error_text(exc)}); use snapshot='replay'") from exc
+        else:
+            body = (self._native_snapshot(), self._rng)
+        return Snapshot(self.env_key, self.snapshot_mode, len(self._actions), freeze((head, body)))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        if snapshot.env_id != self.env_key:
+            raise ValueError(f"snapshot from {snapshot.env_id!r} cannot restore a {self.env_key}")
+        (task, seed, actions, done), body = thaw(snapshot.state)
+        if self.snapshot_strategy == "replay":
+            self._replay(task, seed, actions, body)
+        else:
+            blob, rng = body
+            self._task, self._seed, self._actions, self._done = task, seed, list(actions), done
+            if self.snapshot_strategy == "copy":
+                self._set_state(pickle.loads(blob))
+            else:
+                self._native_restore(blob)
+            self._rng = rng
+        self._done = done
+
+    def _replay(self, task: Task, seed: int, actions: Sequence[str], digests: Sequence[str]) -> None:
+        obs, _info = self._start(task, seed)
+        if _digest(obs) != digests[0]:
+            raise ReplayDivergence(0, " (the first observation)")
+        self._digests = [digests[0]]
+        for turn, action in enumerate(actions, start=1):
+            obs, reward, terminated, truncated, _info = self._apply(action)
+            got = _digest(obs, reward, terminated, truncated)
+            if got != digests[turn]:
+                text = " ".join(m.content for m in obs)
+                raise ReplayDivergence(turn, f" (now: {text[:200]!r})")
+            self._digests.append(got)
+
+    def replay_steps(self, snapshot: Snapshot) -> int:
+        """Env steps a :meth:`restore` of ``snapshot`` re-runs (:class:`~trace_gym.env.ReplayCost`):
+        its turn under the replay strategy, else 0."""
+        return snapshot.turn if self.snapshot_strategy == "replay" else 0
+
+    def close(self) -> None:
+        self._end()
+        self.inner = None
+
+
+def query_kwargs(query: str) -> dict[str, Any]:
+    """``"size=10&difficulty=hard"`` -> ``{"size": 10, "difficulty": "hard"}`` (values read
+    as YAML scalars: numbers, booleans, lists ``[1,2]``).
+
+    Raises:
+        ValueError: a part without ``=``, or an empty key, naming it.
+    """
+    import yaml
+
+    out: dict[str, Any] = {}
+    for part in filter(None, query.split("&")):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"env id options must be key=value joined by '&', got {part!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def options_of(kwargs: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    """Refuse keyword arguments an adapter does not take, in one line with did-you-mean."""
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        from trace_gym.config import did_you_mean
+
+        near = did_you_mean(unknown[0], list(allowed))
+        raise ValueError(f"{where}: unknown option(s) {unknown}{near}; it takes {sorted(allowed)}")
