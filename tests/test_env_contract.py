@@ -12,6 +12,7 @@ import gymnasium
 import pytest
 
 import trace_gym  # noqa: F401  (registers ids)
+from foreign_envs import HotColdAdapter, UrandomAdapter, hot_cold_tasks
 from environments.guess_number import GuessNumberEnv, make_tasks
 from trace_gym import env_checks
 from trace_gym.env import EnvCheckError, Snapshot, check_env, freeze, rng_from_state, rng_state, thaw
@@ -197,14 +198,19 @@ PLANTED = {
     "snapshot_pickle_process": (functools.partial(ProcessLocalRngEnv, lie_prob=0.5), make_tasks(6),
                                 "restored in another process"),
     "close_idempotent": (BadCloseEnv, TASKS[:1], "close() twice raised RuntimeError: already closed"),
+    "replay_deterministic": (functools.partial(UrandomAdapter, snapshot="replay"), hot_cold_tasks(6),
+                             "not deterministic under replay"),
 }
+#: the check that only runs on replay-snapshot envs passes on a deterministic adapter
+REFERENCE = {"replay_deterministic": (functools.partial(HotColdAdapter, snapshot="replay"), hot_cold_tasks(3))}
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_each_check_alone_passes_the_reference_env_and_catches_its_planted_bug(name):
     check = getattr(env_checks, name)
     assert CHECKS[name] is check and check.__name__ == name
-    assert check(CheckRun(gymnasium.make("trace_gym/GuessNumber-v0"), TASKS)) >= 1
+    make_good, good_tasks = REFERENCE.get(name, (functools.partial(gymnasium.make, "trace_gym/GuessNumber-v0"), TASKS))
+    assert check(CheckRun(make_good(), good_tasks)) >= 1
     make_bad, tasks, message = PLANTED[name]
     with pytest.raises(EnvCheckError) as err:
         check(CheckRun(make_bad(), tasks, make_env=make_bad))
@@ -215,7 +221,8 @@ def test_each_check_alone_passes_the_reference_env_and_catches_its_planted_bug(n
 def test_check_env_runs_only_the_named_checks_in_their_order():
     assert set(PLANTED) == set(CHECKS)  # every check has its planted bug above
     report = check_env(gymnasium.make("trace_gym/GuessNumber-v0"), TASKS)
-    assert list(report.passed) == list(CHECKS)
+    assert list(report.passed) == [c for c in CHECKS if c != "replay_deterministic"]  # a native env
+    assert report.snapshot_strategy == "native"
     report = check_env(gymnasium.make("trace_gym/GuessNumber-v0"), TASKS, only=("snapshot_roundtrip", "protocol"))
     assert report.passed == {"protocol": 1, "snapshot_roundtrip": 15} and not report.skipped
     assert check_env(BadCloseEnv(), TASKS[:1], only="snapshot_immutable").passed == {"snapshot_immutable": 5}
