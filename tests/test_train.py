@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import os
+
 import pytest
 
 from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
@@ -89,6 +91,7 @@ def test_rundir_commit_and_resume_rules(tmp_path):
     run.commit(3, rec(3), write, keep=2)
     run.commit(4, rec(4), None)
     # a kill here: steps 1-4 logged, checkpoints 1 and 3
+    run.close()  # (the killed process's lock dies with it)
     resume = RunDir(tmp_path / "run").start("a: 1\n")
     assert resume.step == 3 and (resume.path / "weights.bin").exists()
     assert [r["step"] for r in run.read_metrics()] == [1, 2, 3]  # step 4 reruns, so its line is dropped
@@ -106,6 +109,73 @@ def test_rundir_commit_and_resume_rules(tmp_path):
         run.start("a: 2\n")
     with pytest.raises(ValueError, match=r"no checkpoint for step 2; it has \[1, 3, 4\]"):
         run.checkpoint_path(2)
+
+
+def test_a_second_run_on_a_locked_run_dir_is_refused_naming_the_holder(tmp_path):
+    first = RunDir(tmp_path / "run")
+    first.start("a: 1\n")
+    with pytest.raises(ValueError, match=rf"is in use by pid {os.getpid()} on .* since 20"):
+        RunDir(tmp_path / "run").start("a: 1\n")
+    first.close()
+    assert RunDir(tmp_path / "run").start("a: 1\n") is None  # free again once the holder is gone
+
+
+def test_a_locked_run_dir_is_refused_across_processes_and_freed_when_the_holder_dies(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time; from trace_gym.checkpoint import RunDir; run = RunDir(sys.argv[1]); run.start('a: 1\\n'); "
+            "print('locked', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ValueError, match=rf"in use by pid {holder.pid} "):
+            RunDir(tmp_path / "run").start("a: 1\n")
+    finally:
+        holder.kill()
+        holder.wait()
+    deadline = time.time() + 10
+    RunDir(tmp_path / "run").start("a: 1\n")  # SIGKILL released the lock
+    assert time.time() < deadline
+
+
+def _checkpointed_run(path, steps, weights=b"w" * 64):
+    run = RunDir(path)
+    run.start("a: 1\n")
+    for s in range(1, steps + 1):
+        run.commit(s, rec(s), lambda f: ((f / "policy").mkdir(), (f / "policy" / "model.safetensors").write_bytes(weights),
+                                         (f / "state.json").write_text('{"step": %d}' % s)), keep=0)
+    run.close()
+    return run
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda ck: ck.mkdir(), "no manifest.json"),
+    (lambda ck: (ck.mkdir(), (ck / "state.json").write_text("{}")), "no manifest.json"),
+    (lambda ck: ck.joinpath("policy", "model.safetensors").write_bytes(b"w" * 10), "model.safetensors has 10 bytes"),
+    (lambda ck: ck.joinpath("state.json").write_text('{"step": 0}'), "state.json differs from the manifest"),
+    (lambda ck: ck.joinpath("policy", "model.safetensors").unlink(), "model.safetensors is missing"),
+    (lambda ck: ck.joinpath("manifest.json").write_text("garbage"), "manifest.json is unreadable"),
+])
+def test_resume_takes_the_newest_complete_checkpoint_and_names_what_it_skipped(tmp_path, damage, reason):
+    run = _checkpointed_run(tmp_path / "run", 2)
+    newest = run.checkpoints / ("step-9" if "no manifest" in reason else "step-2")
+    damage(newest)
+    again = RunDir(tmp_path / "run")
+    resume = again.start("a: 1\n")
+    expected = 2 if newest.name == "step-9" else 1
+    assert resume.step == expected and resume.path == run.checkpoints / f"step-{expected}"
+    assert len(again.skipped) == 1 and again.skipped[0].startswith(newest.name + ": ") and reason in again.skipped[0]
+    assert not newest.exists() and len(list(run.checkpoints.glob(f".invalid-{newest.name}-*"))) == 1  # kept aside
+    assert [r["step"] for r in again.read_metrics()] == list(range(1, expected + 1))
+
+
+def test_checkpoint_path_names_the_damaged_file(tmp_path):
+    run = _checkpointed_run(tmp_path / "run", 1)
+    (run.checkpoints / "step-1" / "state.json").write_text("{" * 40)
+    with pytest.raises(ValueError, match=r"step-1 is not a complete checkpoint: state.json has 40 bytes"):
+        run.checkpoint_path(1)
 
 
 def test_keep_prunes_old_checkpoints(tmp_path):

@@ -6,14 +6,24 @@ Layout of a run directory::
     metrics.jsonl            one JSON object per finished step, in step order
     checkpoints/step-N/      policy/ (HF weights + tokenizer), trainer.pt (optimizer, schedule),
                              predictor.pt, state.json (step, RNG states, data cursor),
-                             metrics.json (step N's metrics line)
+                             metrics.json (step N's metrics line),
+                             manifest.json (every other file's size and SHA-256; written last)
     evals/step-N.json        evaluations run during training
+    .lock                    held (``flock``) by the one run using the directory
 
 Crash safety (SIGKILL at any instant):
 
 - a checkpoint is written into ``checkpoints/.tmp-step-N-<pid>`` and renamed to
   ``step-N`` only when complete (``os.rename`` is atomic), so a ``step-N`` folder is
   always whole; temp folders left by a killed run are removed on the next start;
+- a checkpoint counts only when its ``manifest.json`` matches what is on disk (every file
+  present, with its size and SHA-256): resume takes the newest complete one, and a folder
+  that is not (empty, a truncated weight file, a garbage ``state.json``) is moved aside to
+  ``checkpoints/.invalid-step-N-<time>`` (kept, not deleted) and named, with the reason,
+  in :attr:`RunDir.skipped`;
+- one run at a time: :meth:`RunDir.start` takes an exclusive lock on ``.lock`` (released
+  when the process ends, however it ends); a second run on the same directory is refused
+  in one line naming the holder's pid, host and start time;
 - a step *commits* by (1) renaming its checkpoint into place, then (2) appending its
   metrics line. On resume, ``metrics.jsonl`` is rebuilt from the lines of steps up to the
   last checkpoint (a torn last line is dropped, any line after the checkpoint is dropped
@@ -24,15 +34,62 @@ Crash safety (SIGKILL at any instant):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import socket
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 CHECKPOINT = re.compile(r"^step-(\d+)$")
+MANIFEST = "manifest.json"
+LOCK = ".lock"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    """Record every file under ``folder`` (size, SHA-256) in its ``manifest.json``, last."""
+    files = {str(f.relative_to(folder)): {"size": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(folder.rglob("*")) if f.is_file() and f.name != MANIFEST}
+    atomic_write_text(folder / MANIFEST, json.dumps({"step": step, "complete": True, "files": files}, indent=1))
+
+
+def verify_checkpoint(folder: Path, step: int, *, hashes: bool = True) -> str | None:
+    """Why ``folder`` is not a complete checkpoint of ``step`` (naming the file), or
+    ``None`` when its manifest matches the files (sizes always; contents with ``hashes``)."""
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        return f"no {MANIFEST} (an incomplete or foreign folder)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files, recorded = manifest["files"], manifest["step"]
+        if not (manifest.get("complete") is True and isinstance(files, dict)):
+            raise ValueError("not marked complete")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
+    if recorded != step:
+        return f"{MANIFEST} is of step {recorded!r}"
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != entry.get("size"):
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {entry.get('size')}"
+        if hashes and _sha256(path) != entry.get("sha256"):
+            return f"{name} differs from the manifest (SHA-256)"
+    return None
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -74,6 +131,39 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
         self.config_path = self.path / "config.yaml"
+        #: checkpoints :meth:`start` found incomplete: ``"step-9: no manifest.json ..."``
+        self.skipped: list[str] = []
+        self._lock: Any = None  # the open .lock file while this object holds it
+
+    # -- one run at a time
+    def lock(self) -> None:
+        """Take the directory's exclusive lock (idempotent), or raise ``ValueError`` naming
+        the run that holds it."""
+        import fcntl
+
+        if self._lock is not None:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path / LOCK, "a+b")  # noqa: SIM115  (held open for the run's life)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(handle.fileno(), 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            handle.close()
+            raise ValueError(f"run dir {str(self.path)!r} is in use by {holder}; wait for that run to end, "
+                             "or use another run_dir") from None
+        handle.truncate(0)
+        argv = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                     f"({argv})\n".encode())
+        handle.flush()
+        self._lock = handle
+
+    def close(self) -> None:
+        """Release the lock (it is released too when this object is collected or the process ends)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     # -- start / resume
     def start(self, config_yaml: str, *, compare: Callable[[str, str], list[str]] | None = None) -> Resume | None:
@@ -81,9 +171,11 @@ class RunDir:
 
         Writes ``config.yaml`` on a fresh start. On a rerun the stored config must match
         (``compare(stored, new)`` returns the differing keys; any raises ``ValueError``
-        naming them). Returns the last complete checkpoint, or ``None`` to start at step 1.
+        naming them). Returns the last complete checkpoint, or ``None`` to start at step 1;
+        incomplete ones are moved aside and listed in :attr:`skipped`. Takes the lock first
+        (:meth:`lock`).
         """
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock()
         self.checkpoints.mkdir(exist_ok=True)
         if self.config_path.exists():
             stored = self.config_path.read_text()
@@ -95,17 +187,31 @@ class RunDir:
             atomic_write_text(self.config_path, config_yaml)
         for stale in self.checkpoints.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
+        self.skipped = []
+        for step in sorted(self._steps(), reverse=True):
+            folder = self.checkpoints / f"step-{step}"
+            reason = verify_checkpoint(folder, step)
+            if reason is None:
+                break
+            aside = self.checkpoints / f".invalid-step-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.rename(folder, aside)
+            self.skipped.append(f"step-{step}: {reason} (moved to {aside.name})")
         resume = self.last_checkpoint()
         self._reconcile_metrics(resume)
         return resume
 
-    def last_checkpoint(self) -> Resume | None:
-        steps = [int(m.group(1)) for p in self.checkpoints.iterdir() if (m := CHECKPOINT.match(p.name))] \
+    def _steps(self) -> list[int]:
+        return [int(m.group(1)) for p in self.checkpoints.iterdir() if (m := CHECKPOINT.match(p.name))] \
             if self.checkpoints.exists() else []
-        if not steps:
-            return None
-        step = max(steps)
-        return Resume(step, self.checkpoints / f"step-{step}")
+
+    def last_checkpoint(self) -> Resume | None:
+        """The newest checkpoint whose manifest matches its files by size (``start``
+        verifies contents too)."""
+        for step in sorted(self._steps(), reverse=True):
+            folder = self.checkpoints / f"step-{step}"
+            if verify_checkpoint(folder, step, hashes=False) is None:
+                return Resume(step, folder)
+        return None
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The metrics lines (a torn or unparsable line is skipped)."""
@@ -147,6 +253,7 @@ class RunDir:
             tmp.mkdir(parents=True)
             write_checkpoint(tmp)
             (tmp / "metrics.json").write_text(json.dumps(record))
+            write_manifest(tmp, step)
             for f in tmp.rglob("*"):
                 if f.is_file():
                     with open(f, "rb") as handle:
@@ -160,7 +267,7 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
         if write_checkpoint is not None and keep > 0:
-            steps = sorted(int(m.group(1)) for p in self.checkpoints.iterdir() if (m := CHECKPOINT.match(p.name)))
+            steps = sorted(self._steps())
             for old in steps[:-keep]:
                 shutil.rmtree(self.checkpoints / f"step-{old}", ignore_errors=True)
 
@@ -173,8 +280,10 @@ class RunDir:
             return last.path
         path = self.checkpoints / f"step-{step}"
         if not path.exists():
-            have = sorted(int(m.group(1)) for p in self.checkpoints.iterdir() if (m := CHECKPOINT.match(p.name)))
-            raise ValueError(f"run dir {str(self.path)!r} has no checkpoint for step {step}; it has {have}")
+            raise ValueError(f"run dir {str(self.path)!r} has no checkpoint for step {step}; it has {sorted(self._steps())}")
+        reason = verify_checkpoint(path, step, hashes=False)
+        if reason is not None:
+            raise ValueError(f"{path} is not a complete checkpoint: {reason}")
         return path
 
 

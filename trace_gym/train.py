@@ -250,7 +250,10 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
         if backend is not None:
             closing.callback(backend.close)
         run = RunDir(cfg.run_dir)
+        closing.callback(run.close)
         resume = run.start(to_yaml(cfg), compare=config_differences)
+        for skipped in run.skipped:
+            print(f"warning: {cfg.run_dir}: skipped checkpoint {skipped}", file=sys.stderr)
         start = resume.step if resume else 0
         if start >= cfg.steps:
             say(f"{cfg.run_dir}: all {cfg.steps} steps are done")
