@@ -324,7 +324,8 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
 
 
 def format_results(rows: Sequence[dict[str, Any]]) -> str:
-    """One markdown table (plus the BFCL per-category tables)."""
+    """One markdown table (plus the BFCL per-category tables and each breakdown's, e.g.
+    MMLU-Pro per category)."""
     from trace_gym.report import markdown_table
 
     ks = sorted({k for r in rows for k in r.get("pass_at_k", {})}, key=int)
@@ -344,4 +345,12 @@ def format_results(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         if "bfcl" in r:
             parts += ["", f"BFCL v4 multi-turn, {r['label']}:", "", r["bfcl"]["markdown"]]
+        if "breakdown" in r:
+            by, groups = r["breakdown"]["by"], r["breakdown"]["groups"]
+            cells = [[name, g["tasks"], f"{100 * g['accuracy']:.1f} [{100 * g['accuracy_ci'][0]:.1f}, "
+                      f"{100 * g['accuracy_ci'][1]:.1f}]",
+                      *[f"{100 * g['pass_at_k'][k]:.1f}" if k in g["pass_at_k"] else "-" for k in ks]]
+                     for name, g in groups.items()]
+            parts += ["", f"{r['suite']} by {by}, {r['label']}:", "",
+                      markdown_table([by, "tasks", "accuracy % [95 % CI]", *[f"pass@{k} %" for k in ks]], cells)]
     return "\n".join(parts)

@@ -11,6 +11,9 @@ suite             tasks                                  scored by
                   split (offline; the CPU default)       unbiased pass@k
 ``aime24`` ...    AIME24, AMC23, MATH500, Minerva,       the same
                   OlympiadBench (``data_dir`` or hub)
+``mmlu_pro``,     MMLU-Pro, ARC-Challenge, GPQA-diamond  the option letter, exact
+``arc_c``,        (multiple choice, out of domain;       (:mod:`evaluators.choice`);
+``gpqa_diamond``  ``data_dir`` or hub)                   MMLU-Pro per category too
 ``bfcl``          BFCL v4 multi-turn, eval split, all    the official multi-turn checks,
                   four categories                        per category and overall
 an env id         the held-out split of a registered     reward (success at >= 0.5)
@@ -37,7 +40,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from evaluators.math.metrics import avg_at_k, clustered_wilson_interval, pass_at_k
+from evaluators import choice
+from evaluators.math.metrics import accuracy_summary, avg_at_k
 from trace_gym.datafiles import split_tasks
 from trace_gym.types import Task
 
@@ -68,6 +72,9 @@ class Suite:
         hash_tasks: the result cache's key hashes the loaded tasks (loaders defined
             outside this table, e.g. a plugin env's, whose output can change with no file
             to hash).
+        breakdown: a ``Task.metadata`` key (MMLU-Pro's ``"category"``): the result adds
+            accuracy, its interval and pass@k per value of it (``"breakdown"`` in the
+            JSON, a table in the markdown); empty: none.
     """
 
     name: str
@@ -82,6 +89,7 @@ class Suite:
     description: str = ""
     data_file: bool = False
     hash_tasks: bool = False
+    breakdown: str = ""
 
     def data_file_names(self) -> tuple[str, ...]:
         """The names looked for in ``data_dir``, in order (the folder form ends in ``/``)."""
@@ -142,6 +150,11 @@ def math_dataset(name: str) -> Callable[..., list[Task]]:
     return _dataset_loader("environments.math_python.data", name)
 
 
+def choice_dataset(name: str) -> Callable[..., list[Task]]:
+    """A loader of one multiple-choice set of :mod:`evaluators.choice` (hub copy, or a local file / folder)."""
+    return _dataset_loader("evaluators.choice", name)
+
+
 def bfcl_eval_split(limit: int | None, seed: int = 0, path: str | None = None,
                     heldout_fraction: float = 0.0) -> list[Task]:
     """BFCL v4 multi-turn eval split, all four categories (``limit`` entries per category)."""
@@ -177,6 +190,14 @@ SUITES: dict[str, Suite] = {
                    max_episode_tokens=8192, description=f"{name} (local file via data_dir, else the hub)",
                    data_file=True)
        for name in ("aime24", "amc23", "math500", "minerva", "olympiadbench")},
+    # the paper's out-of-domain suites: multiple choice in the math env (Python tool kept, as in
+    # training), graded by the option letter; zero-shot prompts (evaluators.choice)
+    **{name: Suite(name, _MATH_ENV, choice_dataset(name), choice.env_kwargs(name), offline=False, max_turns=4,
+                   max_turn_tokens=2048, max_episode_tokens=8192, data_file=True,
+                   breakdown="category" if name == "mmlu_pro" else "",
+                   description=f"{title}, multiple choice ({choice.DATASETS[name].max_options} options at most"
+                   f"{', per category' if name == 'mmlu_pro' else ''}; local file via data_dir, else the hub)")
+       for name, title in (("mmlu_pro", "MMLU-Pro"), ("arc_c", "ARC-Challenge"), ("gpqa_diamond", "GPQA-diamond"))},
     "bfcl": Suite("bfcl", "trace_gym/BFCL-v0", bfcl_eval_split, scorer="bfcl", max_turns=64, max_turn_tokens=512,
                   max_episode_tokens=16384, description="BFCL v4 multi-turn, eval split, per category"),
     "wiki_qa": Suite("wiki_qa", "trace_gym/WikiQA-v0", offline_qa_heldout, {"few_shot": True}, scorer="qa",
@@ -398,20 +419,19 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
 def score_episodes(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]],
                    pass_k: Sequence[int] = (1,)) -> dict[str, Any]:
     """Accuracy (avg@k over samples), unbiased pass@k, a 95 % interval over tasks, per-task
-    rewards; BFCL suites add the official per-category table."""
+    rewards; BFCL suites add the official per-category table, a suite with a ``breakdown``
+    the same numbers per group (:func:`breakdown_scores`)."""
     rewards = [[float(ep.reward) for ep in eps] for eps in episodes]
     success = [[float(r >= 0.5) for r in rs] for rs in rewards]
-    n = min((len(s) for s in success), default=0)
-    lo, hi = clustered_wilson_interval(success)  # Wilson at one sample per task; never zero width
+    overall = accuracy_summary(success, pass_k)  # Wilson at one sample per task; never zero width
     result: dict[str, Any] = {
         "suite": suite.name,
         "tasks": len(tasks),
-        "samples": n,
-        "accuracy": avg_at_k(success),
-        "accuracy_ci": [lo, hi],
+        "samples": min((len(s) for s in success), default=0),
+        "accuracy": overall["accuracy"],
+        "accuracy_ci": overall["accuracy_ci"],
         "mean_reward": avg_at_k(rewards),
-        "pass_at_k": {str(k): float(np.mean([pass_at_k(len(s), int(sum(s)), k) for s in success]))
-                      for k in pass_k if 1 <= k <= n},
+        "pass_at_k": overall["pass_at_k"],
         "per_task": {t.id: rs for t, rs in zip(tasks, rewards)},
         "generated_tokens": int(sum(len(turn.action_ids) for eps in episodes for ep in eps for turn in ep.own_turns)),
     }
@@ -419,7 +439,20 @@ def score_episodes(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Seque
         result["bfcl"] = bfcl_scores(tasks, episodes)
     if suite.scorer == "qa":
         result["qa"] = qa_scores(suite.name, tasks, episodes)
+    if suite.breakdown:
+        result["breakdown"] = breakdown_scores(tasks, success, suite.breakdown, pass_k)
     return result
+
+
+def breakdown_scores(tasks: Sequence[Task], success: Sequence[Sequence[float]], key: str,
+                     pass_k: Sequence[int] = (1,)) -> dict[str, Any]:
+    """``{"by": key, "groups": {value: accuracy_summary}}``: the tasks grouped by
+    ``task.metadata[key]`` (``"(none)"`` where missing), each group's avg@k, interval and
+    pass@k (:func:`~evaluators.math.metrics.accuracy_summary`), groups sorted by name."""
+    groups: dict[str, list[Sequence[float]]] = {}
+    for task, s in zip(tasks, success):
+        groups.setdefault(str(task.metadata.get(key, "(none)")), []).append(s)
+    return {"by": key, "groups": {name: accuracy_summary(groups[name], pass_k) for name in sorted(groups)}}
 
 
 def qa_scores(name: str, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ wrong: [0, 0]), so accuracy does not use it. All intervals are 95 % by default.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -45,6 +45,18 @@ def avg_at_k(correct: Sequence[Sequence[float]]) -> float:
     if not correct:
         return math.nan
     return float(np.mean([np.mean(s) for s in correct]))
+
+
+def accuracy_summary(correct: Sequence[Sequence[float]], pass_k: Sequence[int] = (1,)) -> dict[str, Any]:
+    """``{"tasks", "accuracy", "accuracy_ci", "pass_at_k"}`` of 0/1 outcomes, ``correct[i]``
+    task i's samples: avg@k, its 95 % :func:`clustered_wilson_interval`, and the unbiased
+    pass@k (keys ``str(k)``) for each ``k`` of ``pass_k`` that every task has samples for.
+    The overall numbers of a suite and each group of a breakdown (MMLU-Pro's categories)."""
+    n = min((len(s) for s in correct), default=0)
+    lo, hi = clustered_wilson_interval(correct)
+    return {"tasks": len(correct), "accuracy": avg_at_k(correct), "accuracy_ci": [lo, hi],
+            "pass_at_k": {str(k): float(np.mean([pass_at_k(len(s), int(sum(s)), k) for s in correct]))
+                          for k in pass_k if 1 <= k <= n}}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
