@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import pickle
 import random
@@ -52,6 +53,38 @@ MAX_ERROR_CHARS = 2000
 _GLOBAL_RNG_LOCK = threading.RLock()
 
 StepResult = tuple  # (list[Message], float, bool, bool, dict)
+
+
+@contextlib.contextmanager
+def logging_kept() -> Iterator[None]:
+    """Leave the root logger's handlers and level as foreign code found them (``import gem``
+    calls ``logging.basicConfig(level=INFO)``); under the adapters' lock of process state."""
+    root = logging.getLogger()
+    with _GLOBAL_RNG_LOCK:
+        handlers, level = list(root.handlers), root.level
+        try:
+            yield
+        finally:
+            for handler in root.handlers:
+                if handler not in handlers:
+                    handler.close()
+            root.handlers[:] = handlers
+            root.setLevel(level)
+
+
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """:func:`logging_kept`, and the global ``random`` / ``numpy.random`` states as they
+    were too (some packages draw or seed at import). Wrap every import of an ecosystem
+    package and every call that may import more; it never interleaves with an env's
+    private-RNG swap (one lock)."""
+    with logging_kept():
+        rng = random.getstate(), np.random.get_state()
+        try:
+            yield
+        finally:
+            random.setstate(rng[0])
+            np.random.set_state(rng[1])
 
 
 class ReplayDivergence(RuntimeError):
@@ -165,7 +198,9 @@ class AdaptedEnv(gymnasium.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = task_from_options(options, list(self._default_tasks()), self.np_random, self._load_task)
+        given = options is not None and (options.get("task") is not None or options.get("task_id") is not None)
+        pool = () if given else list(self._default_tasks())  # the pool only when it is drawn from
+        task = task_from_options(options, pool, self.np_random, self._load_task)
         episode_seed = task.metadata.get("seed") if isinstance(task.metadata.get("seed"), int) else None
         if episode_seed is None:
             episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
@@ -218,7 +253,7 @@ class AdaptedEnv(gymnasium.Env):
             if not math.isfinite(reward):
                 raise ValueError(f"the wrapped env returned a non-finite reward {reward!r}")
             obs, info = list(obs), dict(info or {})
-        except Exception as exc:  # noqa: BLE001  (any failure of foreign code on model output)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001  (foreign code on model output; eval("exit()") too)
             detail = error_text(exc)
             obs = [Message("user", f"The environment could not process that action ({detail}).")]
             reward, terminated, truncated, info = 0.0, False, True, {"env_error": detail}

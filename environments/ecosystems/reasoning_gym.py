@@ -1,0 +1,345 @@
+"""reasoning-gym (open-thought's procedural datasets, PyPI ``reasoning-gym``) under the
+trace_gym contract: ``--env reasoning_gym:<dataset>[?config]``.
+
+A reasoning-gym dataset is a seeded generator of entries ``{"question", "answer",
+"metadata"}`` with its own scorer ``score_answer(answer, entry) -> float`` in [0, 1].
+:class:`ReasoningGymEnv` asks an entry's question, reads the answer from the model's
+reply with reasoning-gym's own ``extract_answer`` (the last ``<answer>...</answer>``) and
+rewards it with the dataset's own ``score_answer``; the score is never ours.
+
+Ids: ``reasoning_gym:<name>`` for any name in ``reasoning_gym.factory.DATASETS``
+(:func:`available`); the query is the dataset's config, the fields of its config
+dataclass but ``seed`` and ``size`` (which come from the task loader):
+``reasoning_gym:chain_sum?min_terms=2&max_terms=3``. Adapter options are env keyword
+arguments (``--env-kwargs``): ``max_attempts``, ``system_prompt``, ``snapshot``, ``max_turns``.
+
+Tasks: :func:`load_tasks` builds ``create_dataset(name, seed=seed, size=n, **config)`` and
+gives each entry as a :class:`Task` (prompt: its question; answer: its answer; metadata:
+the dataset, config, seed, index and the entry itself in a JSON form that keeps tuples
+and non-string keys, so the scorer gets back exactly the entry it made).
+
+## Action Space
+``TextAction``: the model's raw text. Only its last :data:`MAX_SCAN_CHARS` characters are
+scanned for the answer tag (reasoning-gym's regex is quadratic in unclosed ``<answer>``
+tags; the last answer is the one that counts, so the tail holds it).
+
+## Observation Space
+At reset, a system message (reasoning-gym's ``SYSTEM_PROMPTS[system_prompt]``, by default
+``"default"``: think, then ``<answer>answer here</answer>``; none with ``system_prompt=None``)
+and a user message with the question. After a wrong answer with attempts left, one user
+message: :data:`FEEDBACK`. Nothing after the last answer.
+
+## Rewards
+The dataset's ``score_answer(extract_answer(tail), entry)`` (``None`` when no tag was
+found; every dataset scores that 0) on the turn that ends the episode; 0 on a turn that
+earns another attempt. A scorer that raises (some do on malformed answers:
+``prime_factorization`` on any non-integer, ``boxnet`` on a list), or returns a non-finite
+or non-number score, scores 0 with ``info["env_error"]``, and the episode goes on as after
+any wrong answer: it is the model's answer that failed, not the env. An episode is a
+success for trace_gym when its reward is at least 0.5 (``SUCCESS_THRESHOLD``); the
+datasets' partial credit (an answer that contains the oracle answer scores
+``len(oracle) / len(answer)``) can reach it.
+
+## Episode End
+Terminated after an answer scoring 1.0 (full marks) or the ``max_attempts``-th answer
+(default 1: single turn); truncated after our ``max_turns`` steps.
+
+## Snapshot
+``copy`` (default): the episode's state is plain Python (the entry and the attempts
+used), pickled. ``replay`` also works (scoring is deterministic).
+
+Not carried over: curricula (``create_curriculum``; pick a difficulty with the config
+query instead), composite datasets' weighting across runs, and GEM's ``rg:<name>`` envs
+(use this adapter instead). Scorers run in-process: several ``eval`` the answer text
+(``spiral_matrix``, ``binary_matrix``, ``n_queens``, ``string_insertion``; sympy's
+``parse_expr`` in ``countdown``, ``puzzle24``, ``polynomial_multiplication``, the
+integration datasets), so a hostile answer can run code or take long (``1e999999`` costs
+sympy tens of seconds); no time limit is enforced here.
+
+## Version History
+v0: first version (reasoning-gym 0.1.23).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from trace_gym.env_adapter import process_state_kept  # the process's logger and RNGs, kept
+from trace_gym.env_adapter import AdaptedEnv, error_text, options_of
+from trace_gym.types import Message, Task
+
+PACKAGE = "reasoning-gym"
+PREFIX = "reasoning_gym"
+ENTRY_POINT = "environments.ecosystems.reasoning_gym:ReasoningGymEnv"
+TASK_LOADER = "environments.ecosystems.reasoning_gym:load_tasks"
+#: keyword arguments of :class:`ReasoningGymEnv` an ``--env-kwargs`` may set
+ENV_OPTIONS = ("max_attempts", "system_prompt", "snapshot", "max_turns")
+#: config fields the task loader sets itself
+LOADER_FIELDS = ("seed", "size")
+#: characters of an action (its tail) scanned for ``<answer>...</answer>``
+MAX_SCAN_CHARS = 8192
+#: what the model reads after a wrong answer with attempts left
+FEEDBACK = ("Your answer is incorrect, try again ({left} attempt(s) left). "
+            "Give only the final answer inside <answer></answer>.")
+#: tasks a ``reset()`` without ``options["task"]`` draws from
+DEFAULT_POOL = 8
+#: the tags of :func:`to_json` (a tuple; a dict whose keys are not all strings)
+TUPLE_TAG, ITEMS_TAG = "__tuple__", "__items__"
+
+
+# --- entries as JSON ---------------------------------------------------------------------------
+
+
+def to_json(obj: Any, where: str = "entry") -> Any:
+    """A JSON-serialisable form of a dataset entry that :func:`from_json` turns back into
+    an equal object: tuples as ``{"__tuple__": [...]}``, dicts with non-string keys as
+    ``{"__items__": [[k, v], ...]}``, numpy scalars as Python ones.
+
+    Raises:
+        TypeError: a value with no JSON form (a set, an array, an object), naming where.
+    """
+    import numpy as np
+
+    if obj is None:
+        return None
+    for kind in (str, bool, int, float):  # bool before int; subclasses (np.str_, np.float64) as the base
+        if isinstance(obj, kind):
+            return kind(obj)
+    if isinstance(obj, np.generic):
+        return to_json(obj.item(), where)
+    if isinstance(obj, list):
+        return [to_json(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {TUPLE_TAG: [to_json(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj) and not (len(obj) == 1 and next(iter(obj)) in (TUPLE_TAG, ITEMS_TAG)):
+            return {str(k): to_json(v, f"{where}[{k!r}]") for k, v in obj.items()}
+        return {ITEMS_TAG: [[to_json(k, f"{where} key"), to_json(v, f"{where}[{k!r}]")] for k, v in obj.items()]}
+    raise TypeError(f"{where} is a {type(obj).__name__}, which has no JSON form here")
+
+
+def from_json(obj: Any) -> Any:
+    """The inverse of :func:`to_json` (a fresh object: nothing is shared with ``obj``)."""
+    if isinstance(obj, list):
+        return [from_json(v) for v in obj]
+    if isinstance(obj, Mapping):
+        if len(obj) == 1 and TUPLE_TAG in obj:
+            return tuple(from_json(v) for v in obj[TUPLE_TAG])
+        if len(obj) == 1 and ITEMS_TAG in obj:
+            return {from_json(k): from_json(v) for k, v in obj[ITEMS_TAG]}
+        return {k: from_json(v) for k, v in obj.items()}
+    return obj
+
+
+# --- the dataset -------------------------------------------------------------------------------------
+
+
+def _where(name: str) -> str:
+    return f"--env {PREFIX}:{name}"
+
+
+def _rg() -> Any:
+    """``reasoning_gym.factory``, imported with the process state kept (its import draws
+    from the global ``random``)."""
+    try:
+        with process_state_kept():
+            from reasoning_gym import factory
+    except ImportError as exc:
+        raise ValueError(f"--env {PREFIX}:...: cannot import reasoning_gym ({exc}); `pip install {PACKAGE}`") from None
+    return factory
+
+
+def config_fields(name: str) -> list[str]:
+    """The config a ``reasoning_gym:<name>?...`` query may set (its config dataclass's
+    fields but :data:`LOADER_FIELDS`); one line with did-you-mean for an unknown name."""
+    datasets = _rg().DATASETS
+    if name not in datasets:
+        from trace_gym.config import did_you_mean
+
+        raise ValueError(f"{_where(name)}: not a reasoning-gym dataset{did_you_mean(name, sorted(datasets))}; "
+                         f"`trace-gym envs --ecosystem {PREFIX}` lists its {len(datasets)} datasets")
+    return [f.name for f in dataclasses.fields(datasets[name][1]) if f.name not in LOADER_FIELDS]
+
+
+def _config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True, default=repr)
+
+
+def _create(name: str, config: Mapping[str, Any], seed: int, size: int) -> Any:
+    """``create_dataset(name, seed=seed, size=size, **config)``, its failure in one line."""
+    factory = _rg()
+    options_of(config, config_fields(name), _where(name))
+    try:
+        with process_state_kept():  # a dataset may seed numpy's global RNG (pool_matrix)
+            return factory.create_dataset(name, seed=seed, size=size, **config)
+    except Exception as exc:  # noqa: BLE001  (the config's validate() asserts; bad types)
+        raise ValueError(f"{_where(name)}: reasoning-gym refused this config ({error_text(exc)[:300]})") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _scorer(name: str, config_key: str) -> Any:
+    """One dataset object per (dataset, config) and process: what :class:`ReasoningGymEnv`
+    calls ``score_answer`` on (a scorer reads only its config and the entry)."""
+    return _create(name, json.loads(config_key), seed=0, size=1)
+
+
+def _tag(name: str, config: Mapping[str, Any]) -> str:
+    """``name``, with a digest of a non-default config (task ids of two configs differ)."""
+    if not config:
+        return name
+    return f"{name}@{hashlib.blake2b(_config_key(config).encode(), digest_size=4).hexdigest()}"
+
+
+def load_tasks(n: int, seed: int = 0, *, dataset: str, config: Mapping[str, Any] | None = None) -> list[Task]:
+    """The ``n`` entries of ``create_dataset(dataset, seed=seed, size=n, **config)`` as tasks.
+
+    Raises:
+        ValueError: ``n < 1``, an unknown dataset or config field, a config the dataset
+            refuses, or an entry with no JSON form (one line each).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    config = dict(config or {})
+    data = _create(dataset, config, seed=seed, size=n)
+    tag, tasks = _tag(dataset, config), []
+    for index in range(n):
+        with process_state_kept():
+            entry = data[index]
+        try:
+            encoded = to_json(entry, f"entry {index}")
+        except TypeError as exc:
+            raise ValueError(f"{_where(dataset)}: {exc}; this adapter cannot carry it in a Task") from None
+        tasks.append(Task(id=f"{tag}/seed{seed}/{index}", prompt=str(entry["question"]), answer=encoded["answer"],
+                          source=f"{PREFIX}:{dataset}",
+                          metadata={"dataset": dataset, "config": json.loads(_config_key(config)),
+                                    "dataset_seed": seed, "index": index, "entry": encoded}))
+    return tasks
+
+
+@functools.lru_cache(maxsize=64)
+def _pool(name: str, config_key: str) -> tuple[Task, ...]:
+    return tuple(load_tasks(DEFAULT_POOL, 0, dataset=name, config=json.loads(config_key)))
+
+
+# --- the adapter ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Episode:
+    """The state of one episode (what the ``copy`` strategy pickles)."""
+
+    entry: dict
+    attempts: int = 0
+
+
+class ReasoningGymEnv(AdaptedEnv):
+    """A reasoning-gym dataset as a question-answer env (see the module docstring).
+
+    Args:
+        dataset: a name of ``reasoning_gym.factory.DATASETS``.
+        config: the dataset's config (:func:`config_fields`).
+        max_attempts: answers the model may give; a wrong one before the last gets
+            :data:`FEEDBACK` (default 1: one turn).
+        system_prompt: a key of reasoning-gym's ``SYSTEM_PROMPTS``, or ``None`` for none.
+        snapshot: ``copy`` (default) or ``replay``.
+        max_turns: truncate after this many steps.
+    """
+
+    snapshot_strategies = ("copy", "replay")
+
+    def __init__(self, dataset: str = "chain_sum", config: Mapping[str, Any] | None = None, *, max_attempts: int = 1,
+                 system_prompt: str | None = "default", snapshot: str | None = None, max_turns: int | None = None):
+        super().__init__(snapshot=snapshot, max_turns=max_turns)
+        if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
+            raise ValueError(f"{_where(dataset)}: max_attempts must be a positive int, got {max_attempts!r}")
+        self.dataset, self.config, self.max_attempts = dataset, dict(config or {}), max_attempts
+        self._config_key = _config_key(self.config)
+        self._data = _scorer(dataset, self._config_key)
+        with process_state_kept():
+            from reasoning_gym.utils import SYSTEM_PROMPTS
+        if system_prompt is not None and system_prompt not in SYSTEM_PROMPTS:
+            from trace_gym.config import did_you_mean
+
+            raise ValueError(f"{_where(dataset)}: system_prompt {system_prompt!r} is not one of reasoning-gym's "
+                             f"{sorted(SYSTEM_PROMPTS)}{did_you_mean(system_prompt, SYSTEM_PROMPTS)} (or None)")
+        self.system_prompt = None if system_prompt is None else SYSTEM_PROMPTS[system_prompt]
+
+    @property
+    def env_key(self) -> str:
+        return f"{PREFIX}:{_tag(self.dataset, self.config)}"
+
+    def _default_tasks(self) -> Sequence[Task]:
+        return _pool(self.dataset, self._config_key)
+
+    def _begin(self, task: Task, seed: int):
+        meta = task.metadata
+        if meta.get("dataset") != self.dataset or "entry" not in meta:
+            raise ValueError(f"task {task.id!r} is not a reasoning-gym {self.dataset!r} task (its metadata names "
+                             f"dataset {meta.get('dataset')!r}{'' if 'entry' in meta else ' and holds no entry'})")
+        if "config" in meta and _config_key(meta["config"]) != self._config_key:
+            raise ValueError(f"task {task.id!r} was made with config {dict(meta['config'])}, this env scores "
+                             f"{self.dataset} with {self.config}")
+        self.inner = Episode(entry=from_json(meta["entry"]))
+        obs = [] if self.system_prompt is None else [Message("system", self.system_prompt)]
+        return [*obs, Message("user", str(self.inner.entry["question"]))], {}
+
+    def _score(self, answer: str | None) -> tuple[float, str | None]:
+        """The dataset's score of ``answer``, or 0 and why when its scorer failed."""
+        try:
+            score = self._data.score_answer(answer, copy.deepcopy(self.inner.entry))
+            if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+                raise TypeError(f"score_answer returned {score!r:.100}, not a finite number")
+            return float(score), None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001  (a scorer on model text; SystemExit from eval("exit()") too)
+            return 0.0, f"score_answer failed: {error_text(exc)}"
+
+    def _act(self, action: str):
+        from reasoning_gym.utils import extract_answer
+
+        episode = self.inner
+        episode.attempts += 1
+        answer = extract_answer(action[-MAX_SCAN_CHARS:])
+        score, error = self._score(answer)
+        info: dict[str, Any] = {"score": score, "attempt": episode.attempts, "answer_found": answer is not None}
+        if error is not None:
+            info["env_error"] = error
+        if score >= 1.0 or episode.attempts >= self.max_attempts:
+            return [], score, True, False, info
+        return [Message("user", FEEDBACK.format(left=self.max_attempts - episode.attempts))], 0.0, False, False, info
+
+
+# --- the face ------------------------------------------------------------------------------------------
+
+
+def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
+    """The :class:`~trace_gym.registry.EnvFamily` of ``reasoning_gym:<name>?<config>``:
+    ``options`` are the dataset's config, ``env_kwargs`` the adapter's (:data:`ENV_OPTIONS`);
+    the task loader takes none of its own.
+
+    Raises:
+        ValueError: an unknown dataset, config field, env kwarg or task kwarg (one line
+            each, with did-you-mean), or a config the dataset refuses.
+    """
+    from trace_gym.registry import adapter_family
+
+    options_of(env_kwargs, ENV_OPTIONS, f"{_where(name)} env kwargs")
+    options_of(task_kwargs, (), f"{_where(name)} task kwargs")
+    data = _scorer(name, _config_key(options))  # refuses a bad name or config now, in one line
+    summary = (type(data).__doc__ or "").strip().splitlines()
+    return adapter_family(PREFIX, name, ENTRY_POINT,
+                          env_kwargs={"dataset": name, "config": dict(options), **env_kwargs},
+                          task_loader=TASK_LOADER, loader_kwargs={"dataset": name, "config": dict(options)},
+                          description=f"reasoning-gym {name}: {summary[0] if summary else 'procedural dataset'}")
+
+
+def available() -> list[str]:
+    """Every dataset in reasoning-gym's registry, with the ``reasoning_gym:`` prefix."""
+    return [f"{PREFIX}:{name}" for name in sorted(_rg().DATASETS)]
