@@ -112,3 +112,15 @@ def test_query_kwargs_reads_yaml_scalars_and_names_a_bad_part():
     assert query_kwargs("") == {}
     with pytest.raises(ValueError, match="'size'"):
         query_kwargs("size")
+
+
+def test_a_failed_begin_leaves_no_episode_to_step():
+    class Unreachable(HotColdAdapter):
+        def _begin(self, task, seed):
+            raise ConnectionError("server down")
+
+    env = Unreachable()
+    with pytest.raises(ConnectionError):
+        env.reset(options={"task": hot_cold_tasks(1)[0]})
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step("3")

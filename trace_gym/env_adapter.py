@@ -212,6 +212,13 @@ class AdaptedEnv(gymnasium.Env):
         self._end()
         self.inner = None
         self._task, self._seed, self._actions, self._done = task, seed, [], False
+        try:
+            return self._begin_isolated(task, seed)
+        except BaseException:
+            self._task = None  # no episode began: step() must not act on it
+            raise
+
+    def _begin_isolated(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
         if self.global_rng:
             with _GLOBAL_RNG_LOCK:
                 saved = (random.getstate(), np.random.get_state())
