@@ -123,7 +123,9 @@ class AdaptedEnv(gymnasium.Env):
         global_rng: the wrapped env draws from ``random``/``numpy.random`` globals; each
             instance then owns a private copy of that state, swapped in around every call
             (seeded from the episode seed at :meth:`reset`), so envs never perturb each
-            other and ``copy``/``replay`` snapshots stay exact.
+            other and ``copy``/``replay`` snapshots stay exact. An instance may set its
+            own ``self.global_rng`` before its first reset (an I/O-bound env that draws no
+            randomness can skip the lock it costs).
 
     Args:
         snapshot: one of :attr:`snapshot_strategies` (default: the first).
