@@ -41,6 +41,26 @@ for fd in range(3, 64):
             pass
 """
 
+_LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+
+# routes around memory_mb / disk_mb (each bounded: tests/test_math_limits.py)
+_MEMORY_ROUTES = {
+    "memfd_hog": "import os\nc = b'x' * (1 << 20)\nfds = []\nfor i in range(40):\n"
+                 "    fds.append(os.memfd_create('h'))\n    for _ in range(15):\n        os.write(fds[-1], c)",
+    "sysv_shm_hog": _LIBC + "libc.shmat.restype = ctypes.c_void_p\nfor _ in range(150):\n"
+                    "    sid = libc.shmget(0, ctypes.c_size_t(4 << 20), 0o1600)\n    if sid < 0:\n        break\n"
+                    "    ctypes.memset(libc.shmat(sid, None, 0), 1, 4 << 20)\nprint('segments held')",
+    "sysv_queue_flood": _LIBC + "n = 0\nwhile n < 10**5 and libc.msgget(0, 0o1600) >= 0:\n    n += 1\nprint(n)",
+    "userns_tmpfs": _LIBC + "assert libc.unshare(0x10000000 | 0x20000) == 0, os.strerror(ctypes.get_errno())\n"
+                    "libc.mount(b'none', b'/tmp/work', b'tmpfs', 0, b'size=1g')\n"
+                    "open('/tmp/work/big', 'wb').write(b'x' * (150 << 20))",
+    "clone_newuser_raw": _LIBC + "nr = 56 if os.uname().machine == 'x86_64' else 220\n"
+                         "print(libc.syscall(nr, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_errno())",
+    "fork_memory_hog": "import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n"
+                       "        x = b'x' * (100 << 20)\n        time.sleep(0.2)\n        os._exit(0)\n"
+                       "print([os.wait()[1] for _ in range(6)])",
+}
+
 MATH_CODE = {
     "infinite_loop": "while True:\n    pass",
     "fork_bomb": "import os\nwhile True:\n    os.fork()",
@@ -87,6 +107,7 @@ MATH_CODE = {
     "syntax_error": "def broken(:\n    pass",
     "null_byte_in_source": "print('a')\x00print('b')",
     "unicode_identifiers": "π = 3\nprint(π * 2, 'ƒ\U0001f600')",
+    **_MEMORY_ROUTES,
 }
 
 MATH_RESPONSES = {

@@ -7,11 +7,13 @@ Process tree on a root host::
         │            set. Moves into a mount namespace whose root is a read-only tmpfs that
         │            shows only the system directories and the interpreter (never the
         │            project or task data), imports numpy/sympy there, then forks kernels.
-        └─ supervisor  pid 1 of a fresh pid namespace, in fresh network and mount
-           │           namespaces (no interface up; private /proc, /tmp); root; holds the
-           │           host's pipes; trusted code only
+        └─ supervisor  pid 1 of a fresh pid namespace, in fresh network, IPC (with
+           │           limits) and mount namespaces (no interface up; private /proc,
+           │           /tmp) and its own memory cgroup; root; holds the host's pipes;
+           │           trusted code only
            └─ executor own uid (``uid_base`` + the supervisor's pid), rlimits,
-                       ``no_new_privs``; runs the model's cells; its stdout/stderr and a
+                       ``no_new_privs``, a seccomp filter, a stacked root (no user
+                       namespaces); runs the model's cells; its stdout/stderr and a
                        result pipe go to the supervisor, never to the host
 
 The host starts it as ``python -I _kernel_driver.py FD`` and sends its configuration as
@@ -29,8 +31,14 @@ supervisor alone writes host frames, from values it built itself. Output is capt
 the supervisor (head + tail kept, the rest counted); output that arrives between cells
 is reported apart, as background output.
 
+Memory: where a memory cgroup (v1 or v2) can be written, the zygote makes a group of
+its own under its cgroup (``trace_gym_<pid>``), probes it, and gives every kernel a
+child of it (``k<n>``, limit ``memory_mb + disk_mb``), which the supervisor joins before
+anything else; the directory is removed when the kernel is reaped.
+
 Each setup step that fails for lack of privilege is reported in the hello's
-``protections``, never silently assumed.
+``protections``, never silently assumed; the hello's ``mechanisms`` says which of the
+sandbox's mechanisms this zygote uses (``_kernel_proc.MECHANISMS``).
 """
 
 import errno
@@ -150,6 +158,177 @@ def build_root(cfg, report):
     report["hidden"] = sorted(hide)
 
 
+# --- memory cgroups: one per kernel ------------------------------------------------------
+
+def _memory_cgroup_dir():
+    """``(version, path)`` of this process's memory cgroup directory; raises OSError(why not)."""
+    with open("/proc/self/cgroup") as f:
+        lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split() for line in f]
+
+    def mounted(fstype, want):  # (mount root, mount point) of a cgroup fs with option ``want``
+        for m in mounts:
+            sep = m.index("-")
+            if m[sep + 1] == fstype and (want is None or want in m[sep + 3].split(",")):
+                return m[3], m[4]
+        return None
+
+    for version, fstype, want, match in (("v1", "cgroup", "memory", lambda c: "memory" in c.split(",")),
+                                         ("v2", "cgroup2", None, lambda c: c == "")):
+        own = next((path for _, controllers, path in lines if match(controllers)), None)
+        mount_ = mounted(fstype, want)
+        if own is None or mount_ is None:
+            continue
+        root, point = mount_
+        if not (own == root or own.startswith(root.rstrip("/") + "/")):
+            raise OSError(errno.ENOENT, f"this process's cgroup {own} is outside the mounted {fstype} tree")
+        path = point + own[len(root.rstrip("/")):]
+        if version == "v2":
+            with open(os.path.join(path, "cgroup.subtree_control")) as f:
+                if "memory" not in f.read().split():
+                    raise OSError(errno.EPERM, f"the memory controller is not enabled below {path}")
+        return version, path
+    raise OSError(errno.ENOENT, "no memory cgroup controller is mounted")
+
+
+def _is_zygote(pid):
+    """Whether ``pid`` (host pid namespace) is a live kernel zygote."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.path.basename(__file__).encode() in f.read()
+    except OSError:
+        return False
+
+
+class MemoryCgroups:
+    """Per-kernel memory cgroups below a group of this zygote, reached through a
+    descriptor opened before the sandbox root hid ``/sys``."""
+
+    FILES = {"v1": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.oom_control"),
+             "v2": ("memory.max", "memory.swap.max", "memory.events")}
+
+    def __init__(self, version, path):
+        self.version, self.path = version, path
+        self.limit_file, self.swap_file, self.events_file = self.FILES[version]
+        self.name = f"trace_gym_{os.getpid()}"
+        self.parent_fd = os.open(path, os.O_PATH | os.O_DIRECTORY)  # the path is gone once the root is built
+        self._sweep(path)
+        try:
+            os.mkdir(self.name, 0o700, dir_fd=self.parent_fd)
+            self.fd = os.open(self.name, os.O_PATH | os.O_DIRECTORY, dir_fd=self.parent_fd)
+        except OSError:
+            os.close(self.parent_fd)
+            raise
+        self.count = 0
+        self.stale = []  # kernel directories still busy when their kernel was reaped
+        try:
+            if version == "v2":  # the kernels' directories get the memory controller
+                self._write("cgroup.subtree_control", "+memory")
+            name, procs, events = self.new(16)  # a probe: a group with a limit that reads back
+            os.close(procs)
+            os.close(events)
+            with open(f"{name}/{self.limit_file}", opener=self._opener) as f:
+                if int(f.read()) != 16 << 20:
+                    raise OSError(errno.EIO, "the probe's limit did not read back")
+            self.remove(name)
+        except OSError:
+            self.close()
+            raise
+
+    def _sweep(self, path):
+        """Remove the groups that killed zygotes left here (a zygote removes its own on exit);
+        a kernel that outlived its zygote keeps its directory until a later sweep."""
+        for entry in os.listdir(path):
+            pid = entry[len("trace_gym_"):]
+            if not (entry.startswith("trace_gym_") and pid.isdigit()) or _is_zygote(int(pid)):
+                continue
+            group = os.path.join(path, entry)
+            for name in [n for n in os.listdir(group) if n[:1] == "k" and n[1:].isdigit()] + [None]:
+                try:
+                    os.rmdir(group if name is None else os.path.join(group, name))
+                except OSError:
+                    pass
+
+    def _opener(self, path, flags):
+        return os.open(path, flags, dir_fd=self.fd)
+
+    def _write(self, path, value):
+        fd = os.open(path, os.O_WRONLY, dir_fd=self.fd)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+    def new(self, limit_mb):
+        """A kernel's cgroup: ``(name, procs fd to write, events fd to read)``, limited to
+        ``limit_mb`` MiB of memory (and no swap); raises OSError."""
+        self.count += 1
+        name = f"k{self.count}"
+        try:
+            os.mkdir(name, 0o700, dir_fd=self.fd)
+        except FileNotFoundError:  # the group was removed under us (a sweep that took it for a dead one's)
+            os.close(self.fd)
+            os.mkdir(self.name, 0o700, dir_fd=self.parent_fd)
+            self.fd = os.open(self.name, os.O_PATH | os.O_DIRECTORY, dir_fd=self.parent_fd)
+            if self.version == "v2":
+                self._write("cgroup.subtree_control", "+memory")
+            os.mkdir(name, 0o700, dir_fd=self.fd)
+        try:
+            self._write(f"{name}/{self.limit_file}", str(limit_mb << 20))
+            try:  # v1: memory + swap (needs swap accounting); v2: swap alone
+                self._write(f"{name}/{self.swap_file}", str(limit_mb << 20) if self.version == "v1" else "0")
+            except FileNotFoundError:
+                pass
+            procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY, dir_fd=self.fd)
+            events = os.open(f"{name}/{self.events_file}", os.O_RDONLY, dir_fd=self.fd)
+        except OSError:
+            self.remove(name)
+            raise
+        return name, procs, events
+
+    def remove(self, name):
+        """Remove a kernel's cgroup (all its processes are gone); retried at the next call
+        while the kernel still holds it."""
+        for n in [name, *self.stale] if name else list(self.stale):
+            try:
+                os.rmdir(n, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                if n not in self.stale:
+                    self.stale.append(n)
+                continue
+            if n in self.stale:
+                self.stale.remove(n)
+
+    def close(self):
+        """Remove what is left and this zygote's group (busy ones stay: their kernels live)."""
+        self.remove(None)
+        os.close(self.fd)
+        try:
+            os.rmdir(self.name, dir_fd=self.parent_fd)
+        except OSError:
+            pass
+        finally:
+            os.close(self.parent_fd)
+
+
+def setup_memory_cgroups(cfg, mechanisms):
+    """This zygote's :class:`MemoryCgroups`, or ``None`` (the reason in ``mechanisms``)."""
+    if "memory_cgroup" in cfg.get("disable", ()):
+        mechanisms["memory_cgroup"] = "NOT active (left off): memory is bounded per process only"
+        return None
+    try:
+        cgroups = MemoryCgroups(*_memory_cgroup_dir())
+    except OSError as exc:
+        mechanisms["memory_cgroup"] = f"NOT active ({exc}): memory is bounded per process only"
+        return None
+    mechanisms["memory_cgroup"] = (f"active (cgroup {cgroups.version}, {cgroups.path}/{cgroups.name}): each kernel "
+                                   "holds at most memory_mb + disk_mb MB by any route")
+    return cgroups
+
+
 # --- zygote: the fork server -----------------------------------------------------------
 
 NAMESPACE = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -172,9 +351,10 @@ def _sweep_uid(uid):
 
 
 class Zygote:
-    def __init__(self, sock, cfg, report, isolated):
+    def __init__(self, sock, cfg, report, isolated, cgroups=None):
         self.sock, self.cfg, self.report, self.isolated = sock, cfg, report, isolated
-        self.kernels = {}  # supervisor pid -> own uid (None: no uid of its own)
+        self.cgroups = cgroups
+        self.kernels = {}  # supervisor pid -> (own uid or None, memory cgroup name or None)
         self.pidns = False
         self.self_ns = None
         if isolated:
@@ -187,28 +367,44 @@ class Zygote:
                 report["processes"] = f"no pid namespace ({exc}); kills sweep the kernel's uid"
 
     def fork(self, limits, fds):
-        if self.pidns:
-            check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        cgroup = None
+        if self.cgroups is not None:  # fail closed: no kernel without its memory cgroup
+            limit_mb = int(limits["memory_mb"]) + int(limits["disk_mb"])
+            name, procs, events = self.cgroups.new(limit_mb)
+            cgroup = {"name": name, "procs_fd": procs, "events_fd": events, "limit_mb": limit_mb}
         try:
-            pid = os.fork()
-        finally:
-            if self.pidns and os.getpid() != 1:
-                check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
+            if self.pidns:
+                check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+            try:
+                pid = os.fork()
+            finally:
+                if self.pidns and os.getpid() != 1:
+                    check(_libc.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
+        except OSError:
+            if cgroup:
+                os.close(cgroup["procs_fd"])
+                os.close(cgroup["events_fd"])
+                self.cgroups.remove(cgroup["name"])
+            raise
         if pid == 0:
             try:
                 self.sock.close()
                 if self.self_ns is not None:
                     os.close(self.self_ns)
-                kp.supervisor(fds[0], fds[1], limits, self.report, self.cfg, self.isolated, self.pidns, NAMESPACE)
+                kp.supervisor(fds[0], fds[1], limits, self.report, self.cfg, self.isolated, self.pidns, NAMESPACE,
+                              cgroup)
             finally:
                 os._exit(1)
-        self.kernels[pid] = self.cfg["uid_base"] + pid if self.isolated else None
+        if cgroup:
+            os.close(cgroup["procs_fd"])
+            os.close(cgroup["events_fd"])
+        self.kernels[pid] = (self.cfg["uid_base"] + pid if self.isolated else None, cgroup and cgroup["name"])
         return pid
 
     def kill(self, pid):
         if pid not in self.kernels:
             return False
-        uid = self.kernels[pid]
+        uid = self.kernels[pid][0]
         try:
             os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: every process of the kernel dies
             if not self.pidns:
@@ -227,7 +423,9 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            self.kernels.pop(pid, None)
+            _, cgroup = self.kernels.pop(pid, (None, None))
+            if self.cgroups is not None and cgroup:
+                self.cgroups.remove(cgroup)
             if not self.isolated:
                 import shutil
 
@@ -237,6 +435,8 @@ class Zygote:
         while True:
             ready = kp.ready([self.sock], [], 0.5)[0]
             self.reap()
+            if self.cgroups is not None and self.cgroups.stale:  # kernels whose last processes were still exiting
+                self.cgroups.remove(None)
             if not ready:
                 continue
             try:
@@ -261,6 +461,14 @@ class Zygote:
             self.sock.send(json.dumps(reply).encode())
         for pid in list(self.kernels):  # the host is gone: so are its kernels
             self.kill(pid)
+        if self.cgroups is not None:
+            for pid, (_, cgroup) in list(self.kernels.items()):  # a killed pid 1 is reaped once its namespace is empty
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                self.cgroups.remove(cgroup)
+            self.cgroups.close()
 
 
 def main():
@@ -268,9 +476,29 @@ def main():
     sock = socket.socket(fileno=int(sys.argv[1]))
     cfg = json.loads(sock.recv(1 << 22).decode())
     report = {}
+    mechanisms = {}
     isolated = bool(cfg["isolate"]) and os.geteuid() == 0
+    disabled = set(cfg.get("disable", ()))
+    cgroups = None
     try:
         prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of kernels are reaped here
+        cgroups = setup_memory_cgroups(cfg, mechanisms)  # before the sandbox root hides /sys
+        report["memory_cgroup"] = mechanisms["memory_cgroup"]
+        why_not = "left off" if "seccomp" in disabled else kp.probe_seccomp()
+        cfg["seccomp"] = True if why_not is None else why_not
+        mechanisms["seccomp"] = ("active: the cell's processes may not call memfd_create, create namespaces "
+                                 "(user namespaces included) or, without a bounded IPC namespace, use SysV IPC"
+                                 if why_not is None else f"NOT active ({why_not})")
+        if not isolated:
+            mechanisms["private_ipc"] = "NOT active (host is not root, or isolation is off): the host's IPC namespace"
+        elif "ipc_limits" in disabled:
+            mechanisms["private_ipc"] = "a private IPC namespace per kernel, its limits left off"
+        else:
+            mechanisms["private_ipc"] = "a private IPC namespace per kernel, SysV shared memory at most disk_mb MB"
+        guards = (["seccomp"] if why_not is None else []) + (
+            ["the stacked root"] if isolated and "stacked_root" not in disabled else [])
+        mechanisms["user_namespaces"] = ("refused by " + " and ".join(guards) if guards else
+                                         "NOT refused: a cell can create one and mount a tmpfs of its own")
         if isolated:
             try:
                 build_root(cfg, report)
@@ -288,14 +516,18 @@ def main():
             __import__("numpy.random")  # lazy in numpy 2: else each kernel pays it when seeded
         if cfg.get("warmup"):
             exec(compile(cfg["warmup"], "<warmup>", "exec"), NAMESPACE)
-        zygote = Zygote(sock, cfg, report, isolated)
+        zygote = Zygote(sock, cfg, report, isolated, cgroups)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)
         os.close(devnull)
     except BaseException as exc:  # report instead of dying silently
-        sock.send(json.dumps({"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report}).encode())
+        if cgroups is not None:
+            cgroups.close()
+        sock.send(json.dumps({"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report,
+                              "mechanisms": mechanisms}).encode())
         raise SystemExit(1)
-    sock.send(json.dumps({"op": "hello", "pid": os.getpid(), "protections": report}).encode())
+    sock.send(json.dumps({"op": "hello", "pid": os.getpid(), "protections": report, "mechanisms": mechanisms,
+                          "cgroup_dir": cgroups and f"{cgroups.path}/{cgroups.name}"}).encode())
     zygote.serve()
     if not isolated:
         import shutil

@@ -1,18 +1,21 @@
 """The two processes of one kernel: its supervisor and its executor (loaded by the zygote).
 
 Like ``_kernel_driver.py`` this runs inside the sandbox and imports nothing of this
-project. The supervisor is pid 1 of the kernel's pid namespace, root, in fresh network
-and mount namespaces, and owns the host's two pipes; it runs trusted code only. The
-executor is its child: own uid, rlimits, ``no_new_privs``; it runs the model's cells,
-and its stdout, stderr and result pipe lead to the supervisor, never to the host.
-Frames on every pipe are a 4-byte big-endian length and UTF-8 JSON.
+project. The supervisor is pid 1 of the kernel's pid namespace, root, in fresh network,
+IPC and mount namespaces, in the kernel's memory cgroup, and owns the host's two pipes;
+it runs trusted code only. The executor is its child: own uid, rlimits,
+``no_new_privs``, a seccomp filter; it runs the model's cells, and its stdout, stderr
+and result pipe lead to the supervisor, never to the host. Frames on every pipe are a
+4-byte big-endian length and UTF-8 JSON.
 """
 
 import ctypes
+import errno
 import fcntl
 import io
 import json
 import os
+import platform
 import random
 import resource
 import select
@@ -21,9 +24,14 @@ import struct
 import sys
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x20000, 0x8000000, 0x40000000
+#: every CLONE_NEW* flag of clone(2) (CLONE_NEWTIME, 0x80, is an exit-signal bit there)
+CLONE_NAMESPACES = 0x7E020000
+CLONE_NEWTIME = 0x80
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC = 4096, 16384
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 38, 22
+#: mechanisms a ForkServer may be told to leave off (to test the fallbacks)
+MECHANISMS = ("memory_cgroup", "seccomp", "ipc_limits", "stacked_root")
 MAX_FRAME = 64 << 20
 #: what the executor may send per cell (its ``done`` message), in bytes
 MAX_DONE_BYTES = 1 << 20
@@ -68,6 +76,150 @@ def clean(text, limit=None):
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# --- seccomp: what the executor may not ask the kernel for -------------------------------
+
+#: syscall numbers per machine: (audit arch, x32 bit or 0, {name: number})
+SYSCALLS = {
+    "x86_64": (0xC000003E, 0x40000000, {
+        "memfd_create": 319, "memfd_secret": 447, "clone": 56, "clone3": 435, "unshare": 272, "setns": 308,
+        "shmget": 29, "msgget": 68, "semget": 64, "mq_open": 240}),
+    "aarch64": (0xC00000B7, 0, {
+        "memfd_create": 279, "memfd_secret": 447, "clone": 220, "clone3": 435, "unshare": 97, "setns": 268,
+        "shmget": 194, "msgget": 186, "semget": 190, "mq_open": 180}),
+}
+_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_ALLOW = 0x7FFF0000
+
+
+def _errno(code):
+    return 0x00050000 | code  # SECCOMP_RET_ERRNO
+
+
+def seccomp_program(machine, refuse_sysv_ipc):
+    """The executor's filter as BPF ``(code, jt, jf, k)`` tuples, or ``None`` for an unknown machine.
+
+    Refused with ``EPERM``: ``memfd_create`` and ``memfd_secret`` (memory outside
+    ``RLIMIT_AS`` and the workdir), ``unshare``/``clone`` with any ``CLONE_NEW*`` flag
+    (a user namespace would let the cell mount a tmpfs of its own), ``setns``, and with
+    ``refuse_sysv_ipc`` (no private, bounded IPC namespace) ``shmget``/``msgget``/
+    ``semget``/``mq_open``. ``clone3`` answers ``ENOSYS`` (its flags sit in memory a
+    filter cannot read; glibc then falls back to ``clone``). Another ABI (i386 through
+    ``int 0x80``, x32) is refused whole: its numbers differ.
+    """
+    if machine not in SYSCALLS:
+        return None
+    arch, x32_bit, nr = SYSCALLS[machine]
+    prog = [(_LD_ABS, 0, 0, 4), (_JEQ, 1, 0, arch), (_RET, 0, 0, _errno(errno.EPERM)), (_LD_ABS, 0, 0, 0)]
+    if x32_bit:
+        prog += [(_JGE, 0, 1, x32_bit), (_RET, 0, 0, _errno(errno.ENOSYS))]
+    refused = {"memfd_create": errno.EPERM, "memfd_secret": errno.EPERM, "setns": errno.EPERM,
+               "clone3": errno.ENOSYS}
+    if refuse_sysv_ipc:
+        refused.update(dict.fromkeys(("shmget", "msgget", "semget", "mq_open"), errno.EPERM))
+    for name, code in refused.items():
+        prog += [(_JEQ, 0, 1, nr[name]), (_RET, 0, 0, _errno(code))]
+    for name, mask in (("unshare", CLONE_NAMESPACES | CLONE_NEWTIME), ("clone", CLONE_NAMESPACES)):
+        # the low 32 bits of args[0] (offset 16, little-endian): the flags
+        prog += [(_JEQ, 0, 4, nr[name]), (_LD_ABS, 0, 0, 16), (_JSET, 0, 1, mask),
+                 (_RET, 0, 0, _errno(errno.EPERM)), (_RET, 0, 0, _ALLOW)]
+    return prog + [(_RET, 0, 0, _ALLOW)]
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def install_seccomp(refuse_sysv_ipc):
+    """Install the filter on this process (needs ``no_new_privs`` or root); its children
+    and whatever they exec inherit it. Returns what it refuses; raises OSError."""
+    prog = seccomp_program(platform.machine(), refuse_sysv_ipc)
+    if prog is None:
+        raise OSError(errno.ENOSYS, f"no syscall table for machine {platform.machine()!r}")
+    filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+    fprog = _SockFprog(len(prog), filters)
+    check(_libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(fprog), 0, 0), "prctl(PR_SET_SECCOMP)")
+    what = "memfd_create, memfd_secret, new namespaces (unshare/clone CLONE_NEW*, setns; clone3 is ENOSYS)"
+    return what + (", System V IPC and POSIX message queues" if refuse_sysv_ipc else "")
+
+
+def probe_seccomp():
+    """Whether a filter installs and works here: a forked child installs it and checks that
+    ``memfd_create`` is refused. Returns ``None`` (works) or why not."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            prctl(PR_SET_NO_NEW_PRIVS, 1)
+            install_seccomp(False)
+            try:
+                os.memfd_create("probe")
+            except PermissionError:
+                code = 0
+            else:
+                code = 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    if code == 0:
+        return None
+    if platform.machine() not in SYSCALLS:
+        return f"no syscall table for machine {platform.machine()!r}"
+    return {2: "the filter installed but memfd_create was not refused"}.get(code, "prctl(PR_SET_SECCOMP) failed")
+
+
+# --- the kernel's IPC namespace and memory cgroup ----------------------------------------
+
+def ipc_limits(limits):
+    """Sysctls of a kernel's private IPC namespace: what SysV IPC and POSIX queues may hold
+    (``path under /proc/sys -> value``). Shared memory is RAM like the workdir: ``disk_mb``."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    shm = limits["disk_mb"] << 20
+    return {"kernel/shmmax": str(shm), "kernel/shmall": str(shm // page), "kernel/shmmni": "64",
+            "kernel/msgmni": "16", "kernel/msgmnb": "16384", "kernel/msgmax": "8192",
+            "kernel/sem": "250 4096 32 16",  # per set, in all, per semop, sets
+            "fs/mqueue/queues_max": "16", "fs/mqueue/msg_max": "10", "fs/mqueue/msgsize_max": "8192"}
+
+
+def set_ipc_limits(limits):
+    """Write :func:`ipc_limits` (this process must be in the kernel's own IPC namespace,
+    with a writable /proc of it); raises OSError."""
+    for path, value in ipc_limits(limits).items():
+        with open(f"/proc/sys/{path}", "w") as f:
+            f.write(value)
+
+
+def oom_kills(fd):
+    """The ``oom_kill`` counter of a memory cgroup (``memory.oom_control`` of v1 or
+    ``memory.events`` of v2, open at ``fd``); 0 when there is none."""
+    if fd is None:
+        return 0
+    try:
+        text = os.pread(fd, 4096, 0).decode()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _oom_score_adj(value):
+    """Set this process's OOM score adjustment; False where /proc refuses."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+        return True
+    except OSError:
+        return False
+
+
 # --- framing ---------------------------------------------------------------------------
 
 def _read_exact(fd, n):
@@ -109,6 +261,7 @@ def _set_limits(limits, report):
         "RLIMIT_NPROC": (limits["max_processes"],) * 2,
         "RLIMIT_FSIZE": (limits["disk_mb"] * mb,) * 2,
         "RLIMIT_CORE": (0, 0),
+        "RLIMIT_MSGQUEUE": (mb // 2,) * 2,  # bytes of POSIX message queues of the uid (default hard: 800 KiB)
     }
     for name, value in values.items():
         try:
@@ -150,12 +303,16 @@ def _run_cell(code, filename, namespace):
         return text, type(exc).__name__
 
 
-def executor(req, res, limits, uid, workdir, env, namespace, report):
-    """The model's interpreter: fds 1/2 go to the supervisor; ``req``/``res`` are its pipes."""
+def executor(req, res, limits, uid, workdir, env, namespace, report, sandbox):
+    """The model's interpreter: fds 1/2 go to the supervisor; ``req``/``res`` are its pipes.
+    ``sandbox``: ``seccomp`` (install the filter) and ``refuse_sysv_ipc`` (no bounded
+    private IPC namespace: the filter refuses SysV IPC too)."""
     own = os.getpid()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    # the supervisor is the last choice of the OOM killer; the cell's processes the first
+    report["oom_score_adj"] = 1000 if _oom_score_adj(1000) else "not set (/proc refused)"
     _set_limits(limits, report)
     if uid is not None:
         os.chown(workdir, uid, uid)
@@ -171,6 +328,14 @@ def executor(req, res, limits, uid, workdir, env, namespace, report):
         report["no_new_privs"] = True
     except OSError as exc:
         report["no_new_privs"] = f"not set ({exc})"
+    if sandbox["seccomp"] is True:
+        try:  # last: everything above may use what it refuses
+            report["seccomp"] = "refuses " + install_seccomp(sandbox["refuse_sysv_ipc"])
+        except OSError as exc:  # it worked in the zygote's probe: fail closed
+            write_frame(res, {"op": "ready", "error": f"the seccomp filter could not be installed ({exc})"})
+            os._exit(1)
+    else:
+        report["seccomp"] = f"NOT active ({sandbox['seccomp']})"
     os.environ.clear()
     os.environ.update(env, HOME=workdir, TMPDIR=workdir)
     os.chdir(workdir)
@@ -328,8 +493,10 @@ class Supervisor:
     executor.
     """
 
-    def __init__(self, host_req, host_resp, limits, child, pipes):
+    def __init__(self, host_req, host_resp, limits, child, pipes, cgroup=None):
         self.host_req, self.host_resp, self.limits, self.child = host_req, host_resp, limits, child
+        self.cgroup = cgroup  # {"events_fd", "limit_mb"} of the kernel's memory cgroup, or None
+        self.oom_seen = oom_kills(cgroup and cgroup["events_fd"])  # kills before the current cell
         self.e_req, self.e_res, self.e_out, self.e_err, self.wake = pipes
         n = limits["output_bytes"]
         self.out, self.err, self.bg_out, self.bg_err = Capture(n), Capture(n), Capture(n), Capture(n)
@@ -371,7 +538,12 @@ class Supervisor:
             if pid == 0:
                 return
             if pid == self.child and self.dead is None:
-                self._executor_gone(_death_cause(status, self.limits))
+                cause = _death_cause(status, self.limits)
+                if cause[1] == "SIGKILL" and self.cgroup and oom_kills(self.cgroup["events_fd"]) > self.oom_seen:
+                    cause = (f"the kernel went over its memory limit of {self.cgroup['limit_mb']} MB (all its "
+                             "processes, shared memory and files together) and the interpreter was killed, "
+                             "SIGKILL", "MemoryLimit")
+                self._executor_gone(cause)
 
     def _executor_gone(self, cause):
         self.dead = cause
@@ -443,6 +615,8 @@ class Supervisor:
                 return self._kill_executor("the kernel answered a cell out of protocol")
             self._drain()  # output flushed before ``begin`` was printed between cells
             pending[2] = True
+            if self.cgroup:  # a child the OOM killer took in an earlier cell is not this cell's death
+                self.oom_seen = oom_kills(self.cgroup["events_fd"])
             self.to_exec += encode_frame({"op": "go"})  # only now does the cell start
             return self._send({"op": "running", "id": pending[1]})  # the host: it did start
         ok = (set(msg) == {"op", "id", "status", "error", "error_name"} and msg["op"] == "done"
@@ -500,26 +674,54 @@ class Supervisor:
                 self._on_host()
 
 
-def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, namespace):
-    """Body of a forked kernel: namespaces, the executor, then the relay loop. Never returns."""
+def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, namespace, cgroup=None):
+    """Body of a forked kernel: namespaces, the executor, then the relay loop. Never returns.
+
+    ``cgroup``: the kernel's memory cgroup (``procs_fd`` to join it, ``events_fd`` to
+    read its OOM kills, ``limit_mb``), made by the zygote; ``None`` where there is none.
+    """
     report = dict(base_report)
+    disabled = set(cfg.get("disable", ()))
     try:
         # No parent-death signal: a dead zygote must not take live kernels with it. The
         # kernel ends when the host closes (or loses) its pipes, or the zygote kills it.
-        close_all_but({host_req, host_resp})
+        close_all_but({host_req, host_resp} | ({cgroup["procs_fd"], cgroup["events_fd"]} if cgroup else set()))
+        if cgroup:  # first: every process of the kernel, and every page it charges, in it
+            try:
+                os.write(cgroup["procs_fd"], b"0")
+            except OSError as exc:  # the cgroup works in this zygote: fail closed
+                raise OSError(exc.errno, f"could not join the kernel's memory cgroup ({exc})") from None
+            os.close(cgroup["procs_fd"])
+            report["memory"] = (f"RLIMIT_AS {limits['memory_mb']} MB per process; the kernel's memory cgroup: "
+                                f"{cgroup['limit_mb']} MB for all its processes, shared memory, kernel objects and "
+                                "workdir files together")
+        else:
+            report["memory"] = (f"RLIMIT_AS {limits['memory_mb']} MB per process only (no memory cgroup: "
+                                f"{base_report.get('memory_cgroup', 'none')})")
         if os.getpid() != 1:
             os.setsid()
         gpid = int(os.readlink("/proc/self")) if pidns else os.getpid()
         uid = None
+        ipc_private = ipc_bounded = stacked = False
         if isolated:
             try:
                 check(_libc.unshare(CLONE_NEWNET | CLONE_NEWIPC), "unshare(CLONE_NEWNET | CLONE_NEWIPC)")
                 report["network"] = "none (own network and IPC namespaces, no interface up)"
+                ipc_private = True
             except OSError as exc:
                 report["network"] = f"NOT isolated ({exc})"
             check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
             if pidns:
                 mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            _oom_score_adj(-999)  # the OOM killer takes the cell's processes first (it still can take this one)
+            if ipc_private and "ipc_limits" in disabled:
+                report["ipc"] = "private IPC namespace (it ends with the kernel), limits left off"
+            elif ipc_private:
+                try:  # a writable /proc of this IPC namespace: the pid namespace's own
+                    set_ipc_limits(limits)
+                    ipc_bounded = True
+                except OSError as exc:
+                    report["ipc"] = f"private IPC namespace, limits NOT set ({exc})"
             # an interpreter (a checkout, a venv) under /tmp stays visible, read-only, above the tmpfs
             keep = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in cfg.get("under_tmp", ())}
             mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
@@ -536,6 +738,15 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
             workdir = "/tmp/work"
             os.mkdir(workdir, 0o700)
             uid = cfg["uid_base"] + gpid
+            if "stacked_root" not in disabled:
+                # Last mount: "/" bound over itself. The executor's root stays the lower
+                # mount, which the kernel then counts as a chroot, and a chrooted process
+                # may not create a user namespace (EPERM, user_namespaces(7)).
+                try:
+                    mount("/", "/", None, MS_BIND | MS_REC)
+                    stacked = True
+                except OSError as exc:
+                    report["stacked_root"] = f"NOT set ({exc})"
         else:
             report["network"] = "NOT isolated (host is not root, or isolation is off)"
             workdir = cfg["workdirs"] + f"/kernel_{gpid}"
@@ -544,6 +755,18 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
             report["processes"] = "own pid namespace: the kernel sees and can signal only its own processes"
         else:
             report.setdefault("processes", "shares the host's pid namespace")
+        if ipc_bounded:
+            shm = ipc_limits(limits)
+            report["ipc"] = (f"private IPC namespace (it ends with the kernel): SysV shared memory at most "
+                             f"{limits['disk_mb']} MB in all ({shm['kernel/shmmni']} segments), "
+                             f"{shm['kernel/msgmni']} message queues, {shm['kernel/sem'].split()[-1]} semaphore "
+                             f"sets, {shm['fs/mqueue/queues_max']} POSIX queues")
+        elif cfg.get("seccomp") is True:
+            report["ipc"] = (report.get("ipc", "the host's IPC namespace") + "; SysV IPC and POSIX queues refused "
+                             "by seccomp")
+        else:
+            report["ipc"] = report.get("ipc", "the host's IPC namespace") + "; NOT bounded"
+        sandbox = {"seccomp": cfg.get("seccomp", "not probed"), "refuse_sysv_ipc": not ipc_bounded}
         e_req_r, e_req_w = os.pipe()
         e_res_r, e_res_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -562,7 +785,7 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
                 close_all_but({e_req_r, e_res_w})
                 os.set_inheritable(e_req_r, True)
                 os.set_inheritable(e_res_w, True)
-                executor(e_req_r, e_res_w, limits, uid, workdir, cfg["env"], namespace, report)
+                executor(e_req_r, e_res_w, limits, uid, workdir, cfg["env"], namespace, report, sandbox)
             finally:
                 os._exit(1)
         for fd in (e_req_r, e_res_w, out_w, err_w):
@@ -574,10 +797,14 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
         ready = _await_ready(e_res_r, child, limits)
         if "error" in ready:
             raise RuntimeError(ready["error"])
+        protections = ready["protections"]
+        guards = (["seccomp"] if protections.get("seccomp", "").startswith("refuses") else []) + (
+            ["the executor's stacked root (a chroot to the kernel)"] if stacked else [])
+        protections["user_namespaces"] = ("refused by " + " and ".join(guards) if guards else
+                                          "NOT refused: a cell can create a user namespace and mount its own tmpfs")
         write_frame(host_resp, {"op": "hello", "pid": gpid, "uid": os.geteuid() if uid is None else uid,
-                                "own_uid": uid is not None, "workdir": workdir,
-                                "protections": ready["protections"]})
-        Supervisor(host_req, host_resp, limits, child, (e_req_w, e_res_r, out_r, err_r, wake_r)).serve()
+                                "own_uid": uid is not None, "workdir": workdir, "protections": protections})
+        Supervisor(host_req, host_resp, limits, child, (e_req_w, e_res_r, out_r, err_r, wake_r), cgroup).serve()
     except SystemExit:
         pass
     except BaseException as exc:  # report instead of dying silently

@@ -50,7 +50,8 @@ and a trainer must drop the episode rather than count it as wrong.
 ## Episode End
 Terminated by the first action without a code block (that action is graded).
 Truncated, with reward 0, when ``max_turns`` actions with code (or over-long actions)
-have been taken, or when no kernel could be started (``info["infra_error"]``).
+have been taken, when no kernel could be started (``info["infra_error"]``), or when the
+replay after a restore ran out of ``replay_timeout_s`` (``info["env_error"]``).
 
 ## Info
 ``info["exec"]`` (steps with code): ``status`` (worst of ``ok`` < ``error`` <
@@ -67,7 +68,10 @@ itself up while the policy generates); the next cell re-executes the recorded ce
 it first, discarding their output. Deterministic for code
 whose behaviour depends only on its inputs and the seeded ``random``/``numpy.random``
 (hash seed fixed to 0); not for wall-clock time, ``id()``/addresses, ``os.urandom``,
-PIDs, or cells near the time limit.
+PIDs, or cells near the time limit. The replay has its own budget, ``replay_timeout_s``
+(default ``step_timeout_s``) for all recorded cells together, before the step's own
+cells get their ``step_timeout_s``; a replay that runs out of it ends the episode,
+truncated, with ``info["env_error"]`` and an observation that says so (reward 0).
 
 ## Version History
 v0: first version.
@@ -130,6 +134,10 @@ ACTION_TOO_LONG = (
     "Write a shorter response."
 )
 INFRA_NOTICE = "(not executed: the Python sandbox could not be started; this is an infrastructure error, not yours)"
+REPLAY_TIMEOUT_NOTICE = (
+    "(not executed: this episode was restored, and re-running its {cells} earlier cell(s) to rebuild the Python "
+    "session took longer than {limit:g} s, the limit for that. The episode ends here.)"
+)
 #: Characters of the response the env reads; longer responses are refused.
 MAX_ACTION_CHARS = 65536
 _SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
@@ -177,7 +185,11 @@ class MathPythonEnv(gymnasium.Env):
         grader: a :class:`Grader`; default: the process-wide shared one.
         kernel_server: the :class:`ForkServer` kernels are forked from; default: the
             process-wide one.
-        replay_timeout_factor: a replayed cell may run this many times the cell limit.
+        replay_timeout_factor: a replayed cell may run this many times the cell limit
+            (within ``replay_timeout_s``).
+        replay_timeout_s: seconds the replay after a restore may take, all recorded
+            cells together (default: ``step_timeout_s``); past it the episode ends
+            (truncated, ``info["env_error"]``).
         few_shot: start with :data:`FEW_SHOT_DEMO` after the system prompt.
         answer_extraction: ``"boxed"`` (default: the last ``\\boxed{}``) or
             ``"boxed_or_last_number"`` (fall back to the last number; for tiny models).
@@ -198,15 +210,17 @@ class MathPythonEnv(gymnasium.Env):
                  max_action_chars: int = MAX_ACTION_CHARS, max_cells: int = 8, step_timeout_s: float = 30.0,
                  max_observation_chars: int = 32768, restart_notice: str = RESTART_NOTICE,
                  background_notice: str = BACKGROUND_NOTICE, cells_notice: str = CELLS_NOTICE,
-                 kernel_server: ForkServer | None = None):
+                 kernel_server: ForkServer | None = None, replay_timeout_s: float | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if observation_role not in ("user", "tool"):
             raise ValueError(f"observation_role must be 'user' or 'tool', got {observation_role!r}")
         if "{output}" not in output_template:
             raise ValueError(f"output_template must contain '{{output}}', got {output_template!r}")
+        replay_timeout_s = step_timeout_s if replay_timeout_s is None else replay_timeout_s
         for name, value in (("max_action_chars", max_action_chars), ("max_cells", max_cells),
-                            ("step_timeout_s", step_timeout_s), ("max_observation_chars", max_observation_chars)):
+                            ("step_timeout_s", step_timeout_s), ("max_observation_chars", max_observation_chars),
+                            ("replay_timeout_s", replay_timeout_s), ("replay_timeout_factor", replay_timeout_factor)):
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
         if isinstance(tasks, str):
@@ -225,7 +239,7 @@ class MathPythonEnv(gymnasium.Env):
         self.max_action_chars, self.max_cells = int(max_action_chars), int(max_cells)
         self.step_timeout_s, self.max_observation_chars = float(step_timeout_s), int(max_observation_chars)
         self.observation_role = observation_role
-        self.replay_timeout_factor = replay_timeout_factor
+        self.replay_timeout_factor, self.replay_timeout_s = float(replay_timeout_factor), float(replay_timeout_s)
         if answer_extraction not in EXTRACTIONS:
             raise ValueError(f"answer_extraction must be one of {EXTRACTIONS}, got {answer_extraction!r}")
         self.answer_extraction = answer_extraction
@@ -302,6 +316,12 @@ class MathPythonEnv(gymnasium.Env):
     def _run_cells(self, cells: list[str], info: dict[str, Any]):
         blocks, cell_infos, restarted, infra = [], [], False, None
         worst = "ok"
+        if self._kernel is None and self._cells:  # the first step after a restore: rebuild the state first
+            try:
+                if not self._replay():
+                    return self._replay_timed_out(cells, info)
+            except KernelError as exc:
+                infra = f"no Python kernel could be started: {exc}"
         deadline = time.monotonic() + self.step_timeout_s
         for code in cells[: self.max_cells]:
             left = deadline - time.monotonic()
@@ -348,6 +368,24 @@ class MathPythonEnv(gymnasium.Env):
         if infra is not None:
             info["infra_error"] = infra
         return [Message(self.observation_role, self._cap("\n\n".join(blocks)))], 0.0, False, truncated, info
+
+    def _replay_timed_out(self, cells: list[str], info: dict[str, Any]):
+        """The step after a replay that ran out of its budget: the episode ends, truncated."""
+        report, self._replay_report = self._replay_report, None
+        self._done = True
+        notice = REPLAY_TIMEOUT_NOTICE.format(cells=report["cells"], limit=self.replay_timeout_s)
+        run = min(len(cells), self.max_cells)
+        info["exec"] = {"status": "timeout", "timed_out": True, "oom": False, "elapsed": 0.0,
+                        "kernel_restarted": True, "cells": [{"status": "skipped"}] * run, "cells_not_run": len(cells),
+                        "replay": report}
+        info["env_error"] = (f"replay_timeout: rebuilding the interpreter after a restore took over "
+                             f"{self.replay_timeout_s:g} s (replay_timeout_s); {report['replayed']} of "
+                             f"{report['cells']} recorded cells re-run")
+        # Not an infrastructure error: the slow cells are the policy's own, and an excluded
+        # episode would be a way to dodge the reward of its continuation.
+        info["reward_components"] = {"correct": 0.0, "infra_error": 0.0}
+        message = self.templates["output"].format(output=notice)
+        return [Message(self.observation_role, message)], 0.0, False, True, info
 
     def _execute(self, code: str, limit: float) -> tuple[CellResult, str | None]:
         """Run one cell; if the kernel had died since the last cell, run it in a new one
@@ -401,6 +439,12 @@ class MathPythonEnv(gymnasium.Env):
         return len(thaw(snapshot.state)["cells"])
 
     # -- helpers -----------------------------------------------------------------
+    def sandbox_mechanisms(self) -> dict[str, str]:
+        """Which sandbox mechanisms this env's kernels get (memory cgroup, seccomp, private
+        IPC, user namespaces refused), each ``active: ...`` or ``NOT active (why)``; starts
+        the fork server if needed. Each kernel's own outcome: :attr:`kernel_protections`."""
+        return self._factory.server.mechanisms()
+
     @property
     def grader(self) -> Grader:
         if self._grader is None:
@@ -420,23 +464,44 @@ class MathPythonEnv(gymnasium.Env):
         ]
 
     def _ensure_kernel(self) -> Kernel:
-        """The live interpreter, built (and the recorded cells replayed) when needed."""
-        if self._kernel is not None:
-            return self._kernel
+        """The live interpreter, built when needed (after a restore, :meth:`_replay` has
+        rebuilt it before the step's first cell)."""
+        if self._kernel is None:
+            self._kernel = self._new_kernel()
+        return self._kernel
+
+    def _replay(self) -> bool:
+        """Re-run the recorded cells in a fresh kernel of this generation, all within
+        ``replay_timeout_s`` (each within ``replay_timeout_factor`` cell limits too);
+        their output is discarded. Sets the replay report; returns False when the budget
+        ran out (the kernel is then closed). Raises KernelError when no kernel starts."""
         kernel = self._new_kernel()
-        if self._cells:
-            diverged, elapsed = [], 0.0
-            timeout = self.limits.cell_timeout_s * self.replay_timeout_factor
-            for i, (code, status) in enumerate(self._cells):
-                result = kernel.execute(code, timeout=timeout)
-                elapsed += result.elapsed
-                if result.status != status:
-                    diverged.append({"cell": i, "recorded": status, "replayed": result.status})
-                if not result.kernel_alive:  # cannot rebuild the rest; carry on in a fresh one
-                    kernel = self._new_kernel()
-            self._replay_report = {"cells": len(self._cells), "elapsed": elapsed, "diverged": diverged}
+        deadline = time.monotonic() + self.replay_timeout_s
+        per_cell = self.limits.cell_timeout_s * self.replay_timeout_factor
+        diverged, elapsed, replayed, timed_out = [], 0.0, 0, False
+        for i, (code, status) in enumerate(self._cells):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            result = kernel.execute(code, timeout=min(per_cell, left))
+            elapsed += result.elapsed
+            replayed += 1
+            if result.timed_out:  # the recorded cell ended; here it did not: the state cannot be rebuilt in time
+                diverged.append({"cell": i, "recorded": status, "replayed": result.status})
+                timed_out = True
+                break
+            if result.status != status:
+                diverged.append({"cell": i, "recorded": status, "replayed": result.status})
+            if not result.kernel_alive:  # cannot rebuild the rest; carry on in a fresh one
+                kernel = self._new_kernel()
+        self._replay_report = {"cells": len(self._cells), "replayed": replayed, "elapsed": elapsed,
+                               "diverged": diverged, "timed_out": timed_out, "budget_s": self.replay_timeout_s}
+        if timed_out:
+            kernel.close()
+            return False
         self._kernel = kernel
-        return kernel
+        return True
 
     def _new_kernel(self) -> Kernel:
         """A ready kernel for the current generation; one retry (a kernel that died while

@@ -14,8 +14,21 @@ every process of a kernel   a pid namespace per kernel: killing its pid 1 ends t
                             all, ``setsid`` included; the kernel sees only its own
 CPU seconds                 ``RLIMIT_CPU`` (per process, cumulative over the kernel's
                             life): SIGXCPU kills the interpreter (status ``crashed``)
-memory                      ``RLIMIT_AS`` (address space): allocations fail with
+memory per process          ``RLIMIT_AS`` (address space): allocations fail with
                             ``MemoryError`` inside the cell (``oom=True``)
+memory of the whole kernel  a memory cgroup per kernel (``memory_mb + disk_mb``): all its
+                            processes, SysV shared memory, pipes and kernel objects, and
+                            its workdir files together; over it the OOM killer takes the
+                            largest process of the kernel (the interpreter: ``crashed``,
+                            ``error_name="MemoryLimit"``, ``oom=True``)
+memfd, user namespaces      a seccomp filter on the model's processes refuses
+                            ``memfd_create`` and new namespaces (``PermissionError`` in the
+                            cell); the interpreter's root counts as a chroot, so the
+                            kernel refuses it user namespaces even without the filter
+SysV IPC                    a private IPC namespace per kernel (it ends with the kernel)
+                            whose limits hold shared memory to ``disk_mb`` in all
+                            (``shmget`` fails in the cell); where it cannot be bounded,
+                            the filter refuses SysV IPC
 open files / file size      ``RLIMIT_NOFILE`` / ``RLIMIT_FSIZE``; no core dumps
 processes (fork bombs)      its own uid makes ``RLIMIT_NPROC`` count only the kernel's
                             processes; ``fork`` then fails inside the cell
@@ -31,9 +44,11 @@ files                       a read-only root showing only system directories and
 environment                 a fixed, minimal set of variables
 ==========================  ===========================================================
 
-Without root (or where namespaces are refused) the uid, pid, network and filesystem
-lines do not hold; :attr:`Kernel.protections` says what could be set up. Not enforced
-anywhere: CPU *share* (a cell may use a whole core for its time limit).
+Without root (or where namespaces are refused) the uid, pid, network, IPC namespace,
+chroot and filesystem lines do not hold; without a writable memory cgroup only the
+per-process limit bounds memory; :meth:`ForkServer.mechanisms` says which mechanisms
+the kernels get and :attr:`Kernel.protections` what each kernel could set up. Not
+enforced anywhere: CPU *share* (a cell may use a whole core for its time limit).
 """
 
 from __future__ import annotations
@@ -58,12 +73,15 @@ class KernelLimits:
     Attributes:
         cell_timeout_s: wall-clock seconds one cell may run before the kernel is killed.
         cpu_time_s: CPU seconds each kernel process may use over its whole life.
-        memory_mb: address-space limit per process, in MiB.
+        memory_mb: address-space limit per process, in MiB; with a memory cgroup the
+            whole kernel (every process, shared memory, workdir files) holds at most
+            ``memory_mb + disk_mb`` MiB.
         max_open_files: file descriptors per process.
         max_processes: processes + threads of the kernel's uid (enforced only when the
             kernel runs under its own uid, i.e. the host is root).
         output_bytes: bytes kept per stream per cell (3/4 head, 1/4 tail).
-        disk_mb: size of the private /tmp (and the largest file), in MiB.
+        disk_mb: size of the private /tmp (and the largest file), in MiB; also the most
+            SysV shared memory the kernel's IPC namespace holds.
         startup_timeout_s: seconds allowed for the process to start and import.
     """
 
@@ -116,9 +134,11 @@ class CellResult:
         stdout, stderr: captured output (capped by the kernel's supervisor).
         error: the formatted traceback, or a sentence on why the kernel died.
         error_name: exception class name (``"MemoryError"``...), ``"Timeout"``, the
-            signal name (``"SIGSEGV"``), ``"exit code N"`` or ``"ProtocolViolation"``.
+            signal name (``"SIGSEGV"``), ``"MemoryLimit"`` (killed at the kernel's
+            memory cgroup limit), ``"exit code N"`` or ``"ProtocolViolation"``.
         timed_out: the wall-clock limit was hit.
-        oom: the cell raised ``MemoryError`` (the address-space limit).
+        oom: the cell raised ``MemoryError`` (the address-space limit) or was killed at
+            the kernel's memory limit.
         elapsed: host-measured seconds (timing: never put it in an observation).
         kernel_alive: whether the kernel survived the cell.
         background: output printed between the previous cell's end and this cell's
@@ -220,8 +240,9 @@ def parse_result(reply: dict, cell_id: int, elapsed: float) -> CellResult:
     if status == "crashed":
         error = crashed or f"the kernel died ({error_name})"
     return CellResult(status=status, stdout=_stream(reply.get("stdout")), stderr=_stream(reply.get("stderr")),
-                      error=error, error_name=error_name, oom=error_name == "MemoryError", elapsed=elapsed,
-                      kernel_alive=status != "crashed", background=(_stream(background[0]), _stream(background[1])))
+                      error=error, error_name=error_name, oom=error_name in ("MemoryError", "MemoryLimit"),
+                      elapsed=elapsed, kernel_alive=status != "crashed",
+                      background=(_stream(background[0]), _stream(background[1])))
 
 
 class Kernel:

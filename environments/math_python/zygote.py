@@ -11,11 +11,15 @@ If the zygote dies, its kernels live on (a kernel ends when the host closes its 
 or dies), and the next request starts a new zygote transparently. A forked copy of the
 host (a DataLoader worker) gets a zygote of its own, and never kills kernels of its
 parent.
+
+When a zygote starts it logs one line (logger ``environments.math_python.zygote``, level
+DEBUG) naming the sandbox mechanisms it uses; :meth:`ForkServer.mechanisms` returns them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import socket
@@ -24,6 +28,12 @@ import sys
 import threading
 import time
 from typing import Any, Sequence
+
+#: Mechanisms a :class:`ForkServer` can be told to leave off (``disable``), to test the
+#: fallbacks of a machine without them: the per-kernel memory cgroup, the executor's
+#: seccomp filter, the limits of a kernel's private IPC namespace, and the stacked root
+#: that counts as a chroot (no user namespaces). The sandbox's own module (stdlib only).
+from environments.math_python._kernel_proc import MECHANISMS
 
 
 def wait_readable(fd: int, timeout: float) -> bool:
@@ -38,6 +48,8 @@ def wait_readable(fd: int, timeout: float) -> bool:
 
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernel_driver.py")
+
+logger = logging.getLogger(__name__)
 
 #: Kernel uids are ``UID_BASE + pid``: unique among live kernels, never a real user.
 UID_BASE = 0x40000000
@@ -78,6 +90,20 @@ def hidden_paths() -> list[str]:
     return sorted(paths)
 
 
+def _remove_cgroups(path: str) -> None:
+    """Remove a zygote's cgroup directory and its kernels' (best effort: a kernel that
+    still runs keeps its own, and so the zygote's)."""
+    try:
+        names = [n for n in os.listdir(path) if n.startswith("k") and os.path.isdir(os.path.join(path, n))]
+    except OSError:
+        return
+    for name in [*names, None]:
+        try:
+            os.rmdir(path if name is None else os.path.join(path, name))
+        except OSError:
+            pass
+
+
 class ForkServer:
     """A zygote process that forks sandboxed kernels; thread-safe.
 
@@ -90,17 +116,27 @@ class ForkServer:
             project's own (:func:`hidden_paths`); only paths inside the directories the
             sandbox exposes need it, the rest is not there anyway.
         startup_timeout_s: seconds the zygote may take to start.
+        disable: names from :data:`MECHANISMS` to leave off (tests of the fallbacks; a
+            machine where one misbehaves). Never needed for safety: each is used only
+            where it works.
     """
 
     _registry: dict[tuple, "ForkServer"] = {}
     _registry_lock = threading.Lock()
 
     def __init__(self, *, isolate: bool = True, preload: Sequence[str] = ("numpy", "sympy"),
-                 warmup: str | None = None, hide: Sequence[str] = (), startup_timeout_s: float = 120.0):
+                 warmup: str | None = None, hide: Sequence[str] = (), startup_timeout_s: float = 120.0,
+                 disable: Sequence[str] = ()):
+        unknown = sorted(set(disable) - set(MECHANISMS))
+        if unknown:
+            raise ValueError(f"ForkServer(disable=...) takes names from {MECHANISMS}, got {unknown}")
         self.isolate, self.preload, self.warmup = bool(isolate), tuple(preload), warmup
         self.hide = tuple(os.path.realpath(p) for p in hide)
         self.startup_timeout_s = startup_timeout_s
+        self.disable = tuple(sorted(set(disable)))
         self.protections: dict = {}
+        self._mechanisms: dict = {}
+        self._cgroup_dir: str | None = None
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
@@ -125,6 +161,14 @@ class ForkServer:
     def pid(self) -> int | None:
         """The zygote's pid (``None`` before it started)."""
         return self._proc.pid if self._proc is not None else None
+
+    def mechanisms(self) -> dict[str, str]:
+        """Which sandbox mechanisms this server's kernels get (name -> ``active: ...`` or
+        ``NOT active (why)``), starting the zygote if needed; raises :class:`KernelError`.
+        Each kernel's own outcome is in :attr:`Kernel.protections`."""
+        with self._lock:
+            self._ensure_started()
+            return dict(self._mechanisms)
 
     def start_background(self) -> None:
         """Start the zygote in a background thread (no-op when it runs or is starting)."""
@@ -153,7 +197,8 @@ class ForkServer:
         except OSError as exc:
             raise KernelError(f"could not start the kernel zygote: {exc}") from exc
         config = {"isolate": self.isolate, "uid_base": UID_BASE, "preload": list(self.preload),
-                  "warmup": self.warmup, "env": KERNEL_ENV, "hide": sorted({*hidden_paths(), *self.hide})}
+                  "warmup": self.warmup, "env": KERNEL_ENV, "hide": sorted({*hidden_paths(), *self.hide}),
+                  "disable": list(self.disable)}
         try:
             parent.send(json.dumps(config).encode())  # queued until the zygote reads it
             proc = subprocess.Popen(
@@ -184,23 +229,36 @@ class ForkServer:
             raise KernelError(f"the kernel zygote failed to start: {hello['error']} "
                               f"(protections {hello.get('protections')})")
         self.protections = hello.get("protections", {})
+        self._mechanisms = dict(hello.get("mechanisms") or {})
+        self._cgroup_dir = hello.get("cgroup_dir")
+        logger.debug("kernel sandbox (zygote pid %d): %s", proc.pid,
+                     "; ".join(f"{name}: {what}" for name, what in self._mechanisms.items()))
         self._sock, self._proc = parent, proc
         return parent
 
-    def _discard(self) -> None:
+    def _discard(self, grace_s: float = 0.0) -> None:
+        """Drop the zygote; with ``grace_s`` it may first end its kernels and remove their
+        cgroups itself (it does so when its socket closes), else it is killed at once."""
         if self._sock is not None:
             self._sock.close()
         if self._proc is not None:
+            if self._proc.poll() is None and grace_s > 0:
+                try:
+                    self._proc.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    pass
             if self._proc.poll() is None:
                 self._proc.kill()
             self._proc.wait()
-        self._sock = self._proc = None
+        if self._cgroup_dir is not None:  # what a killed zygote left: empty cgroups of ended kernels
+            _remove_cgroups(self._cgroup_dir)
+        self._sock = self._proc = self._cgroup_dir = None
 
     def close(self) -> None:
         """End the zygote and, with it, every kernel it forked."""
         with self._lock:
             if self._owner == os.getpid():
-                self._discard()
+                self._discard(grace_s=2.0)
 
     # -- requests ----------------------------------------------------------------------
     @staticmethod
