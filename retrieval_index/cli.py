@@ -73,6 +73,11 @@ def add_index_subcommand(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--max-body-bytes", type=int, default=1 << 20)
     s.add_argument("--max-batch-queries", type=int, default=512, help="queries per encode+search batch")
     s.add_argument("--batch-wait-ms", type=float, default=2.0, help="how long a small batch waits for more")
+    s.add_argument("--max-batch-chars", type=int, default=65536, help="query characters per batch")
+    s.add_argument("--request-share", type=int, default=32, help="queries one request may put in one batch")
+    s.add_argument("--max-queued-queries", type=int, default=16384, help="queries waiting at once (then 429)")
+    s.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection has to send headers")
+    s.add_argument("--body-timeout", type=float, default=10.0, help="seconds a request has to send its body")
     s.add_argument("--nprobe", type=int, default=64, help="IVF lists searched")
     s.add_argument("--ef-search", type=int, default=128, help="HNSW search breadth")
     s.add_argument("--no-gpu", action="store_true", help="search on CPU even when FAISS sees a GPU")
@@ -163,7 +168,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     limits = ServerLimits(max_queries=args.max_queries, max_query_chars=args.max_query_chars, max_topk=args.max_topk,
                           default_topk=args.topk, max_body_bytes=args.max_body_bytes,
-                          max_batch_queries=args.max_batch_queries, batch_wait_ms=args.batch_wait_ms)
+                          max_batch_queries=args.max_batch_queries, batch_wait_ms=args.batch_wait_ms,
+                          max_batch_chars=args.max_batch_chars, request_share=args.request_share,
+                          max_queued_queries=args.max_queued_queries,
+                          header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
     use_gpu = False if args.no_gpu else "auto"
     if args.faiss:
         if not args.corpus:

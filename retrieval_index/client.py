@@ -3,7 +3,9 @@
 Timeouts and bounded retries: a request that fails to connect, times out, or gets a
 429/5xx answer is retried up to ``retries`` times with exponential backoff (``backoff``,
 ``2 backoff``, ``4 backoff`` ... seconds); any other 4xx answer is the caller's fault and
-raises :class:`RetrievalError` at once with the server's explanation. Searches are
+raises at once with the server's explanation: :class:`~retrieval_index.protocol.QueryRejected`
+when it blames a query's text (``empty_query``, ``query_too_long``, ``unencodable_query``,
+``unsearchable_query``), else :class:`RetrievalError`. Searches are
 reads, so retrying them is safe. One client may be shared by many threads (httpx's
 connection pool is thread-safe).
 """
@@ -13,9 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from retrieval_index.protocol import Hit, check_queries, check_topk
+from retrieval_index.protocol import Hit, QueryRejected, check_queries, check_topk
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+#: The server's error codes that blame a query's own text (raised as QueryRejected).
+_QUERY_ERRORS = {"empty_query", "query_too_long", "unencodable_query", "unsearchable_query"}
 
 
 class RetrievalError(RuntimeError):
@@ -91,6 +95,9 @@ class RetrievalClient:
                     detail = response.json()
                 except ValueError:
                     detail = response.text[:300]
+                if isinstance(detail, dict) and detail.get("error") in _QUERY_ERRORS:
+                    raise QueryRejected(f"the retrieval server refused a query ({detail['error']}): "
+                                        f"{str(detail.get('detail', ''))[:300]}")
                 raise RetrievalError(f"{method} {self.url}{path} was refused (HTTP {response.status_code}): {detail}",
                                      response.status_code)
             return response.json()

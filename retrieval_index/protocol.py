@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from retrieval_index.textsafe import first_unencodable
+
 
 @dataclass(frozen=True)
 class Hit:
@@ -72,12 +74,25 @@ def make_contents(title: str, text: str) -> str:
     return f'"{title}"\n{text}'
 
 
+class QueryRejected(ValueError):
+    """A query that cannot be searched because of its own text (a lone surrogate, a
+    server's length limit, a query the searcher fails on while it answers others).
+    The caller may show the message to whoever wrote the query; ``index`` is the query's
+    position in the batch when known."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
+
+
 @runtime_checkable
 class Searcher(Protocol):
     """Top-k passage search for a batch of queries.
 
     ``search(queries, topk)`` returns one list per query, best first, of at most
-    ``topk`` hits. Implementations must be safe to call from several threads.
+    ``topk`` hits. Implementations must be safe to call from several threads. A query
+    that cannot be searched because of its own text raises :class:`QueryRejected`; any
+    other exception is a failure of the searcher itself.
     """
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]: ...
@@ -93,10 +108,16 @@ def check_topk(topk: Any, limit: int | None = None) -> int:
 
 
 def check_queries(queries: Any) -> list[str]:
-    """``queries`` as a list of str, or a ``ValueError`` naming the bad item."""
+    """``queries`` as a list of str, or a ``ValueError`` naming the bad item: a
+    :class:`QueryRejected` for a query UTF-8 cannot encode (a lone surrogate makes
+    tokenizers, Lucene and HTTP clients raise)."""
     if isinstance(queries, str) or not isinstance(queries, Sequence):
         raise ValueError(f"queries must be a list of strings, got {type(queries).__name__}")
     for i, q in enumerate(queries):
         if not isinstance(q, str):
             raise ValueError(f"queries[{i}] must be a string, got {type(q).__name__}: {q!r:.80}")
+        at = first_unencodable(q)
+        if at is not None:
+            raise QueryRejected(f"queries[{i}] holds a lone surrogate U+{ord(q[at]):04X} at character {at}, which "
+                                "UTF-8 cannot encode; remove it (retrieval_index.textsafe.drop_unencodable)", i)
     return list(queries)

@@ -15,38 +15,58 @@ Routes (JSON in and out; every error is a 4xx JSON body ``{"error": code, "detai
     limits, and batching counters.
 
 Bad requests, each with its own ``error`` code: a body over ``max_body_bytes`` (413
-``body_too_large``), a body that is not a JSON object (400 ``invalid_json``), a missing
-or mistyped field (422 ``missing_field`` / ``wrong_type``), an unknown field (422
-``unknown_field``), an empty or whitespace-only query (422 ``empty_query``), a query over
-``max_query_chars`` (422 ``query_too_long``), more than ``max_queries`` queries (422
-``too_many_queries``), ``topk`` outside ``[1, max_topk]`` (422 ``topk_out_of_range``).
+``body_too_large``), a body not read within ``body_timeout_s`` (408 ``body_timeout``), a
+body that is not a JSON object, is nested deeper than ``max_json_depth`` or holds a
+number of more than ``max_json_digits`` digits (400 ``invalid_json``; measured before the
+body is parsed), a missing or mistyped field (422 ``missing_field`` / ``wrong_type``), an
+unknown field (422 ``unknown_field``), an empty or whitespace-only query (422
+``empty_query``), a query holding a lone surrogate, which UTF-8 cannot encode (422
+``unencodable_query``), a query over ``max_query_chars`` (422 ``query_too_long``), more
+than ``max_queries`` queries (422 ``too_many_queries``), ``topk`` outside ``[1,
+max_topk]`` (422 ``topk_out_of_range``), more than ``max_queued_queries`` queries
+already waiting (429 ``queue_full``; the client retries it).
 
-A search that fails inside the searcher answers 503 ``search_failed`` (the client
-retries it).
+A search that fails inside the searcher is narrowed down to the queries that fail (the
+batch is split in halves until each failing query stands alone): a query that fails alone
+while others succeed, or while a query that succeeded before still does, gets 422
+``unsearchable_query`` and fails only its own request; every other request of the batch
+is answered. Only when the searcher fails on everything (it is down) is the answer 503
+``search_failed`` (the client retries it).
 
-Batching: requests wait in a queue; one worker takes everything queued (up to
-``max_batch_queries`` queries, waiting at most ``batch_wait_ms`` for more when the
-batch is small), runs *one* ``searcher.search`` over all of it (one encode, one FAISS
-search) with the largest requested ``topk`` on a worker thread, and hands each request
-its slice. Under concurrency, many requests share one forward pass.
+Batching, fair: requests wait in a queue; one worker deals their queries into a batch,
+one query per request per round, until it holds ``max_batch_queries`` queries or
+``max_batch_chars`` characters or each request its ``request_share`` (waiting at most
+``batch_wait_ms`` for more when the batch is small), runs *one* ``searcher.search`` over
+all of it (one encode, one FAISS search) with the largest requested ``topk`` on a worker
+thread, and hands each request its slice. A request with queries left goes to the back
+of the queue, behind those that arrived meanwhile: every waiting request is in the next
+batch, and a batch's cost is bounded, so a one-query request behind two of 256 long
+queries waits for at most the batch in flight and its own.
+
+Slow clients: a connection must send a request's headers within ``header_timeout_s``
+(of connecting, or of its previous response) and the body within ``body_timeout_s``, or
+it is closed (408 for the body); idle keep-alive connections close after uvicorn's
+``timeout_keep_alive`` (5 s).
 
 Shutdown is graceful: on SIGINT/SIGTERM uvicorn stops accepting connections, in-flight
 requests finish (up to ``graceful_seconds``), then the batcher drains and the process exits 0.
 """
 
 import asyncio
+import collections
 import contextlib
-import json
+import math
 import signal
 import socket
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from retrieval_index.protocol import Hit, Searcher
+from retrieval_index.textsafe import JSONRefused, clean_text, clean_value, first_unencodable, loads_bounded
 
 
 @dataclass(frozen=True)
@@ -59,8 +79,17 @@ class ServerLimits:
         max_topk: largest ``topk``.
         default_topk: ``topk`` when a request leaves it out (Search-R1's default is 3).
         max_body_bytes: request body size in bytes.
+        max_json_depth: deepest nesting of a request body (a valid one is 2 deep).
+        max_json_digits: longest number in a request body, in digits.
         max_batch_queries: queries per encode+search batch.
+        max_batch_chars: characters per batch (long queries cost the encoder more; a
+            batch always takes at least one query).
+        request_share: queries one request may put in one batch (the rest wait for
+            the next batches, behind the requests that arrived meanwhile).
+        max_queued_queries: queries waiting at once; beyond it requests get 429.
         batch_wait_ms: how long a small batch waits for more requests, milliseconds.
+        header_timeout_s: seconds a connection has to send a request's headers.
+        body_timeout_s: seconds a request has to send its body.
         graceful_seconds: how long shutdown waits for in-flight requests, seconds.
     """
 
@@ -69,19 +98,30 @@ class ServerLimits:
     max_topk: int = 100
     default_topk: int = 3
     max_body_bytes: int = 1 << 20
+    max_json_depth: int = 8
+    max_json_digits: int = 32
     max_batch_queries: int = 512
+    max_batch_chars: int = 65536
+    request_share: int = 32
+    max_queued_queries: int = 16384
     batch_wait_ms: float = 2.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
     graceful_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_queries", "max_query_chars", "max_topk", "default_topk", "max_body_bytes",
-                     "max_batch_queries"):
+                     "max_json_depth", "max_json_digits", "max_batch_queries", "max_batch_chars", "request_share",
+                     "max_queued_queries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)!r}")
         if not 1 <= self.default_topk <= self.max_topk:
             raise ValueError(f"default_topk {self.default_topk} must lie in [1, max_topk={self.max_topk}]")
         if self.batch_wait_ms < 0 or self.graceful_seconds < 0:
             raise ValueError("batch_wait_ms and graceful_seconds must be >= 0")
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError(f"header_timeout_s and body_timeout_s must be > 0, got {self.header_timeout_s}, "
+                             f"{self.body_timeout_s}")
 
 
 class RequestError(Exception):
@@ -101,9 +141,9 @@ def parse_retrieve(body: bytes, limits: ServerLimits) -> tuple[list[str], int, b
         raise RequestError(413, "body_too_large", f"request body is {len(body)} bytes; the limit is "
                            f"{limits.max_body_bytes}")
     try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+        payload = loads_bounded(body, max_depth=limits.max_json_depth, max_digits=limits.max_json_digits)
+    except JSONRefused as exc:
+        raise RequestError(400, "invalid_json", f"the request body {exc}") from None
     if not isinstance(payload, dict):
         raise RequestError(400, "invalid_json", f"request body must be a JSON object, got {type(payload).__name__}")
     unknown = sorted(set(payload) - _FIELDS)
@@ -121,6 +161,10 @@ def parse_retrieve(body: bytes, limits: ServerLimits) -> tuple[list[str], int, b
             raise RequestError(422, "wrong_type", f"queries[{i}] must be a string, got {_json_type(q)}")
         if not q.strip():
             raise RequestError(422, "empty_query", f"queries[{i}] is empty or whitespace only")
+        at = first_unencodable(q)
+        if at is not None:
+            raise RequestError(422, "unencodable_query", f"queries[{i}] holds a lone surrogate U+{ord(q[at]):04X} at "
+                               f"character {at}, which UTF-8 cannot encode")
         if len(q) > limits.max_query_chars:
             raise RequestError(422, "query_too_long", f"queries[{i}] has {len(q)} characters; the limit is "
                                f"{limits.max_query_chars}")
@@ -144,88 +188,218 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
+class QueueFull(Exception):
+    """More queries are waiting than ``max_queued_queries`` allows (429; the client retries)."""
+
+
+class QueryFailed(Exception):
+    """The searcher fails on this request's own query while it answers others (422)."""
+
+    def __init__(self, index: int, cause: BaseException):
+        super().__init__(f"queries[{index}] makes the searcher fail ({type(cause).__name__}: {str(cause)[:300]}) "
+                         "while other queries are answered")
+        self.index = index
+
+
+class _Fault(Exception):
+    """The searcher failed on this query alone while it answers others."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass(eq=False)
+class _Request:
+    """One queued request: its queries, those answered so far, and who waits for it."""
+
+    queries: list[str]
+    topk: int
+    future: asyncio.Future
+    hits: list[list[Hit]] = field(default_factory=list)
+
+    @property
+    def left(self) -> int:
+        return len(self.queries) - len(self.hits)
+
+
 class Batcher:
-    """Merges concurrent searches into one ``searcher.search`` call (see the module docstring)."""
+    """Merges concurrent searches into one ``searcher.search`` call per batch, fairly, and
+    isolates the queries a searcher fails on (see the module docstring)."""
 
     def __init__(self, searcher: Searcher, limits: ServerLimits):
         self.searcher, self.limits = searcher, limits
-        self._queue: asyncio.Queue | None = None
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._queued = 0  # queries not yet answered, over all pending requests
+        self._arrived: asyncio.Event | None = None
+        self._stopping = False
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="retrieval-batch")
+        self._last_good: str | None = None  # a query the searcher answered (to tell a bad query from a dead searcher)
         self.batches = 0
         self.requests = 0
         self.queries = 0
         self.largest_batch = 0
+        self.isolations = 0
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._arrived = asyncio.Event()
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
         """Finish everything queued, then stop the worker."""
         if self._task is not None:
-            await self._queue.put(None)
+            self._stopping = True
+            self._arrived.set()
             await self._task
             self._task = None
         self._executor.shutdown(wait=True)
 
     async def submit(self, queries: list[str], topk: int) -> list[list[Hit]]:
-        if self._task is None:
+        if self._task is None or self._stopping:
             raise RuntimeError("the batcher is not running")
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((queries, topk, future))
-        return await future
+        if self._queued + len(queries) > self.limits.max_queued_queries:
+            raise QueueFull(f"{self._queued} queries are waiting; the limit is {self.limits.max_queued_queries}")
+        request = _Request(list(queries), topk, asyncio.get_running_loop().create_future())
+        self._pending.append(request)
+        self._queued += len(queries)
+        self._arrived.set()
+        return await request.future
+
+    def _takeable(self) -> int:
+        return sum(min(r.left, self.limits.request_share) for r in self._pending)  # queries, not characters
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        stopping = False
-        while not stopping:
-            item = await self._queue.get()
-            if item is None:
-                break
-            batch, size = [item], len(item[0])
+        while True:
+            while not self._pending:
+                if self._stopping:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
             deadline = loop.time() + self.limits.batch_wait_ms / 1e3
-            while size < self.limits.max_batch_queries:
-                try:
-                    nxt = self._queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    try:
-                        nxt = await asyncio.wait_for(self._queue.get(), remaining)
-                    except asyncio.TimeoutError:
-                        break
-                if nxt is None:
-                    stopping = True
+            while self._takeable() < self.limits.max_batch_queries and not self._stopping:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
                     break
-                batch.append(nxt)
-                size += len(nxt[0])
-            await self._search(loop, batch)
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            await self._search(loop, self._take())
 
-    async def _search(self, loop: asyncio.AbstractEventLoop, batch: list) -> None:
-        flat = [q for queries, _, _ in batch for q in queries]
-        topk = max(k for _, k, _ in batch)
-        try:
-            results = await loop.run_in_executor(self._executor, self.searcher.search, flat, topk)
-        except Exception as exc:  # the searcher failed: every waiting request gets the error
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+    def _take(self) -> list[tuple[_Request, list[str]]]:
+        """Deal queries round the queue, one per request per round, until the batch holds
+        ``max_batch_queries`` queries or ``max_batch_chars`` characters, or each request
+        its ``request_share``: every waiting request gets into the next batch (the first
+        query always fits). The requests dealt to leave the queue until answered."""
+        live = [r for r in self._pending if not r.future.done()]
+        for request in self._pending:
+            if request.future.done():  # the client went away
+                self._queued -= request.left
+        taken = {id(r): 0 for r in live}
+        queries = chars = 0
+        progress = True
+        while progress and queries < self.limits.max_batch_queries:
+            progress = False
+            for request in live:
+                k = taken[id(request)]
+                if k == min(request.left, self.limits.request_share):
+                    continue
+                size = len(request.queries[len(request.hits) + k])
+                if queries and chars + size > self.limits.max_batch_chars:
+                    progress = False
+                    break
+                taken[id(request)] = k + 1
+                queries, chars, progress = queries + 1, chars + size, True
+                if queries == self.limits.max_batch_queries:
+                    break
+        batch = [(r, r.queries[len(r.hits): len(r.hits) + taken[id(r)]]) for r in live if taken[id(r)]]
+        dealt = {id(r) for r, _ in batch}
+        self._pending = collections.deque(r for r in live if id(r) not in dealt)
+        return batch
+
+    async def _search(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, list[str]]]) -> None:
+        if not batch:  # every request taken had gone away
             return
+        flat = [q for _, queries in batch for q in queries]
+        topk = max((request.topk for request, _ in batch), default=1)
+        outcomes = await self._outcomes(loop, flat, topk)
         self.batches += 1
-        self.requests += len(batch)
         self.queries += len(flat)
         self.largest_batch = max(self.largest_batch, len(flat))
         pos = 0
-        for queries, k, future in batch:
-            if not future.done():
-                future.set_result([hits[:k] for hits in results[pos: pos + len(queries)]])
+        for request, queries in batch:
+            mine, start = outcomes[pos: pos + len(queries)], len(request.hits)
             pos += len(queries)
+            failed = next((j for j, o in enumerate(mine) if isinstance(o, BaseException)), None)
+            if failed is not None or request.future.done():
+                self._queued -= request.left
+                if not request.future.done():
+                    error = mine[failed]
+                    if isinstance(error, _Fault):
+                        error = QueryFailed(start + failed, error.cause)
+                    request.future.set_exception(error)
+                continue
+            request.hits.extend(hits[: request.topk] for hits in mine)
+            self._queued -= len(queries)
+            if request.left:
+                self._pending.append(request)  # behind the requests that arrived meanwhile
+            else:
+                self.requests += 1
+                request.future.set_result(request.hits)
+
+    async def _outcomes(self, loop: asyncio.AbstractEventLoop, flat: list[str], topk: int) -> list:
+        """One entry per query: its hits, or an exception (a :class:`_Fault` when the
+        query itself is to blame)."""
+        try:
+            results = await self._call(loop, flat, topk)
+        except Exception:
+            self.isolations += 1
+            return await self._isolate(loop, flat, topk)
+        if flat:
+            self._last_good = flat[0]
+        return results
+
+    async def _call(self, loop: asyncio.AbstractEventLoop, queries: list[str], topk: int) -> list:
+        return list(await loop.run_in_executor(self._executor, self.searcher.search, queries, topk))
+
+    async def _isolate(self, loop: asyncio.AbstractEventLoop, flat: list[str], topk: int) -> list:
+        """The searcher failed on ``flat``: search its halves, recursively, until each
+        failing query stands alone (a query that merely met a passing hiccup is answered)."""
+        async def run(queries: list[str]) -> list:
+            try:
+                return await self._call(loop, queries, topk)
+            except Exception as exc:
+                if len(queries) == 1:
+                    return [exc]
+                half = len(queries) // 2
+                return await run(queries[:half]) + await run(queries[half:])
+
+        half = max(len(flat) // 2, 1)  # a lone query is tried once more
+        outcomes = await run(flat[:half]) + (await run(flat[half:]) if flat[half:] else [])
+        answered = [q for q, o in zip(flat, outcomes) if not isinstance(o, BaseException)]
+        if answered:
+            self._last_good = answered[0]
+        elif not await self._alive(loop):  # nothing works: the searcher is down, the queries are not to blame
+            return outcomes
+        return [_Fault(o) if isinstance(o, BaseException) else o for o in outcomes]
+
+    async def _alive(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether the searcher still answers a query it answered before."""
+        if self._last_good is None:
+            return False
+        try:
+            await loop.run_in_executor(self._executor, self.searcher.search, [self._last_good], 1)
+        except Exception:
+            return False
+        return True
 
     def stats(self) -> dict[str, Any]:
         return {"batches": self.batches, "requests": self.requests, "queries": self.queries,
-                "largest_batch_queries": self.largest_batch,
+                "largest_batch_queries": self.largest_batch, "isolations": self.isolations,
+                "queued_queries": self._queued,
                 "mean_batch_queries": self.queries / self.batches if self.batches else 0.0}
 
 
@@ -233,6 +407,16 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
     """The ASGI app (FastAPI) serving ``searcher``."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
+
+    class SafeJSONResponse(JSONResponse):
+        """Renders any result: text UTF-8 cannot encode (a lone surrogate in a corpus line
+        or an error message) is written as ``\\udXXX``, a non-finite score as ``null``."""
+
+        def render(self, content: Any) -> bytes:
+            try:
+                return super().render(content)
+            except ValueError:  # UnicodeEncodeError, or a NaN/inf float
+                return super().render(_finite(clean_value(content)))
 
     limits = limits or ServerLimits()
     batcher = Batcher(searcher, limits)
@@ -245,34 +429,48 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
         finally:
             await batcher.stop()
 
-    app = FastAPI(title="trace_gym retrieval server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="trace_gym retrieval server", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  default_response_class=SafeJSONResponse)
     app.state.batcher = batcher
 
-    def error(exc: RequestError) -> JSONResponse:
-        return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
+    def error(status: int, code: str, detail: str, **headers: str) -> JSONResponse:
+        return SafeJSONResponse({"error": code, "detail": clean_text(detail)[:1000]}, status_code=status,
+                                headers=headers or None)
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise RequestError(413, "body_too_large", f"request body is {declared} bytes; the limit is "
+                               f"{limits.max_body_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                raise RequestError(413, "body_too_large", f"request body exceeds the limit of "
+                                   f"{limits.max_body_bytes} bytes")
+        return bytes(body)
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
         try:
-            declared = request.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-                raise RequestError(413, "body_too_large", f"request body is {declared} bytes; the limit is "
-                                   f"{limits.max_body_bytes}")
-            body = bytearray()
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limits.max_body_bytes:
-                    raise RequestError(413, "body_too_large", f"request body exceeds the limit of "
-                                       f"{limits.max_body_bytes} bytes")
-            queries, topk, with_scores = parse_retrieve(bytes(body), limits)
-        except RequestError as exc:
-            return error(exc)
+            body = await asyncio.wait_for(read_body(request), limits.body_timeout_s)
+            queries, topk, with_scores = parse_retrieve(body, limits)
+        except RequestError as exc:  # a body left unread (413) must not be taken for the next request
+            return error(exc.status, exc.code, exc.detail, **({"connection": "close"} if exc.status == 413 else {}))
+        except asyncio.TimeoutError:  # a slow client: stop reading and close the connection
+            return error(408, "body_timeout", f"the request body was not received within {limits.body_timeout_s} s",
+                         connection="close")
+        except Exception as exc:  # not reached (parse_retrieve raises RequestError); a net, so never a 500
+            return error(400, "bad_request", f"the request could not be read ({type(exc).__name__}: {exc})")
         try:
             results = await batcher.submit(queries, topk) if queries else []
-        except Exception as exc:  # the searcher failed; clients may retry a 503
-            return JSONResponse({"error": "search_failed", "detail": f"{type(exc).__name__}: {exc}"[:500]},
-                                status_code=503)
-        return JSONResponse({"result": [[hit.to_json(with_scores) for hit in hits] for hits in results]})
+        except QueueFull as exc:
+            return error(429, "queue_full", str(exc))
+        except QueryFailed as exc:  # this request's own query; the requests batched with it were answered
+            return error(422, "unsearchable_query", str(exc))
+        except Exception as exc:  # the searcher failed on everything; clients may retry a 503
+            return error(503, "search_failed", f"{type(exc).__name__}: {exc}"[:500])
+        return SafeJSONResponse({"result": [[hit.to_json(with_scores) for hit in hits] for hits in results]})
 
     @app.get("/health")
     async def health():
@@ -286,6 +484,17 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
     return app
 
 
+def _finite(value: Any) -> Any:
+    """``value`` (JSON-like) with NaN and infinite floats replaced by ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening TCP socket (``port=0``: a free port; read it from ``getsockname()``)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -296,11 +505,66 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+def header_deadline_protocol(seconds: float) -> type:
+    """uvicorn's HTTP protocol class with a deadline on request headers: a connection that
+    has not sent a complete header block ``seconds`` after it opened, or after its
+    previous response, is closed. (uvicorn itself times out only idle keep-alive
+    connections; one that trickles its headers a byte at a time would stay open for ever.)
+
+    Only the asyncio ``Protocol`` methods and uvicorn's ``on_response_complete`` hook are
+    overridden; header blocks are counted by their ``\\r\\n\\r\\n`` ends (a body holding
+    that sequence only makes the deadline lenient, never early)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeaderDeadlineProtocol(AutoHTTPProtocol):
+        def connection_made(self, transport: Any) -> None:
+            self._heads = self._answered = 0
+            self._tail = b""
+            self._deadline: asyncio.TimerHandle | None = None
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if self._heads <= self._answered and not self.transport.is_closing():
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            window = self._tail + data
+            self._heads += window.count(b"\r\n\r\n")
+            self._tail = window[-3:]
+            if self._heads > self._answered:
+                self._disarm()
+            super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._answered += 1
+            if self._heads <= self._answered and not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadlineProtocol
+
+
 def _server(app: Any, limits: ServerLimits, log_level: str) -> Any:
     import uvicorn
 
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=limits.graceful_seconds,
-                            access_log=False, lifespan="on", backlog=2048)
+                            access_log=False, lifespan="on", backlog=2048,
+                            http=header_deadline_protocol(limits.header_timeout_s))
     return uvicorn.Server(config)
 
 

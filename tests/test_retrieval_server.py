@@ -22,6 +22,7 @@ pytest.importorskip("faiss")
 from retrieval_index.client import RetrievalClient, RetrievalError  # noqa: E402
 from retrieval_index.dense import DenseSearcher  # noqa: E402
 from retrieval_index.offline import offline_index, offline_questions  # noqa: E402
+from retrieval_index.protocol import Hit, QueryRejected  # noqa: E402
 from retrieval_index.server import ServerLimits, parse_retrieve, running_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +67,15 @@ BAD_REQUESTS = [
     ("return_scores a string", {"queries": ["q"], "return_scores": "yes"}, 422, "wrong_type"),
     ("unknown field", {"queries": ["q"], "top_k": 3}, 422, "unknown_field"),
     ("body over the limit", {"queries": ["q" * 150] * 8, "pad": "x" * 5000}, 413, "body_too_large"),
+    # issue 22: each of these was a 500 (RecursionError / ValueError out of json.loads) or a 503
+    ("nested 2000 deep", b'{"queries": ' + b"[" * 2000 + b"]" * 2000 + b"}", 400, "invalid_json"),
+    ("nested past the bound", {"queries": [[[[[[[[["q"]]]]]]]]]}, 400, "invalid_json"),
+    ("unclosed brackets", b'{"queries": ' + b"[" * 3000, 400, "invalid_json"),
+    ("a 100-digit topk", b'{"queries": ["q"], "topk": ' + b"9" * 100 + b"}", 400, "invalid_json"),
+    ("a 1000-digit query number", b'{"queries": [' + b"7" * 1000 + b"]}", 400, "invalid_json"),
+    ("bytes that are not utf-8", b'{"queries": ["\xff\xfe"]}', 400, "invalid_json"),
+    ("a lone surrogate escape", b'{"queries": ["Velmora\\ud800 city"]}', 422, "unencodable_query"),
+    ("a surrogate in the second query", b'{"queries": ["ok", "\\udfff"]}', 422, "unencodable_query"),
 ]
 
 
@@ -244,3 +254,203 @@ def test_serve_command_shuts_down_gracefully_finishing_in_flight_requests():
             proc.kill()
     assert results == [(200, 200)] * 3
     assert max(finished) > signalled  # at least one request was still running when the signal came
+
+
+# --- issue 22: hostile bodies, bad queries in a batch, slow clients, big batches ------
+
+
+def test_the_issues_payloads_in_a_full_size_body_are_400_not_500(searcher):
+    with running_server(searcher) as base:  # the default limits: a 1 MiB body
+        for body in (b'{"queries": ' + b"[" * 400_000 + b"]" * 400_000 + b"}",
+                     b'{"queries": ["q"], "topk": ' + b"9" * 5000 + b"}",
+                     b'{"queries": [' + b"1" * 5000 + b"]}"):
+            r = post(base, body)
+            assert r.status_code == 400 and r.json()["error"] == "invalid_json", r.text[:200]
+        assert post(base, {"queries": ["a river"]}).status_code == 200  # the server is fine
+
+
+async def _post_all(base: str, bodies: list) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        return await asyncio.gather(*(http.post(base + "/retrieve", content=json.dumps(b) if not isinstance(b, bytes)
+                                                else b, headers={"content-type": "application/json"})
+                                      for b in bodies))
+
+
+GOOD = [f"In which city was person number {i} born?" for i in range(24)]
+
+
+def test_one_bad_query_batched_with_good_ones_fails_alone_and_every_good_one_is_answered(searcher):
+    """The issue's case: a lone surrogate batched with 24 good requests at batch_wait_ms=100
+    (503 for all 25 before); now the bad request is a 422 and the 24 good ones are 200."""
+    expected = {q: [h.id for h in hits] for q, hits in zip(GOOD, searcher.search(GOOD, 3))}
+    bad = b'{"queries": ["Velmora\\ud800 city"], "topk": 3}'
+    with running_server(searcher, limits=ServerLimits(batch_wait_ms=100)) as base:
+        good = [{"queries": [q], "topk": 3} for q in GOOD]
+        bodies = good[:12] + [bad] + good[12:]
+        responses = asyncio.run(_post_all(base, bodies))
+        batching = httpx.get(base + "/info").json()["batching"]
+    bad_response = responses.pop(12)
+    assert bad_response.status_code == 422 and bad_response.json()["error"] == "unencodable_query"
+    assert [r.status_code for r in responses] == [200] * 24
+    for q, r in zip(GOOD, responses):
+        assert [item["id"] for item in r.json()["result"][0]] == expected[q]
+    assert batching["requests"] == 24 and batching["batches"] < 24  # they really were batched
+
+
+class PoisonedSearcher:
+    """The real searcher, failing on any query holding ``poison`` (a backend that chokes on
+    some input the server's validation lets through)."""
+
+    def __init__(self, inner, poison: str = "POISON"):
+        self.inner, self.poison, self.calls = inner, poison, 0
+
+    def search(self, queries, topk):
+        self.calls += 1
+        if any(self.poison in q for q in queries):
+            raise RuntimeError("the encoder choked")
+        return self.inner.search(queries, topk)
+
+
+def test_a_query_the_searcher_fails_on_fails_only_its_own_request(searcher):
+    poisoned = PoisonedSearcher(searcher)
+    expected = {q: [h.id for h in hits] for q, hits in zip(GOOD, searcher.search(GOOD, 3))}
+    with running_server(poisoned, limits=ServerLimits(batch_wait_ms=100)) as base:
+        assert post(base, {"queries": ["warm up"]}).status_code == 200  # the searcher has answered once
+        bodies = [{"queries": [q]} for q in GOOD[:20]] + [{"queries": ["POISON one"]},
+                                                         {"queries": [GOOD[20], "POISON two", GOOD[21]]},
+                                                         {"queries": GOOD[22:]}]
+        responses = asyncio.run(_post_all(base, bodies))
+        for q, r in zip(GOOD[:20], responses[:20]):
+            assert r.status_code == 200 and [item["id"] for item in r.json()["result"][0]] == expected[q]
+        alone, mixed, last = responses[20:]
+        assert alone.status_code == 422 and alone.json()["error"] == "unsearchable_query"
+        assert mixed.status_code == 422 and "queries[1]" in mixed.json()["detail"]
+        assert last.status_code == 200 and len(last.json()["result"]) == 2
+        client = RetrievalClient(base, retries=3, backoff=0.01)
+        calls = poisoned.calls
+        with pytest.raises(QueryRejected, match="unsearchable_query"):
+            client.search(["POISON three"], 2)
+        assert poisoned.calls - calls <= 3  # one try, one retry alone, one check of the searcher: no client retry
+        assert httpx.get(base + "/info").json()["batching"]["isolations"] >= 1
+
+
+def test_a_lone_surrogate_in_a_passage_still_gives_a_json_answer(searcher):
+    class SurrogateCorpus:  # a corpus line holding a lone surrogate escape, as a JSONL file can
+        def search(self, queries, topk):
+            return [[Hit(h.id, h.contents + "\ud800", float("nan")) for h in hits]
+                    for hits in searcher.search(queries, topk)]
+
+    with running_server(SurrogateCorpus()) as base:
+        r = post(base, {"queries": ["a river"], "return_scores": True})
+    item = r.json()["result"][0][0]
+    assert r.status_code == 200 and item["document"]["contents"].endswith("\\ud800") and item["score"] is None
+
+
+def _raw(base: str):
+    import socket
+
+    host, port = base.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)))
+    conn.settimeout(30)
+    return conn
+
+
+def _trickle(conn, data: bytes, every_s: float, until_s: float) -> float:
+    """Send ``data`` a byte at a time; the seconds until the server closed the connection."""
+    started = time.monotonic()
+    try:
+        for byte in data:
+            conn.sendall(bytes([byte]))
+            time.sleep(every_s)
+            if time.monotonic() - started > until_s:
+                break
+        conn.recv(1)
+        reply = conn.recv(65536)
+        while reply:
+            reply = conn.recv(65536)
+    except OSError:
+        pass
+    return time.monotonic() - started
+
+
+def test_slow_clients_are_cut_off_within_the_timeouts(searcher):
+    limits = ServerLimits(header_timeout_s=1.0, body_timeout_s=1.0)
+    with running_server(searcher, limits=limits) as base:
+        conn = _raw(base)  # headers at once, then a body that never finishes
+        conn.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000\r\n\r\n{")
+        started = time.monotonic()
+        reply = b""
+        try:
+            for _ in range(100):
+                conn.sendall(b" ")
+                time.sleep(0.1)
+        except OSError:
+            pass
+        try:
+            while chunk := conn.recv(65536):
+                reply += chunk
+        except OSError:
+            pass
+        body_seconds = time.monotonic() - started
+        assert reply.startswith(b"HTTP/1.1 408") and b'"body_timeout"' in reply, reply[:300]
+        assert body_seconds < 6.0  # 1 s timeout, generous margin on shared cores (it would be 10 s)
+        header_seconds = _trickle(_raw(base), b"POST /retrieve HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200,
+                                  every_s=0.05, until_s=20)
+        assert header_seconds < 6.0  # the header block never completed
+        idle = _raw(base)
+        started = time.monotonic()
+        try:
+            assert idle.recv(1) == b""  # connected, sent nothing: closed by the server
+        except OSError:
+            pass
+        assert time.monotonic() - started < 6.0
+        assert post(base, {"queries": ["a river"]}).status_code == 200  # others are served meanwhile
+
+
+def test_a_one_query_search_is_not_starved_by_big_requests(searcher):
+    """Two big requests (48 long queries each) queued, then one short query: the short one
+    finishes well before either big one (first come, first served made it wait for both)."""
+    rng = random.Random(0)
+    words = "city river company film born founded director university country person".split()
+    big = [[" ".join(rng.choice(words) for _ in range(200)) for _ in range(48)] for _ in range(2)]
+    limits = ServerLimits(max_batch_chars=4 * 1300, request_share=4)
+    with running_server(searcher, limits=limits) as base:
+        post(base, {"queries": ["warm up"]})
+        finished: dict[str, float] = {}
+        status: dict[str, int] = {}
+
+        def call(name, queries):
+            r = httpx.post(base + "/retrieve", json={"queries": queries}, timeout=300)
+            status[name] = r.status_code
+            finished[name] = time.monotonic() - started
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=call, args=(f"big{i}", q)) for i, q in enumerate(big)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # both big requests are queued and being searched
+        small_started = time.monotonic() - started
+        threads.append(threading.Thread(target=call, args=("small", ["Where was the director born?"])))
+        threads[-1].start()
+        for t in threads:
+            t.join(timeout=300)
+        batching = httpx.get(base + "/info").json()["batching"]
+    assert status == {"big0": 200, "big1": 200, "small": 200}
+    small = finished["small"] - small_started
+    assert finished["small"] < min(finished["big0"], finished["big1"]), finished
+    assert small < 0.5 * (min(finished["big0"], finished["big1"]) - small_started), finished
+    assert batching["largest_batch_queries"] <= 2 * 4 + 1
+    print(f"\none-query search {small:.1f} s while two 48-query requests took {finished['big0']:.1f} s, "
+          f"{finished['big1']:.1f} s")
+
+
+def test_a_full_queue_answers_429(searcher):
+    limits = ServerLimits(max_queued_queries=10, batch_wait_ms=300)
+    with running_server(searcher, limits=limits) as base:
+        responses = asyncio.run(_post_all(base, [{"queries": GOOD[:8]}, {"queries": GOOD[8:16]}]))
+        codes = sorted(r.status_code for r in responses)
+        assert codes == [200, 429], [r.text[:200] for r in responses]
+        assert next(r for r in responses if r.status_code == 429).json()["error"] == "queue_full"
+        assert post(base, {"queries": GOOD[:8]}).status_code == 200  # once drained, room again

@@ -157,7 +157,11 @@ def state_differences(model_instances: Mapping[str, Any], truth_instances: Mappi
             if attr.startswith("_"):
                 continue
             mine, theirs = getattr(model, attr), getattr(truth, attr)
-            if mine != theirs:
+            try:
+                differs = bool(mine != theirs)
+            except Exception as exc:  # e.g. RecursionError comparing a cyclic model-made tree: not equal
+                differs, mine = True, f"<could not be compared: {type(exc).__name__}>"
+            if differs:
                 diffs[attr] = {"model": mine, "ground_truth": theirs}
         if diffs:
             return class_name, diffs

@@ -49,8 +49,10 @@ arguments are escaped). A tool message holds at most ``max_result_chars`` of its
 ## Snapshot
 ``state``: deep copies (pickle) of the backend instances plus the task, turn and step
 position, the model's results so far and the per-turn verdicts. The backend state and
-the results may not grow past ``max_state_bytes`` (pickled): a response whose calls
-would push them over is undone, and each of its tool messages says so.
+the results may not grow past ``max_state_bytes`` (pickled), nor the backend state nest
+deeper than :data:`MAX_STATE_DEPTH` levels: a response whose calls would break either
+bound is undone, and each of its tool messages says so; the episode goes on, and every
+later ``step``/``snapshot`` works.
 
 ## Version History
 v0: first version (bfcl-eval 2026.3.23 data and backends).
@@ -87,6 +89,11 @@ MAX_NAME_CHARS = 512
 MAX_STORED_RESULT_CHARS = 65536
 #: Pickled size the backend state plus results may reach.
 MAX_STATE_BYTES = 8 << 20
+#: Levels of nesting the backend state may reach (objects and containers; the deepest
+#: ground-truth state has 12). ``pickle``, ``copy.deepcopy`` and the backends' own
+#: ``__eq__`` recurse once or more per level: a file-system tree built by ``mkdir``/``cd``
+#: pairs made ``pickle.dumps`` raise ``RecursionError`` at about 190 directories.
+MAX_STATE_DEPTH = 48
 
 
 def safe_text(text: str) -> str:
@@ -102,6 +109,40 @@ def cut(text: str, limit: int) -> str:
     keep = max(limit - len(marker), 0)
     head = keep - keep // 4
     return text[:head] + marker + text[len(text) - (keep - head):]
+
+_ATOMS = (str, bytes, int, float, complex, bool, type(None))
+_END = object()
+
+
+def _members(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return [x for item in obj.items() for x in item]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return obj
+    attributes = getattr(obj, "__dict__", None)
+    return attributes.values() if isinstance(attributes, dict) else ()
+
+
+def state_depth(root: Any, limit: int) -> int:
+    """How deep ``pickle`` recurses into ``root``: its levels of nested objects and
+    containers, walked depth-first in pickle's order, each object once (shared and cyclic
+    references, such as a directory's ``parent``, are not followed again). Iterative; it
+    stops as soon as the depth exceeds ``limit`` and then returns ``limit + 1``."""
+    seen = {id(root)}
+    stack = [iter(_members(root))]
+    deepest = 1
+    while stack:
+        member = next(stack[-1], _END)
+        if member is _END:
+            stack.pop()
+        elif not isinstance(member, _ATOMS) and id(member) not in seen:
+            seen.add(id(member))
+            stack.append(iter(_members(member)))
+            deepest = max(deepest, len(stack))
+            if deepest > limit:
+                return limit + 1
+    return deepest
+
 
 # Rendered prompts and tool schemas, keyed by the list of function names they show.
 _PROMPTS: dict[tuple, str] = {}
@@ -208,7 +249,8 @@ class BFCLEnv(gymnasium.Env):
             return [Message("user", "The episode is over.")], 0.0, True, False, {"error": "episode_over"}
         self._steps += 1
         decoded = decode(action, self.action_format, self.max_action_chars)
-        info: dict[str, Any] = {"turn": self._turn, "step": self._steps, "tool_calls": [c.text for c in decoded.calls]}
+        info: dict[str, Any] = {"turn": self._turn, "step": self._steps,
+                                "tool_calls": [safe_text(c.text) for c in decoded.calls]}
         if decoded.has_calls:
             if self._turn_steps >= self.max_steps_per_turn:
                 return self._force_terminate(info)
@@ -217,12 +259,13 @@ class BFCLEnv(gymnasium.Env):
             each = min(self.max_result_chars, max(self.max_observation_chars // len(results), 256))
             shown = [cut(safe_text(r), each) for r in results]
             info["exec"] = [
-                {"call": c.text, "result": r, "refused": c.error is not None} for c, r in zip(decoded.calls, shown)
+                {"call": t, "result": r, "refused": c.error is not None}
+                for c, t, r in zip(decoded.calls, info["tool_calls"], shown)
             ]
             obs = [Message("tool", r, name=cut(safe_text(c.text), MAX_NAME_CHARS)) for c, r in zip(decoded.calls, shown)]
             return obs, 0.0, False, False, info
         if decoded.error is not None:
-            info["decode_error"] = decoded.error
+            info["decode_error"] = safe_text(decoded.error)
         return self._end_turn(info)
 
     def close(self) -> None:
@@ -230,22 +273,36 @@ class BFCLEnv(gymnasium.Env):
         self._clear()
 
     def _run_calls(self, calls, info: dict[str, Any]) -> list[str]:
-        """Run the calls; undo them all if the state would grow past ``max_state_bytes``."""
+        """Run the calls; undo them all if the state would grow past ``max_state_bytes``
+        or nest deeper than :data:`MAX_STATE_DEPTH` (so it can always be pickled)."""
         if self._state_blob is None:
             self._state_blob = pickle.dumps(self._instances)
         results = execute_calls(self._instances, self._table, calls)
         kept = [r[:MAX_STORED_RESULT_CHARS] for r in results]
-        blob = pickle.dumps(self._instances)
+        depth = state_depth(self._instances, MAX_STATE_DEPTH)
+        if depth > MAX_STATE_DEPTH:
+            info["state_too_deep"] = depth
+            return self._undo(calls, f"would nest the environment state more than {MAX_STATE_DEPTH} levels deep "
+                                     "(e.g. directories inside directories)")
+        try:
+            blob = pickle.dumps(self._instances)
+        except Exception as exc:  # not reached within the depth bound; the state must stay snapshottable
+            info["state_unpicklable"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            return self._undo(calls, f"would leave the environment state unsaveable ({type(exc).__name__})")
         size = len(blob) + sum(len(r) for r in self._results) + sum(len(r) for r in kept)
         if size > self.max_state_bytes:
-            self._instances = pickle.loads(self._state_blob)
-            self._table = method_table(self._instances)
             info["state_too_large"] = size
-            return [f"Error: the calls of this response would grow the environment state to {size} bytes, over the "
-                    f"limit of {self.max_state_bytes}; all of them were undone."] * len(calls)
+            return self._undo(calls, f"would grow the environment state to {size} bytes, over the limit of "
+                                     f"{self.max_state_bytes}")
         self._state_blob = blob
         self._results.extend(kept)
         return results
+
+    def _undo(self, calls, why: str) -> list[str]:
+        """Put back the state before this response's calls; one error result per call."""
+        self._instances = pickle.loads(self._state_blob)
+        self._table = method_table(self._instances)
+        return [f"Error: the calls of this response {why}; all of them were undone."] * len(calls)
 
     # -- turns --------------------------------------------------------------------
     def _end_turn(self, info: dict[str, Any]):

@@ -32,9 +32,13 @@ turn, as in BFCL's inference loop. Responses longer than ``max_chars`` are not p
 Bounds (model text can never exhaust the stack or memory; a response over a bound has
 no calls, like any undecodable response): syntax nested more than
 :data:`MAX_NESTING` levels (``1+1+...+1`` with 100 terms, ``arguments`` nested 100
-deep in JSON), a folded string over :data:`MAX_FOLDED_CHARS`, folded strings adding up
-to more than :data:`MAX_DECODED_CHARS` per response, more than
-:data:`MAX_CALLS_PER_RESPONSE` calls.
+deep in JSON; JSON is measured *before* it is parsed), an integer over
+:data:`MAX_INT_BITS` bits (a literal such as ``0x`` + 4,000 digits, whose decimal text
+Python refuses to write, or a JSON number over :data:`MAX_INT_DIGITS` digits), a folded
+string over :data:`MAX_FOLDED_CHARS`, folded strings adding up to more than
+:data:`MAX_DECODED_CHARS` per response, more than :data:`MAX_CALLS_PER_RESPONSE` calls.
+Any other failure while decoding is reported the same way (the error names it): no
+model text makes :func:`decode` raise.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from retrieval_index.textsafe import UNCLOSED, json_problem
+
 #: Responses longer than this many characters are not parsed (treated as no call).
 MAX_ACTION_CHARS = 65536
 #: Deepest syntax (AST levels, or JSON levels of a tool call) a response may have.
@@ -58,13 +64,17 @@ MAX_FOLDED_CHARS = 65536
 MAX_DECODED_CHARS = 4 * MAX_ACTION_CHARS
 #: Calls one response may hold (BFCL's ground truth has at most 34 per turn).
 MAX_CALLS_PER_RESPONSE = 128
+#: Largest integer (in bits) a response may hold, as a literal or computed by arithmetic;
+#: Python cannot write an int of more than 4,300 digits as text (``repr`` raises).
+MAX_INT_BITS = 4096
+#: Longest run of digits a ``<tool_call>`` JSON block may hold (checked before parsing).
+MAX_INT_DIGITS = 1234  # the decimal digits of 2**MAX_INT_BITS
 #: Names bfcl-eval's executor refuses to call (``execute_multi_turn_func_call``).
 BLOCKED_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
 ACTION_FORMATS = ("python", "tool_call")
 
 _TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_MAX_INT_BITS = 4096  # folded integers stay below 2**4096
 # Model text is parsed under this file name, and its SyntaxWarnings ("invalid decimal
 # literal" on random text) are filtered by it. The filter is (re)installed before each
 # parse because test runners reset filters; unlike catch_warnings it is thread-safe.
@@ -92,6 +102,15 @@ def _json_children(value: Any) -> Any:
     if isinstance(value, dict):
         return [*value.keys(), *value.values()]
     return value if isinstance(value, list) else ()
+
+
+def _too_big_int(value: Any) -> bool:
+    return isinstance(value, int) and value.bit_length() > MAX_INT_BITS
+
+
+def _big_literal(tree: ast.AST) -> bool:
+    """True when the syntax tree holds an integer literal over :data:`MAX_INT_BITS` bits."""
+    return any(isinstance(n, ast.Constant) and _too_big_int(n.value) for n in ast.walk(tree))
 
 
 class _Budget:
@@ -189,9 +208,14 @@ def decode(text: Any, action_format: str = "python", max_chars: int = MAX_ACTION
             raise DecodeError(f"the response has {len(calls)} calls, over the limit of {MAX_CALLS_PER_RESPONSE}")
     except DecodeError as exc:
         return Decoded((), str(exc))
-    except (RecursionError, MemoryError) as exc:  # never reached within the bounds; a net, not a path
-        return Decoded((), f"the response could not be decoded ({type(exc).__name__})")
+    except Exception as exc:  # never reached within the bounds; a net, so model text never raises
+        return Decoded((), f"the response could not be decoded ({type(exc).__name__}: {_short(exc)})")
     return Decoded(tuple(calls))
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message, cut, as text that encodes to UTF-8 (it may quote model text)."""
+    return str(exc)[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # --- python format -------------------------------------------------------------------
@@ -207,10 +231,12 @@ def _decode_python(text: str) -> list[Call]:
     s = s.strip().strip("'")
     try:
         tree = _parse(s)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
-        raise DecodeError(f"not a list of function calls ({type(exc).__name__}: {str(exc)[:200]})") from None
+    except Exception as exc:  # SyntaxError, or the parser's own limits (RecursionError, MemoryError...)
+        raise DecodeError(f"not a list of function calls ({type(exc).__name__}: {_short(exc)})") from None
     if _too_deep(tree, ast.iter_child_nodes):
         raise DecodeError(f"the response is nested more than {MAX_NESTING} levels deep")
+    if _big_literal(tree):  # before anything renders it: repr() refuses ints over 4,300 digits
+        raise DecodeError(f"the response holds an integer literal of more than {MAX_INT_BITS} bits")
     body = tree.body
     if isinstance(body, ast.Call):
         elements = [body]
@@ -316,7 +342,7 @@ def _fold(node: ast.AST, budget: _Budget) -> Any:
         left, right = _fold(node.left, budget), _fold(node.right, budget)
         if isinstance(node.op, ast.Pow):
             if isinstance(left, int) and isinstance(right, int) and right > 0:
-                if right > _MAX_INT_BITS or max(left.bit_length(), 1) * right > _MAX_INT_BITS:
+                if right > MAX_INT_BITS or max(left.bit_length(), 1) * right > MAX_INT_BITS:
                     raise DecodeError("arithmetic result too large")
         if isinstance(node.op, ast.Mod) and not all(isinstance(x, (int, float, complex)) for x in (left, right)):
             raise DecodeError("% is only supported between numbers")
@@ -332,7 +358,7 @@ def _fold(node: ast.AST, budget: _Budget) -> Any:
             value = _BINOPS[type(node.op)](left, right)
         except (ArithmeticError, TypeError, ValueError) as exc:
             raise DecodeError(f"arithmetic failed: {type(exc).__name__}: {exc}") from None
-        if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
             raise DecodeError("arithmetic result too large")
         if isinstance(value, str):
             budget.charge(value)
@@ -381,15 +407,42 @@ def _plain(value: Any) -> bool:
 # --- tool-call format ----------------------------------------------------------------
 
 
+def _loads(block: str, what: str) -> Any:
+    """``json.loads(block)``, bounded before parsing; ``_NOT_JSON`` when it is not JSON."""
+    problem = json_problem(block, MAX_NESTING, MAX_INT_DIGITS)
+    if problem == UNCLOSED:
+        return _NOT_JSON
+    if problem is not None:
+        raise DecodeError(f"{what} {problem}")  # "is nested more than 64 levels deep", ...
+    try:
+        value = json.loads(block)
+    except Exception:  # JSONDecodeError, or anything else json refuses
+        return _NOT_JSON
+    if _too_deep(value, _json_children):
+        raise DecodeError(f"{what} is nested more than {MAX_NESTING} levels deep")
+    if any(_too_big_int(v) for v in _json_values(value)):
+        raise DecodeError(f"{what} holds an integer of more than {MAX_INT_BITS} bits")
+    return value
+
+
+_NOT_JSON = object()
+
+
+def _json_values(value: Any) -> Any:
+    """Every value and key inside a parsed JSON value (iterative; depth already bounded)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        yield item
+        stack.extend(_json_children(item))
+
+
 def _decode_tool_calls(text: str) -> list[Call]:
     items = []
     for block in _TOOL_CALL.findall(text):
-        try:
-            items.append(json.loads(block))
-        except (ValueError, RecursionError):
-            pass  # bfcl-eval skips blocks that are not JSON
-    if any(_too_deep(item, _json_children) for item in items):
-        raise DecodeError(f"a <tool_call> block is nested more than {MAX_NESTING} levels deep")
+        item = _loads(block, "a <tool_call> block")
+        if item is not _NOT_JSON:  # bfcl-eval skips blocks that are not JSON
+            items.append(item)
     if any(not isinstance(item, dict) for item in items):
         raise DecodeError("every <tool_call> block must hold a JSON object")
     calls = []
@@ -398,12 +451,9 @@ def _decode_tool_calls(text: str) -> list[Call]:
             raise DecodeError('a <tool_call> object needs "name" and "arguments"')
         name, args = item["name"], item["arguments"]
         if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except (ValueError, RecursionError):
-                raise DecodeError(f"the arguments of {str(name)[:60]!r} are a string that is not JSON") from None
-            if _too_deep(args, _json_children):
-                raise DecodeError(f"the arguments of {str(name)[:60]!r} are nested more than {MAX_NESTING} levels deep")
+            args = _loads(args, f"the arguments string of {str(name)[:60]!r}")
+            if args is _NOT_JSON:
+                raise DecodeError(f"the arguments of {str(name)[:60]!r} are a string that is not JSON")
         if not isinstance(args, dict):
             raise DecodeError(f'"arguments" must be a JSON object, got {type(args).__name__}')
         try:

@@ -17,7 +17,9 @@ then; it is not a dependency). ``load_tasks(name, path=...)`` reads a local ``.j
 ``.json`` or ``.parquet`` file (parquet needs ``pyarrow``) in the same schema; a
 directory is searched for ``{split}.jsonl`` / ``{split}.parquet`` / ``{split}.json``.
 Every other field of a row goes to ``Task.metadata``; the id is the row's ``unique_id``
-/ ``id`` / ``idx`` field when present, else its position.
+/ ``id`` / ``idx`` field when present, else its position. Text that UTF-8 cannot encode
+(a lone surrogate, e.g. from a ``\\ud800`` escape in a JSON file) is written as
+``\\udXXX`` in every task field, so the first observation always encodes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from environments.math_python.generated import generate_tasks
+from environments.math_python.sandbox import safe_text
 from trace_gym.datafiles import load_rows
 from trace_gym.types import Task
 
@@ -86,12 +89,23 @@ def rows_to_tasks(name: str, rows: Iterable[Mapping[str, Any]], spec: DatasetSpe
         if answer is None or answer == [] or answer == "":
             raise ValueError(f"{name} row {i} has an empty {spec.answer_field!r}")
         ident = next((row[f] for f in _ID_FIELDS if row.get(f) is not None), i)
-        metadata = {k: _jsonable(v) for k, v in row.items()
+        metadata = {k: _clean(_jsonable(v)) for k, v in row.items()
                     if k not in (spec.question_field, spec.answer_field) and _jsonable(v) is not None}
-        tasks.append(Task(id=f"{name}/{ident}", prompt=str(row[spec.question_field]),
-                          answer=answer if isinstance(answer, list) else str(answer), source=name,
+        tasks.append(Task(id=safe_text(f"{name}/{ident}"), prompt=safe_text(str(row[spec.question_field])),
+                          answer=_clean(answer) if isinstance(answer, list) else safe_text(str(answer)), source=name,
                           metadata=metadata))
     return tasks
+
+
+def _clean(value: Any) -> Any:
+    """``value`` with :func:`safe_text` applied to every string in it (JSON-like values)."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    return value
 
 
 def _jsonable(value: Any) -> Any:

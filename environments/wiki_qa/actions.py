@@ -13,19 +13,31 @@ Two protocols:
     block that is not valid JSON, names another tool, or lacks its argument gets a
     message that says which.
 
-Queries are cleaned before searching: control and format characters (Unicode
-categories Cc, Cf) are removed and whitespace is collapsed. An empty query, or one over
-``max_query_chars`` characters, becomes a problem message instead of a search.
+Queries are cleaned before searching: control and format characters and lone
+surrogates (Unicode categories Cc, Cf, Cs; a surrogate cannot be encoded, and would make
+every searcher raise) are removed and whitespace is collapsed; answers lose their lone
+surrogates. An empty query, or one over ``max_query_chars`` characters, becomes a
+problem message instead of a search.
+
+A tool-call block is measured before it is parsed (:func:`retrieval_index.textsafe.loads_bounded`:
+at most :data:`MAX_TOOL_CALL_DEPTH` levels of nesting, no number of more than
+:data:`MAX_TOOL_CALL_DIGITS` digits), and any failure to read it is a
+``bad_tool_call`` message: no model text makes :func:`parse_action` raise.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from dataclasses import dataclass
 
+from retrieval_index.textsafe import JSONRefused, drop_unencodable, loads_bounded
+
 PROTOCOLS = ("tags", "tool_call")
+#: Deepest nesting of a tool-call block (``{"name", "arguments": {...}}`` is 2 levels).
+MAX_TOOL_CALL_DEPTH = 16
+#: Longest run of digits in a tool-call block (no argument of either tool is a number).
+MAX_TOOL_CALL_DIGITS = 100
 
 #: The observation for a ``tags`` turn with neither a search nor an answer tag (fixed text).
 INVALID_ACTION = (
@@ -42,6 +54,7 @@ ACTION_TOO_LONG = "Invalid action: the response has {chars} characters; the limi
 QUERY_EMPTY = "Invalid search: the query is empty (after removing control characters). Nothing was searched."
 QUERY_TOO_LONG = "Invalid search: the query has {chars} characters; the limit is {limit}. Use a shorter query."
 BAD_TOOL_CALL = "Invalid tool call: {problem}"
+QUERY_REFUSED = "Invalid search: the search engine cannot search this query ({reason}). Nothing was searched."
 
 _TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -76,10 +89,13 @@ class Action:
     error: str | None = None
 
 
+_DROPPED = ("Cc", "Cf", "Cs")
+
+
 def clean_query(query: str) -> str:
-    """Drop control/format characters (Unicode Cc, Cf) and collapse whitespace."""
+    """Drop control/format characters and lone surrogates (Unicode Cc, Cf, Cs) and collapse whitespace."""
     kept = "".join(" " if ch in "\t\n\r\v\f" else ch for ch in query
-                   if ch in "\t\n\r\v\f" or unicodedata.category(ch) not in ("Cc", "Cf"))
+                   if ch in "\t\n\r\v\f" or unicodedata.category(ch) not in _DROPPED)
     return " ".join(kept.split())
 
 
@@ -106,7 +122,7 @@ def parse_action(text: object, protocol: str = "tags", *, max_action_chars: int 
             return parsed
         kind, body = parsed
     if kind == "answer":
-        return Action("answer", body.strip())
+        return Action("answer", drop_unencodable(body).strip())
     query = clean_query(body)
     if not query:
         return Action("invalid", QUERY_EMPTY, "empty_query")
@@ -120,20 +136,24 @@ def _parse_tool_call(block: str) -> tuple[str, str] | Action:
         return Action("invalid", BAD_TOOL_CALL.format(problem=problem), "bad_tool_call")
 
     try:
-        call = json.loads(block)
-    except json.JSONDecodeError as exc:
-        return bad(f"the block is not valid JSON ({exc.msg} at character {exc.pos}).")
+        call = _loads(block)
+    except JSONRefused as exc:
+        return bad(f"the block {exc}.")
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return bad('expected a JSON object with "name" and "arguments".')
     name, args = call["name"], call.get("arguments", {})
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return bad('"arguments" is a string that is not valid JSON.')
+            args = _loads(args)
+        except JSONRefused as exc:
+            return bad(f'"arguments" is a string that {exc}.')
     if name not in ("search", "answer"):
-        return bad(f'unknown tool {name[:80]!r}; the tools are "search" and "answer".')
+        return bad(f'unknown tool {drop_unencodable(name[:80])!r}; the tools are "search" and "answer".')
     field = "query" if name == "search" else "answer"
     if not isinstance(args, dict) or not isinstance(args.get(field), str):
         return bad(f'{name} needs a string argument "{field}".')
     return name, args[field]
+
+
+def _loads(text: str):
+    return loads_bounded(text, max_depth=MAX_TOOL_CALL_DEPTH, max_digits=MAX_TOOL_CALL_DIGITS)

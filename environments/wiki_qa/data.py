@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from retrieval_index.textsafe import clean_text, clean_value
 from trace_gym.datafiles import load_rows
 from trace_gym.types import Task
 
@@ -86,10 +87,11 @@ def row_to_task(row: Mapping[str, Any], source: str, index: int = 0) -> Task:
     metadata = row.get("metadata") or {}
     if not isinstance(metadata, Mapping):
         metadata = {"metadata": metadata}
-    metadata = {k: _jsonable(v) for k, v in metadata.items() if _jsonable(v) is not None}
-    task_id = str(ident) if str(ident).startswith(f"{source}/") else f"{source}/{ident}"
-    return Task(id=task_id, prompt=question.strip(), answer=[str(g) for g in golds], source=source,
-                metadata=metadata)
+    metadata = {clean_value(k): clean_value(_jsonable(v)) for k, v in metadata.items() if _jsonable(v) is not None}
+    task_id = clean_text(str(ident) if str(ident).startswith(f"{source}/") else f"{source}/{ident}")
+    # text that cannot be encoded (a lone surrogate escape in the file) is written as \udXXX
+    return Task(id=task_id, prompt=clean_text(question.strip()), answer=[clean_text(str(g)) for g in golds],
+                source=source, metadata=metadata)
 
 
 def rows_to_tasks(name: str, rows: Iterable[Mapping[str, Any]]) -> list[Task]:

@@ -22,7 +22,9 @@ top ``topk`` passages in Search-R1's format::
     Doc 3(Title: "T3") text 3</information>
 
 (the ``tool_call`` protocol sends the same lines without the ``<information>`` tags;
-``No results.`` when nothing matched). After an action without a valid tag: the fixed
+``No results.`` when nothing matched). Every observation encodes as UTF-8: queries lose
+their lone surrogates before searching, and any left in a question or a passage are
+written as ``\\udXXX``. After an action without a valid tag: the fixed
 :data:`~environments.wiki_qa.actions.INVALID_ACTION` (or ``INVALID_TOOL_ACTION``). A
 response over ``max_action_chars``, or an empty / over-long query, gets a message
 naming the problem; the episode goes on and the turn counts. After the answer: ``[]``.
@@ -44,7 +46,9 @@ even if the index changed underneath.
 
 If the searcher itself fails (e.g. the retrieval server is down after the client's
 retries), ``step`` raises: that is an infrastructure failure, not something the model
-did, and it must not be turned into a training signal.
+did, and it must not be turned into a training signal. A query the searcher refuses
+because of its own text (:class:`~retrieval_index.protocol.QueryRejected`, e.g. a
+server's shorter length limit) is an invalid search the model reads (``query_refused``).
 
 ## Version History
 v0: first version.
@@ -56,10 +60,11 @@ from typing import Any, Mapping, Sequence
 
 import gymnasium
 
-from environments.wiki_qa.actions import PROTOCOLS, TOOL_SCHEMAS, parse_action
+from environments.wiki_qa.actions import PROTOCOLS, QUERY_REFUSED, TOOL_SCHEMAS, Action, parse_action
 from environments.wiki_qa.metrics import best_exact_match, best_f1
 from environments.wiki_qa.searchers import resolve_searcher
-from retrieval_index.protocol import split_contents
+from retrieval_index.protocol import QueryRejected, split_contents
+from retrieval_index.textsafe import clean_text
 from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
@@ -102,7 +107,7 @@ def format_passages(hits: Sequence[tuple[str, str, float | None]]) -> str:
     for i, (_, contents, _) in enumerate(hits, 1):
         title, text = split_contents(contents)
         lines.append(f"Doc {i}(Title: {title}) {text}")
-    return "\n".join(lines)
+    return clean_text("\n".join(lines))  # a corpus line may hold a lone surrogate escape
 
 
 class WikiQAEnv(gymnasium.Env):
@@ -194,7 +199,7 @@ class WikiQAEnv(gymnasium.Env):
         obs = [Message("system", self.system_prompt)]
         if self.few_shot and self.protocol == "tags":
             obs += [Message(role, content) for role, content in FEW_SHOT_DEMO]
-        obs.append(Message("user", self.prompt_template.format(question=self._task.prompt)))
+        obs.append(Message("user", clean_text(self.prompt_template.format(question=self._task.prompt))))
         info: dict[str, Any] = {"task_id": self._task.id}
         if self.protocol == "tool_call":
             info["tool_schemas"] = [dict(s) for s in TOOL_SCHEMAS]
@@ -219,7 +224,12 @@ class WikiQAEnv(gymnasium.Env):
         if parsed.kind == "search":
             info["query"] = parsed.text
             info["cache_hit"] = parsed.text in self._cache
-            hits = self._search(parsed.text)
+            try:
+                hits = self._search(parsed.text)
+            except QueryRejected as exc:  # the query's own text, not the searcher: the model reads why
+                parsed = Action("invalid", QUERY_REFUSED.format(reason=clean_text(str(exc))[:300]), "query_refused")
+                info["action"] = parsed.kind
+        if parsed.kind == "search":
             info["doc_ids"] = [h[0] for h in hits]
             text = format_passages(hits)
             message = (Message("tool", text, name="search") if self.protocol == "tool_call"
@@ -257,10 +267,10 @@ class WikiQAEnv(gymnasium.Env):
         return self._searcher
 
     def _search(self, query: str) -> tuple:
-        self._log.append(query)
         if query not in self._cache:
             hits = self.searcher.search([query], self.topk)[0]
             self._cache[query] = tuple((h.id, h.contents, h.score) for h in hits)
+        self._log.append(query)
         return self._cache[query]
 
     @staticmethod
