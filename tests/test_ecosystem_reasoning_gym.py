@@ -138,7 +138,18 @@ def test_a_scorer_that_evals_exit_does_not_end_the_process():
         data.score_answer("exit()", data[0])
     fam = resolve_env("reasoning_gym:spiral_matrix")
     ((_, reward, terminated, truncated, info),) = _play(fam, fam.load_tasks(1)[0], ["<answer>exit()</answer>"])
-    assert (reward, terminated, truncated) == (0.0, True, False) and "SystemExit" in info["env_error"]
+    assert (reward, terminated, truncated) == (0.0, True, False) and "holds 'exit'" in info["env_error"]
+    # and were it scored, it would end only the sandbox's scoring child
+    from environments.ecosystems.sandboxed_scoring import SandboxedScorer
+    from environments.ecosystems.reasoning_gym import to_json
+
+    scorer = SandboxedScorer()
+    try:
+        score, error = scorer.score("spiral_matrix", {}, "exit()", to_json(data[0]))
+        assert score == 0.0 and "SystemExit" in error
+        assert scorer.score("spiral_matrix", {}, data[0]["answer"], to_json(data[0])) == (1.0, None)
+    finally:
+        scorer.close()
 
 
 def test_attempts_feedback_and_the_last_answers_score():

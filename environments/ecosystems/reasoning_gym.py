@@ -11,7 +11,8 @@ Ids: ``reasoning_gym:<name>`` for any name in ``reasoning_gym.factory.DATASETS``
 (:func:`available`); the query is the dataset's config, the fields of its config
 dataclass but ``seed`` and ``size`` (which come from the task loader):
 ``reasoning_gym:chain_sum?min_terms=2&max_terms=3``. Adapter options are env keyword
-arguments (``--env-kwargs``): ``max_attempts``, ``system_prompt``, ``snapshot``, ``max_turns``.
+arguments (``--env-kwargs``): ``max_attempts``, ``system_prompt``, ``few_shot``,
+``score_timeout_s``, ``snapshot``, ``max_turns``.
 
 Tasks: :func:`load_tasks` builds ``create_dataset(name, seed=seed, size=n, **config)`` and
 gives each entry as a :class:`Task` (prompt: its question; answer: its answer; metadata:
@@ -26,7 +27,10 @@ tags; the last answer is the one that counts, so the tail holds it).
 ## Observation Space
 At reset, a system message (reasoning-gym's ``SYSTEM_PROMPTS[system_prompt]``, by default
 ``"default"``: think, then ``<answer>answer here</answer>``; none with ``system_prompt=None``)
-and a user message with the question. After a wrong answer with attempts left, one user
+and a user message with the question; with ``few_shot=True``, first one solved example
+of the same dataset and config (a user question and an assistant reply that is just
+``<answer>gold</answer>``, from a fixed seed no task uses), so that small models see the
+format. After a wrong answer with attempts left, one user
 message: :data:`FEEDBACK`. Nothing after the last answer.
 
 ## Rewards
@@ -50,11 +54,15 @@ used), pickled. ``replay`` also works (scoring is deterministic).
 
 Not carried over: curricula (``create_curriculum``; pick a difficulty with the config
 query instead), composite datasets' weighting across runs, and GEM's ``rg:<name>`` envs
-(use this adapter instead). Scorers run in-process: several ``eval`` the answer text
-(``spiral_matrix``, ``binary_matrix``, ``n_queens``, ``string_insertion``; sympy's
-``parse_expr`` in ``countdown``, ``puzzle24``, ``polynomial_multiplication``, the
-integration datasets), so a hostile answer can run code or take long (``1e999999`` costs
-sympy tens of seconds); no time limit is enforced here.
+(use this adapter instead).
+
+## Scoring is sandboxed
+Several scorers evaluate the answer text as code (``eval``, sympy's ``parse_expr``), and
+some run for tens of seconds on hostile numbers. Every score therefore runs in a forked
+child of a sandboxed kernel of the math env, is killed after ``score_timeout_s``
+(default 5 s; the answer then scores 0 with ``info["env_error"]``), and, for a dataset
+whose scorer evaluates text, an answer holding code-reaching names scores 0 unscored
+(:mod:`environments.ecosystems.sandboxed_scoring`).
 
 ## Version History
 v0: first version (reasoning-gym 0.1.23).
@@ -79,7 +87,9 @@ PREFIX = "reasoning_gym"
 ENTRY_POINT = "environments.ecosystems.reasoning_gym:ReasoningGymEnv"
 TASK_LOADER = "environments.ecosystems.reasoning_gym:load_tasks"
 #: keyword arguments of :class:`ReasoningGymEnv` an ``--env-kwargs`` may set
-ENV_OPTIONS = ("max_attempts", "system_prompt", "snapshot", "max_turns")
+ENV_OPTIONS = ("max_attempts", "system_prompt", "few_shot", "score_timeout_s", "snapshot", "max_turns")
+#: the dataset seed of the ``few_shot`` example (no task loader call uses it by default)
+FEW_SHOT_SEED = 987_654_321
 #: config fields the task loader sets itself
 LOADER_FIELDS = ("seed", "size")
 #: characters of an action (its tail) scanned for ``<answer>...</answer>``
@@ -223,6 +233,14 @@ def load_tasks(n: int, seed: int = 0, *, dataset: str, config: Mapping[str, Any]
 
 
 @functools.lru_cache(maxsize=64)
+def _example(name: str, config_key: str) -> dict:
+    """The ``few_shot`` example: entry 0 of the dataset at :data:`FEW_SHOT_SEED`."""
+    data = _create(name, json.loads(config_key), seed=FEW_SHOT_SEED, size=1)
+    with process_state_kept():
+        return dict(data[0])
+
+
+@functools.lru_cache(maxsize=64)
 def _pool(name: str, config_key: str) -> tuple[Task, ...]:
     return tuple(load_tasks(DEFAULT_POOL, 0, dataset=name, config=json.loads(config_key)))
 
@@ -247,6 +265,8 @@ class ReasoningGymEnv(AdaptedEnv):
         max_attempts: answers the model may give; a wrong one before the last gets
             :data:`FEEDBACK` (default 1: one turn).
         system_prompt: a key of reasoning-gym's ``SYSTEM_PROMPTS``, or ``None`` for none.
+        few_shot: show one solved example of the dataset first (module docstring).
+        score_timeout_s: seconds one score may take in the sandbox.
         snapshot: ``copy`` (default) or ``replay``.
         max_turns: truncate after this many steps.
     """
@@ -254,8 +274,12 @@ class ReasoningGymEnv(AdaptedEnv):
     snapshot_strategies = ("copy", "replay")
 
     def __init__(self, dataset: str = "chain_sum", config: Mapping[str, Any] | None = None, *, max_attempts: int = 1,
-                 system_prompt: str | None = "default", snapshot: str | None = None, max_turns: int | None = None):
+                 system_prompt: str | None = "default", few_shot: bool = False, score_timeout_s: float = 5.0,
+                 snapshot: str | None = None, max_turns: int | None = None):
         super().__init__(snapshot=snapshot, max_turns=max_turns)
+        if not isinstance(score_timeout_s, (int, float)) or isinstance(score_timeout_s, bool) or score_timeout_s <= 0:
+            raise ValueError(f"{_where(dataset)}: score_timeout_s must be a positive number, got {score_timeout_s!r}")
+        self.few_shot, self.score_timeout_s = bool(few_shot), float(score_timeout_s)
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             raise ValueError(f"{_where(dataset)}: max_attempts must be a positive int, got {max_attempts!r}")
         self.dataset, self.config, self.max_attempts = dataset, dict(config or {}), max_attempts
@@ -287,19 +311,24 @@ class ReasoningGymEnv(AdaptedEnv):
                              f"{self.dataset} with {self.config}")
         self.inner = Episode(entry=from_json(meta["entry"]))
         obs = [] if self.system_prompt is None else [Message("system", self.system_prompt)]
+        if self.few_shot:
+            example = _example(self.dataset, self._config_key)
+            obs += [Message("user", str(example["question"])), Message("assistant", f"<answer>{example['answer']}</answer>")]
         return [*obs, Message("user", str(self.inner.entry["question"]))], {}
 
     def _score(self, answer: str | None) -> tuple[float, str | None]:
-        """The dataset's score of ``answer``, or 0 and why when its scorer failed."""
-        try:
-            score = self._data.score_answer(answer, copy.deepcopy(self.inner.entry))
-            if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
-                raise TypeError(f"score_answer returned {score!r:.100}, not a finite number")
-            return float(score), None
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: BLE001  (a scorer on model text; SystemExit from eval("exit()") too)
-            return 0.0, f"score_answer failed: {error_text(exc)}"
+        """The dataset's score of ``answer``, computed in the sandbox, or 0 and why when it
+        failed, ran out of time, or was refused (code in an answer to an evaluating scorer)."""
+        from environments.ecosystems.sandboxed_scoring import CODE_NAMES, evaluates_text, shared_scorer
+
+        if answer is not None and evaluates_text(type(self._data)):
+            found = CODE_NAMES.search(answer)
+            if found is not None:
+                return 0.0, (f"answer not scored: it holds {found.group(0)!r}, and the {self.dataset} scorer "
+                             "evaluates text (code in answers is refused)")
+        scorer = shared_scorer()
+        scorer.timeout_s = self.score_timeout_s
+        return scorer.score(self.dataset, json.loads(self._config_key), answer, to_json(self.inner.entry))
 
     def _act(self, action: str):
         from reasoning_gym.utils import extract_answer
