@@ -335,7 +335,8 @@ def register_suite(name: str, env_id: str, load: Callable[..., list[Task]] | Non
 
 def get_suite(name: str) -> Suite:
     """The suite ``name``: a :data:`SUITES` entry, else the held-out split of a registered env
-    id (``trace_gym/Echo-v0``, ``Echo-v0``) or env family that offers tasks (:func:`env_suite`).
+    id (``trace_gym/Echo-v0``, ``Echo-v0``), env family, or other ecosystem's env
+    (``reasoning_gym:chain_sum?min_terms=2``) that offers tasks (:func:`env_suite`).
 
     Raises:
         ValueError: neither (with the closest names), or an env without a task loader.
@@ -346,6 +347,10 @@ def get_suite(name: str) -> Suite:
 
     from trace_gym.registry import ENV_FAMILIES, NAMESPACE, env_ids, resolve_env
 
+    from trace_gym.registry import ECOSYSTEMS
+
+    if name.partition(":")[0] in ECOSYSTEMS and ":" in name:  # another ecosystem's env (gem:<id>, ...)
+        return env_suite(name, resolve_env(name))
     ids = env_ids()  # registers the built-in and plugin ids
     if name not in ENV_FAMILIES and name not in registry and f"{NAMESPACE}/{name}" not in registry:
         from trace_gym.commands import did_you_mean

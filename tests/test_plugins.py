@@ -257,7 +257,8 @@ def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
     said = []
     res = run_env_bench(cfg, table, resolve_env("guess_number"), engine=tiny_engine, out_dir=str(tmp_path),
                         say=said.append)
-    assert any("got reward 0 (every rollout failed): no prompt is mixed" in w for w in res["warnings"])
+    assert any("rollouts failed (reward 0, below the success threshold 0.5): no prompt is mixed" in w
+               for w in res["warnings"])
     assert any(s.startswith("WARNING: rep 1, trace") for s in said)
     assert "### Warnings" in bench.format_bench(res)
     episodes = [json.loads(line) for line in (tmp_path / "episodes-trace.jsonl").read_text().splitlines()]

@@ -225,3 +225,15 @@ def test_json_round_trip_drops_snapshots():
         d = tree.to_dict()
         d["nodes"][1]["id"] = 5
         RolloutTree.from_dict(d)
+
+
+def test_targets_are_outcomes_when_rewards_leave_zero_one():
+    # GEM: -0.1 for a format error, partial credit 0.7 or 0.3; the predictor regresses success
+    tree = RolloutTree()
+    first = rollout(tree, ROOT, 2, -0.1)
+    rollout(tree, ROOT, 1, 0.7)
+    rollout(tree, first[0], 1, 0.3)
+    targets = tree.targets()
+    assert targets[first[-1]] == 0.0 and sorted(targets[leaf.id] for leaf in tree.leaves()) == [0.0, 0.0, 1.0]
+    assert all(0.0 <= v <= 1.0 for v in targets.values()) and targets[ROOT] == pytest.approx(0.5)
+    assert tree.pooled_targets()[ROOT] == pytest.approx(1 / 3)

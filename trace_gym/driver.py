@@ -327,8 +327,11 @@ def reward_warning(trees: Sequence[RolloutTree]) -> str | None:
     wins = sum(r >= SUCCESS_THRESHOLD for r in rewards)
     if 0 < wins < len(rewards):
         return None
-    outcome = "0 (every rollout failed)" if wins == 0 else "1 (every rollout succeeded)"
-    return (f"every one of the {len(rewards)} rollouts got reward {outcome}: no prompt is mixed, so there is no "
+    low, high = min(rewards), max(rewards)
+    seen = f"reward {low:g}" if low == high else f"rewards {low:g} to {high:g}"
+    outcome = (f"failed ({seen}, below the success threshold {SUCCESS_THRESHOLD:g})" if wins == 0
+               else f"succeeded ({seen})")
+    return (f"every one of the {len(rewards)} rollouts {outcome}: no prompt is mixed, so there is no "
             "contrast to find and a group-relative update learns nothing; make the tasks "
             + ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder"))
 

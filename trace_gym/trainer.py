@@ -229,6 +229,9 @@ class PolicyTrainer:
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if device == "auto" else device))
         self.model_path = str(model_path)
+        from trace_gym.models import quiet_third_party
+
+        quiet_third_party()
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.model.config.use_cache = False

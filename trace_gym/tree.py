@@ -28,7 +28,9 @@ Definitions used throughout (the method page's words, made exact here):
 - target (``targets``): the predictor's regression target for a node. Two estimators:
 
   * ``"recursive"`` (the default), the *recursive mean*: a leaf's target is its
-    reward; an inner node's target is the unweighted mean of its children's targets.
+    outcome (1.0 for a success, else 0.0: the predictor estimates a success
+    probability, so an env whose rewards leave [0, 1], such as GEM's -0.1 for a format
+    error or partial credit, still gives targets in [0, 1]); an inner node's target is the unweighted mean of its children's targets.
     Each child is one independently sampled next turn from the node's history, so
     each counts once however many leaves were later grown below it. The pooled mean
     of the leaves below a node (``pooled_targets``, kept for comparison) instead
@@ -392,7 +394,7 @@ class RolloutTree:
     def targets(self, estimator: Literal["recursive", "fresh"] = "recursive") -> dict[int, float]:
         """Node id -> target (see the module docstring), every node with one.
 
-        Leaves: their reward. Inner nodes: the mean of their children's targets; with
+        Leaves: their outcome (1.0 when ``success``, else 0.0). Inner nodes: the mean of their children's targets; with
         ``estimator="fresh"``, at a node with children from continuations anchored
         there, the mean of those children only. Nodes below which no branch has
         finished are omitted.
@@ -403,7 +405,7 @@ class RolloutTree:
         t: dict[int, float] = {}
         for n in reversed(self.nodes):
             if n.terminal:
-                t[n.id] = float(n.reward)  # type: ignore[arg-type]
+                t[n.id] = 1.0 if n.success else 0.0
                 continue
             vals = [t[c] for c in n.children if c in t]
             if fresh_only and n.id != ROOT:
@@ -414,12 +416,12 @@ class RolloutTree:
         return t
 
     def pooled_targets(self) -> dict[int, float]:
-        """Node id -> plain mean reward of all leaves below it (biased; for comparison)."""
+        """Node id -> plain mean outcome of all leaves below it (biased; for comparison)."""
         total = [0.0] * len(self.nodes)
         count = [0] * len(self.nodes)
         for n in reversed(self.nodes):
             if n.terminal:
-                total[n.id] += float(n.reward)  # type: ignore[arg-type]
+                total[n.id] += 1.0 if n.success else 0.0
                 count[n.id] += 1
             if n.parent is not None:
                 total[n.parent] += total[n.id]

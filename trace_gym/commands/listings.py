@@ -9,19 +9,50 @@ import sys
 from trace_gym.commands import summary
 
 
-def cmd_envs(args: argparse.Namespace) -> int:
-    from trace_gym.registry import ENV_FAMILIES, PLUGIN_ERRORS, env_ids, load_plugins
+#: ids shown per ecosystem before "... N more" (all with ``--ecosystem``)
+SHOWN_PER_ECOSYSTEM = 8
 
-    load_plugins()
-    print("registered env ids:")
-    for env_id in env_ids():
-        print(f"  {env_id}")
-    print("env families (--env NAME):")
-    for name, fam in ENV_FAMILIES.items():
-        print(f"  {name:<18} {fam.env_id:<26} {fam.description}")
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    from trace_gym.registry import ECOSYSTEMS, ENV_FAMILIES, PLUGIN_ERRORS, env_ids, load_plugins
+
+    wanted = getattr(args, "ecosystem", None)
+    if wanted is not None and wanted not in ECOSYSTEMS:
+        from trace_gym.config import did_you_mean
+
+        raise ValueError(f"--ecosystem {wanted!r} is not one of {sorted(ECOSYSTEMS)}{did_you_mean(wanted, ECOSYSTEMS)}")
+    if wanted is None:
+        load_plugins()
+        print("registered env ids:")
+        for env_id in env_ids():
+            if env_id.split("/", 1)[-1].split(".")[0] not in ECOSYSTEMS:  # those are listed below
+                print(f"  {env_id}")
+        print("env families (--env NAME):")
+        for name, fam in ENV_FAMILIES.items():
+            print(f"  {name:<18} {fam.env_id:<26} {fam.description}")
+    print("other ecosystems' envs (--env PREFIX:NAME; docs/ecosystem.md):")
+    for prefix in ([wanted] if wanted else ECOSYSTEMS):
+        print(f"  {prefix}: {ecosystem_listing(prefix, limit=None if wanted else SHOWN_PER_ECOSYSTEM)}")
     for source, error in PLUGIN_ERRORS.items():
         print(f"plugin {source} failed to load: {error}", file=sys.stderr)
     return 0
+
+
+def ecosystem_listing(prefix: str, limit: int | None) -> str:
+    """One ecosystem's ids for ``trace-gym envs``: its adapter's ``available()``, the
+    first ``limit`` of them and a count of the rest, or why there are none."""
+    from trace_gym.registry import ecosystem_module
+
+    try:
+        module = ecosystem_module(prefix)
+        ids = list(module.available())
+    except Exception as exc:  # noqa: BLE001  (a missing or broken package: say so, list the others)
+        return f"unavailable ({type(exc).__name__}: {exc})"
+    if not ids:
+        return f"none found in the installed {module.PACKAGE} (name an importable module or URL: docs/ecosystem.md)"
+    shown = ids if limit is None else ids[:limit]
+    more = f" ... {len(ids) - len(shown)} more (trace-gym envs --ecosystem {prefix})" if len(ids) > len(shown) else ""
+    return f"{len(ids)} from {module.PACKAGE}: " + ", ".join(shown) + more
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
@@ -69,7 +100,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 def add(subparsers: argparse._SubParsersAction) -> None:
     from trace_gym.models import MODELS
 
-    subparsers.add_parser("envs", help="list registered environment ids and env families").set_defaults(func=cmd_envs)
+    envs = subparsers.add_parser("envs", help="list registered environment ids, env families and other ecosystems' envs")
+    envs.add_argument("--ecosystem", default=None, help="list every env of this ecosystem (gem, skyrl, verifiers, "
+                      "openenv, reasoning_gym)")
+    envs.set_defaults(func=cmd_envs)
     subparsers.add_parser("strategies", help="list allocation strategies").set_defaults(func=cmd_strategies)
     subparsers.add_parser("estimators", help="list advantage estimators").set_defaults(func=cmd_estimators)
     subparsers.add_parser("predictors", help="list success predictors").set_defaults(func=cmd_predictors)

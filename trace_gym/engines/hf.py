@@ -98,6 +98,9 @@ class HFEngine:
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from trace_gym.models import quiet_third_party
+
+        quiet_third_party()  # transformers' "Loading weights" bar: our progress bars only
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
