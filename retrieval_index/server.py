@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from retrieval_index.protocol import Hit, Searcher
-from retrieval_index.textsafe import JSONRefused, clean_text, clean_value, first_unencodable, loads_bounded
+from trace_gym.textsafe import JSONRefused, clean_text, clean_value, first_unencodable, loads_bounded
 
 
 @dataclass(frozen=True)

@@ -245,3 +245,12 @@ def test_importing_the_adapter_is_lazy_and_playing_keeps_the_process_rng():
                          cwd=Path(__file__).parent)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["True", "True"]  # a bare `import verifiers` 0.1.14 draws from the global random
+
+
+def test_hostile_tool_call_blocks_are_skipped_not_raised():
+    from environments.ecosystems.verifiers import hermes_tool_calls
+
+    hostile = ("<tool_call>" + "[" * 100_000 + "</tool_call>"
+               "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + "9" * 5000 + "}}</tool_call>"
+               "<tool_call>{\"name\": \"ok\", \"arguments\": {}}</tool_call>")
+    assert [c["name"] for c in hermes_tool_calls(hostile, 0)] == ["ok"]

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from retrieval_index.protocol import QueryRejected
-from retrieval_index.textsafe import (
+from trace_gym.textsafe import (
     UNCLOSED,
     JSONRefused,
     clean_text,

@@ -68,6 +68,7 @@ import gymnasium
 from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
+from trace_gym.textsafe import clean_text
 
 from environments.bfcl import checker, data
 from environments.bfcl.executor import execute_calls, keyword_form, method_table
@@ -94,11 +95,6 @@ MAX_STATE_BYTES = 8 << 20
 #: ``__eq__`` recurse once or more per level: a file-system tree built by ``mkdir``/``cd``
 #: pairs made ``pickle.dumps`` raise ``RecursionError`` at about 190 directories.
 MAX_STATE_DEPTH = 48
-
-
-def safe_text(text: str) -> str:
-    """``text`` as a str that always encodes to UTF-8 (lone surrogates become ``\\udXXX``)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def cut(text: str, limit: int) -> str:
@@ -250,22 +246,22 @@ class BFCLEnv(gymnasium.Env):
         self._steps += 1
         decoded = decode(action, self.action_format, self.max_action_chars)
         info: dict[str, Any] = {"turn": self._turn, "step": self._steps,
-                                "tool_calls": [safe_text(c.text) for c in decoded.calls]}
+                                "tool_calls": [clean_text(c.text) for c in decoded.calls]}
         if decoded.has_calls:
             if self._turn_steps >= self.max_steps_per_turn:
                 return self._force_terminate(info)
             results = self._run_calls(decoded.calls, info)
             self._turn_steps += 1
             each = min(self.max_result_chars, max(self.max_observation_chars // len(results), 256))
-            shown = [cut(safe_text(r), each) for r in results]
+            shown = [cut(clean_text(r), each) for r in results]
             info["exec"] = [
                 {"call": t, "result": r, "refused": c.error is not None}
                 for c, t, r in zip(decoded.calls, info["tool_calls"], shown)
             ]
-            obs = [Message("tool", r, name=cut(safe_text(c.text), MAX_NAME_CHARS)) for c, r in zip(decoded.calls, shown)]
+            obs = [Message("tool", r, name=cut(clean_text(c.text), MAX_NAME_CHARS)) for c, r in zip(decoded.calls, shown)]
             return obs, 0.0, False, False, info
         if decoded.error is not None:
-            info["decode_error"] = safe_text(decoded.error)
+            info["decode_error"] = clean_text(decoded.error)
         return self._end_turn(info)
 
     def close(self) -> None:

@@ -52,7 +52,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from retrieval_index.textsafe import UNCLOSED, json_problem
+from trace_gym.textsafe import UNCLOSED, json_problem
 
 #: Responses longer than this many characters are not parsed (treated as no call).
 MAX_ACTION_CHARS = 65536

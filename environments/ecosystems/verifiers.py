@@ -86,6 +86,7 @@ import threading
 from typing import Any, Mapping, Sequence
 
 from trace_gym.env_adapter import MAX_ERROR_CHARS, AdaptedEnv, error_text, options_of, process_state_kept
+from trace_gym.textsafe import JSONRefused, loads_bounded
 from trace_gym.types import ROLES, Message, Task
 
 PACKAGE = "verifiers"
@@ -260,9 +261,9 @@ def hermes_tool_calls(text: str, turn: int) -> list[dict[str, str]]:
         end = text.find(_CLOSE, start + len(_OPEN))
         if end < 0:
             break
-        try:
-            body = json.loads(text[start + len(_OPEN):end])
-        except ValueError:
+        try:  # bounded before parsing: deep nesting or a 5,000-digit number must not raise
+            body = loads_bounded(text[start + len(_OPEN):end])
+        except JSONRefused:
             body = None
         if isinstance(body, dict) and isinstance(body.get("name"), str):
             arguments = body.get("arguments", body.get("parameters", {}))

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from retrieval_index.textsafe import clean_text, clean_value
+from trace_gym.textsafe import clean_text, clean_value
 from trace_gym.datafiles import load_rows
 from trace_gym.types import Task
 

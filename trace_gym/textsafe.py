@@ -11,8 +11,8 @@ that no UTF-8 encoder accepts; tokenizers raise ``TypeError``, HTTP clients and 
 ``UnicodeEncodeError``. :func:`first_unencodable` finds one, :func:`clean_text` writes
 them as visible ``\\udXXX`` escapes and :func:`drop_unencodable` removes them.
 
-Only the standard library; imported by the environments as well as the server (a
-candidate for ``trace_gym`` itself).
+Only the standard library; the one place for this, imported by the environments, the
+ecosystem adapters and the retrieval server.
 """
 
 from __future__ import annotations
