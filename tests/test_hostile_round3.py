@@ -382,3 +382,33 @@ def test_a_math_task_file_with_surrogate_escapes_gives_a_utf8_first_observation(
         assert "2 + 3?\\ud800" in utf8(obs)
     finally:
         env.close()
+
+
+# --- 6: tasks that would reward nonsense are refused at reset ------------------------------------------
+
+from trace_gym.env import validate_task  # noqa: E402
+from trace_gym.types import Task  # noqa: E402
+
+
+@pytest.mark.parametrize("answer", [None, "", "   ", [], {}])
+def test_an_env_that_grades_refuses_a_task_without_an_answer(qa_task, answer):
+    env = WikiQAEnv(**KW)
+    bad = {**qa_task.to_dict(), "answer": answer}
+    with pytest.raises(ValueError, match=r"Task.answer is .*cannot be scored"):
+        env.reset(options={"task": bad})
+    env.reset(options={"task": qa_task})  # and the env still resets to a good one
+    env.close()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("prompt", "who is \ud800?", "Task.prompt holds a character UTF-8 cannot encode at 7"),
+    ("id", "q\udfff", "Task.id holds"),
+    ("answer", "Paris\ud83d", "Task.answer holds"),
+    ("answer", float("nan"), "Task.answer is not JSON data"),
+    ("answer", {1, 2}, "Task.answer is not JSON data"),
+])
+def test_task_fields_that_cannot_be_shown_or_graded_are_named(field, value, message):
+    task = Task(**{"id": "q1", "prompt": "p", "answer": "a", field: value})
+    with pytest.raises(ValueError, match=message):
+        validate_task(task, require_answer=True)
+    assert validate_task(Task("q1", "p", answer=None)).answer is None  # an env that draws its own answer

@@ -98,18 +98,52 @@ def resolve_task(task: Any, load: Callable[[str], Task] | None = None) -> Task:
     raise TypeError(f"options['task'] must be a Task, dict or id str, got {type(task).__name__}")
 
 
+def validate_task(task: Task, *, require_answer: bool = False) -> Task:
+    """``task``, refused when an env could not show or grade it honestly: a text field
+    (``id``, ``prompt``, ``source``, a string answer) that UTF-8 cannot encode (a lone
+    surrogate), an answer that is not JSON data, and, with ``require_answer`` (an env
+    that grades against the answer), a missing or empty answer: ``None`` would be read as
+    the text ``"None"`` and reward a model that writes it.
+
+    Raises:
+        ValueError: one line naming the task and the field.
+    """
+    import json
+
+    from trace_gym.textsafe import first_unencodable
+
+    texts = [("id", task.id), ("prompt", task.prompt), ("source", task.source)]
+    texts += [("answer", task.answer)] if isinstance(task.answer, str) else []
+    for name, text in texts:
+        at = first_unencodable(text) if isinstance(text, str) else None
+        if at is not None:
+            raise ValueError(f"task {task.id!r:.80}: Task.{name} holds a character UTF-8 cannot encode at {at} "
+                             "(a lone surrogate); clean the task data")
+    if require_answer and (task.answer is None or (isinstance(task.answer, (str, list, tuple, dict))
+                                                   and not (task.answer.strip() if isinstance(task.answer, str)
+                                                            else task.answer))):
+        raise ValueError(f"task {task.id!r:.80}: Task.answer is {task.answer!r:.40}; this env grades against the "
+                         "answer, so a task without one cannot be scored")
+    try:
+        json.dumps(task.answer, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"task {task.id!r:.80}: Task.answer is not JSON data ({exc})") from None
+    return task
+
+
 def task_from_options(options: Mapping[str, Any] | None, pool: Sequence[Task], rng: np.random.Generator,
-                      load: Callable[[str], Task] | None = None) -> Task:
+                      load: Callable[[str], Task] | None = None, *, require_answer: bool = False) -> Task:
     """The task ``reset`` should use: ``options["task"]`` (or ``options["task_id"]``)
     resolved with :func:`resolve_task`, else one drawn from ``pool`` with the env's
-    seeded ``rng``."""
+    seeded ``rng``; checked by :func:`validate_task` (``require_answer`` for an env that
+    grades against the answer)."""
     options = options or {}
     raw = options.get("task", options.get("task_id"))
     if raw is not None:
-        return resolve_task(raw, load)
+        return validate_task(resolve_task(raw, load), require_answer=require_answer)
     if not pool:
         raise ValueError("reset() without options['task'] needs a non-empty task pool")
-    return pool[int(rng.integers(len(pool)))]
+    return validate_task(pool[int(rng.integers(len(pool)))], require_answer=require_answer)
 
 
 @runtime_checkable

@@ -192,7 +192,7 @@ class WikiQAEnv(gymnasium.Env):
         raw = (options or {}).get("task")
         if isinstance(raw, Mapping) and "golden_answers" in raw:  # a FlashRAG row
             options = {**options, "task": _task_from_row(raw)}
-        self._task = task_from_options(options, self.tasks, self.np_random, self._load)
+        self._task = task_from_options(options, self.tasks, self.np_random, self._load, require_answer=True)
         if not self._golds(self._task):
             raise ValueError(f"task {self._task.id!r} has no gold answers (Task.answer = {self._task.answer!r})")
         self._turn, self._done, self._cache, self._log = 0, False, {}, []
