@@ -32,8 +32,8 @@ from typing import Any, Sequence
 #: Mechanisms a :class:`ForkServer` can be told to leave off (``disable``), to test the
 #: fallbacks of a machine without them: the per-kernel memory cgroup, the executor's
 #: seccomp filter, the limits of a kernel's private IPC namespace, and the stacked root
-#: that counts as a chroot (no user namespaces). The sandbox's own module (stdlib only).
-from environments.math_python._kernel_proc import MECHANISMS
+#: that counts as a chroot (no user namespaces). The sandbox's own package (stdlib only).
+from environments.math_python._kernel import MECHANISMS
 
 
 def wait_readable(fd: int, timeout: float) -> bool:
