@@ -358,7 +358,8 @@ def test_task_fields_and_passages_with_surrogates_give_utf8_observations():
     from trace_gym.types import Task
 
     env = WikiQAEnv(tasks=[Task(id="t", prompt="Raw \udfff task", answer=["x"])], **KW)  # not through a loader
-    assert "\\udfff" in utf8(env.reset(seed=0)[0])
+    with pytest.raises(ValueError, match="Task.prompt holds a character UTF-8 cannot encode at 4"):
+        env.reset(seed=0)  # refused at reset, naming the field (loaders clean; a raw Task is the caller's)
     text = format_passages([("1", '"Ti\ud800tle"\nText \udfff here.', 1.0)])
     assert text == 'Doc 1(Title: "Ti\\ud800tle") Text \\udfff here.'
 
@@ -412,3 +413,16 @@ def test_task_fields_that_cannot_be_shown_or_graded_are_named(field, value, mess
     with pytest.raises(ValueError, match=message):
         validate_task(task, require_answer=True)
     assert validate_task(Task("q1", "p", answer=None)).answer is None  # an env that draws its own answer
+
+
+def test_the_math_env_refuses_a_task_without_an_answer_instead_of_rewarding_none():
+    from environments.math_python.env import MathPythonEnv
+
+    env = MathPythonEnv()
+    with pytest.raises(ValueError, match=r"Task.answer is None; this env grades against the answer"):
+        env.reset(options={"task": {"id": "t", "prompt": "What is 1+1?", "answer": None}})
+    with pytest.raises(ValueError, match=r"Task.prompt holds a character UTF-8 cannot encode"):
+        env.reset(options={"task": {"id": "t", "prompt": "What is \udc80?", "answer": "2"}})
+    obs, _ = env.reset(options={"task": {"id": "t", "prompt": "What is 1+1?", "answer": "2"}})
+    assert env.step("\\boxed{2}")[1] == 1.0
+    env.close()

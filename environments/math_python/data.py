@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from environments.math_python.generated import generate_tasks
-from environments.math_python.sandbox import safe_text
+from trace_gym.textsafe import clean_text
 from trace_gym.datafiles import load_rows
 from trace_gym.types import Task
 
@@ -91,16 +91,16 @@ def rows_to_tasks(name: str, rows: Iterable[Mapping[str, Any]], spec: DatasetSpe
         ident = next((row[f] for f in _ID_FIELDS if row.get(f) is not None), i)
         metadata = {k: _clean(_jsonable(v)) for k, v in row.items()
                     if k not in (spec.question_field, spec.answer_field) and _jsonable(v) is not None}
-        tasks.append(Task(id=safe_text(f"{name}/{ident}"), prompt=safe_text(str(row[spec.question_field])),
-                          answer=_clean(answer) if isinstance(answer, list) else safe_text(str(answer)), source=name,
+        tasks.append(Task(id=clean_text(f"{name}/{ident}"), prompt=clean_text(str(row[spec.question_field])),
+                          answer=_clean(answer) if isinstance(answer, list) else clean_text(str(answer)), source=name,
                           metadata=metadata))
     return tasks
 
 
 def _clean(value: Any) -> Any:
-    """``value`` with :func:`safe_text` applied to every string in it (JSON-like values)."""
+    """``value`` with :func:`clean_text` applied to every string in it (JSON-like values)."""
     if isinstance(value, str):
-        return safe_text(value)
+        return clean_text(value)
     if isinstance(value, list):
         return [_clean(v) for v in value]
     if isinstance(value, dict):

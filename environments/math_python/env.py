@@ -90,11 +90,12 @@ import numpy as np
 from environments.math_python.data import load_tasks
 from environments.math_python.generated import generate_tasks
 from environments.math_python.grading import EXTRACTIONS, Grader, normalize_answer
-from environments.math_python.sandbox import CellResult, Kernel, KernelError, KernelFactory, KernelLimits, safe_text
+from environments.math_python.sandbox import CellResult, Kernel, KernelError, KernelFactory, KernelLimits
 from environments.math_python.zygote import ForkServer
 from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
+from trace_gym.textsafe import clean_text
 
 CODE_BLOCK = re.compile(r"```(?:python3|python|py)[ \t]*\r?\n(.*?)```", re.DOTALL)
 
@@ -272,7 +273,7 @@ class MathPythonEnv(gymnasium.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         named = options is not None and options.get("task", options.get("task_id")) is not None
-        task = task_from_options(options, () if named else self.tasks, self.np_random, self._load)
+        task = task_from_options(options, () if named else self.tasks, self.np_random, self._load, require_answer=True)
         self._close_kernel()
         self._task = task
         self._episode_seed = int(self.np_random.integers(2**31))
@@ -280,7 +281,7 @@ class MathPythonEnv(gymnasium.Env):
         self._replay_report = None
         demo = [Message(role, text) for role, text in FEW_SHOT_DEMO] if self.few_shot else []
         obs = [Message("system", self.templates["system"]), *demo,
-               Message("user", self.templates["prompt"].format(question=task.prompt))]
+               Message("user", clean_text(self.templates["prompt"].format(question=task.prompt)))]
         return obs, {"task_id": task.id, "episode_seed": self._episode_seed}
 
     def step(self, action: str):
@@ -550,11 +551,11 @@ class MathPythonEnv(gymnasium.Env):
                 parts.append(self.templates["timeout"].format(limit=limit))
         elif result.status in ("crashed", "dead"):
             parts.append(self.templates["crash"].format(reason=result.error or result.error_name))
-        return safe_text("\n".join(parts)) if parts else self.templates["empty"]
+        return clean_text("\n".join(parts)) if parts else self.templates["empty"]
 
     def _cap(self, text: str) -> str:
         """The observation within ``max_observation_chars`` (head 3/4, tail 1/4)."""
-        text = safe_text(text)
+        text = clean_text(text)
         if len(text) <= self.max_observation_chars:
             return text
         keep = self.max_observation_chars - 80

@@ -61,9 +61,10 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from environments.math_python.zygote import KERNEL_ENV, UID_BASE, ForkServer, KernelError, wait_readable
+from trace_gym.textsafe import clean_text
 
 __all__ = ["KERNEL_ENV", "UID_BASE", "CellResult", "Kernel", "KernelError", "KernelFactory", "KernelLimits",
-           "StreamOutput", "safe_text"]
+           "StreamOutput"]
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,6 @@ class StreamOutput:
         if not self.omitted:
             return self.head + self.tail
         return self.head + marker.format(omitted=self.omitted) + self.tail
-
-
-def safe_text(text: str) -> str:
-    """``text`` as a str that always encodes to UTF-8: lone surrogates become ``\\udXXX``."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -211,13 +207,13 @@ def _stream(value: object) -> StreamOutput:
     if not (isinstance(value, list) and len(value) == 3 and isinstance(value[0], str) and isinstance(value[1], str)
             and type(value[2]) is int and value[2] >= 0):
         raise _ProtocolError(f"bad stream field {value!r:.100}")
-    return StreamOutput(safe_text(value[0]), safe_text(value[1]), value[2])
+    return StreamOutput(clean_text(value[0]), clean_text(value[1]), value[2])
 
 
 def _optional_text(value: object, name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise _ProtocolError(f"bad {name} field {value!r:.100}")
-    return None if value is None else safe_text(value)
+    return None if value is None else clean_text(value)
 
 
 def parse_result(reply: dict, cell_id: int, elapsed: float) -> CellResult:
