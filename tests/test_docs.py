@@ -17,7 +17,9 @@ from engine_fixtures import smollm2_path  # noqa: F401
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-TUTORIALS = ["adding-an-environment.md", "strategies.md"]
+TUTORIALS = ["adding-an-environment.md", "strategies.md", "ecosystem.md"]
+#: top-level modules the tutorials write (dropped after the page so nothing leaks into other tests)
+TUTORIAL_MODULES = ("arith_envs", "my_strategies", "my_skyrl_env", "vf_reverse", "coin_env")
 
 
 def python_blocks(page: Path) -> list[str]:
@@ -36,7 +38,7 @@ def test_tutorial_blocks_run(page, tmp_path, monkeypatch, smollm2_path):
     from registry_fixtures import registries_restored
 
     # the tutorials' modules and registrations must not leak into other tests
-    with registries_restored(lambda name, module: name.split(".")[0] in ("arith_envs", "my_strategies")):
+    with registries_restored(lambda name, module: name.split(".")[0] in TUTORIAL_MODULES):
         for block in blocks:
             first, _, body = block.partition("\n")
             if first.startswith("# file: "):

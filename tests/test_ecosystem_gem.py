@@ -211,3 +211,20 @@ def test_an_env_gem_cannot_make_fails_at_make_time_in_one_line():
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="snapshot='native'"):
         resolve_env(GUESS, {"snapshot": "native"}).make_env()
+
+
+def test_few_shot_prepends_one_demonstrated_turn_and_keeps_the_contract():
+    from trace_gym.api import check_env, resolve_env
+
+    fam = resolve_env("gem:game:Mastermind-v0-easy", {"few_shot": True})
+    plain = resolve_env("gem:game:Mastermind-v0-easy")
+    task = fam.load_tasks(1, seed=2)[0]
+    env, bare = fam.make_env(), plain.make_env()
+    obs, _ = env.reset(options={"task": task})
+    obs_plain, _ = bare.reset(options={"task": task})
+    assert [m.role for m in obs] == ["user", "assistant", "user", "user"] and obs[3:] == obs_plain
+    assert obs[1].content.startswith("\\boxed{") and "peg" in obs[2].content  # GEM's own answer to the demo
+    assert env.step("\\boxed{1 2}")[:4] == bare.step("\\boxed{1 2}")[:4]  # same dynamics and reward
+    report = check_env(fam.make_env(), fam.load_tasks(2), make_env=fam.make_env,
+                       actions=lambda t: ["\\boxed{1 2}", "\\boxed{3 4}"])
+    assert report.passed["snapshot_pickle_process"] >= 4

@@ -77,7 +77,9 @@ PREFIX = "gem"
 ENTRY_POINT = "environments.ecosystems.gem:GemEnv"
 TASK_LOADER = "environments.ecosystems.gem:load_tasks"
 #: keyword arguments of :class:`GemEnv` an ``--env-kwargs`` may set (``gem_id``/``gem_kwargs`` come from the id)
-ENV_OPTIONS = ("snapshot", "max_turns")
+ENV_OPTIONS = ("snapshot", "max_turns", "few_shot")
+#: the episode seed of the ``few_shot`` demonstration (no task loader call uses it by default)
+FEW_SHOT_SEED = 987_654_321
 #: tasks a ``reset()`` without ``options["task"]`` draws from (seeds 0..DEFAULT_POOL-1)
 DEFAULT_POOL = 8
 #: longest excerpt of a GEM error put in a one-line message (characters)
@@ -164,6 +166,10 @@ class GemEnv(AdaptedEnv):
         gem_kwargs: keyword arguments of ``gem.make`` (:func:`make_options` names them).
         snapshot: ``copy`` (default) or ``replay``.
         max_turns: truncate after this many steps (``None``: GEM decides).
+        few_shot: start every episode with one demonstrated turn of the same game (a
+            GEM episode at :data:`FEW_SHOT_SEED`: its first observation, the well-formed
+            action GEM's own ``sample_random_action`` writes, and GEM's answer to it), so a
+            small model sees the action format; GEM's dynamics and rewards are unchanged.
 
     Raises:
         ValueError: an unknown id, or GEM could not make the env (one line: a dataset or
@@ -174,8 +180,10 @@ class GemEnv(AdaptedEnv):
     global_rng = True
 
     def __init__(self, gem_id: str = "game:GuessTheNumber-v0-easy", gem_kwargs: Mapping[str, Any] | None = None, *,
-                 snapshot: str | None = None, max_turns: int | None = None):
+                 snapshot: str | None = None, max_turns: int | None = None, few_shot: bool = False):
         super().__init__(snapshot=snapshot, max_turns=max_turns)
+        self.few_shot = bool(few_shot)
+        self._demo: list[Message] | None = None
         if gem_kwargs is not None and not isinstance(gem_kwargs, Mapping):
             raise ValueError(f"{_where(gem_id)}: gem_kwargs must be a mapping, got {gem_kwargs!r:.100}")
         self.gem_id, self.gem_kwargs = gem_id, dict(gem_kwargs or {})
@@ -213,10 +221,22 @@ class GemEnv(AdaptedEnv):
     def _begin(self, task: Task, seed: int):
         # made afresh under the seeded private RNG: whatever a GEM constructor draws is
         # then a function of the seed too; GEM's reset(seed) seeds random and numpy
+        demo = self._demonstration() if self.few_shot else []
         self.inner = self._make()
         obs, info = self.inner.reset(seed=seed % 2**32)
         info = dict(info or {})
-        return _observation(obs, info), info
+        return [*demo, *_observation(obs, info)], info
+
+    def _demonstration(self) -> list[Message]:
+        """The ``few_shot`` turn (made once per instance; a function of the fixed seed)."""
+        if self._demo is None:
+            game = self._make()
+            obs, info = game.reset(seed=FEW_SHOT_SEED)
+            action = str(game.sample_random_action())
+            after, _reward, _terminated, _truncated, after_info = game.step(action)
+            self._demo = [*_observation(obs, dict(info or {})), Message("assistant", action),
+                          *_observation(after, dict(after_info or {}))]
+        return list(self._demo)
 
     def _act(self, action: str):
         obs, reward, terminated, truncated, info = self.inner.step(action)
