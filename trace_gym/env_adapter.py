@@ -337,6 +337,25 @@ class AdaptedEnv(gymnasium.Env):
         self.inner = None
 
 
+def content_text(content: Any, *, sep: str = "") -> str:
+    """A chat message's content from another framework as text: a string as is, the text
+    parts of an OpenAI-style content list (mappings or objects with ``type == "text"`` /
+    a ``text`` attribute) joined with ``sep`` (each ecosystem joins its own way).
+
+    Raises:
+        TypeError: content that is neither, naming its type.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [part.get("text") if isinstance(part, Mapping) and part.get("type", "text") == "text"
+                 else None if isinstance(part, Mapping) else getattr(part, "text", None) for part in content]
+        return sep.join(t for t in texts if isinstance(t, str))
+    raise TypeError(f"message content must be a str or a list of parts, got {type(content).__name__}")
+
+
 def query_kwargs(query: str) -> dict[str, Any]:
     """``"size=10&difficulty=hard"`` -> ``{"size": 10, "difficulty": "hard"}`` (values read
     as YAML scalars: numbers, booleans, lists ``[1,2]``).

@@ -65,7 +65,7 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import AdaptedEnv, options_of, process_state_kept
+from trace_gym.env_adapter import AdaptedEnv, content_text, options_of, process_state_kept
 from trace_gym.types import ROLES, Message, Task
 
 PACKAGE = "skyrl-gym"
@@ -172,14 +172,8 @@ def load_tasks(n: int, seed: int = 0, *, path: str | Sequence[str] | None = None
 
 
 def _content(content: Any) -> str:
-    """A message's text: a string as is, the text parts of a content list joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text") or "" for p in content if isinstance(p, Mapping) and p.get("type") == "text")
-    raise TypeError(f"message content must be a str or a list of parts, got {type(content).__name__}")
+    """A message's text: a string as is, the text parts of a content list joined (as SkyRL does)."""
+    return content_text(content, sep="")
 
 
 def _message(raw: Any) -> Message:

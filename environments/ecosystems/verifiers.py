@@ -85,7 +85,7 @@ import re
 import threading
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import MAX_ERROR_CHARS, AdaptedEnv, error_text, options_of, process_state_kept
+from trace_gym.env_adapter import MAX_ERROR_CHARS, AdaptedEnv, content_text, error_text, options_of, process_state_kept
 from trace_gym.textsafe import JSONRefused, loads_bounded
 from trace_gym.types import ROLES, Message, Task
 
@@ -150,15 +150,8 @@ def load_env(module: str, env_args: Mapping[str, Any] | None = None) -> Any:
 
 
 def _content(content: Any) -> str:
-    """A verifiers message content as text (text parts joined, as ``vf.Parser`` joins them)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [part.get("text") if isinstance(part, Mapping) else getattr(part, "text", None) for part in content]
-        return " ".join(t for t in texts if isinstance(t, str)).strip()
-    raise TypeError(f"message content must be a str or a list of parts, got {type(content).__name__}")
+    """A verifiers message content as text (text parts joined by a space, as ``vf.Parser`` does)."""
+    return content_text(content, sep=" ").strip()
 
 
 def _field(message: Any, key: str) -> Any:
