@@ -127,6 +127,45 @@ def test_single_turn_fallback_and_an_odd_continuation_budget_in_the_ledger():
     assert [len(t.branches) for t in step.trees] == [3, 4] and all(t.is_complete() for t in step.trees)
 
 
+def test_a_single_turn_runner_starts_every_root_in_the_first_round():
+    """A runner that says it is single-turn gets its fallback roots with its first ones:
+    one start_roots call per prompt, before any branch returns; same spend, same ledger."""
+    world = sim.SimWorld(min_turns=1, max_turns=1)
+    pool = sim.make_pool(world, 50, np.random.default_rng(0))
+    strategy = shaped_strategies(["trace"], group_size=4, continuations_per_root=2)["trace"]
+
+    class Recording(sim.SimBranchRunner):
+        single_turn = True
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.calls, self.returned = [], 0
+
+        def start_roots(self, key, count, ledger):
+            self.calls.append((key, count, self.returned))
+            super().start_roots(key, count, ledger)
+
+        def advance(self, ledger):
+            out = super().advance(ledger)
+            self.returned += len(out)
+            return out
+
+    results = {}
+    for single in (False, True):
+        runner = Recording(pool, world, np.random.default_rng(1))
+        runner.single_turn = single
+        step = run_step(list(range(16)), strategy, OraclePredictor(), runner, 24, np.random.default_rng(2))
+        results[single] = (step, runner.calls)
+    (two_rounds, calls_two), (one_round, calls_one) = results[False], results[True]
+    assert all(returned == 0 for _, _, returned in calls_one)  # every root started before any came back
+    assert len(calls_one) == len(one_round.trees) < len(calls_two)  # the default: a second round per prompt
+    assert any(returned > 0 for _, _, returned in calls_two)
+    for a, b in ((two_rounds.ledger, one_round.ledger),):
+        assert (a.rollouts, a.continuations, a.unspent_continuations) == (b.rollouts, b.continuations,
+                                                                         b.unspent_continuations)
+    assert sorted((k, p.extra_roots) for k, p in two_rounds.plans) == sorted((k, p.extra_roots) for k, p in one_round.plans)
+
+
 def test_a_failing_predictor_cancels_every_live_branch():
     pool = sim.make_pool(WORLD, 50, np.random.default_rng(0))
 

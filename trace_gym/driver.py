@@ -46,7 +46,7 @@ from typing import Any, Callable, Hashable, Protocol, Sequence, runtime_checkabl
 import numpy as np
 
 from trace_gym.budget import BudgetLedger
-from trace_gym.planning import ExpansionPlan, allocate_roots, continuation_budgets, plan_expansion
+from trace_gym.planning import ExpansionPlan, allocate_roots, continuation_budgets, plan_expansion, single_turn_fallback
 from trace_gym.predictor import SuccessPredictor
 from trace_gym.strategy import Strategy
 from trace_gym.tree import ROOT, SUCCESS_THRESHOLD, RolloutTree
@@ -82,6 +82,11 @@ class BranchRunner(Protocol):
     made by the runner (``new_tree``) and grow only through it: every branch that comes
     back from ``advance`` has been appended to its tree (one node per turn, reward at
     the leaf). Exact costs go to the ledger passed to ``advance``.
+
+    Optional: a ``single_turn`` attribute, ``True`` when no branch can outlive its first
+    turn (``max_turns == 1``, or an env that says so): :func:`run_step` then plans the
+    single-turn fallback before the first round, so all of a prompt's roots generate in
+    it instead of the fallback roots waiting for a second, narrower round.
     """
 
     def prompt_context(self, candidate: Any) -> Any:
@@ -236,9 +241,12 @@ def run_step(
         for n, (i, prompt_rng) in enumerate(zip(chosen.tolist(), child_rngs)):
             prompts[i] = _Prompt(runner.new_tree(i, candidates[i]), n, int(m[i]), int(c[i]), prompt_rng)
             step.trees.append(prompts[i].tree)
+        if getattr(runner, "single_turn", False):  # no prefix can exist: the fallback roots join the first round
+            for i, p in prompts.items():
+                _plan_single_turn(i, p, step)
         for i, p in prompts.items():
             runner.start_roots(i, p.roots_out, ledger)
-        ledger.add_rollouts(int(m.sum()))
+        ledger.add_rollouts(int(m.sum()) + sum(plan.extra_roots for _, plan in step.plans))
         while runner.live:
             for result in runner.advance(ledger):
                 p = prompts[result.key]
@@ -255,6 +263,18 @@ def run_step(
     if learn:
         step.learning = update_predictor(step, predictor, runner, prefix_share, score_prefixes)
     return step
+
+
+def _plan_single_turn(key: int, p: _Prompt, step: StepResult) -> None:
+    """A prompt of a single-turn runner: its :func:`~trace_gym.planning.single_turn_fallback`
+    is known before any rollout, so its extra roots start with its first ones (not in a
+    second, narrower round once those are back)."""
+    with step.ledger.phase("allocation"):
+        plan = single_turn_fallback(p.continuation_budget)
+    p.continuation_budget = 0
+    p.roots_out += plan.extra_roots
+    step.plans.append((key, plan))
+    step.ledger.add_unspent_continuations(plan.unspent_continuations)
 
 
 def _expand(key: int, p: _Prompt, strategy: Strategy, predictor: SuccessPredictor, runner: BranchRunner,

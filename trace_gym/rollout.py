@@ -75,6 +75,15 @@ class AgentBranchRunner:
         self._origin: dict[tuple[Hashable, int], tuple[Episode, int]] = {}  # node -> (episode, turns up to it)
         self._live: set[int] = set()
 
+    @property
+    def single_turn(self) -> bool:
+        """No episode can outlive its first turn: the agent loop's ``max_turns`` is 1, or
+        the env class declares ``single_turn = True`` (see ``BranchRunner``)."""
+        from trace_gym.env import env_class
+
+        cls = env_class(self.agent.make_env)
+        return self.agent.config.max_turns == 1 or bool(getattr(cls, "single_turn", False))
+
     def prompt_context(self, candidate: Task) -> Context:
         return Context(candidate.prompt)
 
