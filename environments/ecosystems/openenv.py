@@ -62,6 +62,12 @@ dies is never restarted mid-episode; the next ``reset`` starts a new one (logged
 warning). A server at a URL is never started or stopped by the adapter, and must admit
 one session per live instance.
 
+Where the parts live: this module holds the adapter and what the registry calls
+(:func:`family`, :func:`load_tasks`, :func:`available`); the websocket session with its
+timeouts and retries is :class:`~environments.ecosystems.openenv_session.OpenEnvSession`,
+the text <-> JSON mapping is in :mod:`~environments.ecosystems.openenv_mapping`, and the
+server processes are in :mod:`~environments.ecosystems.openenv_server`.
+
 ## Timeouts and retries (seconds)
 ``connect_timeout`` (5.0): opening the websocket and each ``/health`` probe.
 ``read_timeout`` (60.0): each answer to a reset or step. ``start_timeout`` (60.0): a
@@ -77,19 +83,17 @@ v0: first version, for ``openenv-core`` 0.3.0.
 
 from __future__ import annotations
 
-import importlib
-import json
-import logging
 import re
-import time
-import urllib.request
-import weakref
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from environments.ecosystems.openenv_server import (  # noqa: F401  (free_port, live_servers: public here too)
-    OpenEnvError, _acquire, _release, _SharedServer, _wait_ready, free_port, live_servers, server_command, stop_servers,
+from environments.ecosystems.openenv_mapping import (  # noqa: F401  (load_object: public here too)
+    action_payload, load_object, render_observation,
 )
-from trace_gym.env_adapter import AdaptedEnv, error_text, options_of
+from environments.ecosystems.openenv_server import (  # noqa: F401  (OpenEnvError, free_port, ...: public here too)
+    OpenEnvError, free_port, live_servers, server_command, stop_servers,
+)
+from environments.ecosystems.openenv_session import OpenEnvSession
+from trace_gym.env_adapter import AdaptedEnv, options_of
 from trace_gym.types import Message, Task
 
 PACKAGE = "openenv-core"
@@ -103,94 +107,6 @@ ENV_OPTIONS = ("server_cmd", "server_env", "sessions_per_server", "keep_servers"
 TASK_OPTIONS = ("reset_kwargs",)
 #: tasks a ``reset()`` without ``options["task"]`` draws from (seeds 0..N-1)
 DEFAULT_POOL = 100
-#: how OpenEnv's EnvClient reports an error message from the server
-_SERVER_ERROR = re.compile(r"^Server error: (?P<message>.*) \(code: (?P<code>\w+)\)$", re.DOTALL)
-
-_log = logging.getLogger(__name__)
-
-
-
-def _one_line(text: str, limit: int = 600) -> str:
-    return " ".join(str(text).split())[:limit]
-
-
-def _backoff(attempt: int) -> float:
-    """Seconds before retry ``attempt`` (1, 2, ...): 0.25, 0.5, 1.0, ..."""
-    return 0.25 * 2 ** (attempt - 1)
-
-
-# --- text <-> OpenEnv JSON ------------------------------------------------------------
-
-
-def load_object(target: str, what: str) -> Any:
-    """The object ``"module:attr"`` names; one line naming ``target`` when it cannot."""
-    module, sep, attr = target.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"{what} must be 'module:function', got {target!r}")
-    try:
-        obj = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{what}={target!r} cannot be loaded ({error_text(exc)})") from None
-    return obj
-
-
-def action_payload(text: str, action_field: str, parser: Callable[[str], Any] | None = None) -> dict[str, Any]:
-    """The env's Action JSON for the model's ``text``: ``parser(text)`` (a dict or a
-    pydantic model) when given, else ``{action_field: text}``.
-
-    Raises:
-        TypeError: a parser that returns something else (named).
-    """
-    if parser is None:
-        return {action_field: text}
-    made = parser(text)
-    if hasattr(made, "model_dump"):
-        made = made.model_dump()
-    if not isinstance(made, Mapping):
-        raise TypeError(f"action_parser returned {type(made).__name__} {made!r:.100}; it must return a dict "
-                        "(the env's Action JSON) or a pydantic Action")
-    return dict(made)
-
-
-def render_observation(observation: Mapping[str, Any], field: str | None = None) -> str:
-    """The text of an OpenEnv observation (its JSON without ``reward``/``done``/``metadata``):
-    ``observation[field]`` when ``field`` is given, else its only string-valued field, else
-    the whole observation as JSON with sorted keys. Non-string values are written as JSON.
-
-    Raises:
-        ValueError: ``field`` is not in the observation (its fields named).
-    """
-    if field is not None:
-        if field not in observation:
-            raise ValueError(f"observation_field={field!r} is not in the observation; it has {sorted(observation)}")
-        value = observation[field]
-    else:
-        strings = [key for key, value in observation.items() if isinstance(value, str)]
-        value = observation[strings[0]] if len(strings) == 1 else dict(observation)
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
-
-
-# --- servers this process starts --------------------------------------------------------
-
-
-def _client_class() -> type:
-    from openenv.core.generic_client import GenericEnvClient  # imports fastapi, gradio, mcp: seconds
-
-    return GenericEnvClient
-
-
-def _is_connection_error(exc: BaseException) -> bool:
-    from websockets.exceptions import ConnectionClosed
-
-    return isinstance(exc, (ConnectionError, OSError, EOFError, ConnectionClosed))
-
-
-def _server_error(exc: BaseException) -> tuple[str, str] | None:
-    """``(code, message)`` of an error answer of the server (the session survives it)."""
-    found = _SERVER_ERROR.match(str(exc)) if isinstance(exc, RuntimeError) else None
-    return None if found is None else (found.group("code"), found.group("message"))
 
 
 # --- the adapter ----------------------------------------------------------------------
@@ -256,11 +172,11 @@ class OpenEnvAdapter(AdaptedEnv):
             raise ValueError(f"{where}: action_parser={action_parser!r} is not callable")
         self.connect_timeout, self.read_timeout = float(connect_timeout), float(read_timeout)
         self.start_timeout, self.retries = float(start_timeout), retries
-        self._server: _SharedServer | None = None
-        self._release_server: weakref.finalize | None = None
-        self._client: Any = None  # a SyncEnvClient holding this instance's session
-        self._episode: tuple[int, dict] = (0, {})  # (seed, reset kwargs) of the current episode
-        self._trail: list[tuple[dict | None, tuple]] = []  # (payload, answer) per reset/step
+        self._session = OpenEnvSession(
+            where, self.url, server_cmd=server_cmd, server_env=self.server_env,
+            sessions_per_server=sessions_per_server, keep_servers=keep_servers,
+            connect_timeout=self.connect_timeout, read_timeout=self.read_timeout,
+            start_timeout=self.start_timeout, retries=retries)
         self._pool: list[Task] | None = None
 
     # -- AdaptedEnv -------------------------------------------------------------------
@@ -271,7 +187,7 @@ class OpenEnvAdapter(AdaptedEnv):
     @property
     def server_pid(self) -> int | None:
         """The pid of the server this instance started or shares (``None`` for a URL)."""
-        return None if self._server is None else self._server.process.pid
+        return self._session.server_pid
 
     def _default_tasks(self) -> Sequence[Task]:
         if self._pool is None:
@@ -287,198 +203,24 @@ class OpenEnvAdapter(AdaptedEnv):
     def _begin(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
         kwargs = dict(task.metadata.get("reset_kwargs") or {})
         try:
-            answer = self._reset_remote(seed, kwargs)
+            answer = self._session.reset(seed, kwargs)
             text = render_observation(answer[0], self.observation_field)
         except BaseException:
             self._task = None  # no episode began: step() asks for a reset
             raise
-        self._episode, self._trail = (seed, kwargs), [(None, answer)]
-        self.inner = self._client
-        return [Message("user", text)], {"openenv_url": self._url()}
+        self.inner = self._session.client
+        return [Message("user", text)], {"openenv_url": self._session.base_url()}
 
     def _act(self, action: str):
         payload = action_payload(action, self.action_field, self.parser)
-        answer, reconnects = self._step_remote(payload)
-        self._trail.append((payload, answer))
+        answer, reconnects = self._session.step(payload)
         observation, reward, done = answer
         info = {"env_reconnects": reconnects} if reconnects else {}
         return [Message("user", render_observation(observation, self.observation_field))], reward, done, False, info
 
     def close(self) -> None:
         super().close()
-        self._drop_session()
-        if self._release_server is not None:
-            self._release_server()  # a finalizer: runs once, also if the instance is collected unclosed
-        self._server = self._release_server = None
-
-    # -- the server and the session -------------------------------------------------------
-    def _url(self) -> str:
-        return self.url if self.url is not None else self._server.process.url
-
-    def _ensure_server(self) -> None:
-        """A live started server for this instance (none for a URL)."""
-        if self.url is not None:
-            return
-        if self._server is not None and not self._server.process.alive():
-            proc = self._server.process
-            _log.warning("%s: the server at %s (pid %s) exited with code %s; starting a new one for this reset",
-                         self.where, proc.url, proc.pid, proc.returncode)
-            self._release_server()
-            self._server = self._release_server = None
-        if self._server is None:
-            self._server = _acquire(self.server_cmd, self.server_env, self.sessions_per_server, self.keep_servers,
-                                    self.where)
-            self._release_server = weakref.finalize(self, _release, self._server)
-            try:
-                _client_class()  # the client's (slow) import overlaps the server's boot
-                _wait_ready(self._server, self.start_timeout, self.connect_timeout)
-            except BaseException:
-                self._release_server()
-                self._server = self._release_server = None
-                raise
-
-    def _connected(self, *, may_start: bool = True) -> Any:
-        """This instance's session (opened on first use); a started server that died is
-        replaced only when ``may_start`` (a reset), else that is an error."""
-        if self._client is None:
-            dead = None if may_start else self._dead_server()
-            if dead is not None:
-                raise dead
-            self._ensure_server()
-            client = _client_class()(base_url=self._url(), connect_timeout_s=self.connect_timeout,
-                                     message_timeout_s=self.read_timeout).sync()
-            try:
-                client.connect()
-            except BaseException:
-                _close_client(client, self.where)
-                raise
-            self._client = client
-        return self._client
-
-    def _drop_session(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            _close_client(client, self.where)
-
-    def _dead_server(self) -> OpenEnvError | None:
-        """Why the started server is gone, or ``None`` while it lives (or for a URL)."""
-        if self._server is None or self._server.process.alive():
-            return None
-        proc = self._server.process
-        return OpenEnvError(f"{self.where}: the OpenEnv server at {proc.url} (pid {proc.pid}) exited with code "
-                            f"{proc.returncode} mid-episode; this episode ends here and the next reset starts a "
-                            f"new server (its log ends: {proc.log_tail() or 'nothing'})")
-
-    def _answer_error(self, kind: str, code: str, message: str, payload: dict | None = None) -> OpenEnvError:
-        url = self._url()
-        if code == "VALIDATION_ERROR" and payload is not None:
-            return OpenEnvError(f"{self.where}: the env rejected the action {json.dumps(payload, default=str)[:200]}: "
-                                f"it does not fit the env's Action schema{self._action_schema()}; map the model's "
-                                "text with action_field= or action_parser='module:function'")
-        if code == "CAPACITY_REACHED":
-            return OpenEnvError(f"{self.where}: the server at {url} is at capacity ({_one_line(message)}): each "
-                                "adapter instance holds one websocket session; serve the app with a larger "
-                                "max_concurrent_envs, or raise sessions_per_server only as far as it admits")
-        return OpenEnvError(f"{self.where}: the env at {url} failed on {kind}: {_one_line(message)} ({code})")
-
-    def _action_schema(self) -> str:
-        """`` (fields [...], required [...])`` from the server's ``GET /schema``, or ``""``."""
-        try:
-            opener = _LOCAL if self.url is None else urllib.request.build_opener()  # loopback: no proxy
-            with opener.open(f"{self._url()}/schema", timeout=self.connect_timeout) as answer:
-                schema = json.load(answer)["action"]
-            return f" (fields {sorted(schema.get('properties', {}))}, required {sorted(schema.get('required', []))})"
-        except Exception as exc:  # noqa: BLE001  (only an explanation is lost)
-            _log.debug("%s: GET /schema failed: %s", self.where, error_text(exc))
-            return ""
-
-    def _reset_remote(self, seed: int, kwargs: Mapping[str, Any]) -> tuple:
-        """``(observation, reward, done)`` of a reset with ``seed``, retried while the server
-        cannot be reached or is at capacity."""
-        attempt = 0
-        while True:
-            try:
-                return _answer(self._connected().reset(seed=seed, **kwargs))
-            except OpenEnvError:
-                raise  # a started server that failed to boot: already one line
-            except TimeoutError:
-                self._drop_session()
-                raise OpenEnvError(f"{self.where}: the server at {self._url()} gave no answer to reset within "
-                                   f"read_timeout={self.read_timeout:g} s") from None
-            except Exception as exc:  # noqa: BLE001  (sorted below: retried, explained, or raised)
-                answered = _server_error(exc)
-                if answered is None and not _is_connection_error(exc):
-                    raise
-                self._drop_session()
-                transient = answered is None or answered[0] == "CAPACITY_REACHED"
-                if not transient or attempt >= self.retries:
-                    if answered is not None:
-                        raise self._answer_error("reset", *answered) from None
-                    raise OpenEnvError(f"{self.where}: cannot reach the OpenEnv server at {self._url()} "
-                                       f"({_one_line(error_text(exc))}) after {attempt + 1} attempts; is it "
-                                       "running there?") from None
-                attempt += 1
-                time.sleep(_backoff(attempt))
-
-    def _step_remote(self, payload: dict) -> tuple[tuple, int]:
-        """``((observation, reward, done), reconnects)`` of one step; a dropped connection
-        to a live server is resumed on a new session (bounded by ``retries``)."""
-        reconnects = 0
-        while True:
-            try:
-                if self._client is None:
-                    self._resume()
-                return _answer(self._client.step(payload)), reconnects
-            except OpenEnvError:
-                raise
-            except TimeoutError:
-                self._drop_session()  # it may still run that step: never reuse this session
-                raise OpenEnvError(f"{self.where}: the server at {self._url()} gave no answer to the step within "
-                                   f"read_timeout={self.read_timeout:g} s; this episode ends here") from None
-            except Exception as exc:  # noqa: BLE001  (sorted below: resumed, explained, or raised)
-                answered = _server_error(exc)
-                if answered is not None:
-                    raise self._answer_error("step", *answered, payload) from None
-                if not _is_connection_error(exc):
-                    raise
-                self._drop_session()
-                dead = self._dead_server()
-                if dead is None and reconnects < self.retries:
-                    reconnects += 1
-                    time.sleep(_backoff(reconnects))
-                    dead = self._dead_server()
-                    if dead is None:
-                        continue
-                raise (dead or OpenEnvError(
-                    f"{self.where}: lost the connection to {self._url()} ({_one_line(error_text(exc))}) and "
-                    f"{reconnects} reconnects did not bring it back; this episode ends here")) from None
-
-    def _resume(self) -> None:
-        """A new session at the point the episode had reached: reset with its seed and
-        re-send its actions, each answer checked against the first time's."""
-        _log.warning("%s: the connection to %s dropped mid-episode; resuming on a new session (%d steps replayed)",
-                     self.where, self._url(), len(self._trail) - 1)
-        seed, kwargs = self._episode
-        client = self._connected(may_start=False)
-        for turn, (payload, expected) in enumerate(self._trail):
-            got = _answer(client.reset(seed=seed, **kwargs) if payload is None else client.step(payload))
-            if got != expected:
-                raise OpenEnvError(f"{self.where}: resuming after a dropped connection, turn {turn} answered "
-                                   f"differently ({json.dumps(got[0], default=str)[:200]}); the env is not "
-                                   "deterministic under its seed")
-
-
-def _answer(result: Any) -> tuple:
-    """``(observation dict, reward float, done bool)`` of an OpenEnv ``StepResult``."""
-    reward = 0.0 if result.reward is None else float(result.reward)
-    return dict(result.observation or {}), reward, bool(result.done)
-
-
-def _close_client(client: Any, where: str) -> None:
-    try:
-        client.close()
-    except Exception as exc:  # noqa: BLE001  (closing a broken connection: nothing left to save)
-        _log.debug("%s: closing the session: %s", where, error_text(exc))
+        self._session.close()  # its server is let go of also if the instance is collected unclosed
 
 
 def is_url(name: str) -> bool:

@@ -23,6 +23,12 @@ other where the env has only one). A row goes to ``run_rollout`` as the dataset 
 except a plain-string ``task`` column (older envs' label, kept as ``Task.source``), which
 verifiers 0.1.14 would read as a serialized task payload and refuse.
 
+Where the parts live: this module holds the adapter and what the registry calls
+(:func:`family`, :func:`available`); the event loop and the model client that hands actions
+in are in :mod:`~environments.ecosystems.verifiers_rollout`, building envs and reading their
+datasets in :mod:`~environments.ecosystems.verifiers_tasks`, and finding env modules in
+:mod:`~environments.ecosystems.verifiers_modules`.
+
 ## Action Space
 ``TextAction``: the model's raw text, the content of the assistant message verifiers
 records. With ``tool_calls="hermes"`` (default) and an env that offers tools,
@@ -75,19 +81,18 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import importlib
-import importlib.util
-import inspect
-import json
-import os
 import queue
-import re
-import threading
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import MAX_ERROR_CHARS, AdaptedEnv, content_text, error_text, options_of, process_state_kept
-from trace_gym.textsafe import JSONRefused, loads_bounded
-from trace_gym.types import ROLES, Message, Task
+from environments.ecosystems.verifiers_modules import _check_env_args, _load_function, installed_modules
+from environments.ecosystems.verifiers_rollout import (  # noqa: F401  (event_loop, hermes_tool_calls: public here too)
+    MODEL_NAME, _client_class, _deliver, _drive, _Handover, _output_error, event_loop, hermes_tool_calls,
+)
+from environments.ecosystems.verifiers_tasks import (  # noqa: F401  (module_name, load_env, ...: public here too)
+    SPLITS, _is_label, _message, load_env, load_tasks, module_name, tasks_of,
+)
+from trace_gym.env_adapter import AdaptedEnv, error_text, options_of
+from trace_gym.types import Message, Task
 
 PACKAGE = "verifiers"
 PREFIX = "verifiers"
@@ -95,253 +100,9 @@ ENTRY_POINT = "environments.ecosystems.verifiers:VerifiersEnv"
 #: the adapter's own keyword arguments (env kwargs); the id's query goes to load_environment
 ENV_OPTIONS = ("max_turns", "snapshot", "split", "step_timeout", "tool_calls")
 LOADER_OPTIONS = ("split",)
-SPLITS = ("train", "eval")
 TOOL_CALL_FORMATS = ("hermes", "none")
 #: stop conditions that end a rollout short of the task (truncated rather than terminated)
 TRUNCATING_STOPS = ("has_error", "prompt_too_long", "timeout_reached", "max_total_completion_tokens_reached")
-#: the model name the env's rollout records
-MODEL_NAME = "trace_gym"
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-
-
-# --- loading envs -------------------------------------------------------------------------------
-
-
-def module_name(name: str) -> str:
-    """The module ``vf.load_environment`` imports for an env id (``owner/vf-x`` -> ``vf_x``)."""
-    return name.replace("-", "_").split("/")[-1]
-
-
-_ENVS: dict[str, Any] = {}
-_ENVS_LOCK = threading.Lock()
-
-
-def load_env(module: str, env_args: Mapping[str, Any] | None = None) -> Any:
-    """The process's one ``vf.Environment`` of ``module`` built with ``env_args`` (cached).
-
-    Building one registers SIGINT/SIGTERM handlers (verifiers' teardown); the process's own
-    handlers are put back afterwards, so the host keeps its signal policy (teardown still
-    runs at exit). That needs the main thread: make the first env of an id there.
-
-    Raises:
-        RuntimeError: first built off the main thread, or ``load_environment`` failed.
-    """
-    import signal
-
-    args = dict(env_args or {})
-    key = f"{module}?{json.dumps(args, sort_keys=True, default=repr)}"
-    with _ENVS_LOCK:
-        if key in _ENVS:
-            return _ENVS[key]
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError(f"verifiers:{module}: a verifiers Environment registers signal handlers when built, "
-                               "which only the main thread may do; make the first env of this id on the main thread")
-        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            with process_state_kept():  # importing verifiers draws from the global random
-                import verifiers as vf
-
-                env = vf.load_environment(module, **args)
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        _ENVS[key] = env
-        return env
-
-
-def _content(content: Any) -> str:
-    """A verifiers message content as text (text parts joined by a space, as ``vf.Parser`` does)."""
-    return content_text(content, sep=" ").strip()
-
-
-def _field(message: Any, key: str) -> Any:
-    return message.get(key) if isinstance(message, Mapping) else getattr(message, key, None)
-
-
-def _message(raw: Any) -> Message:
-    """A verifiers message (pydantic or dict) as a :class:`Message`; completion-style
-    ``text`` messages read as user messages."""
-    role = _field(raw, "role")
-    role = "user" if role == "text" else role
-    if role not in ROLES:
-        raise ValueError(f"verifiers message role {role!r} is not one of {ROLES}")
-    call_id = _field(raw, "tool_call_id")
-    return Message(role, _content(_field(raw, "content")),
-                   tool_call_id=call_id if role == "tool" and isinstance(call_id, str) else None)
-
-
-def _prompt_text(messages: Sequence[Any]) -> str:
-    users = [m for m in messages if _field(m, "role") == "user"]
-    return _content(_field(users[-1], "content")) if users else ""
-
-
-def _is_label(task: Any) -> bool:
-    """A ``task`` column value that is a plain label (older envs), not a serialized task payload."""
-    return isinstance(task, str) and bool(task) and not task.lstrip().startswith("{")
-
-
-def tasks_of(env: Any, module: str, split: str = "train") -> list[Task]:
-    """Every row of a verifiers env's dataset as a :class:`Task` (``train``: ``env.dataset``,
-    ``eval``: ``env.eval_dataset``, each the other where the env has only one); the row (its
-    ``prompt``, ``answer``, ``info``, ``task``, ``example_id``) rides in ``metadata["row"]``."""
-    if split not in SPLITS:
-        raise ValueError(f"verifiers:{module}: split must be one of {SPLITS}, got {split!r}")
-    has_train = env.dataset is not None or getattr(env, "dataset_source", None) is not None
-    # each split falls back to the other where the env has only one (verifiers' eval falls back likewise)
-    dataset = env.get_dataset() if split == "train" and has_train else env.get_eval_dataset()
-    tasks = []
-    for row in dataset.to_list():
-        label = row.get("task")
-        tasks.append(Task(id=f"{module}/{split}/{row['example_id']}", prompt=_prompt_text(row.get("prompt") or []),
-                          answer=row.get("answer"), source=label if _is_label(label) else module,
-                          metadata={"row": row, "module": module, "split": split}))
-    return tasks
-
-
-def load_tasks(n: int, seed: int = 0, *, module: str, env_args: Mapping[str, Any] | None = None,
-               split: str = "train") -> list[Task]:
-    """``n`` distinct tasks of the env's dataset, drawn without replacement with a seeded permutation.
-
-    Raises:
-        ValueError: ``n`` outside ``[0, number of rows]``, or an unknown ``split``.
-    """
-    import numpy as np
-
-    tasks = tasks_of(load_env(module, env_args), module, split)
-    if not 0 <= n <= len(tasks):
-        raise ValueError(f"n must be in [0, {len(tasks)}] for verifiers:{module} ({split}), got {n}")
-    return [tasks[i] for i in np.random.default_rng(seed).permutation(len(tasks))[:n]]
-
-
-# --- the event loop and the client that hands actions in ----------------------------------------
-
-_LOOP: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
-_LOOP_LOCK = threading.Lock()
-
-
-def event_loop() -> asyncio.AbstractEventLoop:
-    """The process's private loop, run forever on a daemon thread (a fresh one after a fork)."""
-    global _LOOP
-    with _LOOP_LOCK:
-        if _LOOP is None or _LOOP[0] != os.getpid() or not _LOOP[2].is_alive():
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="trace_gym-verifiers-loop", daemon=True)
-            thread.start()
-            _LOOP = (os.getpid(), loop, thread)
-        return _LOOP[1]
-
-
-class _Handover:
-    """One rollout's meeting point: the env's loop posts events (``("prompt", messages,
-    tools)``, ``("done", output)``, ``("error", exc)``) to :attr:`events`; the adapter answers
-    a prompt by resolving :attr:`pending` with the action."""
-
-    def __init__(self, limit: int | None, tool_calls: str):
-        self.events: queue.Queue = queue.Queue()
-        self.pending: asyncio.Future | None = None
-        self.turns = 0
-        self.limit, self.tool_calls = limit, tool_calls
-        self.limit_prompt: list | None = None  # the prompt the model was refused at our max_turns
-
-
-def hermes_tool_calls(text: str, turn: int) -> list[dict[str, str]]:
-    """``<tool_call>{"name", "arguments"}</tool_call>`` blocks of ``text`` as verifiers tool
-    calls (``{"id", "name", "arguments": json}``); blocks that are not such JSON are skipped.
-    One left-to-right scan (an unclosed tag ends it), so hostile text stays linear."""
-    calls: list[dict[str, str]] = []
-    start = text.find(_OPEN)
-    while start >= 0:
-        end = text.find(_CLOSE, start + len(_OPEN))
-        if end < 0:
-            break
-        try:  # bounded before parsing: deep nesting or a 5,000-digit number must not raise
-            body = loads_bounded(text[start + len(_OPEN):end])
-        except JSONRefused:
-            body = None
-        if isinstance(body, dict) and isinstance(body.get("name"), str):
-            arguments = body.get("arguments", body.get("parameters", {}))
-            calls.append({"id": f"call_{turn}_{len(calls)}", "name": body["name"],
-                          "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
-        start = text.find(_OPEN, end + len(_CLOSE))
-    return calls
-
-
-@functools.cache
-def _client_class() -> type:
-    """The ``vf.Client`` whose responses are our actions (made on first use: verifiers is heavy)."""
-    import time
-
-    with process_state_kept():
-        import verifiers as vf
-        from verifiers.clients import Client
-        from verifiers.types import Response, ResponseMessage, ToolCall
-
-    class ActionClient(Client):
-        """A model client for one rollout: ``get_response`` posts the prompt and waits for the action."""
-
-        def setup_client(self, config: Any) -> Any:
-            raise TypeError("ActionClient is built on a hand-over, not a ClientConfig")
-
-        async def to_native_tool(self, tool: Any) -> Any:
-            return tool
-
-        async def to_native_prompt(self, messages: Any) -> tuple[Any, dict]:
-            return list(messages), {}
-
-        async def get_native_response(self, prompt: Any, model: str, sampling_args: Any, tools: Any = None,
-                                      **kwargs: Any) -> tuple[str, list]:
-            handover: _Handover = self.client
-            if handover.limit is not None and handover.turns >= handover.limit:
-                handover.limit_prompt = list(prompt)
-                raise vf.OverlongPromptError(f"trace_gym max_turns={handover.limit} reached")
-            action = asyncio.get_running_loop().create_future()
-            handover.pending = action
-            handover.events.put(("prompt", list(prompt), tools))
-            text = await action
-            handover.turns += 1
-            calls = hermes_tool_calls(text, handover.turns) if tools and handover.tool_calls == "hermes" else []
-            return text, calls
-
-        async def raise_from_native_response(self, response: Any) -> None:
-            return None
-
-        async def from_native_response(self, response: tuple[str, list]) -> Any:
-            text, calls = response
-            message = ResponseMessage(content=text, finish_reason="tool_calls" if calls else "stop",
-                                      is_truncated=False, tool_calls=[ToolCall(**c) for c in calls] or None)
-            return Response(id=f"trace_gym-{time.monotonic_ns()}", created=int(time.time()), model=MODEL_NAME,
-                            usage=None, message=message)
-
-        async def close(self) -> None:
-            return None
-
-    return ActionClient
-
-
-async def _drive(env: Any, row: dict, client: Any, sampling_args: dict, events: queue.Queue) -> None:
-    """Run one rollout through the env's public ``run_rollout`` (rollout, scoring, cleanup)."""
-    try:
-        output = await env.run_rollout(row, client, MODEL_NAME, sampling_args)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001  (the env's own failure: the adapter reports it on the step)
-        events.put(("error", exc))
-    else:
-        events.put(("done", output))
-
-
-def _output_error(output: Mapping[str, Any]) -> str | None:
-    """The error a rollout output records (verifiers' ``ErrorInfo``), as one string."""
-    error = output.get("error")
-    if not error:
-        return None
-    text = error.get("error_chain_repr") or error.get("error") if isinstance(error, Mapping) else error
-    return str(text)[:MAX_ERROR_CHARS]
-
-
-def _deliver(future: asyncio.Future | None, action: str) -> None:
-    if future is not None and not future.done():  # a timed-out rollout cancelled it already
-        future.set_result(action)
 
 
 # --- the adapter ---------------------------------------------------------------------------------
@@ -481,56 +242,6 @@ class VerifiersEnv(AdaptedEnv):
 # --- the face --------------------------------------------------------------------------------------
 
 
-def _near_modules(module: str) -> list[str]:
-    """Names ``module`` may have meant: the installed env modules, and the siblings of a
-    dotted name inside its (importable) package."""
-    names = [name.removeprefix(f"{PREFIX}:") for name in available()]
-    package, dot, _ = module.rpartition(".")
-    if dot:
-        try:
-            with process_state_kept():
-                parent = importlib.import_module(package)
-        except ImportError:
-            return names
-        import pkgutil
-
-        names += [f"{package}.{info.name}" for info in pkgutil.iter_modules(getattr(parent, "__path__", []))]
-    return names
-
-
-def _find_spec(module: str) -> Any:
-    try:
-        return importlib.util.find_spec(module)
-    except (ImportError, ValueError):  # a parent package that does not exist
-        return None
-
-
-def _load_function(module: str, where: str) -> Any:
-    if _find_spec(module) is None:
-        from trace_gym.config import did_you_mean
-
-        names = _near_modules(module)
-        raise ValueError(f"{where}: no importable module {module!r}{did_you_mean(module, names)}; install an "
-                         "Environments Hub package (prime env install OWNER/NAME) or put the module on sys.path")
-    try:
-        with process_state_kept():  # the env module imports verifiers
-            imported = importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001  (the env package's own import failure, in one line)
-        raise ValueError(f"{where}: importing module {module!r} failed: {error_text(exc)}") from exc
-    load = getattr(imported, "load_environment", None)
-    if not callable(load):
-        raise ValueError(f"{where}: module {module!r} has no load_environment(**kwargs)")
-    return load
-
-
-def _check_env_args(load: Any, env_args: Mapping[str, Any], where: str) -> None:
-    params = inspect.signature(load).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return
-    options_of(env_args, [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)],
-               f"{where} (load_environment)")
-
-
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
     """The :class:`~trace_gym.registry.EnvFamily` of ``verifiers:<name>?<load_environment kwargs>``.
 
@@ -553,31 +264,9 @@ def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
                           description=f"verifiers env {module} (rollout driven turn by turn; replay snapshots)")
 
 
-def _defines_load_environment(module: str) -> bool:
-    """Whether ``module``'s source (found without importing it) names ``load_environment``."""
-    spec = _find_spec(module)
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return False
-    try:
-        with open(spec.origin, encoding="utf-8") as file:
-            return "load_environment" in file.read()
-    except OSError:
-        return False
-
-
 def available() -> list[str]:
-    """The installed env modules: top-level modules of distributions that require
-    ``verifiers`` and whose source defines ``load_environment`` (Environments Hub packages).
-    Found without importing them; may be empty (then name any importable module)."""
-    from importlib import metadata
-
-    found: set[str] = set()
-    for dist in metadata.distributions():
-        if not any(re.match(r"verifiers\b(?![-_.\w])", req) for req in dist.requires or []):
-            continue
-        tops = (dist.read_text("top_level.txt") or "").split()
-        if not tops:
-            tops = sorted({str(f).split("/")[0].removesuffix(".py") for f in dist.files or []
-                           if not str(f).split("/")[0].endswith((".dist-info", ".pth")) and ".." not in str(f)})
-        found |= {top for top in tops if top.isidentifier() and _defines_load_environment(top)}
-    return [f"{PREFIX}:{name}" for name in sorted(found)]
+    """The installed env modules as ids (``verifiers:<module>``): top-level modules of
+    distributions that require ``verifiers`` and whose source defines ``load_environment``
+    (Environments Hub packages). Found without importing them; may be empty (then name any
+    importable module)."""
+    return [f"{PREFIX}:{name}" for name in installed_modules()]
