@@ -23,16 +23,16 @@ an env id         the held-out split of a registered     reward (success at >= 0
 :func:`get_suite` looks a name up in :data:`SUITES`, else takes it as a registered env id
 (or env family) that offers tasks; :func:`register_suite` adds a named suite (plugins).
 
-:func:`run_suite` generates through the rollout engine with the agent loop (batched, the
-same code as rollouts), with fixed seeds: sample ``j`` of task ``i`` resets its env with
-``seed + 1000 i + j`` and the engine draws with ``seed``. Greedy (temperature 0) or
-sampled.
+:func:`evaluate` runs one suite end to end: its tasks, the runner
+(:func:`~evaluators.episodes.run_episodes`: the rollout engine with the agent loop, fixed
+seeds) and the scorer (:func:`~evaluators.scoring.score_episodes`). The runner and the
+scorers live in :mod:`evaluators.episodes` and :mod:`evaluators.scoring`; their names are
+importable from here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -41,7 +41,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from evaluators import choice
-from evaluators.math.metrics import accuracy_summary, avg_at_k
+from evaluators.episodes import episode_transcripts, episode_tree, run_episodes  # noqa: F401  (re-exported)
+from evaluators.scoring import (  # noqa: F401  (re-exported)
+    bfcl_entry_result, bfcl_entry_results, bfcl_scores, breakdown_scores, episode_verdict, qa_scores, score_episodes)
 from trace_gym.datafiles import split_tasks
 from trace_gym.types import Task
 
@@ -371,190 +373,7 @@ def load_suite_tasks(suite: Suite, limit: int | None, data_path: str | None = No
     return list(tasks)
 
 
-# ---------------------------------------------------------------------- running
-def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: int, temperature: float, seed: int,
-                 env_kwargs: Mapping[str, Any] | None = None, max_turns: int | None = None, max_turn_tokens: int | None = None,
-                 max_episode_tokens: int | None = None, progress: bool = False, batch_episodes: int = 64) -> list[list[Any]]:
-    """Run ``samples`` episodes of every task; returns the finished episodes per task.
-
-    Episodes run ``batch_episodes`` at a time (the engine decodes them as one batch). The
-    progress bar counts finished episodes and shows the turns generated so far, updated
-    after every generation round (a long suite such as BFCL moves per turn, not per entry).
-    """
-    import gymnasium
-    from tqdm.auto import tqdm
-
-    import trace_gym  # noqa: F401  (registers the env ids)
-    from trace_gym.agent import AgentConfig, AgentRunner
-    from trace_gym.types import SamplingParams
-
-    if temperature == 0 and samples > 1:
-        raise ValueError(f"greedy decoding (temperature 0) gives {samples} identical samples; use samples=1 "
-                         "or temperature > 0")
-    agent_cfg = AgentConfig(max_turn_tokens=max_turn_tokens or suite.max_turn_tokens,
-                            max_episode_tokens=max_episode_tokens or suite.max_episode_tokens,
-                            max_turns=max_turns or suite.max_turns)
-    sampling = SamplingParams(max_tokens=agent_cfg.max_turn_tokens, temperature=temperature, seed=seed)
-    kwargs = {**dict(suite.env_kwargs), **dict(env_kwargs or {})}
-    make_env = functools.partial(gymnasium.make, suite.env_id, disable_env_checker=True, **kwargs)
-    out: list[list[Any]] = [[] for _ in tasks]
-    bar = tqdm(total=len(tasks) * samples, desc=f"eval {suite.name}", unit="episode", disable=not progress,
-               leave=False, dynamic_ncols=True)
-    runner = AgentRunner(engine, engine.tokenizer, make_env, sampling, agent_cfg)
-    per_batch = max(1, batch_episodes // samples)
-    turns_before = 0
-    try:
-        for lo in range(0, len(tasks), per_batch):
-            episodes = []
-            for i in range(lo, min(lo + per_batch, len(tasks))):  # a task's samples: one request, n = samples
-                episodes += runner.start_many([(tasks[i], seed + 1000 * i + j) for j in range(samples)], anchor=i)
-            while runner.live:  # one generation round per advance: the bar moves per turn
-                finished = runner.advance()
-                for ep in finished:
-                    out[ep.anchor].append(ep)
-                bar.update(len(finished))
-                bar.set_postfix_str(f"turns {turns_before + sum(len(ep.turns) for ep in episodes)}", refresh=True)
-            turns_before += sum(len(ep.turns) for ep in episodes)
-    finally:
-        runner.close()
-        bar.close()
-    return out
-
-
-def score_episodes(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]],
-                   pass_k: Sequence[int] = (1,)) -> dict[str, Any]:
-    """Accuracy (avg@k over samples), unbiased pass@k, a 95 % interval over tasks, per-task
-    rewards; BFCL suites add the official per-category table, a suite with a ``breakdown``
-    the same numbers per group (:func:`breakdown_scores`)."""
-    rewards = [[float(ep.reward) for ep in eps] for eps in episodes]
-    success = [[float(r >= 0.5) for r in rs] for rs in rewards]
-    overall = accuracy_summary(success, pass_k)  # Wilson at one sample per task; never zero width
-    result: dict[str, Any] = {
-        "suite": suite.name,
-        "tasks": len(tasks),
-        "samples": min((len(s) for s in success), default=0),
-        "accuracy": overall["accuracy"],
-        "accuracy_ci": overall["accuracy_ci"],
-        "mean_reward": avg_at_k(rewards),
-        "pass_at_k": overall["pass_at_k"],
-        "per_task": {t.id: rs for t, rs in zip(tasks, rewards)},
-        "generated_tokens": int(sum(len(turn.action_ids) for eps in episodes for ep in eps for turn in ep.own_turns)),
-    }
-    if suite.scorer == "bfcl":
-        result["bfcl"] = bfcl_scores(tasks, episodes)
-    if suite.scorer == "qa":
-        result["qa"] = qa_scores(suite.name, tasks, episodes)
-    if suite.breakdown:
-        result["breakdown"] = breakdown_scores(tasks, success, suite.breakdown, pass_k)
-    return result
-
-
-def breakdown_scores(tasks: Sequence[Task], success: Sequence[Sequence[float]], key: str,
-                     pass_k: Sequence[int] = (1,)) -> dict[str, Any]:
-    """``{"by": key, "groups": {value: accuracy_summary}}``: the tasks grouped by
-    ``task.metadata[key]`` (``"(none)"`` where missing), each group's avg@k, interval and
-    pass@k (:func:`~evaluators.math.metrics.accuracy_summary`), groups sorted by name."""
-    groups: dict[str, list[Sequence[float]]] = {}
-    for task, s in zip(tasks, success):
-        groups.setdefault(str(task.metadata.get(key, "(none)")), []).append(s)
-    return {"by": key, "groups": {name: accuracy_summary(groups[name], pass_k) for name in sorted(groups)}}
-
-
-def qa_scores(name: str, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> dict[str, Any]:
-    """EM and F1 of the first sample per question with :mod:`evaluators.qa`'s scorer (an episode
-    without an answer scores 0)."""
-    from dataclasses import asdict
-
-    from evaluators.qa.score import QARecord, score_records
-
-    records = []
-    for task, eps in zip(tasks, episodes):
-        info = eps[0].turns[-1].info if eps and eps[0].turns else {}
-        golds = [task.answer] if isinstance(task.answer, str) else list(task.answer or [])
-        records.append(QARecord(task.id, info.get("prediction"), tuple(str(g) for g in golds)))
-    return asdict(score_records(name, records))
-
-
-def bfcl_entry_result(task: Task, ep: Any) -> Any:
-    """The official verdict of one episode; an episode the agent loop cut (turn or token
-    limit) before the env ended it is a failure ``trace_gym:<reason>``."""
-    from environments.bfcl import data
-    from evaluators.bfcl import EntryResult
-
-    last = ep.turns[-1] if ep.turns else None
-    if last is not None and "valid" in last.info and last.terminated:
-        return EntryResult.from_info(last.info, len(ep.turns))
-    reason = (last.truncation if last is not None else None) or ("error" if ep.error else "no_turn")
-    return EntryResult(task.id, data.category_of(task.id), False, {"check": f"trace_gym:{reason}"}, len(ep.turns))
-
-
-def bfcl_entry_results(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> list[Any]:
-    """One official verdict per task (its first sample; :func:`bfcl_entry_result`)."""
-    return [bfcl_entry_result(task, eps[0]) for task, eps in zip(tasks, episodes)]
-
-
-def bfcl_scores(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> dict[str, Any]:
-    from evaluators.bfcl import markdown, score
-
-    scores = score(bfcl_entry_results(tasks, episodes))
-    return scores.to_dict() | {"markdown": markdown(scores)}
-
-
-def episode_verdict(suite: Suite, task: Task, ep: Any) -> tuple[Any, dict[str, Any]]:
-    """``(the extracted answer, the grader's verdict)`` of one finished episode, as its
-    suite's scorer sees it: the math grader's ``grading`` record (reward scorer), the QA
-    prediction with EM and F1, or BFCL's official entry verdict with the calls made."""
-    info = ep.turns[-1].info if ep.turns else {}
-    if suite.scorer == "bfcl":
-        entry = bfcl_entry_result(task, ep)
-        calls = [c for turn in ep.turns for c in turn.info.get("tool_calls", [])]
-        return calls, {"valid": entry.valid, "failure": entry.failure, "category": entry.category}
-    if suite.scorer == "qa":
-        return info.get("prediction"), {key: info.get(key) for key in ("em", "f1", "golden_answers")}
-    grading = info.get("grading")
-    return (grading or {}).get("extracted"), {"success": ep.reward >= 0.5, "reward": ep.reward, "grading": grading}
-
-
-def episode_tree(ep: Any) -> Any:
-    """One finished episode as a one-branch :class:`~trace_gym.tree.RolloutTree` (the form
-    the bench's transcript writer, :func:`trace_gym.bench.transcripts`, reads)."""
-    from trace_gym.tree import ROOT, RolloutTree
-
-    tree = RolloutTree(ep.task.id, ep.prompt_ids, text=ep.task.prompt)
-    branch, node = tree.start_branch(ROOT), ROOT
-    for n, turn in enumerate(ep.turns):
-        last = n == len(ep.turns) - 1
-        info: dict[str, Any] = {"observation": [m.to_dict() for m in turn.obs_messages]}
-        if turn.truncation:
-            info["truncation"] = turn.truncation
-        if "env_error" in turn.info:
-            info["error"] = turn.info["env_error"]
-        node = tree.add_turn(node, branch=branch, policy_token_ids=turn.action_ids, observation_token_ids=turn.obs_ids,
-                             text=turn.action_text, reward=ep.reward if last else None, terminal=last, info=info)
-    return tree
-
-
-def episode_transcripts(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]],
-                        limit: int) -> list[dict[str, Any]]:
-    """Up to ``limit`` transcripts, task by task and sample by sample: the bench's record
-    (prompt, each turn's action and observation, reward) plus the whole conversation
-    (``messages``), the extracted ``answer`` and the grader's ``verdict``."""
-    from trace_gym.bench import transcripts
-
-    out: list[dict[str, Any]] = []
-    for task, eps in zip(tasks, episodes):
-        for sample, ep in enumerate(eps):
-            if len(out) >= limit:
-                return out
-            record = (transcripts([episode_tree(ep)], 1) or
-                      [{"task_id": task.id, "prompt": task.prompt, "reward": ep.reward, "turns": []}])[0]
-            answer, verdict = episode_verdict(suite, task, ep)
-            out.append({"suite": suite.name, **record, "sample": sample, "seed": ep.seed,
-                        "messages": [m.to_dict() for m in ep.messages], "answer": answer, "verdict": verdict,
-                        "error": ep.error})
-    return out
-
-
+# ---------------------------------------------------------------------- one suite end to end
 def evaluate(engine: Any, suite_name: str, *, limit: int | None, samples: int = 1, temperature: float = 0.0,
              seed: int = 0, pass_k: Sequence[int] = (1,), data_path: str | None = None,
              heldout_fraction: float = HELDOUT_FRACTION, progress: bool = False,

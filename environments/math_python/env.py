@@ -85,11 +85,15 @@ import time
 from typing import Any, Sequence
 
 import gymnasium
-import numpy as np
 
 from environments.math_python.data import load_tasks
 from environments.math_python.generated import generate_tasks
 from environments.math_python.grading import EXTRACTIONS, Grader, normalize_answer
+from environments.math_python.observations import (
+    ACTION_TOO_LONG, BACKGROUND_NOTICE, CELLS_NOTICE, CRASH_NOTICE, FEW_SHOT_DEMO, INFRA_NOTICE, OUTPUT_TEMPLATE,
+    REPLAY_TIMEOUT_NOTICE, RESTART_NOTICE, SKIPPED_NOTICE, SYSTEM_PROMPT, TIMEOUT_NOTICE, TRUNCATION_MARKER,
+    cap_observation, format_cell)
+from environments.math_python.replay import kernel_seed, replay_cells
 from environments.math_python.sandbox import CellResult, Kernel, KernelError, KernelFactory, KernelLimits
 from environments.math_python.zygote import ForkServer
 from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
@@ -99,46 +103,6 @@ from trace_gym.textsafe import clean_text
 
 CODE_BLOCK = re.compile(r"```(?:python3|python|py)[ \t]*\r?\n(.*?)```", re.DOTALL)
 
-SYSTEM_PROMPT = (
-    "You are a careful math assistant with a Python interpreter. To run code, write it in a "
-    "```python code block; it runs in a persistent session (variables persist between turns; numpy and "
-    "sympy are installed) and you will see its output. When you know the answer, reply without any code "
-    "block and put the final answer in \\boxed{}."
-)
-OUTPUT_TEMPLATE = "```output\n{output}\n```"
-#: A one-shot demonstration of the format (code, output, boxed answer), inserted after
-#: the system prompt when ``few_shot=True``; tiny models imitate it.
-FEW_SHOT_DEMO = (
-    ("user", "What is 3 + 5?"),
-    ("assistant", "```python\nprint(3 + 5)\n```"),
-    ("user", "```output\n8\n```"),
-    ("assistant", "The answer is \\boxed{8}."),
-)
-TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
-TIMEOUT_NOTICE = (
-    "TimeoutError: the cell ran longer than {limit:g} s and was stopped. The Python session was restarted: "
-    "all variables, imports and files from earlier cells are lost."
-)
-CRASH_NOTICE = (
-    "KernelDied: the Python process died ({reason}). The Python session was restarted: all variables, "
-    "imports and files from earlier cells are lost."
-)
-SKIPPED_NOTICE = "(not executed: this response's code already ran for {limit:g} s, the limit per response)"
-RESTART_NOTICE = (
-    "(The Python session had died after the previous cell: {reason}. It was restarted for this cell: all "
-    "variables, imports and files from earlier cells are lost.)"
-)
-BACKGROUND_NOTICE = "(printed after the previous cell had finished, by a background thread or process:)\n{output}"
-CELLS_NOTICE = "({count} more code block(s) not executed: at most {limit} run per response)"
-ACTION_TOO_LONG = (
-    "Your response has {length} characters, over the limit of {limit}; it was not run and not graded. "
-    "Write a shorter response."
-)
-INFRA_NOTICE = "(not executed: the Python sandbox could not be started; this is an infrastructure error, not yours)"
-REPLAY_TIMEOUT_NOTICE = (
-    "(not executed: this episode was restored, and re-running its {cells} earlier cell(s) to rebuild the Python "
-    "session took longer than {limit:g} s, the limit for that. The episode ends here.)"
-)
 #: Characters of the response the env reads; longer responses are refused.
 MAX_ACTION_CHARS = 65536
 _SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
@@ -147,11 +111,6 @@ _SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
 def extract_code_blocks(text: str) -> list[str]:
     """The cells of one action: closed ```python / ```py / ```python3 fences, in order."""
     return CODE_BLOCK.findall(text) if isinstance(text, str) else []
-
-
-def kernel_seed(episode_seed: int, generation: int) -> int:
-    """The seed of the ``generation``-th interpreter of an episode (restarts count up)."""
-    return int(np.random.SeedSequence([int(episode_seed), int(generation)]).generate_state(1)[0])
 
 
 @functools.lru_cache(maxsize=1)
@@ -349,7 +308,7 @@ class MathPythonEnv(gymnasium.Env):
             if note is not None:
                 restarted = True
             worst = max(worst, result.status, key=_SEVERITY.__getitem__)
-            body = self._format(result, limit, step_cut=limit < self.limits.cell_timeout_s)
+            body = format_cell(result, self.templates, limit, step_cut=limit < self.limits.cell_timeout_s)
             blocks.append(self.templates["output"].format(output=body if note is None else f"{note}\n{body}"))
             cell_infos.append(dict(result.info(), restarted_before=note is not None))
         if len(cells) > self.max_cells:
@@ -368,7 +327,8 @@ class MathPythonEnv(gymnasium.Env):
         info["reward_components"] = {"correct": 0.0, "infra_error": float(infra is not None)}
         if infra is not None:
             info["infra_error"] = infra
-        return [Message(self.observation_role, self._cap("\n\n".join(blocks)))], 0.0, False, truncated, info
+        observation = cap_observation("\n\n".join(blocks), self.max_observation_chars, self.templates["truncation"])
+        return [Message(self.observation_role, observation)], 0.0, False, truncated, info
 
     def _replay_timed_out(self, cells: list[str], info: dict[str, Any]):
         """The step after a replay that ran out of its budget: the episode ends, truncated."""
@@ -476,30 +436,9 @@ class MathPythonEnv(gymnasium.Env):
         ``replay_timeout_s`` (each within ``replay_timeout_factor`` cell limits too);
         their output is discarded. Sets the replay report; returns False when the budget
         ran out (the kernel is then closed). Raises KernelError when no kernel starts."""
-        kernel = self._new_kernel()
-        deadline = time.monotonic() + self.replay_timeout_s
         per_cell = self.limits.cell_timeout_s * self.replay_timeout_factor
-        diverged, elapsed, replayed, timed_out = [], 0.0, 0, False
-        for i, (code, status) in enumerate(self._cells):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            result = kernel.execute(code, timeout=min(per_cell, left))
-            elapsed += result.elapsed
-            replayed += 1
-            if result.timed_out:  # the recorded cell ended; here it did not: the state cannot be rebuilt in time
-                diverged.append({"cell": i, "recorded": status, "replayed": result.status})
-                timed_out = True
-                break
-            if result.status != status:
-                diverged.append({"cell": i, "recorded": status, "replayed": result.status})
-            if not result.kernel_alive:  # cannot rebuild the rest; carry on in a fresh one
-                kernel = self._new_kernel()
-        self._replay_report = {"cells": len(self._cells), "replayed": replayed, "elapsed": elapsed,
-                               "diverged": diverged, "timed_out": timed_out, "budget_s": self.replay_timeout_s}
-        if timed_out:
-            kernel.close()
+        kernel, self._replay_report = replay_cells(self._new_kernel, self._cells, per_cell, self.replay_timeout_s)
+        if kernel is None:
             return False
         self._kernel = kernel
         return True
@@ -533,35 +472,6 @@ class MathPythonEnv(gymnasium.Env):
             if kernel is not None:
                 kernel.close()
         self._kernel = self._prefetched = None
-
-    def _format(self, result: CellResult, limit: float, step_cut: bool = False) -> str:
-        marker = self.templates["truncation"]
-        parts = []
-        background = "\n".join(s.text(marker).rstrip("\n") for s in result.background if s.head or s.tail)
-        if background:
-            parts.append(self.templates["background"].format(output=background))
-        parts += [s.text(marker).rstrip("\n") for s in (result.stdout, result.stderr) if s.head or s.tail]
-        if result.status == "error" and result.error:
-            parts.append(result.error.rstrip("\n"))
-        elif result.status == "timeout":
-            if step_cut:  # stopped by the per-response budget, not the cell's own limit
-                parts.append(self.templates["timeout"].format(limit=limit).replace(
-                    "the cell ran longer than", "this response's code ran longer than its remaining"))
-            else:
-                parts.append(self.templates["timeout"].format(limit=limit))
-        elif result.status in ("crashed", "dead"):
-            parts.append(self.templates["crash"].format(reason=result.error or result.error_name))
-        return clean_text("\n".join(parts)) if parts else self.templates["empty"]
-
-    def _cap(self, text: str) -> str:
-        """The observation within ``max_observation_chars`` (head 3/4, tail 1/4)."""
-        text = clean_text(text)
-        if len(text) <= self.max_observation_chars:
-            return text
-        keep = self.max_observation_chars - 80
-        head, tail = keep - keep // 4, keep // 4
-        marker = self.templates["truncation"].format(omitted=len(text) - head - tail)
-        return text[:head] + marker + text[len(text) - tail:]
 
     def _load(self, task_id: str) -> Task:
         for task in self.tasks:
