@@ -233,7 +233,9 @@ def test_targets_are_outcomes_when_rewards_leave_zero_one():
     first = rollout(tree, ROOT, 2, -0.1)
     rollout(tree, ROOT, 1, 0.7)
     rollout(tree, first[0], 1, 0.3)
-    targets = tree.targets()
+    targets = tree.targets(outcomes=True)
     assert targets[first[-1]] == 0.0 and sorted(targets[leaf.id] for leaf in tree.leaves()) == [0.0, 0.0, 1.0]
     assert all(0.0 <= v <= 1.0 for v in targets.values()) and targets[ROOT] == pytest.approx(0.5)
-    assert tree.pooled_targets()[ROOT] == pytest.approx(1 / 3)
+    assert tree.pooled_targets(outcomes=True)[ROOT] == pytest.approx(1 / 3)
+    # the advantages' values stay rewards
+    assert tree.targets()[first[-1]] == -0.1 and tree.targets()[ROOT] == pytest.approx(((-0.1 + 0.3) / 2 + 0.7) / 2)

@@ -98,7 +98,7 @@ class EnvRepetition:
         predictor_s = seconds.get("predictor_scoring", 0.0) + seconds.get("predictor_update", 0.0)
         leaves = [leaf.reward for s in steps for t in s.trees for leaf in t.leaves()]
         values = np.concatenate([s.values[np.flatnonzero(s.root_counts)] for s in steps])
-        empirical = [t.targets().get(0, math.nan) for s in steps for t in s.trees]
+        empirical = [t.targets(outcomes=True).get(0, math.nan) for s in steps for t in s.trees]
         truncations: dict[str, int] = {}
         for s in steps:
             for k, v in s.truncations.items():

@@ -310,7 +310,7 @@ def predictor_samples(
 
     Every non-terminal node with a target (the root, depth 0, and every visited prefix)
     gives one sample: ``context(tree index, node id)`` and its target from
-    ``tree.targets(estimator)`` (the recursive mean by default).
+    ``tree.targets(estimator, outcomes=True)`` (the recursive mean by default).
 
     Returns:
         ``(contexts, targets (n,), tree index (n,), node id (n,))``, trees in order and
@@ -318,7 +318,7 @@ def predictor_samples(
     """
     contexts, targets, where = [], [], []
     for t, tree in enumerate(trees):
-        for node_id, target in sorted(tree.targets(estimator).items()):
+        for node_id, target in sorted(tree.targets(estimator, outcomes=True).items()):  # a success probability
             if not tree.nodes[node_id].terminal:
                 contexts.append(context(t, node_id))
                 targets.append(target)

@@ -403,11 +403,11 @@ def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_st
     trees, led = batch.trees, batch.ledger
     leaves = [leaf for t in trees for leaf in t.leaves()]
     chosen = np.flatnonzero(batch.root_counts)
-    prompt_rho = report.spearman(batch.values[chosen], [t.targets().get(0, math.nan) for t in trees]) \
+    prompt_rho = report.spearman(batch.values[chosen], [t.targets(outcomes=True).get(0, math.nan) for t in trees]) \
         if len(trees) > 2 else math.nan
     pred, emp = [], []
     for ti, node, value in batch.prefix_predictions:
-        target = trees[ti].targets().get(node)
+        target = trees[ti].targets(outcomes=True).get(node)
         if target is not None:
             pred.append(value)
             emp.append(target)

@@ -28,9 +28,9 @@ Definitions used throughout (the method page's words, made exact here):
 - target (``targets``): the predictor's regression target for a node. Two estimators:
 
   * ``"recursive"`` (the default), the *recursive mean*: a leaf's target is its
-    outcome (1.0 for a success, else 0.0: the predictor estimates a success
-    probability, so an env whose rewards leave [0, 1], such as GEM's -0.1 for a format
-    error or partial credit, still gives targets in [0, 1]); an inner node's target is the unweighted mean of its children's targets.
+    reward (with ``outcomes=True``, what the predictor regresses, its outcome: 1.0 for
+    a success, else 0.0, so an env whose rewards leave [0, 1], such as GEM's -0.1 for
+    a format error, or give partial credit, still gives targets in [0, 1]); an inner node's target is the unweighted mean of its children's targets.
     Each child is one independently sampled next turn from the node's history, so
     each counts once however many leaves were later grown below it. The pooled mean
     of the leaves below a node (``pooled_targets``, kept for comparison) instead
@@ -391,10 +391,12 @@ class RolloutTree:
             out[d] = out.get(d, 0) + pairs
         return dict(sorted(out.items()))
 
-    def targets(self, estimator: Literal["recursive", "fresh"] = "recursive") -> dict[int, float]:
+    def targets(self, estimator: Literal["recursive", "fresh"] = "recursive", *,
+                outcomes: bool = False) -> dict[int, float]:
         """Node id -> target (see the module docstring), every node with one.
 
-        Leaves: their outcome (1.0 when ``success``, else 0.0). Inner nodes: the mean of their children's targets; with
+        Leaves: their reward, or with ``outcomes`` 1.0 when ``success`` else 0.0 (the
+        predictor's targets). Inner nodes: the mean of their children's targets; with
         ``estimator="fresh"``, at a node with children from continuations anchored
         there, the mean of those children only. Nodes below which no branch has
         finished are omitted.
@@ -405,7 +407,7 @@ class RolloutTree:
         t: dict[int, float] = {}
         for n in reversed(self.nodes):
             if n.terminal:
-                t[n.id] = 1.0 if n.success else 0.0
+                t[n.id] = (1.0 if n.success else 0.0) if outcomes else float(n.reward)  # type: ignore[arg-type]
                 continue
             vals = [t[c] for c in n.children if c in t]
             if fresh_only and n.id != ROOT:
@@ -415,13 +417,13 @@ class RolloutTree:
                 t[n.id] = sum(vals) / len(vals)
         return t
 
-    def pooled_targets(self) -> dict[int, float]:
-        """Node id -> plain mean outcome of all leaves below it (biased; for comparison)."""
+    def pooled_targets(self, *, outcomes: bool = False) -> dict[int, float]:
+        """Node id -> plain mean reward (or outcome) of all leaves below it (biased; for comparison)."""
         total = [0.0] * len(self.nodes)
         count = [0] * len(self.nodes)
         for n in reversed(self.nodes):
             if n.terminal:
-                total[n.id] += 1.0 if n.success else 0.0
+                total[n.id] += (1.0 if n.success else 0.0) if outcomes else float(n.reward)  # type: ignore[arg-type]
                 count[n.id] += 1
             if n.parent is not None:
                 total[n.parent] += total[n.id]
