@@ -281,7 +281,7 @@ def test_reward_warning_is_silent_when_outcomes_mix():
     assert reward_warning([tree]) is None
     won = RolloutTree("w", (1, 2))
     won.add_turn(ROOT, branch=won.start_branch(ROOT), policy_token_ids=(3,), reward=1.0, terminal=True)
-    assert "every rollout succeeded" in reward_warning([won])
+    assert "every one of the 1 rollouts succeeded (reward 1)" in reward_warning([won])
 
 
 def test_the_trace_gym_script_finds_a_plugin_module_in_the_current_folder(tmp_path):
