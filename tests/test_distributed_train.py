@@ -41,6 +41,7 @@ def run(cmd: list[str]) -> str:
     return out.stderr
 
 
+@pytest.mark.slow  # ~50 s: a whole train run on Ray (test_distributed covers one Ray step against in-process)
 def test_train_with_ray_flag_runs_the_same_steps(tmp_path, tiny_model_path):  # noqa: F811
     local, distributed = tmp_path / "local", tmp_path / "ray"
     run(command(local, tiny_model_path))

@@ -136,6 +136,7 @@ def test_parse_retrieve_accepts_the_search_r1_body():
         ["a"], 3, False)
 
 
+@pytest.mark.slow  # ~18 s of load; the batching and fairness tests keep the default suite honest
 def test_load_50_concurrent_clients_2000_requests_equal_in_process_results(searcher):
     """Loopback only; bounded: 2,000 requests, each with a 60 s timeout, the whole run under 300 s."""
     pool = [q for row in offline_questions(0, SCALE) for q in row["metadata"]["hop_queries"]]

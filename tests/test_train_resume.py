@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +95,7 @@ def test_sigkill_mid_step_then_rerun_logs_every_step_once(tmp_path, tiny_model_p
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.slow  # ~10 s; reward_warning itself is unit-tested in test_plugins.py
 def test_train_warns_when_every_reward_is_the_same(tmp_path, tiny_model_path):  # noqa: F811
     """A tiny random policy never finds the secret: the step's rewards are all 0 and the
     trainer says what that means for contrast (through `trace-gym train`)."""
