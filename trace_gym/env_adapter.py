@@ -78,13 +78,32 @@ def process_state_kept() -> Iterator[None]:
     were too (some packages draw or seed at import). Wrap every import of an ecosystem
     package and every call that may import more; it never interleaves with an env's
     private-RNG swap (one lock)."""
-    with logging_kept():
-        rng = random.getstate(), np.random.get_state()
+    with logging_kept(), _global_rng(_global_rng_state()):
+        yield
+
+
+def _global_rng_state() -> tuple:
+    """The process-global ``(random, numpy.random)`` states."""
+    return random.getstate(), np.random.get_state()
+
+
+@contextlib.contextmanager
+def _global_rng(state: tuple | None) -> Iterator[list]:
+    """Run with the global RNGs set to ``state`` (``None``: as they are), under the one
+    lock; yields a one-item list that holds, afterwards, the state they were left in; the
+    process's own state is put back in any case."""
+    with _GLOBAL_RNG_LOCK:
+        saved = _global_rng_state()
+        if state is not None:
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+        left: list = [None]
         try:
-            yield
+            yield left
         finally:
-            random.setstate(rng[0])
-            np.random.set_state(rng[1])
+            left[0] = _global_rng_state()
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
 
 
 class ReplayDivergence(RuntimeError):
@@ -221,19 +240,17 @@ class AdaptedEnv(gymnasium.Env):
             raise
 
     def _begin_isolated(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
-        if self.global_rng:
-            with _GLOBAL_RNG_LOCK:
-                saved = (random.getstate(), np.random.get_state())
+        if not self.global_rng:
+            obs, info = self._begin(task, seed)
+            return list(obs), dict(info or {})
+        left: list = [None]
+        try:
+            with _global_rng(None) as left:
                 random.seed(seed)
                 np.random.seed(seed % 2**32)
-                try:
-                    obs, info = self._begin(task, seed)
-                finally:
-                    self._rng = (random.getstate(), np.random.get_state())
-                    random.setstate(saved[0])
-                    np.random.set_state(saved[1])
-        else:
-            obs, info = self._begin(task, seed)
+                obs, info = self._begin(task, seed)
+        finally:
+            self._rng = left[0]  # the private state the begin left, even when it raised
         return list(obs), dict(info or {})
 
     @contextlib.contextmanager
@@ -241,17 +258,12 @@ class AdaptedEnv(gymnasium.Env):
         if not self.global_rng:
             yield
             return
-        with _GLOBAL_RNG_LOCK:
-            saved = (random.getstate(), np.random.get_state())
-            if self._rng is not None:
-                random.setstate(self._rng[0])
-                np.random.set_state(self._rng[1])
-            try:
+        left: list = [None]
+        try:
+            with _global_rng(self._rng) as left:
                 yield
-            finally:
-                self._rng = (random.getstate(), np.random.get_state())
-                random.setstate(saved[0])
-                np.random.set_state(saved[1])
+        finally:
+            self._rng = left[0]  # the private state the call left, even when it raised
 
     def _apply(self, action: str) -> StepResult:
         """One step through the wrapped env, its failures turned into a truncated turn."""

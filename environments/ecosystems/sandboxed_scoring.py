@@ -46,7 +46,7 @@ CODE_NAMES = re.compile(
     r"f_back|f_locals|f_globals|f_code|f_builtins|gi_frame|gi_code|cr_frame|ag_frame|tb_frame|tb_next|co_\w+|"
     r"func_globals|sys|os|subprocess|builtins|mro|subclasses)\b")
 
-#: the kernel side: defines ``_trace_gym_score``; a score forks a child per call
+#: the kernel side: defines ``_trace_gym_score`` (``from_json`` comes from the adapter, :func:`_setup_cell`); a score forks a child per call
 _SETUP = r'''
 import ctypes as _ctypes, json as _json, os as _os, select as _select, signal as _signal, time as _time
 _os.environ["MPLCONFIGDIR"] = _os.getcwd()
@@ -54,23 +54,12 @@ _ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the scoring child 
 import reasoning_gym as _rg
 _DATA = {}
 
-def _from_json(obj):
-    if isinstance(obj, list):
-        return [_from_json(v) for v in obj]
-    if isinstance(obj, dict):
-        if len(obj) == 1 and "__tuple__" in obj:
-            return tuple(_from_json(v) for v in obj["__tuple__"])
-        if len(obj) == 1 and "__items__" in obj:
-            return {_from_json(k): _from_json(v) for k, v in obj["__items__"]}
-        return {k: _from_json(v) for k, v in obj.items()}
-    return obj
-
 def _trace_gym_score(request):
     name, config, answer, entry, timeout = _json.loads(request)
     key = (name, _json.dumps(config, sort_keys=True))
     if key not in _DATA:
         _DATA[key] = _rg.create_dataset(name, seed=0, size=1, **config)
-    data, entry = _DATA[key], _from_json(entry)
+    data, entry = _DATA[key], from_json(entry)
     read, write = _os.pipe()
     pid = _os.fork()
     if pid == 0:  # the child: scores once, reports on the pipe, exits
@@ -109,6 +98,17 @@ def _trace_gym_score(request):
 '''
 
 
+@functools.lru_cache(maxsize=1)
+def _setup_cell() -> str:
+    """:data:`_SETUP` with the adapter's own entry decoder (its source: the kernel cannot
+    import the project, which its root hides)."""
+    from environments.ecosystems import reasoning_gym as adapter
+
+    decoder = (f"from collections.abc import Mapping\nfrom typing import Any\nTUPLE_TAG, ITEMS_TAG = {adapter.TUPLE_TAG!r}, "
+               f"{adapter.ITEMS_TAG!r}\n" + inspect.getsource(adapter.from_json))
+    return _SETUP + "\n" + decoder
+
+
 @functools.lru_cache(maxsize=256)
 def evaluates_text(dataset_class: type) -> bool:
     """Whether ``dataset_class``'s module may evaluate answer text (:data:`EVALUATES`)."""
@@ -140,7 +140,7 @@ class SandboxedScorer:
                 self._factory = KernelFactory(KernelLimits(cell_timeout_s=self.timeout_s + 60.0, cpu_time_s=3600,
                                                            memory_mb=2048, max_processes=16))
             kernel = self._factory.new_kernel(0)
-            setup = kernel.execute(_SETUP)
+            setup = kernel.execute(_setup_cell())
             if setup.status != "ok":
                 kernel.close()
                 raise RuntimeError(f"the scoring sandbox did not start ({setup.status}: "
