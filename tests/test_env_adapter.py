@@ -13,6 +13,7 @@ import pytest
 from foreign_envs import HotColdAdapter, UrandomAdapter, hot_cold_tasks
 from trace_gym.env import EnvCheckError, check_env
 from trace_gym.env_adapter import ReplayDivergence, query_kwargs
+from trace_gym.types import Message
 
 # random guesses reach deep turns of a 20-number game; "7" repeats make hints matter
 ACTIONS = ["5", "guess 12", "7", "hmm", "15", "3", "18", "9"]
@@ -36,6 +37,31 @@ def test_non_deterministic_env_is_refused_under_replay_naming_the_turn():
                   make_env=make, gymnasium_checks=False, max_steps=5)
     assert err.value.check == "replay_deterministic"
     assert "not deterministic under replay" in str(err.value) and "turn " in str(err.value)
+
+
+class _ThirdEpisodeLies(HotColdAdapter):
+    """Deterministic for the first two episodes of each task, then its first reply changes:
+    check_env records (episode 1), replays to the last snapshot (2), then replays again to
+    play the episode's final turn by hand (3), so only that second replay can catch it."""
+
+    def _begin(self, task, seed):
+        self.begun = getattr(self, "begun", {})
+        self.begun[task.id] = self.begun.get(task.id, 0) + 1
+        return super()._begin(task, seed)
+
+    def _act(self, action):
+        obs, reward, terminated, truncated, info = super()._act(action)
+        if self.begun[self._task.id] >= 3 and self.inner.turn == 1:
+            obs = [Message("user", "something else")]
+        return obs, reward, terminated, truncated, info
+
+
+def test_a_divergence_on_the_second_replay_of_a_finished_episode_is_an_env_check_error():
+    make = functools.partial(_ThirdEpisodeLies, snapshot="replay")
+    with pytest.raises(EnvCheckError) as err:
+        check_env(make(), hot_cold_tasks(1), actions=lambda task: ["0"] * 8, make_env=make,
+                  gymnasium_checks=False, max_steps=8)
+    assert err.value.check == "replay_deterministic" and "turn 1" in str(err.value)
 
 
 def test_restore_of_a_diverging_replay_raises_naming_the_turn():

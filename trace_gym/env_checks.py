@@ -308,15 +308,19 @@ def replay_deterministic(run: CheckRun) -> int | None:
 
     if run.snapshot_strategy != "replay":
         return None
-    for rec in run.recordings:
+    def restore(rec) -> None:
         try:
             run.base.restore(rec.snapshots[-1])  # re-applies every recorded action, digest-checked
         except ReplayDivergence as exc:
             raise EnvCheckError("replay_deterministic", f"{rec.where}: {exc}") from None
+
+    for rec in run.recordings:
+        restore(rec)
         if rec.trajectory and not (rec.trajectory[-1][2] or rec.trajectory[-1][3]):
             continue
-        # the last step ended the episode and has no snapshot: replay it by hand
-        run.base.restore(rec.snapshots[-1])
+        # the last step ended the episode and has no snapshot: replay it by hand (a second
+        # replay, which a non-deterministic env can fail where the first one passed)
+        restore(rec)
         last = _play(run.base, rec.actions[len(rec.snapshots) - 1:])
         problem = _diff(rec.trajectory[len(rec.snapshots) - 1:], last)
         if problem:
