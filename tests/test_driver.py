@@ -8,7 +8,7 @@ import pytest
 
 from trace_gym import sim
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import BranchResult, BranchRunner, run_step
+from trace_gym.driver import BranchResult, BranchRunner, forecast_fallback_first, run_step
 from trace_gym.sim_predictors import OraclePredictor
 from trace_gym.strategies import STRATEGIES, shaped_strategies
 from trace_gym.tree import ROOT, RolloutTree
@@ -164,6 +164,40 @@ def test_a_single_turn_runner_starts_every_root_in_the_first_round():
         assert (a.rollouts, a.continuations, a.unspent_continuations) == (b.rollouts, b.continuations,
                                                                          b.unspent_continuations)
     assert sorted((k, p.extra_roots) for k, p in two_rounds.plans) == sorted((k, p.extra_roots) for k, p in one_round.plans)
+
+
+@pytest.mark.parametrize("turns", [1, 3])
+def test_a_forecast_fallback_starts_every_root_first_and_a_miss_is_visible(turns):
+    """fallback_first on a runner that does not say it is single-turn: every root starts
+    before any returns. On a single-turn world the forecast holds (no prefix seen, and
+    the next step forecasts the same); on a multi-turn one it misses: prefixes were seen,
+    none was expanded, and the next step plans as usual."""
+    world = sim.SimWorld(min_turns=turns, max_turns=turns)
+    pool = sim.make_pool(world, 50, np.random.default_rng(0))
+    strategy = shaped_strategies(["trace"], group_size=4, continuations_per_root=2)["trace"]
+    runner = sim.SimBranchRunner(pool, world, np.random.default_rng(1))
+    events = []
+    start_roots, advance = runner.start_roots, runner.advance
+    runner.start_roots = lambda key, count, ledger: (events.append("start"), start_roots(key, count, ledger))
+    runner.advance = lambda ledger: events.append("advance") or advance(ledger)
+    step = run_step(list(range(16)), strategy, OraclePredictor(), runner, 24, np.random.default_rng(2),
+                    fallback_first=True)
+    assert step.fallback_first and step.ledger.continuations == 0 and all(p.extra_roots for _, p in step.plans)
+    # one start per prompt, every one before the first advance (no second round of roots)
+    assert events.count("start") == len(step.trees) == events.index("advance")
+    assert (step.prefixes_seen == 0) == (turns == 1)
+    assert forecast_fallback_first(step) == (turns == 1)
+
+
+def test_the_forecast_needs_a_previous_step_with_trees_and_no_prefix():
+    class Step:
+        def __init__(self, trees, prefixes):
+            self.trees, self.prefixes_seen = trees, prefixes
+
+    assert not forecast_fallback_first(None)
+    assert not forecast_fallback_first(Step([], 0))
+    assert forecast_fallback_first(Step(["tree"], 0))
+    assert not forecast_fallback_first(Step(["tree"], 3))
 
 
 def test_a_failing_predictor_cancels_every_live_branch():

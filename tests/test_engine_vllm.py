@@ -43,6 +43,18 @@ def test_auto_picks_vllm_here(vllm_engine):
     assert vllm_importable() == (True, "ok")
 
 
+def test_the_engine_runs_on_its_own_thread_count_and_gives_the_process_its_count_back(vllm_engine):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch._C.set_num_threads(2)  # e.g. a trainer's count, set past vLLM's no-op setter
+        vllm_engine.generate([chat(vllm_engine, "Hi.")], [1], SamplingParams(max_tokens=4, seed=0))
+        assert torch.get_num_threads() == 2 and vllm_engine.cpu_threads >= 1
+    finally:
+        torch._C.set_num_threads(before)
+
+
 def test_generate_contract(vllm_engine):
     engine = vllm_engine
     assert isinstance(engine, RolloutEngine)

@@ -255,10 +255,18 @@ class AgentRunner:
         batch, at most ``straggler_seconds``; work still running then is a straggler that
         no later round waits for, unless nothing else is ready (then until the first
         piece of env work returns). Returns the episodes that finished, envs closed.
+
+        Episodes that end in this round are closed (bounded by ``straggler_seconds`` too)
+        and returned *before* the round generates: the caller may start work that depends
+        on them (a prompt's continuations, once its roots are back) in time for the next
+        generation, instead of one whole generation later. Such a call generates nothing;
+        the next one does.
         """
         self._take_env_results()
         self._cut_long_episodes()
-        if self._ready:
+        if any(kind == "close" and f not in self._stragglers for f, (kind, _, _) in self._inflight.items()):
+            self._take_env_results()  # the closes of episodes that just ended
+        if self._ready and not self._finished:
             self._generate()
         if not self._ready and self._inflight and all(kind == "close" for kind, _, _ in self._inflight.values()):
             self._take_env_results()  # only closes left: finish them now

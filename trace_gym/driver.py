@@ -86,7 +86,8 @@ class BranchRunner(Protocol):
     Optional: a ``single_turn`` attribute, ``True`` when no branch can outlive its first
     turn (``max_turns == 1``, or an env that says so): :func:`run_step` then plans the
     single-turn fallback before the first round, so all of a prompt's roots generate in
-    it instead of the fallback roots waiting for a second, narrower round.
+    it instead of the fallback roots waiting for a second, narrower round (the same as
+    ``run_step(..., fallback_first=True)``, which a caller passes on a forecast).
     """
 
     def prompt_context(self, candidate: Any) -> Any:
@@ -139,6 +140,11 @@ class StepResult:
             scored during expansion.
         errors: one dict per branch that ended on an error: ``{"candidate", "anchor",
             "leaf", "error"}`` (``leaf`` is ``None`` when it ended before its first turn).
+        fallback_first: whether the single-turn fallback was planned before the first round.
+        prefixes_seen: visited prefixes over the finished trees (``expansion_candidates``):
+            0 means every root rollout ended after one turn, the forecast behind
+            :func:`forecast_fallback_first`; with ``fallback_first`` and a positive count
+            the forecast missed (those prefixes went unexpanded, the budget bought roots).
         ledger: nominal and exact costs of this step.
         learning: the predictor update of the step (``None`` when ``learn=False``).
     """
@@ -153,6 +159,17 @@ class StepResult:
     errors: list[dict[str, Any]] = field(default_factory=list)
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
     learning: Learning | None = None
+    fallback_first: bool = False
+    prefixes_seen: int = 0
+
+
+def forecast_fallback_first(previous: StepResult | None) -> bool:
+    """Whether the next step should plan the single-turn fallback before its first round:
+    the previous step had trees and not one visited prefix (every root rollout ended
+    after its first turn, as on a task the policy answers at once). A miss costs one
+    step's prefixes (their budget buys fresh roots instead) and switches it off, since
+    that step then saw prefixes."""
+    return previous is not None and bool(previous.trees) and previous.prefixes_seen == 0
 
 
 @dataclass
@@ -203,6 +220,7 @@ def run_step(
     learn: bool = True,
     prefix_share: float = PREFIX_SHARE,
     score_prefixes: bool = False,
+    fallback_first: bool = False,
 ) -> StepResult:
     """One step: the rollout trees at ``nominal_budget`` trajectory-equivalents, then
     (``learn``) the predictor's update on them.
@@ -221,6 +239,8 @@ def run_step(
         prefix_share: share of the predictor's batch weight on prefix samples.
         score_prefixes: also record the predictor's values on the prefix samples before
             it trains on them (``Learning.prefix_predictions``; the benches' prefix Spearman).
+        fallback_first: plan every prompt's single-turn fallback before the first round
+            (:func:`forecast_fallback_first`; implied by a ``single_turn`` runner).
 
     On any exception (a predictor or allocator error, an engine failure) every live
     branch is cancelled, releasing its env, before the exception propagates. An env
@@ -241,9 +261,12 @@ def run_step(
         for n, (i, prompt_rng) in enumerate(zip(chosen.tolist(), child_rngs)):
             prompts[i] = _Prompt(runner.new_tree(i, candidates[i]), n, int(m[i]), int(c[i]), prompt_rng)
             step.trees.append(prompts[i].tree)
-        if getattr(runner, "single_turn", False):  # no prefix can exist: the fallback roots join the first round
+        # no prefix can exist (or none is forecast): the fallback roots join the first round
+        step.fallback_first = bool(fallback_first or getattr(runner, "single_turn", False))
+        if step.fallback_first:
             for i, p in prompts.items():
-                _plan_single_turn(i, p, step)
+                if p.continuation_budget > 0:
+                    _plan_single_turn(i, p, step)
         for i, p in prompts.items():
             runner.start_roots(i, p.roots_out, ledger)
         ledger.add_rollouts(int(m.sum()) + sum(plan.extra_roots for _, plan in step.plans))
@@ -260,6 +283,7 @@ def run_step(
     except BaseException:
         runner.cancel()
         raise
+    step.prefixes_seen = sum(len(t.expansion_candidates()) for t in step.trees)
     if learn:
         step.learning = update_predictor(step, predictor, runner, prefix_share, score_prefixes)
     return step

@@ -184,6 +184,7 @@ class RolloutBatch:
             ``max_turns``, ``env_error``).
         learning: the predictor's update on the trees (:class:`trace_gym.driver.Learning`),
             ``None`` with ``learn=False``.
+        fallback_first, prefixes_seen: as :class:`trace_gym.driver.StepResult`.
     """
 
     tasks: list[Task]
@@ -197,6 +198,8 @@ class RolloutBatch:
     errors: list[dict[str, Any]] = field(default_factory=list)
     truncations: dict[str, int] = field(default_factory=dict)
     learning: Learning | None = None
+    fallback_first: bool = False
+    prefixes_seen: int = 0
 
 
 def collect(
@@ -210,6 +213,7 @@ def collect(
     seed: int = 0,
     learn: bool = True,
     prefix_share: float = PREFIX_SHARE,
+    fallback_first: bool = False,
 ) -> RolloutBatch:
     """One step of real rollouts (:func:`trace_gym.driver.run_step` with an
     :class:`AgentBranchRunner`): rollout trees at ``nominal_budget`` trajectory-equivalents,
@@ -225,12 +229,13 @@ def collect(
         rng: randomness for stochastic allocators.
         seed: base env seed; root rollout j of candidate i resets with
             ``seed + 1000 * i + j``.
-        learn, prefix_share: as :func:`trace_gym.driver.run_step`.
+        learn, prefix_share, fallback_first: as :func:`trace_gym.driver.run_step`.
     """
     tasks = list(tasks)
     branches = AgentBranchRunner(runner, seed)
-    step = run_step(tasks, strategy, predictor, branches, nominal_budget, rng, learn=learn, prefix_share=prefix_share)
+    step = run_step(tasks, strategy, predictor, branches, nominal_budget, rng, learn=learn, prefix_share=prefix_share,
+                    fallback_first=fallback_first)
     errors = [e | {"task_id": tasks[e["candidate"]].id} for e in step.errors]
     return RolloutBatch(tasks, step.values, step.root_counts, step.continuation_budgets, step.trees,
                         step.prefix_predictions, step.ledger, step.plans, errors, dict(branches.truncations),
-                        step.learning)
+                        step.learning, step.fallback_first, step.prefixes_seen)

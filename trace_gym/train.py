@@ -30,6 +30,7 @@ import numpy as np
 from trace_gym.advantages import ESTIMATORS, get_estimator
 from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state
 from trace_gym.config import doc, flatten, load_config, to_yaml
+from trace_gym.driver import forecast_fallback_first
 from trace_gym.engines import ENGINES
 from trace_gym.predictor import check_predictor_name, predictor_names
 from trace_gym.trainer import TrainerConfig
@@ -281,23 +282,19 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
     import torch
     from tqdm.auto import tqdm
 
-    from trace_gym.agent import AgentConfig
-    from trace_gym.batches import token_tree
     from trace_gym.models import resolve_model
     from trace_gym.predictor import make_predictor
-    from trace_gym.rollout import collect
-    from trace_gym.types import SamplingParams
 
     start = resume.step if resume else 0
-    estimator = get_estimator(cfg.advantage)
     critic = str(resolve_model(cfg.critic_model)) if cfg.critic_model and cfg.predictor == "lm_critic" else base_policy
     predictor = make_predictor(cfg.predictor, cfg.predictor_kwargs, model_path=critic, seed=cfg.seed)
     cursor = TaskCursor(len(tasks), cfg.seed)
     rng = np.random.default_rng([cfg.seed, 1])
+    fallback_first = False  # the single-turn forecast (driver.forecast_fallback_first), kept in state.json
     if resume:
         trainer.load_state(resume.path)
         load_predictor_state(predictor, torch.load(resume.path / "predictor.pt", weights_only=False))
-        _load_rng(resume.path, cursor, rng)
+        fallback_first = _load_rng(resume.path, cursor, rng)
         trainer.sync_weights(engine, version=start)  # the engine serves the checkpoint's weights
         say(f"resuming {cfg.run_dir} after step {start}")
     if setup.evaluate is not None and cfg.eval_at_start and not (run.path / "evals" / "step-0.json").exists():
@@ -305,36 +302,18 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
         (run.path / "evals").mkdir(exist_ok=True)
         (run.path / "evals" / "step-0.json").write_text(json.dumps(evaluation, default=str))
         say(f"step 0 (initial policy): held-out accuracy {evaluation.get('accuracy', math.nan):.3f}")
-    agent_cfg = AgentConfig(max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
-                            max_turns=cfg.max_turns)
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.strategy}", disable=not cfg.progress,
                dynamic_ncols=True, file=out)
     for step in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         # 1. sample candidate prompts
         candidates = [tasks[i] for i in cursor.take(cfg.candidates)]
-        # 2-3. the one step: rollout trees (predictor scoring, root allocation, prefix
-        #      expansion), then the predictor's update on their recursive-mean targets
-        bar.set_postfix_str("rollouts")
-        sampling = SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature,
-                                  seed=cfg.seed * 1_000_003 + step)
-        runner = backend.make_runner(engine, engine.tokenizer, setup.make_env, sampling, agent_cfg)
-        try:
-            batch = collect(candidates, setup.strategy, predictor, runner, cfg.nominal_budget, rng,
-                            seed=cfg.seed * 1_000_003 + 100_000 * step, prefix_share=cfg.prefix_share)
-        finally:
-            runner.close()
+        batch, token_trees, update, sync_seconds = policy_step(
+            cfg, setup, candidates, step, predictor, trainer, engine, backend, rng, bar.set_postfix_str,
+            fallback_first=fallback_first)
+        fallback_first = forecast_fallback_first(batch)
         if batch.learning.warning:  # all 0 or all 1: no contrast, nothing to learn
             tqdm.write(f"WARNING: step {step}: {batch.learning.warning}", file=sys.stderr)
-        # 4. advantages, per tree (pure functions over the trees)
-        advantages = [estimator(t, eps=cfg.advantage_eps, std_normalize=cfg.advantage_std_normalize)
-                      if t.leaves() else {} for t in batch.trees]  # a tree whose roots all failed: nothing
-        # 5. policy update (PPO-clip on packed trees, each edge once)
-        bar.set_postfix_str("policy update")
-        token_trees = [token_tree(t, a) for t, a in zip(batch.trees, advantages)]
-        update = trainer.step(token_trees)
-        # 6. weight sync to the rollout engine (version-checked)
-        sync_seconds = trainer.sync_weights(engine, version=step)
         # 7. evaluate every K steps (and at the end)
         evaluation, eval_seconds = None, 0.0
         if setup.evaluate is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
@@ -349,7 +328,8 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
                              time.perf_counter() - t_step, token_trees, eval_seconds)
         checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
         bar.set_postfix_str("checkpoint" if checkpoint else "")
-        run.commit(step, record, (lambda folder: _write_checkpoint(folder, step, trainer, predictor, cursor, rng))
+        run.commit(step, record, (lambda folder: _write_checkpoint(folder, step, trainer, predictor, cursor, rng,
+                                                                   fallback_first))
                    if checkpoint else None, keep=cfg.keep_checkpoints)
         if writer is not None:
             for key, value in _scalars(record).items():
@@ -357,6 +337,49 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
         bar.update(1)
         say(summary_line(record, cfg.steps))
     bar.close()
+
+
+def policy_step(cfg: TrainConfig, setup: TrainSetup, candidates: Sequence[Task], step: int, predictor: Any,
+                trainer: Any, engine: Any, backend: Any, rng: np.random.Generator,
+                status: Callable[[str], Any] = lambda phase: None, *,
+                fallback_first: bool = False) -> tuple[Any, list, dict[str, float], float]:
+    """Steps 2-6 of one training step, as the loop runs them (and benchmarks/bench_step.py
+    times them): rollout trees and the predictor's update on them, advantages, the policy
+    update, the weight sync. ``status`` hears the phase names as they start;
+    ``fallback_first`` as :func:`trace_gym.driver.run_step`.
+
+    Returns ``(batch, token_trees, update metrics, weight-sync seconds)``.
+    """
+    from trace_gym.agent import AgentConfig
+    from trace_gym.batches import token_tree
+    from trace_gym.rollout import collect
+    from trace_gym.types import SamplingParams
+
+    # 2-3. the one step: rollout trees (predictor scoring, root allocation, prefix
+    #      expansion), then the predictor's update on their recursive-mean targets
+    status("rollouts")
+    sampling = SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature,
+                              seed=cfg.seed * 1_000_003 + step)
+    agent_cfg = AgentConfig(max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
+                            max_turns=cfg.max_turns)
+    runner = backend.make_runner(engine, engine.tokenizer, setup.make_env, sampling, agent_cfg)
+    try:
+        batch = collect(candidates, setup.strategy, predictor, runner, cfg.nominal_budget, rng,
+                        seed=cfg.seed * 1_000_003 + 100_000 * step, prefix_share=cfg.prefix_share,
+                        fallback_first=fallback_first)
+    finally:
+        runner.close()
+    # 4. advantages, per tree (pure functions over the trees)
+    estimator = get_estimator(cfg.advantage)
+    advantages = [estimator(t, eps=cfg.advantage_eps, std_normalize=cfg.advantage_std_normalize)
+                  if t.leaves() else {} for t in batch.trees]  # a tree whose roots all failed: nothing
+    # 5. policy update (PPO-clip on packed trees, each edge once, on the trainer's own threads)
+    status("policy update")
+    token_trees = [token_tree(t, a) for t, a in zip(batch.trees, advantages)]
+    update = trainer.step(token_trees)
+    # 6. weight sync to the rollout engine (version-checked)
+    sync_seconds = trainer.sync_weights(engine, version=step)
+    return batch, token_trees, update, sync_seconds
 
 
 def _finite(value: Any) -> Any:
@@ -371,17 +394,19 @@ def _finite(value: Any) -> Any:
 
 
 def _write_checkpoint(folder: Path, step: int, trainer: Any, predictor: Any, cursor: TaskCursor,
-                      rng: np.random.Generator) -> None:
+                      rng: np.random.Generator, fallback_first: bool = False) -> None:
     import torch
 
     trainer.save(folder)
     torch.save(predictor_state(predictor), folder / "predictor.pt")
     torch.save({"generator": rng.bit_generator.state, "python": random.getstate(),
                 "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, folder / "rng.pt")
-    (folder / "state.json").write_text(json.dumps({"step": step, "cursor": cursor.state()}))
+    (folder / "state.json").write_text(json.dumps({"step": step, "cursor": cursor.state(),
+                                                   "fallback_first": bool(fallback_first)}))
 
 
-def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> None:
+def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> bool:
+    """Restore the cursor and every RNG from a checkpoint; returns its single-turn forecast."""
     import torch
 
     state = json.loads((folder / "state.json").read_text())
@@ -391,6 +416,7 @@ def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> Non
     random.setstate(saved["python"])
     np.random.set_state(saved["numpy"])
     torch.set_rng_state(saved["torch"])
+    return bool(state.get("fallback_first", False))
 
 
 # ---------------------------------------------------------------------- metrics
@@ -434,6 +460,8 @@ def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_st
         "env_steps": led.env_steps,
         "episode_errors": led.errors,
         "unspent_continuations": led.unspent_continuations,
+        "fallback_first": bool(getattr(batch, "fallback_first", False)),
+        "prefixes_seen": int(getattr(batch, "prefixes_seen", 0)),
         "truncations": dict(getattr(batch, "truncations", {}) or {}),
         "predictor_spearman_prompt": prompt_rho,
         "predictor_spearman_prefix": report.spearman(pred, emp) if len(pred) > 2 else math.nan,

@@ -60,6 +60,7 @@ from trace_gym.batches import (
     slot_bases,
 )
 from trace_gym.config import doc
+from trace_gym.threads import resolve_threads, torch_threads
 
 LR_SCHEDULES = ("constant", "cosine")
 #: |logp - logp_old| is clamped to this before the ratio is taken (verl's value), nats.
@@ -96,6 +97,9 @@ class TrainerConfig:
     dtype: str = field(default="auto", metadata=doc(
         "autocast dtype: auto (bf16 on a GPU that supports it, else float32) | float32 | bfloat16"))
     gradient_checkpointing: bool = field(default=False, metadata=doc("recompute activations in backward"))
+    cpu_threads: int = field(default=0, metadata=doc(
+        "torch threads of the update on CPU, set around each update and restored after it "
+        "(0: $OMP_NUM_THREADS, else every core; an engine keeps its own count, trace_gym.threads)"))
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -114,6 +118,7 @@ class TrainerConfig:
             raise ValueError(f"tis_cap must be > 0 or null, got {self.tis_cap!r}")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas!r}")
+        resolve_threads(self.cpu_threads, "trainer.cpu_threads")
         for name in ("ppo_epochs", "mini_batches", "micro_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
@@ -249,6 +254,8 @@ class PolicyTrainer:
                                            weight_decay=config.weight_decay)
         self.updates = 0  # policy updates done (the LR schedule's clock)
         self._set_lr()
+        #: intra-op threads of every update on CPU (None on a GPU: the count does not matter there)
+        self.threads = resolve_threads(config.cpu_threads) if self.device.type == "cpu" else None
 
     def _autocast_dtype(self, name: str):
         import torch
@@ -303,10 +310,17 @@ class PolicyTrainer:
 
     # -- one policy update
     def step(self, trees: Sequence[TokenTree]) -> dict[str, float]:
-        """One policy update on the trees of a batch; returns the step's metrics."""
+        """One policy update on the trees of a batch, on :attr:`threads` CPU threads;
+        returns the step's metrics (``seconds``: its wall-clock)."""
+        t0 = time.perf_counter()
+        with torch_threads(self.threads):
+            out = self._step(trees)
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+    def _step(self, trees: Sequence[TokenTree]) -> dict[str, float]:
         import torch
 
-        t0 = time.perf_counter()
         c = self.config
         self._set_lr()
         groups = [list(trees[i::c.mini_batches]) for i in range(c.mini_batches)] if c.mini_batches > 1 else [list(trees)]
@@ -337,7 +351,7 @@ class PolicyTrainer:
         out.update(lr=lr, micro_batches=float(sum(len(r) for r, _ in prepared)),
                    row_tokens=float(sum(len(row) for rows, _ in prepared for row in rows)),
                    trained_tokens=float(sum(len(row.targets) for rows, _ in prepared for row in rows)),
-                   policy_tokens=float(sum(t.policy_tokens for t in trees)), seconds=time.perf_counter() - t0)
+                   policy_tokens=float(sum(t.policy_tokens for t in trees)))
         return out
 
     def objective(self, trees: Sequence[TokenTree], old_logprobs: Any = None) -> tuple[float, dict[str, Any]]:
@@ -345,6 +359,10 @@ class PolicyTrainer:
         optimizer step; for tests and diagnostics. ``old_logprobs``: the step-start
         log-probabilities by slot (:func:`~trace_gym.batches.slot_bases` order), or ``None``
         for on-policy (ratio 1)."""
+        with torch_threads(self.threads):
+            return self._objective(trees, old_logprobs)
+
+    def _objective(self, trees: Sequence[TokenTree], old_logprobs: Any) -> tuple[float, dict[str, Any]]:
         import torch
 
         self.optimizer.zero_grad(set_to_none=True)

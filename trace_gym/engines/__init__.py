@@ -45,7 +45,8 @@ from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from trace_gym.types import Completion, SamplingParams
 
-__all__ = ["RolloutEngine", "ENGINES", "make_engine", "vllm_importable", "check_generate_args", "check_score_args"]
+__all__ = ["RolloutEngine", "ENGINES", "AUTO_BY_DEVICE", "auto_engine_kind", "make_engine", "vllm_importable",
+           "check_generate_args", "check_score_args"]
 
 _log = logging.getLogger(__name__)
 
@@ -117,12 +118,35 @@ def vllm_importable() -> tuple[bool, str]:
     return True, "ok"
 
 
+#: The engine ``auto`` picks per device kind when vLLM imports: the one whose whole training
+#: step (rollouts + update + weight sync) ``benchmarks/bench_step.py`` measured as faster
+#: there (docs/engines.md has the table). Without vLLM, ``auto`` is always ``hf``.
+AUTO_BY_DEVICE: dict[str, str] = {"cuda": "vllm", "cpu": "vllm"}
+
+
+def auto_engine_kind(device: str | None = None) -> str:
+    """The engine ``make_engine("auto")`` builds on ``device`` (``"cpu"``/``"cuda"``; default:
+    CUDA when torch sees a GPU): :data:`AUTO_BY_DEVICE`, or ``hf`` when vLLM does not import
+    (logged with the reason)."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    kind = AUTO_BY_DEVICE.get(device.split(":")[0], "hf")
+    if kind == "vllm":
+        ok, why = vllm_importable()
+        if not ok:
+            _log.warning("make_engine('auto'): using the hf engine because %s", why)
+            return "hf"
+    return kind
+
+
 def make_engine(kind: str = "auto", model_path: str | os.PathLike = "smollm2-135m", **kwargs: Any) -> RolloutEngine:
     """Build a rollout engine.
 
     Args:
-        kind: ``"hf"``, ``"vllm"`` or ``"auto"`` (vLLM when importable, else HF, with a
-            logged warning saying why).
+        kind: ``"hf"``, ``"vllm"`` or ``"auto"`` (:func:`auto_engine_kind`: the engine
+            measured faster per step on the device, HF when vLLM does not import).
         model_path: a known model name, a local HF folder or a hub id (see
             :func:`trace_gym.models.resolve_model`).
         **kwargs: passed to the engine class (see :class:`~trace_gym.engines.hf.HFEngine`,
@@ -131,10 +155,7 @@ def make_engine(kind: str = "auto", model_path: str | os.PathLike = "smollm2-135
     from trace_gym.models import resolve_model
 
     if kind == "auto":
-        ok, why = vllm_importable()
-        kind = "vllm" if ok else "hf"
-        if not ok:
-            _log.warning("make_engine('auto'): using the hf engine because %s", why)
+        kind = auto_engine_kind(kwargs.get("device"))
     if kind not in ENGINES:
         raise ValueError(f"unknown engine kind {kind!r}; expected 'auto' or one of {sorted(ENGINES)}")
     module_name, class_name = ENGINES[kind].split(":")

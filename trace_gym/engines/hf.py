@@ -56,6 +56,7 @@ from trace_gym.engines.dynamic_cache import (
 from trace_gym.engines.prefix_cache import PrefixKVCache
 from trace_gym.engines.sampling import StopStrings, process_logits, row_seed
 from trace_gym.types import Completion, SamplingParams
+from trace_gym.threads import resolve_threads, torch_threads
 
 _log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class HFEngine:
         prefix_cache_bytes: byte budget of the prefix KV cache (0 disables it).
         cache_completions: also cache ``prefix + completion`` KV for follow-up turns.
         ignore_eos: do not stop at the model's EOS ids (benchmarks with fixed lengths).
-        num_threads: ``torch.set_num_threads`` value, if given.
+        num_threads: torch threads of ``generate`` on CPU, set around each call and restored
+            after it (:func:`trace_gym.threads.torch_threads`); ``None``: the process's count.
     """
 
     def __init__(
@@ -101,8 +103,7 @@ class HFEngine:
         from trace_gym.models import quiet_third_party
 
         quiet_third_party()  # transformers' "Loading weights" bar: our progress bars only
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        self.num_threads = resolve_threads(num_threads, "num_threads") if num_threads else None
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = self._pick_dtype(dtype)
         t0 = time.perf_counter()
@@ -169,10 +170,11 @@ class HFEngine:
         results: list[list[Completion | None]] = [[None] * k for k in counts]
         stats = {"prefill_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "forward_passes": 0}
         t0 = time.perf_counter()
-        for start in range(0, len(rows), self.max_batch_rows):
-            chunk = rows[start : start + self.max_batch_rows]
-            for (i, j), completion in zip(chunk, self._generate_rows(prefixes, chunk, sampling, stats)):
-                results[i][j] = completion
+        with torch_threads(self.num_threads if self.device.type == "cpu" else None):
+            for start in range(0, len(rows), self.max_batch_rows):
+                chunk = rows[start : start + self.max_batch_rows]
+                for (i, j), completion in zip(chunk, self._generate_rows(prefixes, chunk, sampling, stats)):
+                    results[i][j] = completion
         stats["seconds"] = time.perf_counter() - t0
         self.last_stats = stats
         return results  # type: ignore[return-value]

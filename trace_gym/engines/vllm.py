@@ -42,6 +42,7 @@ import numpy as np
 
 from trace_gym.engines import check_generate_args, check_score_args
 from trace_gym.types import Completion, SamplingParams
+from trace_gym.threads import torch_threads
 
 _log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def configure_vllm_env() -> None:
 KNOWN_NOISE: dict[str, str] = {
     "Failed to load weights": "layer-wise reload: RotaryEmbedding has no weights, and the tied LM head is "
                               "re-packed by update_weights itself",
-    "doesn't allow to use `torch.set_num_threads`": "threads are set before the engine starts (_set_cpu_threads)",
+    "doesn't allow to use `torch.set_num_threads`": "the engine sets its threads around each call (trace_gym.threads)",
     "The global random seed is set": "the engine seed is deliberate (reproducible sampling)",
     "Enforce eager set": "eager mode is this engine's CPU default (no compile warm-up)",
     "Inductor compilation was disabled": "follows from eager mode",
@@ -107,7 +108,8 @@ class _KnownNoise(logging.Filter):
 def quiet_known_noise() -> None:
     """Attach the :data:`KNOWN_NOISE` filter to the root log handlers and to vLLM's own
     (when vLLM configured its logging itself); idempotent."""
-    for handler in (*logging.getLogger().handlers, *logging.getLogger("vllm").handlers):
+    last_resort = [logging.lastResort] if logging.lastResort is not None else []  # a script without handlers
+    for handler in (*logging.getLogger().handlers, *logging.getLogger("vllm").handlers, *last_resort):
         if not any(isinstance(f, _KnownNoise) for f in handler.filters):
             handler.addFilter(_KnownNoise())
 
@@ -307,10 +309,12 @@ class VLLMEngine:
         seed: engine-level seed (requests without a seed draw from it).
         enforce_eager: default ``True`` on CPU (no compile warm-up), ``False`` on GPU.
         ignore_eos: do not stop at EOS (benchmarks with fixed lengths).
-        cpu_threads: torch/OpenMP threads on CPU. Default: ``$OMP_NUM_THREADS`` when set,
-            else 1 -- what vLLM itself intends for serving, but its CPU worker blocks its own
-            ``torch.set_num_threads(1)``, so it is done here, before the engine starts.
-            Process-wide: an HF engine in the same process runs with it too.
+        cpu_threads: torch/OpenMP threads of the engine's work on CPU (start-up, generate,
+            score, weight reload). Default: ``$OMP_NUM_THREADS`` when set, else 1 -- what
+            vLLM itself intends for serving (its CPU worker blocks its own
+            ``torch.set_num_threads(1)``). Set around each call and restored after it
+            (:func:`trace_gym.threads.torch_threads`), so a trainer or HF engine in the same
+            process keeps its own count.
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
     """
 
@@ -329,8 +333,8 @@ class VLLMEngine:
     ):
         self.api = _VLLMAPI()
         cpu = self.api.is_cpu()
-        if cpu:
-            _set_cpu_threads(cpu_threads)
+        #: intra-op threads of every engine call on CPU (None on a GPU)
+        self.cpu_threads = _cpu_threads(cpu_threads) if cpu else None
         if block_size is None and cpu:
             block_size = 32
         kwargs: dict[str, Any] = dict(
@@ -349,7 +353,8 @@ class VLLMEngine:
         quiet_known_noise()  # vLLM (imported by _VLLMAPI) has its log handlers by now
         t0 = time.perf_counter()
         # weights in the engine's dtype: no per-tensor cast (and no per-tensor warning) at load
-        self.llm = self.api.make_llm(dtype_matched_checkpoint(model_path, dtype), **kwargs)
+        with torch_threads(self.cpu_threads):
+            self.llm = self.api.make_llm(dtype_matched_checkpoint(model_path, dtype), **kwargs)
         self.load_seconds = time.perf_counter() - t0
         self.model_path = str(model_path)
         self.tokenizer = self.llm.get_tokenizer()
@@ -382,7 +387,8 @@ class VLLMEngine:
             for i, k in requests
         ]
         t0 = time.perf_counter()
-        outputs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        with torch_threads(self.cpu_threads):
+            outputs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
         results: list[list[Completion]] = [[] for _ in counts]
         generated = cached_total = 0
         for (i, k), request_output in zip(requests, outputs):
@@ -404,8 +410,9 @@ class VLLMEngine:
         """Model log-probabilities via ``prompt_logprobs`` (vLLM skips its prefix cache for these)."""
         starts = check_score_args(sequences, start)
         check_generate_args(sequences, [1] * len(sequences), self.vocab_size, self.max_model_len)
-        outputs = self.llm.generate([self.api.tokens_prompt(s) for s in sequences], self.api.score_params(),
-                                    use_tqdm=False)
+        with torch_threads(self.cpu_threads):
+            outputs = self.llm.generate([self.api.tokens_prompt(s) for s in sequences], self.api.score_params(),
+                                        use_tqdm=False)
         return [self.api.read_prompt_logprobs(o)[s - 1 :] for o, s in zip(outputs, starts)]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
@@ -434,7 +441,9 @@ class VLLMEngine:
                 raise ValueError(f"update_weights: vLLM layer {group!r} needs all of {sorted(members)}; "
                                  f"missing {sorted(members - sent)} (a partial update corrupts the layer)")
         t0 = time.perf_counter()
-        self.api.reload_weights(self.llm, weights, cpu=self.device == "cpu")
+        quiet_known_noise()  # a log handler added since start-up (by any library) gets the filter too
+        with torch_threads(self.cpu_threads):
+            self.api.reload_weights(self.llm, weights, cpu=self.device == "cpu")
         self.api.reset_prefix_cache(self.llm)
         self.last_update_seconds = time.perf_counter() - t0
         self._version = int(version)
@@ -474,17 +483,15 @@ class VLLMEngine:
             del llm
 
 
-def _set_cpu_threads(cpu_threads: int | None) -> None:
+def _cpu_threads(cpu_threads: int | None) -> int:
     # Measured on the shared 2-core box: 2 OpenMP threads spin-wait on each other when
     # other processes hold a core, ~10x slower (30 vs 350 tok/s) than 1 thread.
-    import torch
-
     if cpu_threads is None:
-        env = os.environ.get("OMP_NUM_THREADS")
-        cpu_threads = int(env) if env and env.isdigit() else 1
-    if cpu_threads < 1:
-        raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
-    torch.set_num_threads(cpu_threads)
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        return int(env) if env.isdigit() and int(env) > 0 else 1
+    if int(cpu_threads) != cpu_threads or cpu_threads < 1:
+        raise ValueError(f"cpu_threads must be an integer >= 1, got {cpu_threads!r}")
+    return int(cpu_threads)
 
 
 def _request_seed(seed: int, prefix_index: int) -> int:
