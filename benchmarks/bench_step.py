@@ -40,6 +40,7 @@ machine: run nothing else beside it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -117,15 +118,17 @@ def make_arm(task: str, strategy: str, engine: str, lr: float, predictor: bool =
     return Arm(task, strategy, engine, cfg, setup, tasks, built, np.random.default_rng([0, 1]))
 
 
-class Sync:
-    """One counter of weight versions over every engine."""
+#: one counter of weight versions over every engine
+VERSIONS = itertools.count(1)
 
-    version = 0
 
-    @classmethod
-    def next(cls) -> int:
-        cls.version += 1
-        return cls.version
+def first_observations(arm: Arm, n: int) -> list[tuple[Any, list[dict]]]:
+    """``(task, first observation as chat messages)`` of the arm's first ``n`` tasks."""
+    env = arm.setup.make_env()
+    try:
+        return [(task, [m.to_dict() for m in env.reset(seed=0, options={"task": task})[0]]) for task in arm.tasks[:n]]
+    finally:
+        env.close()
 
 
 def run_arm(arm: Arm, step: int, trainer: Any, engines: dict, backend: Any, record: bool) -> dict:
@@ -134,7 +137,7 @@ def run_arm(arm: Arm, step: int, trainer: Any, engines: dict, backend: Any, reco
     candidates = [arm.tasks[(step * PROMPTS + i) % len(arm.tasks)] for i in range(PROMPTS)]
     engine = engines[arm.engine]
     t0 = time.perf_counter()
-    batch, token_trees, update, sync = policy_step(arm.cfg, arm.setup, candidates, Sync.next(), arm.predictor,
+    batch, token_trees, update, sync = policy_step(arm.cfg, arm.setup, candidates, next(VERSIONS), arm.predictor,
                                                    trainer, engine, backend, arm.rng)
     seconds = time.perf_counter() - t0
     led = batch.ledger
@@ -224,12 +227,7 @@ def trl_child(rounds: int) -> int:
 
     quiet_third_party()
     arm = make_arm("single", "uniform", "hf", 1e-7, predictor=False)
-    env = arm.setup.make_env()
-    prompts = []
-    for task in arm.tasks[:64]:
-        obs, _ = env.reset(seed=0, options={"task": task})
-        prompts.append({"prompt": [m.to_dict() for m in obs], "task_id": task.id})
-    env.close()
+    prompts = [{"prompt": messages, "task_id": task.id} for task, messages in first_observations(arm, 64)]
     by_id = {t.id: t for t in arm.tasks}
     spent = [0.0]
 
@@ -353,13 +351,8 @@ def main() -> int:
 
     # the lower bound's rates
     tok = engines[kinds[0]].tokenizer
-    single = next(a for a in arms)
-    env = single.setup.make_env()
-    chat = []
-    for task in single.tasks[:PROMPTS]:
-        obs, _ = env.reset(seed=0, options={"task": task})
-        chat.append(tok.apply_chat_template([m.to_dict() for m in obs], add_generation_prompt=True, return_dict=False))
-    env.close()
+    chat = [tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+            for _, messages in first_observations(arms[0], PROMPTS)]
     peaks = {k: peak_throughput(e, chat) for k, e in engines.items()}
     bare = bare_rate(trainer)
     print("\n## The lower bound's rates\n")
@@ -383,8 +376,7 @@ def main() -> int:
         rounds_done[0] += 1
         one_round(True, rounds_done[0])
 
-    single_uniform = next((a for a in arms if a.task == "single" and a.strategy == "uniform"), None)
-    if not args.no_trl and single_uniform is not None:
+    if not args.no_trl and any(a.task == "single" and a.strategy == "uniform" for a in arms):
         trl_times = trl_arm(args.rounds, between)
     while rounds_done[0] < args.rounds:
         between()

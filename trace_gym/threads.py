@@ -29,17 +29,19 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def default_threads() -> int:
+def default_threads(fallback: int | None = None) -> int:
     """``$OMP_NUM_THREADS`` when it is a positive integer (the user's word, e.g. the test
-    suite's 1), else every available core."""
+    suite's 1), else ``fallback``, else every available core."""
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(env) if env.isdigit() and int(env) > 0 else available_cores()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return fallback if fallback is not None else available_cores()
 
 
-def resolve_threads(threads: int | None, name: str = "threads") -> int:
-    """``threads`` checked (>= 1), or :func:`default_threads` when it is ``None`` or 0."""
+def resolve_threads(threads: int | None, name: str = "threads", fallback: int | None = None) -> int:
+    """``threads`` checked (>= 1), or :func:`default_threads` (``fallback``) when it is ``None`` or 0."""
     if threads is None or threads == 0:
-        return default_threads()
+        return default_threads(fallback)
     if int(threads) != threads or threads < 0:
         raise ValueError(f"{name} must be a positive integer (0: the default), got {threads!r}")
     return int(threads)

@@ -61,6 +61,7 @@ from trace_gym.batches import (
 )
 from trace_gym.config import doc
 from trace_gym.threads import resolve_threads, torch_threads
+from trace_gym.update_stats import UpdateStats
 
 LR_SCHEDULES = ("constant", "cosine")
 #: |logp - logp_old| is clamped to this before the ratio is taken (verl's value), nats.
@@ -335,7 +336,7 @@ class PolicyTrainer:
                     for row in rows:
                         buf[row.slots.to(self.device)] = self.row_logprobs(row)[0].detach()
                     old.append(buf)
-        stats = _Stats()
+        stats = UpdateStats()
         stats.optimizer_steps = c.ppo_epochs * len(groups)
         for _ in range(c.ppo_epochs):
             for g, (rows, _total) in enumerate(prepared):
@@ -368,7 +369,7 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         rows, _ = self._rows(trees)
         old = None if old_logprobs is None else torch.as_tensor(old_logprobs, dtype=torch.float32).to(self.device)
-        stats = _Stats()
+        stats = UpdateStats()
         self._accumulate(rows, old, stats)
         grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
         self.optimizer.zero_grad(set_to_none=True)
@@ -379,7 +380,7 @@ class PolicyTrainer:
         parameter name; for tests and diagnostics."""
         return self.objective(trees)[1]
 
-    def _accumulate(self, rows: Sequence[Row], old: Any, stats: "_Stats") -> None:
+    def _accumulate(self, rows: Sequence[Row], old: Any, stats: UpdateStats) -> None:
         """Forward and backward every row; ``old`` holds step-start logprobs by slot, or
         ``None`` to take them from this very pass (detached)."""
         for row in rows:
@@ -389,7 +390,7 @@ class PolicyTrainer:
             old_logp = logp.detach() if old is None else old[row.slots.to(self.device)]
             self._backward(row, logp, old_logp, ent, stats)
 
-    def _backward(self, row: Row, logp, old_logp, ent, stats: "_Stats") -> None:
+    def _backward(self, row: Row, logp, old_logp, ent, stats: UpdateStats) -> None:
         import torch
 
         c, dev = self.config, self.device
@@ -476,38 +477,3 @@ class _null:
 
     def __exit__(self, *exc):
         return False
-
-
-class _Stats:
-    def __init__(self) -> None:
-        self.loss = self.pg = self.kl = self.entropy = self.mismatch_abs = self.mismatch_kl = self.is_weight = 0.0
-        self.tokens = self.mismatch_tokens = self.clipped_low = self.clipped_high = self.clipped_dual = 0
-        self.grad_norms: list[float] = []
-        self.optimizer_steps = 1
-
-    def add(self, *, loss, sums, tokens, entropy, mismatch_abs, mismatch_kl, mismatch_tokens, is_weight) -> None:
-        self.loss += loss
-        self.pg += sums["pg"]
-        self.kl += sums["kl"]
-        self.clipped_low += sums["clipped_low"]
-        self.clipped_high += sums["clipped_high"]
-        self.clipped_dual += sums["clipped_dual"]
-        self.tokens += tokens
-        self.entropy += entropy
-        self.mismatch_abs += mismatch_abs
-        self.mismatch_kl += mismatch_kl
-        self.mismatch_tokens += mismatch_tokens
-        self.is_weight += is_weight
-
-    def summary(self) -> dict[str, float]:
-        n, m, k = max(self.tokens, 1), max(self.mismatch_tokens, 1), max(self.optimizer_steps, 1)
-        return {  # losses: mean over optimizer steps; fractions and means: over every token run
-            "loss": self.loss / k, "pg_loss": self.pg / k, "kl": self.kl / k,
-            "clip_fraction_low": self.clipped_low / n, "clip_fraction_high": self.clipped_high / n,
-            "clip_fraction_dual": self.clipped_dual / n,
-            "entropy": self.entropy / n,
-            "mismatch_abs": self.mismatch_abs / m if self.mismatch_tokens else math.nan,
-            "mismatch_kl": self.mismatch_kl / m if self.mismatch_tokens else math.nan,
-            "is_weight_mean": self.is_weight / n if self.is_weight else math.nan,
-            "grad_norm": max(self.grad_norms) if self.grad_norms else 0.0,
-        }

@@ -42,7 +42,7 @@ import numpy as np
 
 from trace_gym.engines import check_generate_args, check_score_args
 from trace_gym.types import Completion, SamplingParams
-from trace_gym.threads import torch_threads
+from trace_gym.threads import resolve_threads, torch_threads
 
 _log = logging.getLogger(__name__)
 
@@ -334,7 +334,9 @@ class VLLMEngine:
         self.api = _VLLMAPI()
         cpu = self.api.is_cpu()
         #: intra-op threads of every engine call on CPU (None on a GPU)
-        self.cpu_threads = _cpu_threads(cpu_threads) if cpu else None
+        # 1 unless told: measured on the shared 2-core box, 2 OpenMP threads spin-wait on each
+        # other when other processes hold a core, ~10x slower (30 vs 350 tok/s) than 1 thread
+        self.cpu_threads = resolve_threads(cpu_threads, "cpu_threads", fallback=1) if cpu else None
         if block_size is None and cpu:
             block_size = 32
         kwargs: dict[str, Any] = dict(
@@ -481,17 +483,6 @@ class VLLMEngine:
             if callable(shutdown):
                 shutdown()
             del llm
-
-
-def _cpu_threads(cpu_threads: int | None) -> int:
-    # Measured on the shared 2-core box: 2 OpenMP threads spin-wait on each other when
-    # other processes hold a core, ~10x slower (30 vs 350 tok/s) than 1 thread.
-    if cpu_threads is None:
-        env = os.environ.get("OMP_NUM_THREADS", "")
-        return int(env) if env.isdigit() and int(env) > 0 else 1
-    if int(cpu_threads) != cpu_threads or cpu_threads < 1:
-        raise ValueError(f"cpu_threads must be an integer >= 1, got {cpu_threads!r}")
-    return int(cpu_threads)
 
 
 def _request_seed(seed: int, prefix_index: int) -> int:
