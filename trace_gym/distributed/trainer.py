@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from trace_gym.batches import TokenTree
-from trace_gym.trainer import PolicyTrainer, TrainerConfig, _Stats
+from trace_gym.trainer import PolicyTrainer, TrainerConfig
+from trace_gym.update_stats import UpdateStats
 
 
 def deal_rows(sizes: Sequence[int], world_size: int) -> list[int]:
@@ -134,7 +135,7 @@ class DataParallelTrainer(PolicyTrainer):
         """The global loss gradient (summed over ranks) of one on-policy pass, by name."""
         self.optimizer.zero_grad(set_to_none=True)
         rows, _ = self._rows(trees)
-        self._accumulate(rows, None, _Stats())
+        self._accumulate(rows, None, UpdateStats())
         self.all_reduce_gradients()
         grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
         self.optimizer.zero_grad(set_to_none=True)
@@ -246,7 +247,7 @@ class ShardedTrainer(DataParallelTrainer):
         self._padding.clear()
         self.optimizer.zero_grad(set_to_none=True)
         rows, _ = self._rows(trees)
-        self._accumulate(rows, None, _Stats())
+        self._accumulate(rows, None, UpdateStats())
         self.all_reduce_gradients()
         grads = {n: _full(p.grad).detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
         self.optimizer.zero_grad(set_to_none=True)
