@@ -6,16 +6,20 @@ SmolLM2-135M on this CPU, with the code ``trace-gym train`` runs
 the policy update, the weight sync):
 
 - tasks: **single** (the generated math family, one turn: TRL's job, 4 prompts x 4
-  completions of 64 tokens) and **multi** (GuessNumber over 1..8, up to 3 turns of 32 tokens);
-- strategies: uniform GRPO (4 prompts x 4) and TRACE (8 roots + 16 continuations / 2)
-  at the same nominal budget of 16 rollouts;
+  completions of 64 tokens) and **multi** (GuessNumber over 1..8, up to 3 turns of 32 tokens,
+  16 prompts a step: ``--multi-prompts``);
+- strategies: uniform GRPO (P prompts x 4) and TRACE (2P roots + 4P continuations / 2)
+  at the same nominal budget of 4P rollouts. In a multi-turn step TRACE's roots run every
+  turn, half as wide as uniform's batch, before a prompt's continuations can be planned
+  (they need its roots' rewards); the engines' width curve, printed first, says what that
+  half width costs by itself (steep below 16 wide on this CPU, hence 16 prompts);
 - engines: ``hf`` and ``vllm`` (when it imports).
 
 Per arm: generated tok/s (generated tokens / the ledger's generation seconds, both summed
 over the rounds: one step's rate swings with its longest completion), update trained tok/s
 (summed likewise), median step seconds, and the ratio of the step to
 its lower bound on this machine: generated tokens at the engine's peak batch throughput
-(the best of 16/32/64 full-length completions in one call) + the update's row tokens at
+(the best width of the curve: 8/16/32/64 full-length completions in one call) + the update's row tokens at
 the bare forward+backward+AdamW loop's rate (benchmarks/bench_trainer.py's baseline, on
 the same kind of rows) + the step's own weight sync. Both rates are measured once and
 then raised to any step's that beat them (the machine's speed drifts), so no part of the
@@ -32,8 +36,9 @@ Checks (each can fail; ``--plant`` breaks one on purpose to show it):
    the engine ``auto`` picks), the two alternated step by step (TRL's arm is skipped,
    with a line saying so, when ``trl`` does not import).
 
-Usage: ``python benchmarks/bench_step.py [--rounds 3] [--engines hf,vllm] [--tasks single,multi]
-[--no-trl] [--plant serial-fallback|shared-threads] [--json FILE]``. Timing needs an idle
+Usage: ``python benchmarks/bench_step.py [--rounds 3] [--single-rounds 8] [--multi-prompts 16]
+[--engines hf,vllm] [--tasks single,multi] [--no-trl] [--plant serial-fallback|shared-threads]
+[--json FILE]`` (about 30 min). Timing needs an idle
 machine: run nothing else beside it.
 """
 
@@ -55,6 +60,8 @@ import warnings
 
 import numpy as np
 
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # vLLM's NUMA notice at start-up: read before torch loads
+
 warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")  # its own deprecations, at import
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,13 +74,24 @@ TASKS = {
     # TRL's job: one turn of at most 64 tokens (a tool call in it is cut, reward 0)
     "single": dict(env="math_python", max_turns=1, max_turn_tokens=64, max_episode_tokens=1024),
     # 1..8 in at most 3 guesses of up to 32 tokens: the 135M policy wins some (mixed groups to train on)
-    "multi": dict(env="guess_number", max_turns=3, max_turn_tokens=32,
-                  max_episode_tokens=1024),
+    # (the reply's last integer is its guess: the 135M policy ignores the ``guess: N`` format)
+    "multi": dict(env="guess_number", env_kwargs=dict(high=8, max_turns=3, guess_format="number"), max_turns=3,
+                  max_turn_tokens=32, max_episode_tokens=1024),
 }
-STRATEGIES = {"uniform": dict(strategy="uniform", group_size=4),
-              "trace": dict(strategy="trace", root_budget=8, continuations_per_root=2)}
-PEAK_WIDTHS = (16, 32, 64)
-PROMPTS = 4
+#: prompts per step; the nominal budget is 4 rollouts a prompt (uniform P x 4, TRACE 2P roots
+#: + 4P continuations / 2). ``single`` is TRL's job (4 x 4); ``multi`` is wide enough that
+#: TRACE's root phase (2P sequences a turn) is past the steep part of the engines' width
+#: curve (``--multi-prompts 4`` runs the narrow case; the curve is printed first)
+PROMPTS = {"single": 4, "multi": 16}
+WIDTHS = (8, 16, 32, 64)
+
+
+def strategy_over(strategy: str, prompts: int) -> dict:
+    budget = dict(root_budget=2 * prompts, continuations_per_root=2)  # nominal 4P: every strategy's
+    return {**budget, **(dict(strategy="uniform", group_size=4) if strategy == "uniform" else dict(strategy="trace"))}
+
+
+STRATEGIES = ("uniform", "trace")
 
 
 @dataclass
@@ -96,7 +114,9 @@ class Arm:
 def make_cfg(task: str, strategy: str, engine: str, lr: float) -> Any:
     from trace_gym.train import load_train_config
 
-    over = {**TASKS[task], **STRATEGIES[strategy], "engine": engine, "candidates": PROMPTS, "temperature": 0.7,
+    prompts = PROMPTS[task]
+    over = {**TASKS[task], **strategy_over(strategy, prompts), "engine": engine, "candidates": prompts,
+            "temperature": 0.7,
             "eval_every": 0, "progress": False, "run_dir": "/nonexistent", "trainer.lr": lr, "seed": 0}
     return load_train_config(None, over)
 
@@ -134,7 +154,8 @@ def first_observations(arm: Arm, n: int) -> list[tuple[Any, list[dict]]]:
 def run_arm(arm: Arm, step: int, trainer: Any, engines: dict, backend: Any, record: bool) -> dict:
     from trace_gym.train import policy_step
 
-    candidates = [arm.tasks[(step * PROMPTS + i) % len(arm.tasks)] for i in range(PROMPTS)]
+    n = PROMPTS[arm.task]
+    candidates = [arm.tasks[(step * n + i) % len(arm.tasks)] for i in range(n)]
     engine = engines[arm.engine]
     t0 = time.perf_counter()
     batch, token_trees, update, sync = policy_step(arm.cfg, arm.setup, candidates, next(VERSIONS), arm.predictor,
@@ -151,22 +172,23 @@ def run_arm(arm: Arm, step: int, trainer: Any, engines: dict, backend: Any, reco
     return row
 
 
-def peak_throughput(engine: Any, prompts: list[list[int]]) -> float:
-    """Generated tok/s of the engine's best batch width (one call each, after a warm-up)."""
+def width_curve(engine: Any, prompts: list[list[int]]) -> dict[int, float]:
+    """Generated tok/s of one call per batch width in :data:`WIDTHS` (after a warm-up),
+    every completion its full 64 tokens; the best is the engine's peak in the bound."""
     from trace_gym.types import SamplingParams
 
     params = SamplingParams(max_tokens=64, temperature=1.0, seed=0)
     engine.generate(prompts[:2], 2, params)
-    best, engine.ignore_eos = 0.0, True  # every completion runs its 64 tokens: the batch stays full
+    curve, engine.ignore_eos = {}, True  # every completion runs its 64 tokens: the batch stays full
     try:
-        for width in PEAK_WIDTHS:
+        for width in WIDTHS:
             t0 = time.perf_counter()
             outs = engine.generate(prompts, width // len(prompts), params)
             tokens = sum(len(c.token_ids) for o in outs for c in o)
-            best = max(best, tokens / (time.perf_counter() - t0))
+            curve[width] = tokens / (time.perf_counter() - t0)
     finally:
         engine.ignore_eos = False
-    return best
+    return curve
 
 
 def bare_rate(trainer: Any) -> float:
@@ -254,7 +276,7 @@ def trl_child(rounds: int) -> int:
             sys.stdin.readline()  # the parent's round of our arms runs now
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = GRPOConfig(output_dir=tmp, use_cpu=True, per_device_train_batch_size=PROMPTS * 4, num_generations=4,
+        config = GRPOConfig(output_dir=tmp, use_cpu=True, per_device_train_batch_size=PROMPTS["single"] * 4, num_generations=4,
                             max_completion_length=64, temperature=0.7, learning_rate=1e-7, max_steps=rounds + 1,
                             logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, bf16=False,
                             dataloader_num_workers=0, seed=0)
@@ -309,8 +331,12 @@ def rate(rows: list[dict], num: str, den: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--single-rounds", type=int, default=8,
+                        help="rounds of the single-turn arms (at least --rounds; about 35 s each)")
     parser.add_argument("--engines", default="hf,vllm")
     parser.add_argument("--tasks", default="single,multi")
+    parser.add_argument("--multi-prompts", type=int, default=PROMPTS["multi"],
+                        help="prompts per multi-turn step (budget 4 rollouts each; 4 = the narrow case)")
     parser.add_argument("--no-trl", action="store_true")
     parser.add_argument("--plant", choices=["serial-fallback", "shared-threads"], action="append", default=[],
                         help="break one check on purpose (repeatable)")
@@ -319,6 +345,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.trl_child:
         return trl_child(args.rounds)
+    if args.multi_prompts < 1:
+        parser.error(f"--multi-prompts must be at least 1, got {args.multi_prompts}")
+    PROMPTS["multi"] = args.multi_prompts
     from trace_gym.backend import InProcessBackend
     from trace_gym.engines import make_engine, vllm_importable
     from trace_gym.models import pull_model, quiet_third_party
@@ -345,20 +374,23 @@ def main() -> int:
         import trace_gym.rollout as rollout
 
         rollout.AgentBranchRunner.single_turn = property(lambda self: False)
+    rounds_of = {"single": max(args.rounds, args.single_rounds)}  # cheap, and its rate swings the most
     load = os.getloadavg()[0]
     print(f"cores: {os.cpu_count()}; load average before: {load:.1f}; trainer threads: {trainer.threads}; "
-          f"engines: {', '.join(kinds)}; rounds: {args.rounds} (+1 warm-up)")
+          f"engines: {', '.join(kinds)}; rounds: {args.rounds}, single-turn {rounds_of['single']} (+1 warm-up)")
 
     # the lower bound's rates
     tok = engines[kinds[0]].tokenizer
     chat = [tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-            for _, messages in first_observations(arms[0], PROMPTS)]
-    peaks = {k: peak_throughput(e, chat) for k, e in engines.items()}
+            for _, messages in first_observations(arms[0], 4)]
+    curves = {k: width_curve(e, chat) for k, e in engines.items()}
+    peaks = {k: max(c.values()) for k, c in curves.items()}
     bare = bare_rate(trainer)
-    print("\n## The lower bound's rates\n")
-    print(markdown_table(["what", "rate"], [[f"{k} engine peak generation (best of {PEAK_WIDTHS} completions)",
-                                            f"{v:,.0f} tok/s"] for k, v in peaks.items()]
-                         + [["bare forward+backward+AdamW (bench_trainer rows)", f"{bare:,.0f} row tok/s"]]))
+    print("\n## The engines' width curve (one call, 64 tokens each) and the lower bound's rates\n")
+    print(markdown_table(["engine", *(f"{w} wide tok/s" for w in WIDTHS), "8 / 16 wide"],
+                         [[k, *(f"{c[w]:,.0f}" for w in WIDTHS), f"{c[8] / c[16]:.2f}x"] for k, c in curves.items()]))
+    print(f"\nbound: each engine's best width above; bare forward+backward+AdamW (bench_trainer rows) "
+          f"{bare:,.0f} row tok/s")
 
     step_counter = iter(range(10**6))
 
@@ -366,7 +398,8 @@ def main() -> int:
         order = arms[offset % len(arms):] + arms[:offset % len(arms)]  # rotated: no arm always first
         step = next(step_counter)
         for arm in order:
-            run_arm(arm, step, trainer, engines, backend, record)
+            if not record or offset <= rounds_of.get(arm.task, args.rounds):
+                run_arm(arm, step, trainer, engines, backend, record)
 
     one_round(False, 0)  # warm-up: caches, kernels, first-call costs
     trl_times: list[float] | str = "skipped (--no-trl)"
@@ -378,7 +411,7 @@ def main() -> int:
 
     if not args.no_trl and any(a.task == "single" and a.strategy == "uniform" for a in arms):
         trl_times = trl_arm(args.rounds, between)
-    while rounds_done[0] < args.rounds:
+    while rounds_done[0] < max(rounds_of.get(a.task, args.rounds) for a in arms):
         between()
 
     # a rate measured once is a sample of a noisy machine: any step that ran faster raises it,
@@ -391,7 +424,7 @@ def main() -> int:
                 bare = max(bare, r["row_tokens"] / r["update_s"])
     print("\n(rates after raising each to the fastest step that beat it: "
           + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in peaks.items()) + f", bare loop {bare:,.0f} row tok/s)")
-    table, verdicts, out = [], [], {"peaks": peaks, "bare_row_tok_s": bare, "arms": {}}
+    table, verdicts, out = [], [], {"peaks": peaks, "width_curves": curves, "bare_row_tok_s": bare, "arms": {}}
     for arm in arms:
         rows = arm.rows
         bound = [r["generated"] / peaks[arm.engine] + r["row_tokens"] / bare + r["sync_s"] for r in rows]
@@ -405,7 +438,8 @@ def main() -> int:
                       f"{stats['trained']:.0f}", f"{stats['update_tok_s']:,.0f}", f"{stats['gen_s']:.1f}",
                       f"{stats['env_s']:.1f}", f"{stats['update_s']:.1f}", f"{stats['sync_s']:.2f}",
                       f"{stats['step_s']:.1f}", f"{stats['bound_s']:.1f}", f"{ratio:.2f}x"])
-    print(f"\n## Steps (medians of {args.rounds} rounds; load average after: {os.getloadavg()[0]:.1f})\n")
+    print(f"\n## Steps (medians over rounds: {rounds_of['single']} single-turn, {args.rounds} others; "
+          f"load average after: {os.getloadavg()[0]:.1f})\n")
     print(markdown_table(["task", "strategy", "engine", "gen tok", "gen tok/s", "trained tok", "update tok/s",
                           "gen s", "env s", "update s", "sync s", "step s", "lower bound s", "step / bound"], table))
 
@@ -426,15 +460,23 @@ def main() -> int:
                               f"over {n} rounds" + (": cannot be told apart from 0.90x" if low < 0.9 < high else ""))
                 else:
                     spread = "one round: no interval"
+                narrow, wide = 2 * PROMPTS[task], 4 * PROMPTS[task]
+                if task != "single" and narrow in curves[kind] and wide in curves[kind]:
+                    # TRACE's roots run 2P sequences a turn before any continuation can be planned
+                    spread += (f"; the engine alone at {narrow} wide (TRACE's root phase) runs at "
+                               f"{curves[kind][narrow] / curves[kind][wide]:.2f}x its {wide}-wide rate")
                 verdicts.append(("PASS" if r >= 0.9 else "FAIL",
-                                 f"{task}/{kind}: TRACE generates at {r:.2f}x uniform's tok/s "
-                                 f"({t['gen_tok_s']:,.0f} vs {u['gen_tok_s']:,.0f}; {spread}; goal >= 0.90x)"))
+                                 f"{task}/{kind} (budget {4 * PROMPTS[task]}): TRACE generates at {r:.2f}x "
+                                 f"uniform's tok/s ({t['gen_tok_s']:,.0f} vs {u['gen_tok_s']:,.0f}; {spread}; "
+                                 f"goal >= 0.90x)"))
     if len(engines) == 2:
-        source = max((r for a in arms for r in a.rows), key=lambda r: r["trained"], default=None)
+        # the rows of TRL's job where it ran (a few hundred tokens: the repeats stay short)
+        pool = [a for a in arms if a.task == "single"] or arms
+        source = max((r for a in pool for r in a.rows), key=lambda r: r["trained"], default=None)
         if source is None or source["trained"] == 0:
             verdicts.append(("SKIP", "update beside each engine: no step of this run trained a token (no contrast)"))
         else:
-            beside = update_beside(trainer, engines, source["token_trees"], chat, args.rounds)
+            beside = update_beside(trainer, engines, source["token_trees"], chat, max(5, args.rounds))
             gap = beside["vllm"] / beside["hf"] - 1
             out["update_beside"] = beside
             verdicts.append(("PASS" if abs(gap) <= 0.10 else "FAIL",
