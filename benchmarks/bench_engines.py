@@ -1,6 +1,9 @@
 """Rollout engines on this machine: throughput and the cost of a k-way continuation.
 
-Two measurements per engine (HF and vLLM), printed as one markdown table:
+Two measurements per engine, printed as one markdown table: ``hf`` (the HF engine with
+its grouped-query attention kernel, :mod:`trace_gym.engines.gqa_attention`), ``hf-sdpa``
+(the same engine on transformers' own ``sdpa`` attention: the baseline the kernel is
+checked against, side by side) and ``vllm``:
 
 1. **Throughput**: ``P`` chat prompts x ``S`` samples x ``T`` new tokens (EOS ignored so
    every engine generates the same number of tokens), temperature 1, after one warm-up
@@ -13,10 +16,13 @@ Two measurements per engine (HF and vLLM), printed as one markdown table:
    reports any cached prefix token). Reported: seconds of each, the prefix tokens
    served from cache, and the saving.
 
+Check (PASS/FAIL, exit 1 on FAIL): ``hf`` generates at least 1.1x ``hf-sdpa``'s tok/s in
+both measurements (``--plant no-fold`` routes the kernel back to ``sdpa`` to show it fails).
+
 Usage::
 
-    python benchmarks/bench_engines.py                      # both engines, defaults below
-    python benchmarks/bench_engines.py --engines hf --json runs/bench_engines.json
+    python benchmarks/bench_engines.py                      # hf-sdpa, hf, vllm; defaults below
+    python benchmarks/bench_engines.py --engines hf,hf-sdpa --json runs/bench_engines.json
 
 Numbers depend on machine load: on the shared 2-core box run it when nothing else runs,
 and keep ``--threads 1`` (OpenMP threads spin-wait on each other under contention).
@@ -58,7 +64,10 @@ def bench_engine(kind: str, model_path: Path, args: argparse.Namespace) -> dict:
     from trace_gym.engines import make_engine
 
     t0 = time.perf_counter()
-    engine = make_engine(kind, model_path, ignore_eos=True, **({"cpu_threads": args.threads} if kind == "vllm" else {}))
+    extra = {"cpu_threads": args.threads} if kind == "vllm" else {}
+    if kind.startswith("hf"):
+        extra = {"attention": "sdpa" if kind == "hf-sdpa" else "gqa", "num_threads": args.threads}
+    engine = make_engine(kind.split("-")[0], model_path, ignore_eos=True, **extra)
     load_s = time.perf_counter() - t0
     tok = engine.tokenizer
     prompts = chat_prompts(tok, args.prompts)
@@ -107,14 +116,16 @@ def bench_engine(kind: str, model_path: Path, args: argparse.Namespace) -> dict:
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| engine | load s | tok/s (PxSxT) | k-way cont. cached s | cached prefix tok | re-encode s | saving |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| engine | load s | tok/s (PxSxT) | k-way cont. cached s | cont. tok/s | cached prefix tok | re-encode s "
+        "| saving |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         th, co = r["throughput"], r["continuation"]
         lines.append(
             f"| {r['engine']} | {r['load_s']:.1f} | {th['tokens_per_s']:.0f} "
             f"({th['prompts']}x{th['samples']}x{th['max_tokens']}) | {co['cached_s']:.2f} | "
+            f"{co['k'] * co['new_tokens'] / co['cached_s']:.0f} | "
             f"{co['cached_tokens']}/{co['context_tokens']} | {co['reencode_s']:.2f} | {co['saving']:.0%} |"
         )
     return "\n".join(lines)
@@ -123,7 +134,8 @@ def markdown(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model name or folder")
-    parser.add_argument("--engines", default="hf,vllm", help="comma-separated engine kinds")
+    parser.add_argument("--engines", default="hf-sdpa,hf,vllm",
+                        help="comma-separated: hf, hf-sdpa (transformers' sdpa attention), vllm")
     parser.add_argument("--prompts", type=int, default=8, help="P: prompts in the throughput run")
     parser.add_argument("--samples", type=int, default=4, help="S: samples per prompt")
     parser.add_argument("--max-tokens", type=int, default=128, help="T: new tokens per sample")
@@ -132,7 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--continuation-tokens", type=int, default=16, help="C: new tokens per continuation")
     parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (process-wide)")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--plant", choices=["no-fold"], default=None,
+                        help="break the checked kernel on purpose: the check must FAIL")
     args = parser.parse_args(argv)
+    kinds = [k.strip() for k in args.engines.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - {"hf", "hf-sdpa", "vllm"})
+    if unknown:
+        parser.error(f"--engines: unknown kind(s) {unknown}; choose from hf, hf-sdpa, vllm")
+    if args.plant == "no-fold":  # the kernel never registered: the hf arm loads transformers' sdpa
+        import trace_gym.engines.gqa_attention as gqa
+
+        gqa.register = lambda: "sdpa"
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout; keep the table clean
     import torch
@@ -142,16 +164,25 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path = resolve_model(args.model)
     results = []
-    for kind in [k.strip() for k in args.engines.split(",") if k.strip()]:
+    for kind in kinds:
         results.append(bench_engine(kind, model_path, args))
         print(f"done: {kind}", file=sys.stderr, flush=True)
     print(markdown(results))
+    failed = False
+    by = {r["engine"]: r for r in results}
+    if "hf" in by and "hf-sdpa" in by:
+        ours, base = by["hf"], by["hf-sdpa"]
+        th = ours["throughput"]["tokens_per_s"] / base["throughput"]["tokens_per_s"]
+        co = base["continuation"]["cached_s"] / ours["continuation"]["cached_s"]
+        failed = min(th, co) < 1.1
+        print(f"\n{'FAIL' if failed else 'PASS'}: hf's attention kernel vs transformers' sdpa: throughput {th:.2f}x, "
+              f"k-way continuation {co:.2f}x (goal >= 1.10x both)")
     if args.json:
         meta = {"model": str(model_path), "threads": args.threads, "machine": platform.processor() or platform.machine(),
                 "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

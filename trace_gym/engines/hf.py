@@ -82,6 +82,9 @@ class HFEngine:
         ignore_eos: do not stop at the model's EOS ids (benchmarks with fixed lengths).
         num_threads: torch threads of ``generate`` on CPU, set around each call and restored
             after it (:func:`trace_gym.threads.torch_threads`); ``None``: the process's count.
+        attention: ``"gqa"`` (default: grouped-query attention without copying KV heads,
+            :mod:`trace_gym.engines.gqa_attention`; exact) or ``"sdpa"`` (transformers' own,
+            the baseline ``benchmarks/bench_engines.py --attention`` compares against).
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class HFEngine:
         cache_completions: bool = True,
         ignore_eos: bool = False,
         num_threads: int | None = None,
+        attention: str = "gqa",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -108,7 +112,14 @@ class HFEngine:
         self.dtype = self._pick_dtype(dtype)
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation="sdpa")
+        if attention not in ("gqa", "sdpa"):
+            raise ValueError(f"attention must be 'gqa' or 'sdpa', got {attention!r}")
+        if attention == "gqa":
+            from trace_gym.engines.gqa_attention import register
+
+            attention = register()
+        self.attention = attention
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation=attention)
         self.model.to(self.device).eval()
         self.load_seconds = time.perf_counter() - t0
         config = self.model.config
