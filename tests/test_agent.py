@@ -261,13 +261,14 @@ def test_continuations_with_one_anchor_run_as_one_request(engine):
 
 def test_episode_token_limit_truncates_and_reports(engine):
     runner = AgentRunner(engine, engine.tokenizer, _math_env, SamplingParams(temperature=1.0, seed=1),
-                         AgentConfig(max_turn_tokens=16, max_episode_tokens=260, max_turns=8))
+                         AgentConfig(max_turn_tokens=16, max_episode_tokens=175, max_turns=8))
     eps = runner.run([runner.start(t, seed=0) for t in generate_digit_sums(2, seed=9)])
+    assert all(len(ep.prompt_ids) + 16 < 175 < len(ep.prompt_ids) + 32 for ep in eps)  # binds from turn 2 on
     for ep in eps:
         # the engine never saw more than the limit: every turn's prefix + action fits
         seen = len(ep.prompt_ids)
         for turn in ep.turns:
-            assert seen + len(turn.action_ids) <= 260
+            assert seen + len(turn.action_ids) <= 175
             seen += len(turn.action_ids) + len(turn.obs_ids)
     assert sum(runner.truncations.values()) >= 1
     assert any(t.truncation for e in eps for t in e.turns)

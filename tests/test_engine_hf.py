@@ -265,3 +265,35 @@ def test_chunked_prefill_matches_one_pass(engine, tiny_model_path):
         assert w[0].token_ids == g[0].token_ids
         assert np.allclose(w[0].logprobs, g[0].logprobs, atol=1e-4)
     chunked.close()
+
+
+def _brute_inverse_cdf(probs, u):
+    cdf = torch.cumsum(probs.double(), -1)
+    return torch.tensor([int(torch.nonzero(cdf[r] > u[r].double() * cdf[r, -1])[0]) for r in range(len(u))])
+
+
+def test_inverse_cdf_matches_brute_force_and_never_draws_a_zero():
+    from trace_gym.engines.sampling import inverse_cdf
+
+    g = torch.Generator().manual_seed(0)
+    for vocab, block in [(1000, 256), (49152, 256), (7, 4), (5, 256)]:
+        probs = torch.rand(64, vocab, generator=g) ** 4
+        probs[probs < 0.3] = 0.0  # masked tokens (top-k / top-p) inside blocks
+        probs[:8, vocab // 2:] = 0.0  # whole masked tail: the last blocks empty
+        probs[:, 0] += 1e-3  # every row keeps some mass
+        u = torch.rand(64, generator=g)
+        u[:4] = torch.tensor([0.0, 1 - 2**-24, 0.5, 1 - 2**-24])  # the ends of [0, 1)
+        got = inverse_cdf(probs, u, block=block)
+        assert torch.equal(got, _brute_inverse_cdf(probs, u)), (vocab, block)
+        assert bool((probs.gather(1, got[:, None]) > 0).all())
+
+
+def test_inverse_cdf_frequencies_follow_the_probabilities():
+    from trace_gym.engines.sampling import inverse_cdf
+
+    probs = torch.tensor([[0.1, 0.0, 0.2, 0.3, 0.0, 0.4]]).expand(20000, 6)
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(1))
+    counts = torch.bincount(inverse_cdf(probs, u, block=4), minlength=6).double() / 20000
+    assert counts[1] == 0 and counts[4] == 0
+    # 4 standard errors of a binomial share at n = 20000 is at most 0.0142
+    assert torch.allclose(counts, probs[0].double(), atol=0.0142)

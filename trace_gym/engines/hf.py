@@ -23,8 +23,11 @@ completion independently of its batch mates. The loop here is short:
 
 Sampling: ``logits / T`` -> top-k -> top-p -> ``log_softmax`` (float32); the sampled
 token's entry of that is its logprob (greedy: plain model log-softmax, see
-:mod:`trace_gym.engines`). Seeds: completion ``j`` of prefix ``i`` draws from its own
-``torch.Generator`` seeded with ``(seed, i, j)``, so it does not depend on batch mates.
+:mod:`trace_gym.engines`). Seeds: completion ``j`` of prefix ``i`` draws one uniform a step
+from its own ``torch.Generator`` seeded with ``(seed, i, j)`` and inverts the batch's CDFs
+at once (:func:`~trace_gym.engines.sampling.inverse_cdf`), so it does not depend on batch
+mates (a multinomial per row drew a whole vocabulary of exponentials: a fifth of a 64-wide
+decode step here).
 
 Limits: decoder-only models with full attention on every layer (Llama, Qwen2/3,
 Mistral without sliding window); a sliding-window / hybrid model is refused at load.
@@ -54,7 +57,7 @@ from trace_gym.engines.dynamic_cache import (
     _merge_states,
 )
 from trace_gym.engines.prefix_cache import PrefixKVCache
-from trace_gym.engines.sampling import StopStrings, process_logits, row_seed
+from trace_gym.engines.sampling import StopStrings, inverse_cdf, process_logits, row_seed
 from trace_gym.types import Completion, SamplingParams
 from trace_gym.threads import resolve_threads, torch_threads
 
@@ -196,12 +199,14 @@ class HFEngine:
         unique = sorted({i for i, _ in rows})
         prefill_row = {i: r for r, i in enumerate(unique)}
         tokens = [np.asarray(prefixes[i], dtype=np.int64) for i in unique]
-        cache, valid, pos, logits, reused = self._prefill(tokens, stats)
+        cache, valid, pos, logits, reused = self._prefill(tokens, stats, sampling.max_tokens)
 
         # branch: one batch row per completion, sharing its prefix's prefill
-        expand = torch.tensor([prefill_row[i] for i, _ in rows], device=self.device)
-        _cache_select(cache, expand)
-        valid, pos, logits = valid[expand], pos[expand], logits[expand]
+        picks = [prefill_row[i] for i, _ in rows]
+        if picks != list(range(len(unique))):  # some prefix has several completions
+            expand = torch.tensor(picks, device=self.device)
+            _cache_select(cache, expand)
+            valid, pos, logits = valid[expand], pos[expand], logits[expand]
 
         generators = None
         if sampling.seed is not None and sampling.temperature > 0:
@@ -266,13 +271,14 @@ class HFEngine:
             ))
         return completions
 
-    def _prefill(self, prefixes: list[np.ndarray], stats: dict):
+    def _prefill(self, prefixes: list[np.ndarray], stats: dict, max_tokens: int = 0):
         """Encode each prefix on top of its cached KV. Returns the batch state after it.
 
         Prefixes whose new parts have similar lengths are encoded together; a group spends
         at most 25 % of its compute on padding (on CPU a long prefix alone is about as
         efficient as a batch, so padding is pure waste). The groups' states are then
-        merged, left-padded, in the callers' order.
+        merged, left-padded, in the callers' order. The cache keeps room for ``max_tokens``
+        more positions a row (the decode loop appends in place).
 
         Returns ``(cache, valid [B, K] bool, next position [B], logits [B, V] float32,
         reused tokens per row)``.
@@ -289,9 +295,9 @@ class HFEngine:
                 groups[-1].append(b)
             else:
                 groups.append([b])
-        states = [self._prefill_group([prefixes[b] for b in g], [cached[b] for b in g], [reused[b] for b in g], stats)
-                  for g in groups]
-        cache, valid, logits = _merge_states(states)
+        states = [self._prefill_group([prefixes[b] for b in g], [cached[b] for b in g], [reused[b] for b in g], stats,
+                                      max_tokens) for g in groups]
+        cache, valid, logits = _merge_states(states, spare=max_tokens)
         rows = [b for g in groups for b in g]
         if rows != list(range(len(prefixes))):
             back = torch.tensor(np.argsort(rows), device=self.device)
@@ -300,7 +306,8 @@ class HFEngine:
         pos = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=self.device)
         return cache, valid, pos, logits, reused
 
-    def _prefill_group(self, prefixes: list[np.ndarray], cached: list, reused: list[int], stats: dict):
+    def _prefill_group(self, prefixes: list[np.ndarray], cached: list, reused: list[int], stats: dict,
+                       max_tokens: int = 0):
         """Batched prefill of one group; returns ``(cache, valid, logits)``."""
         new = [len(p) - u for p, u in zip(prefixes, reused)]
         batch, width_cached, width_new = len(prefixes), max(reused), max(new)
@@ -308,17 +315,22 @@ class HFEngine:
 
         kv = None
         valid = torch.zeros(batch, width_cached + width_new, dtype=torch.bool, device=dev)
+        # room for the new tokens and the decode (an empty cache reserves it at its first chunk)
+        spare = max_tokens + width_new - (0 if width_cached else min(width_new, self.prefill_chunk))
         if width_cached:
             gathered = [self.prefix_cache.gather(entry, u) if u else None for (entry, _), u in zip(cached, reused)]
             ref = next(g for g in gathered if g is not None)
             kv = []
-            for layer, (ref_k, ref_v) in enumerate(ref):
-                k = ref_k.new_zeros(batch, ref_k.shape[0], width_cached, ref_k.shape[-1], device=dev)
-                v = ref_v.new_zeros(batch, ref_v.shape[0], width_cached, ref_v.shape[-1], device=dev)
+            for layer, (ref_k, ref_v) in enumerate(ref):  # the cached part in place, the room after it
+                k = ref_k.new_empty(batch, ref_k.shape[0], width_cached + spare, ref_k.shape[-1], device=dev)
+                v = ref_v.new_empty(batch, ref_v.shape[0], width_cached + spare, ref_v.shape[-1], device=dev)
                 for b, (g, u) in enumerate(zip(gathered, reused)):
+                    if u < width_cached:  # left padding: masked, but finite (0 x NaN is NaN)
+                        k[b, :, : width_cached - u].zero_()
+                        v[b, :, : width_cached - u].zero_()
                     if u:
-                        k[b, :, width_cached - u :] = g[layer][0]
-                        v[b, :, width_cached - u :] = g[layer][1]
+                        k[b, :, width_cached - u : width_cached] = g[layer][0]
+                        v[b, :, width_cached - u : width_cached] = g[layer][1]
                 kv.append((k, v))
             for b, u in enumerate(reused):
                 valid[b, width_cached - u : width_cached] = True
@@ -331,7 +343,7 @@ class HFEngine:
             valid[b, width_cached + width_new - d :] = True
 
         # chunked prefill bounds the mask and attention memory of long prompts
-        cache = _make_cache(kv)
+        cache = _make_cache(kv, spare, filled=width_cached if kv else None)
         padded = not bool(valid.all())
         for lo in range(0, width_new, self.prefill_chunk):
             hi = min(width_new, lo + self.prefill_chunk)
@@ -375,7 +387,9 @@ class HFEngine:
         probs = logprobs.exp()
         if generators is None:
             return torch.multinomial(probs, 1)[:, 0]
-        return torch.cat([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(generators)])
+        # one uniform from each row's own generator: batch mates never change a row's draw
+        uniforms = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+        return inverse_cdf(probs, uniforms)
 
     @torch.inference_mode()
     def score(self, sequences: Sequence[Sequence[int]], start: int | Sequence[int] = 1,
