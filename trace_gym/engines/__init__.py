@@ -120,8 +120,10 @@ def vllm_importable() -> tuple[bool, str]:
 
 #: The engine ``auto`` picks per device kind when vLLM imports: the one whose whole training
 #: step (rollouts + update + weight sync) ``benchmarks/bench_step.py`` measured as faster
-#: there (docs/engines.md has the table). Without vLLM, ``auto`` is always ``hf``.
-AUTO_BY_DEVICE: dict[str, str] = {"cuda": "vllm", "cpu": "vllm"}
+#: there (docs/engines.md has the table). On this 2-core CPU that is ``hf`` since its
+#: attention, sampling and KV-cache fixes (it was ``vllm`` before them); on CUDA it is
+#: ``vllm``, not yet measured (no GPU run). Without vLLM, ``auto`` is always ``hf``.
+AUTO_BY_DEVICE: dict[str, str] = {"cuda": "vllm", "cpu": "hf"}
 
 
 def auto_engine_kind(device: str | None = None) -> str:
