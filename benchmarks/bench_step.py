@@ -7,12 +7,14 @@ the policy update, the weight sync):
 
 - tasks: **single** (the generated math family, one turn: TRL's job, 4 prompts x 4
   completions of 64 tokens) and **multi** (GuessNumber over 1..8, up to 3 turns of 32 tokens,
-  16 prompts a step: ``--multi-prompts``);
+  32 prompts a step: ``--multi-prompts``);
 - strategies: uniform GRPO (P prompts x 4) and TRACE (2P roots + 4P continuations / 2)
   at the same nominal budget of 4P rollouts. In a multi-turn step TRACE's roots run every
   turn, half as wide as uniform's batch, before a prompt's continuations can be planned
   (they need its roots' rewards); the engines' width curve, printed first, says what that
-  half width costs by itself (steep below 16 wide on this CPU, hence 16 prompts);
+  half width costs by itself (steep up to 64 wide on this CPU, where the HF engine's
+  ``max_batch_rows`` caps a call: hence 32 prompts, TRACE's roots 64 wide; at 16 the HF
+  engine's TRACE rate was 0.84x uniform's, vLLM's 1.01x);
 - engines: ``hf`` and ``vllm`` (when it imports).
 
 Per arm: generated tok/s (generated tokens / the ledger's generation seconds, both summed
@@ -36,9 +38,9 @@ Checks (each can fail; ``--plant`` breaks one on purpose to show it):
    the engine ``auto`` picks), the two alternated step by step (TRL's arm is skipped,
    with a line saying so, when ``trl`` does not import).
 
-Usage: ``python benchmarks/bench_step.py [--rounds 3] [--single-rounds 8] [--multi-prompts 16]
+Usage: ``python benchmarks/bench_step.py [--rounds 3] [--single-rounds 8] [--multi-prompts 32]
 [--engines hf,vllm] [--tasks single,multi] [--no-trl] [--plant serial-fallback|shared-threads]
-[--json FILE]`` (about 30 min). Timing needs an idle
+[--json FILE]`` (about 35 min). Timing needs an idle
 machine: run nothing else beside it.
 """
 
@@ -81,8 +83,8 @@ TASKS = {
 #: prompts per step; the nominal budget is 4 rollouts a prompt (uniform P x 4, TRACE 2P roots
 #: + 4P continuations / 2). ``single`` is TRL's job (4 x 4); ``multi`` is wide enough that
 #: TRACE's root phase (2P sequences a turn) is past the steep part of the engines' width
-#: curve (``--multi-prompts 4`` runs the narrow case; the curve is printed first)
-PROMPTS = {"single": 4, "multi": 16}
+#: curve (``--multi-prompts 16`` or ``4`` run the narrower cases; the curve is printed first)
+PROMPTS = {"single": 4, "multi": 32}
 WIDTHS = (8, 16, 32, 64)
 
 
