@@ -21,8 +21,9 @@ completion independently of its batch mates. The loop here is short:
    batch (their KV stored in the prefix cache first, so a later call whose prefix extends
    ``prefix + completion`` -- the agent loop's next turn -- only encodes the delta).
 
-What makes a decode step cheap on CPU (each measured by ``benchmarks/bench_engines.py``
-against the previous state; together 1.8x the throughput of transformers' own path):
+What makes a decode step cheap on CPU (found with the torch profiler; the attention alone
+is 1.8x transformers' own path in ``benchmarks/bench_engines.py``, and the three together
+took this CPU's 64-wide rate in ``benchmarks/bench_step.py``'s curve from 118 to 426 tok/s):
 attention that reads each grouped KV head once (:mod:`trace_gym.engines.gqa_attention`),
 KV layers that append in place into room reserved for the call
 (:mod:`trace_gym.engines.dynamic_cache`), and one uniform a step per seeded row.
@@ -92,8 +93,8 @@ class HFEngine:
         num_threads: torch threads of ``generate`` on CPU, set around each call and restored
             after it (:func:`trace_gym.threads.torch_threads`); ``None``: the process's count.
         attention: ``"gqa"`` (default: grouped-query attention without copying KV heads,
-            :mod:`trace_gym.engines.gqa_attention`; exact) or ``"sdpa"`` (transformers' own,
-            the baseline ``benchmarks/bench_engines.py --attention`` compares against).
+            :mod:`trace_gym.engines.gqa_attention`; the same sums) or ``"sdpa"`` (transformers'
+            own: the ``hf-sdpa`` baseline of ``benchmarks/bench_engines.py``).
     """
 
     def __init__(
