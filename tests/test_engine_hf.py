@@ -246,6 +246,10 @@ def test_update_weights(tiny_model_path):
 def test_auto_falls_back_to_hf_when_vllm_is_missing(monkeypatch, tiny_model_path, caplog):
     import importlib.util
 
+    import trace_gym.engines as engines
+
+    # a device whose measured choice is vllm (CUDA's entry; on CPU auto is hf without asking)
+    monkeypatch.setitem(engines.AUTO_BY_DEVICE, "cpu", "vllm")
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
     with caplog.at_level("WARNING"):
