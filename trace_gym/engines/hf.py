@@ -63,6 +63,7 @@ from trace_gym.engines.dynamic_cache import (
     _make_cache,
     _merge_states,
 )
+from trace_gym.engines.dtypes import auto_dtype
 from trace_gym.engines.prefix_cache import PrefixKVCache
 from trace_gym.engines.sampling import StopStrings, inverse_cdf, process_logits, row_seed
 from trace_gym.types import Completion, SamplingParams
@@ -80,8 +81,9 @@ class HFEngine:
     Args:
         model_path: local HF folder (use :func:`trace_gym.models.resolve_model` for names).
         device: ``"cpu"``, ``"cuda"``, ...; default CUDA when available.
-        dtype: ``"auto"`` (bf16 on CPU -- ~1.75x faster than fp32 here -- and on CUDA with
-            bf16 support, else fp16), ``"bfloat16"``, ``"float16"`` or ``"float32"``.
+        dtype: ``"auto"`` (:func:`~trace_gym.engines.dtypes.auto_dtype`: on a CPU bf16 with
+            AVX-512/AMX, else fp32; on CUDA bf16 where supported, else fp16),
+            ``"bfloat16"``, ``"float16"`` or ``"float32"``.
         max_model_len: context limit in tokens (default: the model's
             ``max_position_embeddings``).
         max_batch_rows: most completions decoded together; larger requests run in chunks.
@@ -162,9 +164,7 @@ class HFEngine:
             return names[dtype]
         if dtype != "auto":
             raise ValueError(f"dtype must be 'auto' or one of {sorted(names)}, got {dtype!r}")
-        if self.device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16
+        return names[auto_dtype(self.device.type)]
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()

@@ -41,6 +41,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from trace_gym.engines import check_generate_args, check_score_args
+from trace_gym.engines.dtypes import auto_dtype
 from trace_gym.types import Completion, SamplingParams
 from trace_gym.threads import resolve_threads, torch_threads
 
@@ -303,7 +304,10 @@ class VLLMEngine:
 
     Args:
         model_path: local HF folder (safetensors).
-        dtype: ``"bfloat16"`` (default), ``"float16"``, ``"float32"`` or ``"auto"``.
+        dtype: ``"auto"`` (default: :func:`~trace_gym.engines.dtypes.auto_dtype`, resolved
+            here, not by vLLM: on a CPU bf16 with AVX-512/AMX, else fp32, whose decode ran
+            4.6x faster than bf16 on an AVX2-only CPU; on CUDA bf16 where supported),
+            ``"bfloat16"``, ``"float16"`` or ``"float32"``.
         max_model_len: context limit in tokens.
         block_size: KV block size; default 32 on CPU, vLLM's default on GPU.
         seed: engine-level seed (requests without a seed draw from it).
@@ -322,7 +326,7 @@ class VLLMEngine:
         self,
         model_path: str | os.PathLike,
         *,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         max_model_len: int = 4096,
         block_size: int | None = None,
         seed: int = 0,
@@ -339,6 +343,10 @@ class VLLMEngine:
         self.cpu_threads = resolve_threads(cpu_threads, "cpu_threads", fallback=1) if cpu else None
         if block_size is None and cpu:
             block_size = 32
+        if dtype == "auto":
+            dtype = auto_dtype("cpu" if cpu else "cuda")
+        #: the dtype name the engine computes in (``"auto"`` resolved)
+        self.dtype = dtype
         kwargs: dict[str, Any] = dict(
             dtype=dtype, max_model_len=max_model_len, seed=seed, enable_prefix_caching=True,
             enforce_eager=cpu if enforce_eager is None else enforce_eager,
