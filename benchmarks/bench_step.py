@@ -40,7 +40,7 @@ Checks (each can fail; ``--plant`` breaks one on purpose to show it):
 
 Usage: ``python benchmarks/bench_step.py [--rounds 3] [--single-rounds 16] [--multi-prompts 32]
 [--engines hf,vllm] [--tasks single,multi] [--no-trl] [--plant serial-fallback|shared-threads]
-[--json FILE]`` (about 35 min). Timing needs an idle
+[--json FILE]`` (about 35 min on an AVX-512 box, 76 on an AVX2-only one). Timing needs an idle
 machine: run nothing else beside it.
 """
 
