@@ -1,6 +1,7 @@
 """The token-in-token-out agent loop on a real model and real envs.
 
-The policy is the real SmolLM2-135M (HF engine, bf16). Episodes are sampled with fixed
+The policy is the real SmolLM2-135M (HF engine, in the dtype `auto` picks: fp32 on an AVX2-only
+CPU, where bf16 has no fast kernel). Episodes are sampled with fixed
 seeds; the assertions are about the harness (token bookkeeping, template deltas,
 branch replay), which must hold whatever the model writes.
 """
@@ -27,7 +28,7 @@ from trace_gym.types import Message, SamplingParams
 def engine(smollm2_path):  # noqa: F811
     from trace_gym.engines.hf import HFEngine
 
-    eng = HFEngine(smollm2_path, dtype="bfloat16")
+    eng = HFEngine(smollm2_path, dtype="auto")
     yield eng
     eng.close()
 

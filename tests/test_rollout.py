@@ -24,7 +24,7 @@ from trace_gym.types import SamplingParams
 def runner(smollm2_path):  # noqa: F811
     from trace_gym.engines.hf import HFEngine
 
-    eng = HFEngine(smollm2_path, dtype="bfloat16")
+    eng = HFEngine(smollm2_path, dtype="auto")
     make_env = lambda: gymnasium.make("trace_gym/MathPython-v0", disable_env_checker=True, few_shot=True,  # noqa
                                       answer_extraction="boxed_or_last_number")
     r = AgentRunner(eng, eng.tokenizer, make_env, SamplingParams(temperature=1.0, seed=0),
