@@ -13,7 +13,6 @@ import time
 
 import gymnasium
 import pytest
-from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401  (fixtures)
 from planted_env import SLOW, PlantedEnv, planted_tasks
 
 import trace_gym  # noqa: F401

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bank_fixtures import ScriptedPolicy, small_family, synthetic_record, write_synthetic_bank
-from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
 
 from trace_gym import bench
 from trace_gym.agent import AgentConfig, AgentRunner

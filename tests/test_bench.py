@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 import pytest
-from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
 
 from trace_gym import bench, cli
 from trace_gym.commands.bench import BENCH_MODES, mode_config

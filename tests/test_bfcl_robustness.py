@@ -7,7 +7,6 @@ import json
 import pickle
 
 import pytest
-from engine_fixtures import smollm2_path  # noqa: F401  (fixture)
 
 pytest.importorskip("bfcl_eval")
 

@@ -13,7 +13,6 @@ import time
 
 import pytest
 from distributed_fixtures import AGENT, ENGINE_KW, MAKE_ENV, SAMPLING, assert_same_step, run_step
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 from trace_gym.agent import AgentRunner
 from trace_gym.distributed.cluster import ray_available

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 from trace_gym.distributed.cluster import ray_available
 

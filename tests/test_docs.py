@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 
 import pytest
-from engine_fixtures import smollm2_path  # noqa: F401
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401
 from trace_gym import cli
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_fixtures import smollm2_path, tiny_model_path, vllm_engine  # noqa: F401  (fixtures)
 
 from trace_gym.engines import dtypes
 from trace_gym.engines.dtypes import auto_dtype, cpu_has_fast_bf16

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
 
 from trace_gym.engines import RolloutEngine, check_generate_args, make_engine
 from trace_gym.engines.hf import StopStrings, process_logits

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_fixtures import smollm2_path, vllm_engine  # noqa: F401
 
 from trace_gym.engines import RolloutEngine, vllm_importable
 from trace_gym.engines.vllm import fused_group

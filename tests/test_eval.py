@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 from evaluators.run import EvalConfig, resolve_policy, run_eval, weights_hash
 from evaluators.math.metrics import avg_at_k, mean_interval, pass_at_k, wilson_interval

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from engine_fixtures import smollm2_path  # noqa: F401  (fixture)
 
 pytest.importorskip("bfcl_eval")
 pytest.importorskip("tenacity")

@@ -15,7 +15,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from engine_fixtures import smollm2_path  # noqa: F401  (fixtures)
 from test_eval_user import no_network  # noqa: F401  (fixture)
 
 from environments.math_python.choice import LETTERS, MAX_SCAN_CHARS, ChoiceGrader, extract_choice

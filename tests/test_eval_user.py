@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401  (fixtures)
 from test_plugins import write_plugin
 
 from evaluators import suites

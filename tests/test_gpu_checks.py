@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures; tiny needs smollm2_path)
 from gpu_checks import TOKENIZER, critic_learns_on, gpu_model, parity_after_update
 
 torch = pytest.importorskip("torch")

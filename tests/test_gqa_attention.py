@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401
 
 from trace_gym.engines.gqa_attention import NAME, gqa_attention, register
 from trace_gym.types import SamplingParams

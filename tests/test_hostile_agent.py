@@ -9,7 +9,6 @@ the chat template, the runner and the envs are the real ones.
 from __future__ import annotations
 
 import pytest
-from engine_fixtures import smollm2_path  # noqa: F401  (fixture)
 from hostile_corpus import BFCL_PYTHON, MATH_CODE, MATH_RESPONSES
 
 from environments.math_python.env import MathPythonEnv

@@ -9,7 +9,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from engine_fixtures import smollm2_path  # noqa: F401  (fixture)
 from hostile_corpus import Case, all_cases
 
 from environments.math_python.env import MathPythonEnv

@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-from engine_fixtures import smollm2_path  # noqa: F401  (fixture)
 
 from environments.math_python.env import MathPythonEnv
 from environments.math_python.grading import Grader

@@ -7,7 +7,6 @@ import shutil
 import time
 
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401
 
 from trace_gym import cli, models
 from trace_gym.models import (

@@ -15,7 +15,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 from trace_gym.critic import prompt_head_history_tail
 from trace_gym.predictor import ConstantPredictor, Context, EmbeddingPredictor

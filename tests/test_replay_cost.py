@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401
 
 from environments.guess_number.env import GuessNumberEnv, make_tasks
 from trace_gym.agent import AgentConfig, AgentRunner

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gymnasium
 import numpy as np
 import pytest
-from engine_fixtures import smollm2_path, tiny_engine, tiny_model_path  # noqa: F401  (fixtures)
 from planted_env import PlantedEnv, planted_tasks
 
 import trace_gym  # noqa: F401

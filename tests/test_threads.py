@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 from trace_gym.threads import default_threads, resolve_threads, torch_threads
 

@@ -12,7 +12,6 @@ import os
 
 import pytest
 
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 from trace_gym.checkpoint import RunDir
 from trace_gym.datafiles import split_tasks

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5

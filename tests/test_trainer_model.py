@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from engine_fixtures import smollm2_path, tiny_model_path  # noqa: F401  (fixtures)
 
 from trace_gym.advantages import PathAdvantages, grpo, tree_grpo, treerpo
 from trace_gym.batches import LOSS_AGGREGATIONS, slot_bases, token_tree

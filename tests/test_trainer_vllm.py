@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fixtures import smollm2_path, vllm_engine  # noqa: F401  (fixtures)
 
 from trace_gym.advantages import grpo
 from trace_gym.batches import token_tree

@@ -1,6 +1,9 @@
-"""Session-scoped model/engine fixtures shared by the model and engine tests.
+"""Session-scoped model/engine fixtures, one instance each for the whole run.
 
-Import the fixtures you use into the test module (``from engine_fixtures import ...``).
+They live in this conftest so that pytest builds each once: a fixture imported into
+several test modules is a separate fixture in each (the vLLM engine was started once per
+module that imported it, and the engines lived side by side until the session ended).
+Tests that change an engine's weights restore them before they return.
 ``smollm2_path`` pulls SmolLM2-135M once per machine (``pull_model`` is idempotent and
 the cache persists across runs: ~1 min the first time, ~1 s after).
 """
