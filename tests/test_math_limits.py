@@ -55,20 +55,33 @@ MEMFD_HOG = ("import os\nchunk = b'x' * (1 << 20)\nfds = []\nfor i in range(40):
              "print('held', len(fds) * 15, 'MB')")
 
 
+#: children holding TOTAL_MB MB together, each under its own RLIMIT_AS (sized from the kernel's
+#: measured address space: the zygote's preloads differ by machine); exit codes: 0 held its share
+#: for a second, 3 hit RLIMIT_AS (MemoryError), -9 was killed (the OOM killer)
+CHILDREN_HOLDING = """import math, os, resource, time
+vm_mb = int(open('/proc/self/status').read().split('VmSize:')[1].split()[0]) >> 10
+each = min(90, (resource.getrlimit(resource.RLIMIT_AS)[0] >> 20) - vm_mb - 32)
+assert each >= 16, f'no room under RLIMIT_AS: the kernel already maps {vm_mb} MB'
+kids = []
+for i in range(math.ceil(TOTAL_MB / each)):
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            hold = b'\\x01' * (each << 20)
+            time.sleep(1.0)
+        except MemoryError:
+            code = 3
+        finally:
+            os._exit(code)
+    kids.append(pid)
+print('each', each, 'MB; exit codes', [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids])
+"""
+
+
 def children_holding(total_mb: int) -> str:
-    """A cell that forks children holding ``total_mb`` MB together, each under its own
-    ``RLIMIT_AS`` (sized from the kernel's measured address space: the zygote's preloads
-    differ by machine), and prints each child's share and their exit codes: 0 held its
-    share for a second, 3 hit ``RLIMIT_AS`` (MemoryError), -9 was killed (the OOM killer)."""
-    return (f"import math, os, resource, time\n"
-            f"vm_mb = int(open('/proc/self/status').read().split('VmSize:')[1].split()[0]) >> 10\n"
-            f"each = min(90, (resource.getrlimit(resource.RLIMIT_AS)[0] >> 20) - vm_mb - 32)\n"
-            f"assert each >= 16, f'no room under RLIMIT_AS: the kernel already maps {{vm_mb}} MB'\n"
-            f"kids = []\nfor i in range(math.ceil({total_mb} / each)):\n    pid = os.fork()\n    if pid == 0:\n"
-            f"        code = 0\n        try:\n            hold = b'\\x01' * (each << 20)\n            time.sleep(1.0)\n"
-            f"        except MemoryError:\n            code = 3\n        finally:\n            os._exit(code)\n"
-            f"    kids.append(pid)\n"
-            f"print('each', each, 'MB; exit codes', [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids])")
+    """The :data:`CHILDREN_HOLDING` cell for ``total_mb`` MB together."""
+    return CHILDREN_HOLDING.replace("TOTAL_MB", str(total_mb))
 
 
 def exit_codes(text: str) -> list[int]:
