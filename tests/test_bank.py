@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from bank_fixtures import ScriptedPolicy, small_family, synthetic_record, write_synthetic_bank
 
+from trace_gym.bench_report import format_bench
 from trace_gym import bench
 from trace_gym.agent import AgentConfig, AgentRunner
 from trace_gym.banks import (EXHAUSTED, BankBranchRunner, BankDraws, BankError, BankTree, BankWriter, bank_stats,
@@ -40,7 +41,8 @@ def strategies_for(cfg, names=()):
 
 
 def bench_on(path, **kw):
-    cfg = BankBenchConfig(bank=str(path), **{"predictor": "constant", "oracle_upper_bound": False, **kw})
+    cfg = BankBenchConfig(bank=str(path), **{"predictor": "constant", "oracle_upper_bound": False,
+                                             "warmup_prompts": 0, **kw})
     return run_bank_bench(cfg, strategies_for(cfg))
 
 
@@ -122,7 +124,7 @@ def test_beyond_what_was_recorded_is_exhausted_and_there_is_no_verdict(tmp_path)
     assert "at least 8 roots per prompt" in guard["detail"] and "R = 4" in guard["detail"]
     verdicts = [c for c in rest if c["name"].startswith("trace") and not c["detail"].startswith("needs")]
     assert verdicts and all(c["status"] == "SKIP" and "no verdict" in c["detail"] for c in verdicts)
-    printed = bench.format_bench(res)
+    printed = format_bench(res)
     assert "NO VERDICT" in printed and "rollout bank" in printed and "exhausted" in printed
     # a bank big enough for the same bench passes the guard
     big = write_synthetic_bank(tmp_path / "big.jsonl.gz", successes, roots=16, continuations=8)
@@ -350,7 +352,7 @@ def test_bank_bench_every_predictor_kind_oracle_and_token_mode(tmp_path):
     assert s["trace"]["predictor"] == "embedding" and math.isfinite(s["trace"]["prompt_spearman"])
     assert all(v["left_out_prefixes"] > 0 for v in s.values())  # depth 3 of every root was left out
     assert "1" in s["trace"]["per_rep"][0]["prefix_spearman_by_depth"]
-    printed = bench.format_bench(res)
+    printed = format_bench(res)
     assert "by prefix depth" in printed and "upper bound" in printed and "left-out prefixes" in printed
     tokens = bench_on(path, seeds=2, steps=2, warmup_steps=0, candidates=16, root_budget=8, group_size=4,
                       budget_unit="tokens", strategies=("uniform", "trace"))

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from trace_gym import bench, cli
+from trace_gym.bench_checks import bench_checks, verdict
+from trace_gym.bench_report import format_bench
 from trace_gym.commands.bench import BENCH_MODES, mode_config
 from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
@@ -47,7 +49,7 @@ def test_headline_is_the_learned_predictor_and_the_oracle_is_a_labelled_upper_bo
     assert s[oracle]["upper_bound"] and s[oracle]["predictor"] == "oracle"
     assert s[oracle]["prompt_spearman"] == pytest.approx(1.0)
     assert 0 < s["trace"]["prompt_spearman"] < 1  # learned: informative, not perfect
-    printed = bench.format_bench(results)
+    printed = format_bench(results)
     assert "(oracle, upper bound)" in printed and "Headline predictor: learned" in printed
     # the checks read only headline rows
     assert all("oracle" not in c["detail"] for c in results["checks"])
@@ -76,12 +78,12 @@ def test_confidence_intervals_only_with_repetitions(results):
     mean, half, n = __import__("trace_gym.report", fromlist=["mean_ci"]).mean_ci(
         [r["effective_ratio"] for r in s["per_rep"]])
     assert (s["effective_ratio"], s["effective_ratio_ci"]) == pytest.approx((mean, half)) and n == 2
-    assert "±" in bench.format_bench(results)
+    assert "±" in format_bench(results)
     one = run_sim(seeds=1, steps=2, strategies=("uniform", "trace"))
     assert math.isnan(one["strategies"]["trace"]["effective_ratio_ci"])
-    printed = bench.format_bench(one)
+    printed = format_bench(one)
     assert "±" not in printed.split("### Checks")[0] and "no confidence interval" in printed
-    assert "one repetition: cannot tell apart" in printed
+    assert "one repetition: no interval" in printed
 
 
 class ShuffledValues:
@@ -102,22 +104,47 @@ def test_a_planted_broken_trace_fails_a_check():
     good = run_sim_bench(cfg, table)
     table["trace"] = dataclasses.replace(table["trace"], root_allocator=ShuffledValues(table["trace"].root_allocator))
     broken = run_sim_bench(cfg, table)
-    name = "trace effective ratio above uniform"  # shuffled, TRACE spreads 2-3 rollouts over random prompts
+    name = "trace mixed prompts/step above uniform"  # shuffled, TRACE spreads 2-3 rollouts over random prompts
     assert {c["name"]: c["status"] for c in good["checks"]}[name] == "PASS"
-    assert {c["name"]: c["status"] for c in broken["checks"]}[name] == "FAIL"
+    assert {c["name"]: c["status"] for c in broken["checks"]}[name] in ("FAIL", "NOT SHOWN")
     assert broken["strategies"]["trace"]["effective_ratio"] < good["strategies"]["trace"]["effective_ratio"]
 
 
 def test_checks_fail_and_skip_when_they_should():
-    row = lambda eff, cost: {"effective_ratio": eff, "nominal_cost": cost, "upper_bound": False,  # noqa: E731
-                             "per_rep": [{"effective_ratio": eff}], "generated_tokens": 1.0}
-    fake = {"nominal_budget": 10.0, "config": {"budget_unit": "nominal"},
-            "strategies": {"uniform": row(0.3, 10.0), "trace": row(0.5, 9.0)}}
-    status = {c["name"]: c["status"] for c in bench.bench_checks(fake)}
+    fake = _fake([0.36, 0.35, 0.345], [0.3, 0.31, 0.29])
+    fake["strategies"]["trace"]["nominal_cost"] = 9.0
+    status = {c["name"]: c["status"] for c in bench_checks(fake)}
     assert status["trace effective ratio above uniform"] == "PASS"
     assert status["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "FAIL"
-    assert status["trace effective ratio above pcl"] == "SKIP"
+    assert "trace effective ratio above pcl" not in status  # no pcl row: no check about it
     assert status["equal nominal budget"] == "FAIL"
+
+
+def test_a_check_never_passes_on_an_interval_that_straddles_zero():
+    # trace ahead in the mean, but the paired differences disagree in sign: NOT SHOWN, never PASS
+    straddle = _fake([0.6, 0.2, 0.5, 0.3], [0.3, 0.4, 0.35, 0.4])
+    checks = {c["name"]: c for c in bench_checks(straddle)}
+    above = checks["trace effective ratio above uniform"]
+    assert straddle["strategies"]["trace"]["effective_ratio"] > straddle["strategies"]["uniform"]["effective_ratio"]
+    assert above["status"] == "NOT SHOWN" and "[-" in above["detail"]
+    assert not any(c["status"] == "PASS" for n, c in checks.items() if n not in COST_CHECKS)
+    assert verdict(straddle).startswith("trace and uniform cannot be told apart")
+
+
+def test_interval_of_a_ratio_stays_inside_what_a_ratio_can_be():
+    from trace_gym.bench_checks import METRICS, paired
+
+    # two repetitions far apart: the t interval of the mean (± 6.4) reaches far past [0, 1]
+    wide = _fake([1.0, 0.0], [0.5, 0.5])
+    row = wide["strategies"]["trace"]
+    from trace_gym import report
+
+    mean, half, _ = report.mean_ci([r["effective_ratio"] for r in row["per_rep"]])
+    assert mean - half < 0 and mean + half > 1  # the raw t interval leaves [0, 1] ...
+    printed = report.pm(mean, half, n=2, low=0.0, high=1.0)
+    assert printed == "0.500 [0.000, 1.000]"  # ... the printed one does not
+    diff = paired(wide["strategies"], "trace", "uniform", METRICS["effective_ratio"])
+    assert -1.0 <= diff["low"] <= diff["high"] <= 1.0 and diff["shown"] == 0
 
 
 def test_token_budget_mode_equalises_generated_tokens():
@@ -130,7 +157,7 @@ def test_token_budget_mode_equalises_generated_tokens():
     # the tree strategies pay for their continuations with a smaller nominal budget
     scales = {n: v["budget_scale"] for n, v in res["strategies"].items()}
     assert scales["uniform"] == 1.0 and scales["trace_prefix_only"] < 1.0
-    assert "exact generated tokens" in bench.format_bench(res)
+    assert "exact generated tokens" in format_bench(res)
 
 
 def test_prefix_weight_for_share_hand_values():
@@ -162,7 +189,7 @@ def test_cli_bench_writes_json_and_plots(tmp_path, capsys):
     assert set(data["strategies"]) == {"uniform", "trace", "trace" + bench.UPPER_BOUND}
     assert data["strategies"]["trace"]["nominal_cost"] == 256.0
     assert "| trace " in printed and "trace effective ratio above uniform" in printed
-    assert "SKIP: trace_root_only between uniform and trace" in printed
+    assert "Paired differences" in printed and "| trace - uniform" in printed
     assert "pairs/1k tok" in printed and "Root allocation demo" in printed
     for name in ("effective_ratio.png", "contrast_pairs_by_depth.png", "root_allocation.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
@@ -251,7 +278,7 @@ def test_env_bench_on_a_tiny_model_reports_through_the_same_path(tiny_engine):
         assert entry["nominal_cost"] == cfg.nominal_budget == 4
         assert entry["generated_tokens"] > 0 and entry["env_steps"] > 0
         assert math.isnan(entry["effective_ratio_ci"])  # one repetition
-    printed = bench.format_bench(res)
+    printed = format_bench(res)
     assert "Allocation benchmark on real rollouts: guess_number" in printed and "gen s" in printed
     assert any(c["name"] == "equal nominal budget" and c["status"] == "PASS" for c in res["checks"])
 
@@ -293,26 +320,28 @@ def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch
 
 
 def _fake(eff_trace, eff_uniform):
+    """Bench results with two arms whose every headline metric is the given per-repetition value."""
     def row(effs):
-        return {"effective_ratio": float(np.mean(effs)), "nominal_cost": 10.0, "upper_bound": False,
-                "predictor": "learned", "generated_tokens": 1.0, "per_rep": [{"effective_ratio": e} for e in effs]}
+        keys = ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens")
+        return {**{k: float(np.mean(effs)) for k in keys}, "nominal_cost": 10.0, "upper_bound": False,
+                "predictor": "learned", "generated_tokens": 1.0, "per_rep": [{k: e for k in keys} for e in effs]}
 
     return {"nominal_budget": 10.0, "config": {"budget_unit": "nominal"}, "mode": "sim",
             "strategies": {"uniform": row(eff_uniform), "trace": row(eff_trace)}}
 
 
 def test_the_verdict_says_which_way_it_goes_or_that_there_is_none():
-    better = bench.verdict(_fake([0.5, 0.52, 0.55], [0.3, 0.31, 0.29]))
-    assert better.startswith("TRACE beats uniform") and "3 paired repetitions" in better
-    worse = bench.verdict(_fake([0.2, 0.22, 0.19], [0.3, 0.31, 0.29]))
-    assert worse.startswith("TRACE is WORSE than uniform")
-    unclear = bench.verdict(_fake([0.3, 0.5, 0.1], [0.3, 0.31, 0.29]))
-    assert unclear.startswith("TRACE and uniform cannot be told apart")
-    assert "one repetition" in bench.verdict(_fake([0.5], [0.3]))
+    better = verdict(_fake([0.5, 0.52, 0.55], [0.3, 0.31, 0.29]))
+    assert better.startswith("trace beats uniform on both headline metrics") and "3 paired repetitions" in better
+    worse = verdict(_fake([0.2, 0.22, 0.19], [0.3, 0.31, 0.29]))
+    assert worse.startswith("trace is WORSE than uniform")
+    unclear = verdict(_fake([0.3, 0.5, 0.1], [0.3, 0.31, 0.29]))
+    assert unclear.startswith("trace and uniform cannot be told apart")
+    assert "one repetition" in verdict(_fake([0.5], [0.3]))
     # degenerate inputs: every rollout agreed, so nothing can be compared: SKIP, never PASS
     flat = _fake([0.0, 0.0], [0.0, 0.0])
-    assert bench.verdict(flat).startswith("NO VERDICT: no contrast")
-    statuses = {c["name"]: c["status"] for c in bench.bench_checks(flat)}
+    assert verdict(flat).startswith("NO VERDICT: no contrast")
+    statuses = {c["name"]: c["status"] for c in bench_checks(flat)}
     assert statuses["trace effective ratio above uniform"] == "SKIP"
     assert statuses["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "SKIP"
 
@@ -323,7 +352,7 @@ COST_CHECKS = {"equal nominal budget", "equal generated tokens (every strategy w
 def assert_no_outcome_check_passes(results):
     """On a bench where every reward was equal, only the cost checks may PASS: every
     comparison of outcomes must say SKIP (no contrast), and the verdict that there is none."""
-    printed = bench.format_bench(results)
+    printed = format_bench(results)
     passed = [c["name"] for c in results["checks"] if c["status"] == "PASS" and c["name"] not in COST_CHECKS]
     assert not passed, f"checks PASSed on a bench without contrast: {passed}"
     assert all(f"PASS: {c['name']}" not in printed for c in results["checks"] if c["name"] not in COST_CHECKS)
@@ -348,63 +377,62 @@ def all_fail():
 def test_an_all_zero_reward_bench_skips_every_comparison(all_fail):
     assert all(v["effective_ratio"] == 0 for v in all_fail["strategies"].values())
     status = {c["name"]: c["status"] for c in all_fail["checks"]}
-    assert {n for n, st in status.items() if n not in COST_CHECKS} == {c.name for c in bench.COMPARISONS}
-    assert all(status[c.name] == "SKIP" for c in bench.COMPARISONS)
+    outcome_checks = {n for n in status if n not in COST_CHECKS}
+    assert len(outcome_checks) >= 10 and all(status[n] == "SKIP" for n in outcome_checks)
     assert status["equal nominal budget"] == "PASS"  # costs, not outcomes: still checked
-    printed = bench.format_bench(all_fail)
+    printed = format_bench(all_fail)
     assert "SKIP: trace effective ratio >= 2x uniform" in printed and "no contrast" in printed
     assert "0.000 ± 0 (all 2 equal)" in printed  # not "0.000 ± 0.000"
+    assert all(e["effective_ratio"] is None for e in all_fail["paired"])  # no paired difference of nothing
     assert_no_outcome_check_passes(all_fail)
 
 
-def test_a_planted_check_that_passes_on_equal_zeros_is_caught(all_fail, monkeypatch):
-    # a new comparison that would PASS on 0 vs 0 goes through no_contrast like every other: SKIP
-    planted = bench.Comparison("planted: trace at least uniform", ("trace", "uniform"),
-                               lambda eff: eff("trace") >= eff("uniform"),
-                               lambda eff, versus: versus("trace", "uniform"))
-    monkeypatch.setattr(bench, "COMPARISONS", bench.COMPARISONS + (planted,))
-    rerun = dict(all_fail) | {"checks": bench.bench_checks(all_fail)}
-    assert {c["name"]: c["status"] for c in rerun["checks"]}[planted.name] == "SKIP"
-    assert_no_outcome_check_passes(rerun)
-    # the same checks computed without the guard (the bug of issue 20): the test sees the PASS
-    monkeypatch.setattr(bench, "no_contrast", lambda rows: False)
-    broken = dict(all_fail) | {"checks": bench.bench_checks(all_fail)}
+def test_a_check_without_the_contrast_guard_would_pass_and_the_test_sees_it(all_fail, monkeypatch):
+    from trace_gym import bench_checks as checks_module
+
+    # the checks computed without the no-contrast guard (the bug of issue 20): 0 vs 0 "at least"
+    # would be judged; with equal zeros the sign test shows nothing, so plant a guard that lets
+    # a "2x" of nothing through and an interval that always excludes zero
+    monkeypatch.setattr(checks_module, "no_contrast", lambda rows: False)
+    monkeypatch.setattr(checks_module, "paired", lambda rows, a, b, metric, scale=1.0: {
+        "a": a, "b": b, "metric": metric.key, "scale": scale, "mean_a": 0.0, "mean_b": 0.0, "difference": 0.0,
+        "low": 0.0, "high": 0.0, "n": 2, "shown": 1, "note": ""})
+    broken = dict(all_fail) | {"checks": checks_module.bench_checks(all_fail)}
     status = {c["name"]: c["status"] for c in broken["checks"]}
-    assert status[planted.name] == "PASS"
     assert status["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "PASS"
     with pytest.raises(AssertionError, match="checks PASSed on a bench without contrast"):
         assert_no_outcome_check_passes(broken)
 
 
 def test_a_comparison_skips_when_its_own_rows_have_no_contrast():
-    fake = _fake([0.0, 0.0], [0.0, 0.0])
-    fake["strategies"]["pcl"] = dict(fake["strategies"]["trace"], effective_ratio=0.4,
-                                     per_rep=[{"effective_ratio": 0.4}, {"effective_ratio": 0.4}])
-    status = {c["name"]: c for c in bench.bench_checks(fake)}
+    fake = _fake([0.0] * 6, [0.0] * 6)
+    fake["strategies"]["pcl"] = _fake([0.4] * 6, [0.0] * 6)["strategies"]["trace"]
+    status = {c["name"]: c for c in bench_checks(fake)}
     # pcl found contrast, trace and uniform none: 0 vs 0 is still nothing to compare
     assert status["trace effective ratio above uniform"]["status"] == "SKIP"
-    assert status["trace effective ratio above pcl"]["status"] == "FAIL"  # 0 vs 0.4: a real loss
+    assert status["trace effective ratio above pcl"]["status"] == "FAIL"  # 0 vs 0.4 six times: a real loss
     # a ratio to a row without contrast is undefined, whatever the numerator
     fake = _fake([0.3, 0.4], [0.0, float("nan")])
-    ratio = {c["name"]: c for c in bench.bench_checks(fake)}[
+    ratio = {c["name"]: c for c in bench_checks(fake)}[
         "trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"]
     assert ratio["status"] == "SKIP" and "ratio to it is undefined" in ratio["detail"]
-    fake = _fake([0.3, 0.4], [0.0, 0.0])  # trace found contrast where uniform found none
-    assert {c["name"]: c["status"] for c in bench.bench_checks(fake)}["trace effective ratio above uniform"] == "PASS"
+    fake = _fake([0.3, 0.4, 0.35, 0.3, 0.45, 0.4], [0.0] * 6)  # trace found contrast where uniform found none
+    assert {c["name"]: c["status"] for c in bench_checks(fake)}["trace effective ratio above uniform"] == "PASS"
 
 
 def test_equal_paired_differences_are_judged_by_the_sign_test():
     same = _fake([0.5, 0.6, 0.7], [0.3, 0.4, 0.5])  # +0.2 in every repetition (up to rounding)
-    line = bench.verdict(same)
+    line = verdict(same)
     # no spread, so no t interval; the sign test of 3 agreeing signs: p = 2 / 2^3 = 0.25
-    assert line.startswith("TRACE and uniform cannot be told apart") and "± 0 (all equal: no spread" in line
+    assert line.startswith("trace and uniform cannot be told apart") and "all differences equal" in line
     assert "± 0.000" not in line
-    detail = {c["name"]: c["detail"] for c in bench.bench_checks(same)}["trace effective ratio above uniform"]
-    assert "difference +0.200 ± 0 (all equal: no spread; judged by the sign test) over 3 paired repetitions, " \
-           "NOT distinguishable" in detail
+    check = {c["name"]: c for c in bench_checks(same)}["trace effective ratio above uniform"]
+    assert check["status"] == "NOT SHOWN"
+    assert "+0.200 (all differences equal: no spread, judged by the exact sign test, 3 paired repetitions)" \
+        in check["detail"]
     # six agreeing signs: p = 2 / 2^6 = 0.031 < 0.05
     six = _fake([0.5] * 6, [0.3] * 6)
-    assert bench.verdict(six).startswith("TRACE beats uniform")
+    assert verdict(six).startswith("trace beats uniform")
 
 
 def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
@@ -421,7 +449,7 @@ def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
     assert (values["min_turns"], values["max_turns"]) == (3, 3)
     assert res["config"]["mean_success"] == values["mean_success"] and res["config"]["max_turns"] == 3
     assert 0 < values["target_mixed"] < 1 and values["step_concentration"] > 0
-    assert "Calibrated from the bank" in bench.format_bench(res)
+    assert "Calibrated from the bank" in format_bench(res)
 
 
 def test_calibration_keeps_the_knobs_you_set(tmp_path):

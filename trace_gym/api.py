@@ -52,7 +52,7 @@ from trace_gym.allocation import (
     solve_root,
 )
 from trace_gym.advantages import ESTIMATORS, AdvantageEstimator, PathAdvantages, register_estimator
-from trace_gym.bench import format_bench
+from trace_gym.bench_report import format_bench
 from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
 from trace_gym.budget import BudgetLedger

@@ -3,7 +3,8 @@
 One loop (:func:`run_bench`) runs every strategy on the same candidate pools with common
 random numbers, at one budget per step, through the one step driver
 (:func:`trace_gym.driver.run_step`, learning half included), and reports through one
-path (:func:`summarise`, :func:`bench_checks`, :func:`format_bench`). Where the
+path (:func:`summarise`; :mod:`trace_gym.bench_checks` for the paired verdicts and checks;
+:mod:`trace_gym.bench_report` for the tables). Where the
 rollouts come from is a :class:`BenchSource`, a short adapter:
 
 - :mod:`trace_gym.bench_sim` (``bench --sim``): simulated tasks with a known success
@@ -14,7 +15,14 @@ rollouts come from is a :class:`BenchSource`, a short adapter:
   predictor first; each strategy starts from a copy of it.
 - :mod:`trace_gym.bench_bank` (``bench --bank``): a rollout bank, real outcomes recorded
   once and replayed without replacement; a bench that asks for more than was recorded
-  gives no verdict (:func:`exhaustion_check`).
+  gives no verdict (:func:`trace_gym.bench_checks.exhaustion_check`).
+
+Every source says how its predictors were warmed up before the first measured step
+(``warmup`` in the results, printed under the title), and every arm records each step's
+headline metrics and its predictor's quality on that step's candidates
+(:mod:`trace_gym.predictor_quality`, against the truth the source knows: the simulator's
+p, a bank's empirical rates), so the per-step curve shows whether a bench measured the
+steady state or the cold start.
 
 The budget is nominal (M (1 + N/2) trajectory-equivalents, the paper's convention) or,
 with ``budget_unit="tokens"`` (sources whose steps can be replayed from the same state:
@@ -26,9 +34,8 @@ Uncertainty: metrics are means over repetitions (seeds) with a 95 % Student-t in
 with one repetition no interval is printed, and when every repetition gave the same
 value it prints ``± 0 (all n equal)``: no spread to estimate from, which is not
 certainty; such a paired difference is judged by the exact sign test instead (apart
-from 6 repetitions at 95 %). Checks compare strategies by the paired difference over
-repetitions (common random numbers) and say when two strategies cannot be told apart; a
-comparison whose rows found no mixed prompt is SKIPped ("no contrast"), never PASSed.
+from 6 repetitions at 95 %). Paired differences and checks: :mod:`trace_gym.bench_checks`
+(a check says PASS only when the paired interval shows its claim).
 
 The functions take resolved objects (strategies, env family, engine); the face looks
 the names up.
@@ -37,13 +44,14 @@ the names up.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from trace_gym.bench_report import format_bench, write_bench_plots  # noqa: F401  (re-exported)
+from trace_gym.bench_checks import Roles, bench_checks, paired_table, verdict
 from trace_gym.budget import BudgetLedger
 from trace_gym.driver import reward_warning
 from trace_gym.strategy import group_sized
@@ -51,13 +59,10 @@ from trace_gym.strategy import group_sized
 if TYPE_CHECKING:
     from trace_gym.strategy import Strategy
 
-#: Relative tolerance of the token-budget mode (per step) and of its check (per run).
+#: Relative tolerance of the token-budget mode (per step).
 TOKEN_TOLERANCE = 0.005
-TOKEN_CHECK_TOLERANCE = 0.02
 #: Row-name suffix of the oracle upper bound.
 UPPER_BOUND = " (oracle, upper bound)"
-#: Largest share of refused (``exhausted``) branches a rollout-bank bench gives a verdict with.
-EXHAUSTED_LIMIT = 0.01
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
     env_steps = max(ledger.env_steps, 1)
     return {
         "effective_ratio": report.effective_ratio(trees),
+        "mixed_prompts": mixed / steps,
         "contrast_pairs": n_pairs / steps,
         "pairs_per_1k_tokens": 1e3 * n_pairs / tokens,
         "pairs_per_env_step": n_pairs / env_steps,
@@ -107,6 +113,35 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
     }
 
 
+def step_record(out: Any, measured: bool) -> dict[str, Any]:
+    """One step of one arm, for the per-step curve: its headline metrics and, where the source
+    put the candidates' truth in ``out.extras["truth"]`` (``(rates, mixed)``), its predictor's
+    quality on them (:func:`trace_gym.predictor_quality.predictor_quality`) and the spread of
+    its values."""
+    from trace_gym.predictor_quality import predictor_quality
+
+    row = {"measured": measured} | {k: v for k, v in tree_metrics(out.trees, out.ledger, 1).items()
+                                    if k in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens")}
+    truth = out.extras.get("truth")
+    if truth is not None:
+        row |= predictor_quality(out.values, *truth)
+    row["value_spread"] = float(np.ptp(out.values)) if len(out.values) else 0.0
+    return row
+
+
+def pooled_quality(steps: Sequence[Any]) -> dict[str, float]:
+    """The predictor's quality over the candidates of all ``steps`` together (those with truth)."""
+    from trace_gym.predictor_quality import predictor_quality
+
+    have = [s for s in steps if s.extras.get("truth") is not None]
+    if not have:
+        return {}
+    values = np.concatenate([s.values for s in have])
+    rates = np.concatenate([np.asarray(s.extras["truth"][0], dtype=float) for s in have])
+    mixed = np.concatenate([np.asarray(s.extras["truth"][1], dtype=float) for s in have])
+    return predictor_quality(values, rates, mixed)
+
+
 def summarise(per_rep: Mapping[str, list[dict[str, Any]]], arms: Mapping[str, Arm]) -> dict[str, Any]:
     """Per arm: every scalar metric as mean over repetitions, ``<key>_ci`` its 95 % half-width
     (NaN with one repetition), the per-repetition rows, and depth-wise pair means."""
@@ -120,12 +155,29 @@ def summarise(per_rep: Mapping[str, list[dict[str, Any]]], arms: Mapping[str, Ar
         for key, value in rows[0].items():
             if isinstance(value, (int, float)):
                 entry[key], entry[key + "_ci"], _ = report.mean_ci([float(r[key]) for r in rows])
+        entry["by_step"] = step_curve(rows)
         depths = sorted({d for r in rows for d in r.get("contrast_pairs_by_depth", {})}, key=int)
         entry["contrast_pairs_by_depth"] = {
             d: float(np.mean([r.get("contrast_pairs_by_depth", {}).get(d, 0.0) for r in rows])) for d in depths}
         entry["per_rep"] = rows
         out[name] = entry
     return out
+
+
+def step_curve(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per step: each per-step key's mean over repetitions and its 95 % half-width (``<key>_ci``)."""
+    from trace_gym import report
+
+    steps = min((len(r.get("by_step", [])) for r in rows), default=0)
+    curve = []
+    for i in range(steps):
+        at = [r["by_step"][i] for r in rows]
+        point: dict[str, Any] = {"step": i, "measured": at[0]["measured"]}
+        for key, value in at[0].items():
+            if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+                point[key], point[key + "_ci"], _ = report.mean_ci([float(x.get(key, math.nan)) for x in at])
+        curve.append(point)
+    return curve
 
 
 def transcripts(trees: Sequence[Any], limit: int) -> list[dict[str, Any]]:
@@ -144,211 +196,6 @@ def transcripts(trees: Sequence[Any], limit: int) -> list[dict[str, Any]]:
             out.append({"task_id": tree.task_id, "prompt": tree.nodes[0].text, "leaf": leaf.id,
                         "depth": leaf.depth, "reward": leaf.reward, "turns": turns})
     return out
-
-
-# ---------------------------------------------------------------------- checks
-Effective = Callable[[str], float]  # row name -> its mean effective ratio
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One check of the verdict that compares headline rows' effective ratios.
-
-    ``passes(eff)`` is the claim; ``detail(eff, versus)`` says what was measured
-    (``versus(a, b)`` states the paired difference of a and b over repetitions). Every
-    comparison goes through :func:`no_contrast` on the rows it reads (``needs``): when
-    none of them found a mixed prompt it is SKIPped, never PASSed (0 vs 0 proves
-    nothing). A ratio's ``denominator`` must itself show contrast: "2x of nothing" holds
-    for anything.
-    """
-
-    name: str
-    needs: tuple[str, ...]
-    passes: Callable[[Effective], bool]
-    detail: Callable[[Effective, Callable[[str, str], str]], str]
-    denominator: str | None = None
-
-
-#: The comparisons of :func:`bench_checks`, in the order they print.
-COMPARISONS: tuple[Comparison, ...] = (
-    *(Comparison(f"trace effective ratio above {b}", ("trace", b),
-                 lambda eff, b=b: eff("trace") > eff(b), lambda eff, versus, b=b: versus("trace", b))
-      for b in ("uniform", "pcl", "random_tree")),
-    Comparison("trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)",
-               ("trace", "uniform"), lambda eff: eff("trace") >= 2 * eff("uniform"),
-               lambda eff, versus: f"{eff('trace'):.3f} = {eff('trace') / max(eff('uniform'), 1e-12):.2f}x "
-                                  f"{eff('uniform'):.3f}",
-               denominator="uniform"),
-    *(Comparison(f"{a} between uniform and trace", ("uniform", a, "trace"),
-                 lambda eff, a=a: eff("uniform") < eff(a) < eff("trace"),
-                 lambda eff, versus, a=a: f"{eff('uniform'):.3f} < {eff(a):.3f} < {eff('trace'):.3f}")
-      for a in ("trace_root_only", "trace_prefix_only")),
-)
-
-
-def bench_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The verdict, on the headline rows (learned predictor; upper bounds excluded).
-
-    Each check is ``{"name", "status": PASS | FAIL | SKIP, "detail"}``: the bank guard
-    (:func:`exhaustion_check`), every :data:`COMPARISONS` entry, then the equal-budget
-    check. Comparisons of two strategies state the paired difference over repetitions
-    and whether it is distinguishable from zero at 95 %. A comparison is SKIPped when a
-    row it needs is missing, when the bank ran out (the guard FAILs, names the bank
-    sizes needed: no verdict), or when its rows have no contrast (:func:`no_contrast`:
-    every rollout of every prompt agreed, e.g. every reward 0). The budget check reads
-    costs, not outcomes, so it holds whatever the rewards.
-    """
-    s = {n: v for n, v in results["strategies"].items() if not v["upper_bound"]}
-    checks: list[dict[str, Any]] = []
-    guard = exhaustion_check(results)
-    if guard is not None:
-        checks.append(guard)
-    no_verdict = guard is not None and guard["status"] == "FAIL"
-    for comparison in COMPARISONS:
-        checks.append(_compare(comparison, s, no_verdict))
-    checks.append(budget_check(results, s))
-    return checks
-
-
-def _needs(names: Sequence[str], rows: Mapping[str, Any]) -> dict[str, Any] | None:
-    missing = [n for n in names if n not in rows]
-    return {"status": "SKIP", "detail": f"needs {', '.join(missing)}"} if missing else None
-
-
-def _compare(c: Comparison, s: Mapping[str, Any], no_verdict: bool) -> dict[str, Any]:
-    """One :class:`Comparison` on the headline rows ``s``: SKIP, PASS or FAIL."""
-    skip = _needs(c.needs, s)
-    if skip is None and no_verdict:
-        skip = {"status": "SKIP", "detail": "no verdict: the bank ran out (see above)"}
-    if skip is None and no_contrast({n: s[n] for n in c.needs}):
-        skip = {"status": "SKIP", "detail": f"no contrast: {', '.join(c.needs)} found no mixed prompt in any "
-                "repetition (every rollout of a prompt had the same outcome), so there is nothing to compare"}
-    if skip is None and c.denominator is not None and no_contrast({c.denominator: s[c.denominator]}):
-        skip = {"status": "SKIP", "detail": f"no contrast: {c.denominator} found no mixed prompt in any repetition, "
-                "so a ratio to it is undefined"}
-    if skip is not None:
-        return {"name": c.name, **skip}
-
-    def eff(n: str) -> float:
-        return s[n]["effective_ratio"]
-
-    return {"name": c.name, "status": "PASS" if c.passes(eff) else "FAIL",
-            "detail": c.detail(eff, lambda a, b: _versus(s, a, b))}
-
-
-def _versus(s: Mapping[str, Any], a: str, b: str) -> str:
-    """Effective ratios of rows ``a`` and ``b`` and their paired difference over repetitions."""
-    from trace_gym import report
-
-    mean, half, n = report.paired_difference([r["effective_ratio"] for r in s[a]["per_rep"]],
-                                             [r["effective_ratio"] for r in s[b]["per_rep"]])
-    if n < 2:
-        told = "one repetition: cannot tell apart"
-    else:
-        told = "distinguishable" if report.distinguishable(mean, half, n) else "NOT distinguishable"
-        spread = f"± {half:.3f}" if half > 0 else "± 0 (all equal: no spread; judged by the sign test)"
-        told = f"difference {mean:+.3f} {spread} over {n} paired repetitions, {told}"
-    return f"{s[a]['effective_ratio']:.3f} vs {s[b]['effective_ratio']:.3f}; {told}"
-
-
-def budget_check(results: Mapping[str, Any], s: Mapping[str, Any]) -> dict[str, Any]:
-    """Every strategy (upper bounds included) spent the same budget per step: the nominal one,
-    or in token mode generated tokens within :data:`TOKEN_CHECK_TOLERANCE` of uniform's."""
-    everyone = list(results["strategies"].values())
-    if results["config"].get("budget_unit", "nominal") == "tokens":
-        name = "equal generated tokens (every strategy within 2 % of uniform's)"
-        skip = _needs(list(s)[:1], s)
-        if skip is not None:
-            return {"name": name, **skip}
-        reference = s.get("uniform", everyone[0])["generated_tokens"]
-        worst = max(abs(v["generated_tokens"] / max(reference, 1) - 1) for v in everyone)
-        return {"name": name, "status": "PASS" if worst <= TOKEN_CHECK_TOLERANCE else "FAIL",
-                "detail": f"per step: {reference:,.0f} tokens; largest deviation {100 * worst:.2f} %"}
-    name = "equal nominal budget"
-    skip = _needs(list(s)[:1], s)
-    if skip is not None:
-        return {"name": name, **skip}
-    costs = [v["nominal_cost"] for v in everyone]
-    ok = max(costs) - min(costs) <= 1e-9 * max(1.0, results["nominal_budget"])
-    return {"name": name, "status": "PASS" if ok else "FAIL",
-            "detail": f"per step: {sorted(set(round(c, 6) for c in costs))} (budget {results['nominal_budget']:g})"}
-
-
-def no_contrast(rows: Mapping[str, Any]) -> bool:
-    """Whether comparing ``rows`` is degenerate: none of them found a mixed prompt in any
-    repetition (every effective ratio 0, or NaN where a repetition gave no prompt a rollout)."""
-    return bool(rows) and not any(r["effective_ratio"] > 0 or any(x["effective_ratio"] > 0 for x in r["per_rep"])
-                                  for r in rows.values())
-
-
-def verdict(results: Mapping[str, Any]) -> str:
-    """The headline line: TRACE against uniform on the headline rows (learned predictor,
-    upper bounds excluded), by the paired difference of effective ratios over repetitions,
-    stated plainly whichever way it goes; "NO VERDICT" when the bank ran out or neither
-    found a mixed prompt. Paired differences that are all equal have no spread to build an
-    interval from: the line says so, and the exact sign test decides
-    (:func:`trace_gym.report.distinguishable`: from 6 repetitions at 95 %)."""
-    from trace_gym import report
-
-    s = {n: v for n, v in results["strategies"].items() if not v["upper_bound"]}
-    if "trace" not in s or "uniform" not in s:
-        return "no verdict: the TRACE-vs-uniform headline needs both strategies in the run"
-    guard = exhaustion_check(results)
-    if guard is not None and guard["status"] == "FAIL":
-        detail = guard["detail"]
-        return detail if detail.startswith("NO VERDICT") else f"NO VERDICT: {detail}"
-    if no_contrast({n: s[n] for n in ("trace", "uniform")}):
-        return ("NO VERDICT: no contrast (neither TRACE nor uniform found a mixed prompt; every rollout of a prompt "
-                "agreed)")
-    a, b = s["trace"]["effective_ratio"], s["uniform"]["effective_ratio"]
-    mean, half, n = report.paired_difference([r["effective_ratio"] for r in s["trace"]["per_rep"]],
-                                             [r["effective_ratio"] for r in s["uniform"]["per_rep"]])
-    if n < 2:
-        return f"TRACE and uniform cannot be told apart from one repetition (effective ratio {a:.3f} vs {b:.3f})"
-    ratio = f"{a / b:.2f}x" if b > 0 else "uniform found no mixed prompt"
-    if report.distinguishable(mean, half, n):
-        word = "TRACE beats uniform" if mean > 0 else "TRACE is WORSE than uniform"
-    else:
-        word = "TRACE and uniform cannot be told apart"
-    spread = (f"± {half:.3f} (95 %, " if half > 0 else
-              "± 0 (all equal: no spread for an interval; exact sign test at 95 %, ")
-    return (f"{word}: effective ratio {a:.3f} vs {b:.3f}, difference {mean:+.3f} {spread}{n} paired repetitions, "
-            f"predictor {s['trace']['predictor']}; {ratio})")
-
-
-def exhaustion_check(results: Mapping[str, Any]) -> dict[str, Any] | None:
-    """On a rollout bank (rows with ``exhausted_share``): PASS when every headline row had at
-    most :data:`EXHAUSTED_LIMIT` of its branches refused in every repetition; else FAIL, naming
-    the rows (their worst repetition's share) and the bank sizes the bench needed (the most
-    roots asked of one prompt, the most continuations of one prefix). An upper-bound row
-    never decides the verdict; when it ran out, the detail says its bound is not a valid one.
-    ``None`` for sources that cannot run out."""
-    every = {n: v for n, v in results["strategies"].items() if "exhausted_share" in v}
-    if not every:
-        return None
-    rows = {n: v for n, v in every.items() if not v.get("upper_bound")}
-    bounds = {n: max(r["exhausted_share"] for r in v["per_rep"]) for n, v in every.items() if v.get("upper_bound")}
-    spent = [f"{n} ran out at {100 * x:.1f} %, so it is not a valid bound" for n, x in bounds.items()
-             if x > EXHAUSTED_LIMIT]
-    if not rows:
-        return None
-    name = f"bank large enough for a verdict (at most {100 * EXHAUSTED_LIMIT:g} % of branches refused per strategy)"
-    share = {n: max(r["exhausted_share"] for r in v["per_rep"]) for n, v in rows.items()}  # the worst repetition
-    over = {n: x for n, x in share.items() if x > EXHAUSTED_LIMIT}
-    bank = results.get("bank", {})
-    have = f"this bank: R = {bank.get('roots', '?')} roots per prompt, K = {bank.get('continuations', '?')} " \
-           "continuations per prefix"
-    if not over:
-        worst = max(share.values())
-        note = "".join(f"; {x}" for x in spent)
-        return {"name": name, "status": "PASS", "detail": f"largest exhausted share {100 * worst:.2f} %; {have}{note}"}
-    roots = max(int(r.get("roots_needed", 0)) for v in rows.values() for r in v["per_rep"])
-    conts = max(int(r.get("continuations_needed", 0)) for v in rows.values() for r in v["per_rep"])
-    shares = ", ".join(f"{n} {100 * x:.1f} %" for n, x in sorted(over.items(), key=lambda kv: -kv[1]))
-    return {"name": name, "status": "FAIL",
-            "detail": f"NO VERDICT: exhausted share {shares}; this bench needs a bank with at least {roots} roots per "
-                      f"prompt and {conts} continuations per recorded prefix ({have}); record a larger bank or lower "
-                      "the budget, the steps or the group size"}
 
 
 # ---------------------------------------------------------------------- the one loop
@@ -426,13 +273,14 @@ def _token_matched_step(rep: Repetition, cands: Sequence[Any], strategy: Strateg
 
 
 def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progress: bool = False,
-              say: Callable[[str], None] | None = None) -> dict[str, Any]:
+              say: Callable[[str], None] | None = None, roles: Roles = Roles()) -> dict[str, Any]:
     """Run every strategy of ``strategies`` on ``source``; returns JSON-ready results.
 
     Per repetition every arm sees the same candidate pools (common random numbers); the
-    reference strategy (uniform) runs first so that, in token mode, the others can be
-    matched to what it generated. Per repetition, metrics pool the measured steps
-    (after ``warmup_steps``). ``say`` receives the no-contrast warnings as they happen.
+    reference strategy (the baseline of ``roles``) runs first so that, in token mode, the
+    others can be matched to what it generated. Per repetition, metrics pool the measured
+    steps (after ``warmup_steps``), and ``by_step`` keeps every step's record
+    (:func:`step_record`). ``say`` receives the no-contrast warnings as they happen.
     """
     import dataclasses
 
@@ -441,48 +289,64 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
     t_start = time.perf_counter()
     arms = source.arms(strategies)
     per_rep: dict[str, list[dict[str, Any]]] = {n: [] for n in arms}
-    reference = "uniform" if "uniform" in arms else next(iter(arms))
+    reference = roles.baseline if roles.baseline in arms else next(iter(arms))
     order = [reference] + [n for n in arms if n != reference]
     warnings: list[str] = []
-    budget = source.nominal_budget
     bar = tqdm(total=source.repetitions * len(arms), desc=f"bench --{source.mode}", disable=not progress,
                leave=False, dynamic_ncols=True)
     for r in range(source.repetitions):
         rep = source.repetition(r)
         target_tokens: list[float] = []
         for name in order:
-            arm = arms[name]
-            predictor, rng = rep.predictor(arm), rep.rng(arm)
-            ledger, measured, scale = BudgetLedger(), [], 1.0
-            for step in range(source.steps):
-                cands, counted = rep.candidates(step), step >= source.warmup_steps
-                if source.budget_unit == "tokens" and name != reference:
-                    out, predictor, scale = _token_matched_step(rep, cands, arm.strategy, predictor, budget, rng,
-                                                                target_tokens[step], scale, counted)
-                else:
-                    out = rep.step(cands, arm.strategy, predictor, budget, rng, measured=counted)
-                    if name == reference:
-                        target_tokens.append(out.ledger.generated_tokens)
-                if counted:
-                    ledger = ledger.merge(out.ledger)
-                    measured.append(out)
-            trees = [t for out in measured for t in out.trees]
-            warning = reward_warning(trees)
+            row, warning = _run_arm(source, rep, arms[name], target_tokens, reference=name == reference)
             if warning:
                 warnings.append(f"{rep.label}, {name}: {warning}")
                 if say is not None:
                     say(f"WARNING: {warnings[-1]}")
-            per_rep[name].append(tree_metrics(trees, ledger, len(measured)) | {"budget_scale": scale}
-                                 | rep.measure(arm, measured))
-            rep.after_arm(arm, measured)
+            per_rep[name].append(row)
             bar.update(1)
     bar.close()
     results: dict[str, Any] = {"mode": source.mode, "config": dataclasses.asdict(source.config),
-                               "nominal_budget": budget, "warnings": warnings,
+                               "nominal_budget": source.nominal_budget, "warnings": warnings,
                                "group_sized": group_sized(strategies),
                                "strategies": summarise({n: per_rep[n] for n in arms}, arms)}
     results |= source.results(strategies)
-    results["checks"] = bench_checks(results)
-    results["verdict"] = verdict(results)
-    results["seconds"] = time.perf_counter() - t_start
+    return judge(results, roles) | {"seconds": time.perf_counter() - t_start}
+
+
+def judge(results: dict[str, Any], roles: Roles) -> dict[str, Any]:
+    """``results`` with the paired table, the checks and the verdict for ``roles`` (re-judging a
+    finished bench with other roles needs no rerun)."""
+    results["roles"] = {"baseline": roles.baseline, "method": roles.method, "pairs": [list(p) for p in roles.pairs]}
+    results["paired"] = paired_table(results, roles)
+    results["checks"] = bench_checks(results, roles)
+    results["verdict"] = verdict(results, roles)
     return results
+
+
+def _run_arm(source: BenchSource, rep: Any, arm: Arm, target_tokens: list[float], *,
+             reference: bool) -> tuple[dict, str | None]:
+    """One arm's steps in one repetition: its row (pooled metrics, source measures, per-step
+    records) and its no-contrast warning. The reference arm appends its generated tokens per
+    step to ``target_tokens``; in token mode the other arms are matched to them."""
+    predictor, rng = rep.predictor(arm), rep.rng(arm)
+    ledger, measured, by_step, scale = BudgetLedger(), [], [], 1.0
+    budget = source.nominal_budget
+    for step in range(source.steps):
+        cands, counted = rep.candidates(step), step >= source.warmup_steps
+        if source.budget_unit == "tokens" and not reference:
+            out, predictor, scale = _token_matched_step(rep, cands, arm.strategy, predictor, budget, rng,
+                                                        target_tokens[step], scale, counted)
+        else:
+            out = rep.step(cands, arm.strategy, predictor, budget, rng, measured=counted)
+            if reference:
+                target_tokens.append(out.ledger.generated_tokens)
+        by_step.append(step_record(out, counted))
+        if counted:
+            ledger = ledger.merge(out.ledger)
+            measured.append(out)
+    trees = [t for out in measured for t in out.trees]
+    row = (tree_metrics(trees, ledger, len(measured)) | {"budget_scale": scale} | pooled_quality(measured)
+           | rep.measure(arm, measured) | {"by_step": by_step})
+    rep.after_arm(arm, measured)
+    return row, reward_warning(trees)

@@ -9,17 +9,22 @@ drawn without replacement, and a request beyond what was recorded is refused
 drawn again gets further unused rollouts) and are seeded per repetition, so every arm
 of a repetition sees the same recorded rollouts for the same requests.
 
-Predictors: every text kind of :data:`~trace_gym.predictor.PREDICTORS`, fresh per arm
-and repetition, learning online across the replayed steps from the recorded texts
-(the LM critic reads the policy named in the bank's manifest); and, as an upper bound
+Predictors: every text kind of :data:`~trace_gym.predictor.PREDICTORS`, warmed up once
+per repetition on a held-out slice of the bank (:mod:`trace_gym.banks.warmup`: the same
+slice and the same warm predictor for every arm, a slice no measured pool draws from,
+charged to no arm), then copied to each arm and learning online across the replayed
+steps from the recorded texts (the LM critic reads the policy named in the bank's
+manifest); and, as an upper bound
 labelled as one, TRACE with the bank's empirical rates
-(:class:`~trace_gym.banks.replay.BankOraclePredictor`). Besides the shared metrics, a
-row holds the predictor's Spearman against the bank's empirical rates (every candidate
-prompt; every recorded prefix it scored before training on it, overall and by depth),
+(:class:`~trace_gym.banks.replay.BankOraclePredictor`). Each step hands the bench the
+candidates' empirical rates and whether their recorded roots were mixed (the truth of
+the predictor-quality measures). Besides the shared metrics, a row holds the
+predictor's Spearman over every recorded prefix it scored before training on it
+(overall and by depth),
 the exhausted share, the bank sizes the arm needed (roots per prompt, continuations
 per prefix), and the prefixes left out by the recording's per-root cap. When any
 arm's exhausted share exceeds 1 %, the bench gives no verdict
-(:func:`trace_gym.bench.bench_checks`).
+(:func:`trace_gym.bench_checks.exhaustion_check`).
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from trace_gym.banks.format import Bank, open_bank
 from trace_gym.banks.replay import BankBranchRunner, BankDraws, BankOraclePredictor, recorded_prefix_rate
 from trace_gym.bench import UPPER_BOUND, Arm, run_bench
 from trace_gym.config import BUDGET_UNITS, doc
+from trace_gym.banks.warmup import held_out_prompts, warm_up
 from trace_gym.driver import StepResult, run_step
-from trace_gym.predictor import PREDICTORS, check_predictor_name, make_predictor, predictor_names
+from trace_gym.predictor import PREDICTORS, ObservesOutcomes, check_predictor_name, make_predictor, predictor_names
 from trace_gym.strategy import Strategy
 
 #: The oracle arm's predictor name (not a kind of the predictor table: it reads the bank).
@@ -51,13 +57,20 @@ class BankBenchConfig:
     """``trace-gym bench --bank FILE``: strategies replayed on a recorded rollout bank.
 
     The default is sized for a bank of a few hundred prompts with R = 8 roots and K = 4
-    continuations: 64 candidates and M = 16 roots per step, N = 2 continuations per root.
+    continuations: 64 held-out prompts warm the predictor up, then 64 candidates and
+    M = 16 roots per step, N = 2 continuations per root, over 3 measured steps: one pass
+    over the 192 measurable prompts of a 256-prompt bank, so no prompt is drawn twice and
+    the recorded roots never run out (a second pass needed 12 roots of some prompts);
+    with the warm-up the per-step curve is flat from step 0 (docs/benchmarking.md).
     """
 
     bank: str = field(default="", metadata=doc("the rollout bank file (trace-gym bank record --out FILE)"))
-    seeds: int = field(default=5, metadata=doc("independent repetitions (fresh candidate draws and rollout draws)"))
+    seeds: int = field(default=10, metadata=doc("independent repetitions (fresh candidate draws and rollout draws)"))
     steps: int = field(default=3, metadata=doc("allocation steps per repetition (a fresh candidate pool each)"))
-    warmup_steps: int = field(default=1, metadata=doc("first steps run (the predictor trains) but not measured"))
+    warmup_steps: int = field(default=0, metadata=doc("first steps run (the predictor trains) but not measured"))
+    warmup_prompts: int = field(default=64, metadata=doc(
+        "prompts held out of every measured pool (a slice seeded by seed); their recorded rollouts train every "
+        "learned predictor before step 0, charged to no arm (0: a cold start)"))
     candidates: int = field(default=64, metadata=doc("candidate prompts scored per step (at most the bank's prompts)"))
     root_budget: int = field(default=16, metadata=doc("M: root rollouts of a tree strategy per step"))
     continuations_per_root: int = field(default=2, metadata=doc(
@@ -118,40 +131,9 @@ class ArmState:
     def update(self, contexts, targets, weights=None):
         return self.predictor.update(contexts, targets, weights)
 
-
-@dataclass
-class BankStep:
-    """One replayed step: the driver's result, plus the draws' bank sizes needed so far."""
-
-    result: StepResult
-    records: list  # the step's candidate BankPrompts
-    roots_needed: int
-    continuations_needed: int
-    exhausted_so_far: int
-
-    @property
-    def trees(self) -> list:
-        return self.result.trees
-
-    @property
-    def ledger(self) -> Any:
-        return self.result.ledger
-
-    @property
-    def values(self) -> np.ndarray:
-        return self.result.values
-
-    @property
-    def root_counts(self) -> np.ndarray:
-        return self.result.root_counts
-
-    @property
-    def tree_candidates(self) -> np.ndarray:
-        return self.result.tree_candidates
-
-    @property
-    def learning(self) -> Any:
-        return self.result.learning
+    def observe_outcomes(self, contexts, successes, trials) -> None:
+        if isinstance(self.predictor, ObservesOutcomes):
+            self.predictor.observe_outcomes(contexts, successes, trials)
 
 
 @dataclass
@@ -162,15 +144,16 @@ class BankRepetition:
     rep: int
 
     def __post_init__(self) -> None:
-        cfg, n = self.source.config, len(self.source.bank)
+        cfg, source = self.source.config, self.source
         self.seed = cfg.seed + 7919 * self.rep
         self.label = f"seed {self.seed}"
         rng = np.random.default_rng([cfg.seed, self.rep, 0])
+        measurable = source.measurable
         order: list[int] = []
         self.pools = []
-        for _ in range(cfg.steps):  # epochs: disjoint pools until the bank is used up
+        for _ in range(cfg.steps):  # epochs: disjoint pools until the measurable prompts are used up
             if len(order) < cfg.candidates:
-                order = rng.permutation(n).tolist()
+                order = [measurable[i] for i in rng.permutation(len(measurable))]
             self.pools.append(order[:cfg.candidates])
             order = order[cfg.candidates:]
         self._template = None
@@ -182,35 +165,39 @@ class BankRepetition:
         draws = BankDraws(self.seed)
         if arm.predictor == ORACLE:
             return ArmState(BankOraclePredictor(), draws, anchored=True)
-        if self._template is None:  # built once per repetition; each arm gets a pristine copy
-            cfg = self.source.config
-            self._template = make_predictor(arm.predictor, cfg.predictor_kwargs, model_path=self.source.policy_path,
+        if self._template is None:  # built and warmed up once per repetition; each arm gets a pristine copy
+            cfg, source = self.source.config, self.source
+            self._template = make_predictor(arm.predictor, cfg.predictor_kwargs, model_path=source.policy_path,
                                             seed=self.seed)
+            if source.held_out:
+                stats = warm_up(self._template, source.bank, source.held_out, seed=cfg.seed,
+                                prefix_share=cfg.prefix_share)
+                source.warmups.append(stats)
         return ArmState(copy.deepcopy(self._template), draws)
 
     def rng(self, arm: Arm) -> np.random.Generator:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])
 
     def step(self, candidates: Sequence[Any], strategy: Strategy, predictor: ArmState, budget: float,
-             rng: np.random.Generator, *, measured: bool) -> BankStep:
+             rng: np.random.Generator, *, measured: bool) -> StepResult:
         runner = BankBranchRunner(predictor.draws, anchored=predictor.anchored)
         result = run_step(candidates, strategy, predictor, runner, budget, rng,
                           prefix_share=self.source.config.prefix_share, score_prefixes=measured)
         d = predictor.draws
-        return BankStep(result, list(candidates), d.roots_needed, d.continuations_needed, d.exhausted)
+        result.extras.update(records=list(candidates), roots_needed=d.roots_needed,
+                             continuations_needed=d.continuations_needed, truth=bank_truth(candidates))
+        return result
 
-    def measure(self, arm: Arm, steps: Sequence[BankStep]) -> dict[str, Any]:
+    def measure(self, arm: Arm, steps: Sequence[StepResult]) -> dict[str, Any]:
         from trace_gym import report
 
-        values = np.concatenate([s.values for s in steps])
-        truth = np.array([r.prompt_rate() for s in steps for r in s.records])
         pp, pt, pd = [], [], []
         for s in steps:
             learning = s.learning
             prefix = learning.depths > 0
             for pred, t, node in zip(learning.prefix_predictions, learning.tree_index[prefix],
                                      learning.node_ids[prefix]):
-                record, tree = s.records[s.tree_candidates[t]], s.trees[t]
+                record, tree = s.extras["records"][s.tree_candidates[t]], s.trees[t]
                 rate = recorded_prefix_rate(record, tree, int(node))
                 if rate is not None:
                     pp.append(pred)
@@ -227,19 +214,18 @@ class BankRepetition:
                     if "truncation" in n.info:
                         truncations[n.info["truncation"]] = truncations.get(n.info["truncation"], 0) + 1
         leaves = [leaf.reward for s in steps for t in s.trees for leaf in t.leaves()]
-        return {"prompt_spearman": report.spearman(values, truth),
-                "prefix_spearman": report.spearman(pp, pt),
+        return {"prefix_spearman": report.spearman(pp, pt),
                 "prefix_spearman_by_depth": {str(d): r for d, r in report.spearman_by_depth(pp, pt, pd).items()},
                 "scored_prefixes": len(pp) / len(steps),
                 "exhausted_share": exhausted / max(requested, 1),
                 "exhausted": exhausted / len(steps),
-                "roots_needed": steps[-1].roots_needed,
-                "continuations_needed": steps[-1].continuations_needed,
+                "roots_needed": steps[-1].extras["roots_needed"],
+                "continuations_needed": steps[-1].extras["continuations_needed"],
                 "left_out_prefixes": left_out / len(steps),
                 "mean_reward": float(np.mean(leaves)) if leaves else math.nan,
                 "truncations": truncations}
 
-    def after_arm(self, arm: Arm, steps: Sequence[BankStep]) -> None:
+    def after_arm(self, arm: Arm, steps: Sequence[StepResult]) -> None:
         from trace_gym import report
 
         trees = [t for s in steps for t in s.trees]
@@ -265,8 +251,13 @@ class BankSource:
         if not cfg.bank:
             raise ValueError("bench --bank needs a bank file (bank=FILE); record one with trace-gym bank record")
         self.bank = open_bank(cfg.bank, cache_prompts=max(4 * cfg.candidates, 256))
-        if cfg.candidates > len(self.bank):
-            raise ValueError(f"candidates {cfg.candidates} exceed the {len(self.bank)} prompts of {cfg.bank}")
+        self.held_out = held_out_prompts(len(self.bank), cfg.warmup_prompts, cfg.seed)
+        skip = set(self.held_out)
+        self.measurable = [i for i in range(len(self.bank)) if i not in skip]
+        if cfg.candidates > len(self.measurable):
+            raise ValueError(f"candidates {cfg.candidates} exceed the {len(self.measurable)} prompts of {cfg.bank} "
+                             f"left after warmup_prompts={cfg.warmup_prompts}")
+        self.warmups: list[dict[str, Any]] = []
         self.repetitions, self.steps, self.warmup_steps = cfg.seeds, cfg.steps, cfg.warmup_steps
         self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
         self.policy_path = None
@@ -288,7 +279,23 @@ class BankSource:
         keys = ("policy", "policy_path", "weights_sha256", "env_id", "env_kwargs", "roots", "continuations",
                 "max_prefixes_per_root", "seed", "sampling")
         return {"bank": {"path": str(self.bank.path), "prompts": len(self.bank), **{k: m.get(k) for k in keys},
-                         "sha256": self.bank.scan.sha256}}
+                         "sha256": self.bank.scan.sha256},
+                "warmup": self.warmup_summary()}
+
+    def warmup_summary(self) -> dict[str, Any]:
+        """What every learned predictor saw before step 0 (the same for every arm), and one line saying it."""
+        cfg = self.config
+        if not self.held_out:
+            return {"prompts": 0, "description": "no warm-up: every learned predictor starts cold at step 0"
+                    + (f"; the first {cfg.warmup_steps} step(s) are run but not measured" if cfg.warmup_steps else "")}
+        w = self.warmups[0] if self.warmups else {}
+        text = (f"every learned predictor first trained on {len(self.held_out)} held-out prompts (a slice seeded by "
+                f"seed={cfg.seed}, outside every measured pool): their recorded rollouts"
+                + (f" ({w['roots']} roots, {w['continuations']} continuations; {w['updates']} updates)" if w else "")
+                + "; the same warm predictor for every arm, charged to no arm")
+        if cfg.warmup_steps:
+            text += f"; then {cfg.warmup_steps} step(s) run but not measured"
+        return {**w, "indices": list(self.held_out), "description": text}
 
 
 def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], path: str | None = None, *,
@@ -307,6 +314,15 @@ def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], pat
         cfg = dataclasses.replace(cfg, bank=str(path))
     source = BankSource(cfg, say or (lambda msg: None))
     return run_bench(source, strategies, progress=progress, say=say)
+
+
+def bank_truth(records: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The predictor-quality truth of bank candidates: each prompt's empirical success rate over
+    its recorded roots, and whether those roots were mixed (1.0) or pure (0.0)."""
+    outcomes = [r.outcomes() for r in records]
+    rates = np.array([r.prompt_rate() for r in records], dtype=float)
+    mixed = np.array([float(0 < sum(o) < len(o)) for o in outcomes])
+    return rates, mixed
 
 
 def policy_folder(manifest: Mapping[str, Any]) -> str:

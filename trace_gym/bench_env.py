@@ -169,7 +169,11 @@ class EnvSource:
         return EnvRepetition(self, rep)
 
     def results(self, strategies: Mapping[str, Strategy]) -> dict[str, Any]:
-        return {"engine": type(self.engine).__name__, "warmup": self.warmups}
+        cfg = self.config
+        text = (f"every strategy's predictor starts from one trained on a warm-up batch of {cfg.warmup_budget} "
+                "uniform rollouts of other tasks (per repetition), charged to no arm" if cfg.warmup_budget else
+                "no warm-up: every predictor starts cold")
+        return {"engine": type(self.engine).__name__, "warmup": {"batches": self.warmups, "description": text}}
 
 
 def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], family: Any, *,

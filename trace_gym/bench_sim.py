@@ -76,22 +76,23 @@ class SimRepetition:
              rng: np.random.Generator, *, measured: bool) -> Any:
         from trace_gym.sim import SimBranchRunner
 
-        return run_step(candidates, strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget, rng,
-                        prefix_share=self.cfg.prefix_share, score_prefixes=measured)
+        from trace_gym.predictor_quality import mixed_probability
+
+        result = run_step(candidates, strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget, rng,
+                          prefix_share=self.cfg.prefix_share, score_prefixes=measured)
+        rates = self.pool.success[np.asarray(candidates, dtype=np.int64)]
+        result.extras["truth"] = (rates, mixed_probability(rates, self.cfg.group_size))
+        return result
 
     def measure(self, arm: Arm, steps: Sequence[Any]) -> dict[str, Any]:
         from trace_gym import report
 
-        values = np.concatenate([s.values for s in steps])
-        first = self.cfg.steps - len(steps)  # the measured steps are the last ones
-        truth = np.concatenate([self.pool.success[self.draws[i]] for i in range(first, self.cfg.steps)])
         prefix = [(s.learning.prefix_predictions, [c for c, d in zip(s.learning.contexts, s.learning.depths) if d > 0])
                   for s in steps]
         pp = np.concatenate([p for p, _ in prefix])
         pt = np.array([c.value for _, ctx in prefix for c in ctx], dtype=float)
         pd = np.array([c.turn for _, ctx in prefix for c in ctx], dtype=int)
-        return {"prompt_spearman": report.spearman(values, truth),
-                "prefix_spearman": report.spearman(pp, pt),
+        return {"prefix_spearman": report.spearman(pp, pt),
                 "prefix_spearman_by_depth": {str(d): r for d, r in report.spearman_by_depth(pp, pt, pd).items()}}
 
     def after_arm(self, arm: Arm, steps: Sequence[Any]) -> None:
@@ -123,7 +124,11 @@ class SimSource:
         cfg = self.config
         out: dict[str, Any] = {"root_allocation_demo": {
             "values": list(cfg.demo_values), "budgets": list(cfg.demo_budgets),
-            "allocations": [solve_root(np.array(cfg.demo_values), b).tolist() for b in cfg.demo_budgets]}}
+            "allocations": [solve_root(np.array(cfg.demo_values), b).tolist() for b in cfg.demo_budgets]},
+            "warmup": {"steps": cfg.warmup_steps, "description": (
+                f"every learned predictor starts cold; the first {cfg.warmup_steps} step(s) of every arm are run (the "
+                "predictor trains on them) but not measured" if cfg.warmup_steps else
+                "no warm-up: every learned predictor starts cold at step 0")}}
         if "trace" in strategies:  # which predictor target is closer to the true V (oracle-driven expansion)
             out["target_estimators"] = sim.target_error_study(
                 strategies["trace"], make_predictor("oracle"), world=self.world, nominal_budget=self.nominal_budget,

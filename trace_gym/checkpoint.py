@@ -289,23 +289,28 @@ class RunDir:
 
 # ---------------------------------------------------------------------- predictor state
 def predictor_state(predictor: Any) -> dict[str, Any]:
-    """What makes a predictor resume where it was: its ``state_dict()`` when it has one,
-    else the trainable parts the project's predictors hold (``head``, ``optimizer``, and the
-    ``backbone`` when it is trained). A predictor with none of them has no state."""
-    if hasattr(predictor, "state_dict"):
-        return {"state_dict": predictor.state_dict()}
-    out = {}
-    for name in ("head", "optimizer"):
-        part = getattr(predictor, name, None)
-        if part is not None and hasattr(part, "state_dict"):
-            out[name] = part.state_dict()
-    if getattr(predictor, "train_backbone", False):
-        out["backbone"] = predictor.backbone.state_dict()
-    return out
+    """What makes a predictor resume where it was: its ``state_dict()`` (the
+    :class:`~trace_gym.predictor.SuccessPredictor` Protocol: head, optimiser, memory, evidence).
+
+    Raises:
+        TypeError: the predictor has no ``state_dict``/``load_state_dict`` (a resume would
+            silently start it afresh), naming its type.
+    """
+    require_predictor_state(predictor)
+    return {"state_dict": predictor.state_dict()}
+
+
+def require_predictor_state(predictor: Any) -> None:
+    """``TypeError`` unless ``predictor`` can be checkpointed (has ``state_dict`` and ``load_state_dict``)."""
+    missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(predictor, m, None))]
+    if missing:
+        raise TypeError(f"predictor {type(predictor).__name__} has no {' or '.join(missing)}: a checkpoint could not "
+                        "restore it (the SuccessPredictor Protocol, trace_gym/predictor.py)")
 
 
 def load_predictor_state(predictor: Any, state: dict[str, Any]) -> None:
-    """Inverse of :func:`predictor_state`."""
+    """Inverse of :func:`predictor_state`. A checkpoint written before predictors had memory
+    (``head``/``optimizer`` entries) restores those parts; its memory starts empty."""
     if "state_dict" in state:
         predictor.load_state_dict(state["state_dict"])
         return

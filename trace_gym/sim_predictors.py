@@ -35,6 +35,12 @@ class OraclePredictor:
     def update(self, contexts, targets, weights=None) -> dict[str, float]:
         return {"n": float(len(contexts))}
 
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
 
 def noise_for_spearman(
     target: float, prior: tuple[float, float], n_samples: int = 20000, seed: int = 0
@@ -90,6 +96,13 @@ class NoisyOraclePredictor:
 
     def update(self, contexts, targets, weights=None) -> dict[str, float]:
         return {"n": float(len(contexts))}
+
+    def state_dict(self) -> dict:
+        return {"sigma": self.sigma, "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sigma = float(state["sigma"])
+        self.rng.bit_generator.state = state["rng"]
 
 
 @dataclass
@@ -153,3 +166,11 @@ class LearnedPredictor:
         pred = np.clip(sigmoid(np.clip(x @ self.weights, -30, 30)), 1e-9, 1 - 1e-9)
         loss = float(-(w * (y * np.log(pred) + (1 - y) * np.log(1 - pred))).sum())
         return {"n": float(len(y)), "loss": loss}
+
+    def state_dict(self) -> dict:
+        """The weights and the replay memory (the features are the pool's, not state)."""
+        return {k: None if v is None else v.copy() for k, v in
+                (("weights", self.weights), ("x", self._x), ("y", self._y), ("w", self._w))}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.weights, self._x, self._y, self._w = (state[k] for k in ("weights", "x", "y", "w"))

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_gym.advantages import ESTIMATORS, get_estimator
-from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state
+from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state, require_predictor_state
 from trace_gym.config import doc, flatten, load_config, to_yaml
 from trace_gym.driver import forecast_fallback_first
 from trace_gym.engines import ENGINES
@@ -288,6 +288,7 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
     start = resume.step if resume else 0
     critic = str(resolve_model(cfg.critic_model)) if cfg.critic_model and cfg.predictor == "lm_critic" else base_policy
     predictor = make_predictor(cfg.predictor, cfg.predictor_kwargs, model_path=critic, seed=cfg.seed)
+    require_predictor_state(predictor)  # before step 1, not at the first checkpoint
     cursor = TaskCursor(len(tasks), cfg.seed)
     rng = np.random.default_rng([cfg.seed, 1])
     fallback_first = False  # the single-turn forecast (driver.forecast_fallback_first), kept in state.json

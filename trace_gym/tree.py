@@ -343,6 +343,13 @@ class RolloutTree:
         return out
 
     # ------------------------------------------------------------------ outcomes
+    def root_outcomes(self) -> tuple[int, int]:
+        """``(successes, trials)`` over the finished root rollouts: independent samples of the
+        prompt's success (continuations are not: where they start depends on outcomes)."""
+        leaves = [self.branch_leaf(b.id) for b in self.branches if not b.is_continuation]
+        ended = [self.nodes[leaf] for leaf in leaves if leaf is not None]
+        return sum(n.success for n in ended), len(ended)
+
     def is_mixed(self) -> bool:
         """The tree holds at least one success and one failure leaf."""
         s = [n.success for n in self.leaves()]

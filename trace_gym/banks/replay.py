@@ -298,3 +298,9 @@ class BankOraclePredictor:
         if len(targets) != len(contexts):
             raise ValueError(f"got {len(targets)} targets for {len(contexts)} contexts")
         return {"loss": math.nan, "n": float(len(contexts))}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

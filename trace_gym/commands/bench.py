@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trace_gym.bench_checks import Roles
+from trace_gym.bench_report import format_bench, write_bench_plots
 from trace_gym.commands import add_config_flags, add_config_parser, command_config, did_you_mean
 from trace_gym.commands.bank import bank_path
 from trace_gym.config import EnvBenchConfig, SimBenchConfig
@@ -91,9 +93,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
         results = run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out, say=say)
+    roles = bench_roles(args, results)
+    if roles != Roles():
+        bench.judge(results, roles)
     if args.out:
-        results["plots"] = bench.write_bench_plots(results, args.out)
-    print(bench.format_bench(results))
+        results["plots"] = write_bench_plots(results, args.out)
+    print(format_bench(results))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2))
@@ -102,6 +107,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"wrote {', '.join(results['plots'] + results.get('episode_files', []))}")
     failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
     return 1 if failed and args.strict else 0
+
+
+def bench_roles(args: argparse.Namespace, results: dict[str, Any]) -> Roles:
+    """The baseline and extra pairs the user named, checked against the arms that ran."""
+    roles = Roles(baseline=args.baseline or "uniform", pairs=Roles.parse_pairs(args.pairs or ""))
+    ran = sorted(results["strategies"])
+    for name in [roles.baseline if args.baseline else None, *[n for p in roles.pairs for n in p]]:
+        if name is not None and name not in ran:
+            raise ValueError(f"--baseline/--pairs: no strategy {name!r} ran{did_you_mean(name, ran)}; ran: "
+                             f"{', '.join(ran)}")
+    return roles
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
@@ -116,5 +132,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the results as JSON to this path")
     p.add_argument("--out", help="write PNG plots (and with --dump-episodes, transcripts) into this folder")
     p.add_argument("--strict", action="store_true", help="exit 1 when a check FAILs")
+    p.add_argument("--baseline", metavar="NAME", help="the strategy every other is paired with (default uniform)")
+    p.add_argument("--pairs", metavar="A:B,...", help="more paired comparisons, e.g. my_strategy:pcl")
     add_config_flags(p, BENCH_MODES, skip=("env", "bank"))
     p.set_defaults(func=cmd_bench)

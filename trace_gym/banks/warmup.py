@@ -1,0 +1,85 @@
+"""The bank bench's predictor warm-up: recorded outcomes of held-out prompts, before step 0.
+
+A predictor that starts a bench cold predicts 0.5 for every prompt, and a bench that
+measures its first steps measures that cold start, not the strategy (training runs
+hundreds of steps on a predictor that has seen every one of them). So every
+predictor-driven arm of ``bench --bank`` starts from the same predictor, trained on a
+documented slice of the bank that no measured pool ever draws from:
+
+- :func:`held_out_prompts`: ``warmup_prompts`` prompt indices, a permutation seeded by
+  the bench's ``seed`` alone (the same slice for every repetition and every arm);
+- :func:`warm_up`: their recorded rollouts replayed as full trees (every recorded root,
+  every recorded continuation of every recorded prefix), fed through the step's own
+  learning half (:func:`trace_gym.driver.update_predictor`: the same targets, the same
+  prefix share, each prompt's root outcomes as its evidence) in batches of ``batch``
+  prompts, one predictor update per batch, as if they were earlier training steps.
+
+The warm-up is charged to no arm: it is the history a predictor brings to a step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from trace_gym.banks.format import Bank
+from trace_gym.banks.replay import BankBranchRunner, BankDraws
+from trace_gym.budget import BudgetLedger
+from trace_gym.driver import StepResult, update_predictor
+
+#: Held-out prompts per predictor update of the warm-up (about one bench step's trees).
+WARMUP_BATCH = 16
+
+
+def held_out_prompts(n_prompts: int, count: int, seed: int) -> list[int]:
+    """The warm-up slice: ``count`` of ``n_prompts`` prompt indices, seeded by ``seed``, sorted.
+
+    Raises:
+        ValueError: ``count`` is negative or leaves no prompt to measure.
+    """
+    if not 0 <= count < n_prompts:
+        raise ValueError(f"warmup_prompts must lie in [0, {n_prompts}) for a bank of {n_prompts} prompts, "
+                         f"got {count!r}")
+    return sorted(np.random.default_rng([seed, 3]).permutation(n_prompts)[:count].tolist())
+
+
+def full_trees(bank: Bank, indices: Sequence[int], seed: int) -> tuple[BankBranchRunner, StepResult]:
+    """Every recorded rollout of the prompts ``indices`` as one step's trees (keys 0..n-1)."""
+    runner, ledger = BankBranchRunner(BankDraws(seed)), BudgetLedger()
+    trees = []
+    for key, index in enumerate(indices):
+        record = bank.prompt(index)
+        tree = runner.new_tree(key, record)
+        runner.start_roots(key, len(record.roots), ledger)
+        for node_id, _ in tree.expansion_candidates():
+            where = tree.nodes[node_id].info["bank"]
+            prefix = record.prefix(where["root"], tree.nodes[node_id].depth)
+            if prefix and prefix["continuations"]:
+                runner.start_continuations(key, node_id, len(prefix["continuations"]), ledger)
+        trees.append(tree)
+    runner.advance(ledger)
+    n = len(indices)
+    step = StepResult(np.full(n, 0.5), np.zeros(n, np.int64), np.zeros(n, np.int64), trees,
+                      np.arange(n, dtype=np.int64), ledger=ledger)
+    return runner, step
+
+
+def warm_up(predictor: Any, bank: Bank, indices: Sequence[int], *, seed: int, prefix_share: float,
+            batch: int = WARMUP_BATCH) -> dict[str, Any]:
+    """Train ``predictor`` on the recorded rollouts of ``indices`` (see the module docstring).
+
+    Returns what it read: ``{"prompts", "roots", "continuations", "updates", "samples", "seconds"}``.
+    """
+    start = time.perf_counter()
+    stats = {"prompts": len(indices), "roots": 0, "continuations": 0, "updates": 0, "samples": 0}
+    for lo in range(0, len(indices), batch):
+        runner, step = full_trees(bank, indices[lo:lo + batch], seed)
+        learning = update_predictor(step, predictor, runner, prefix_share)
+        stats["roots"] += sum(1 for t in step.trees for b in t.branches if not b.is_continuation)
+        stats["continuations"] += sum(1 for t in step.trees for b in t.branches if b.is_continuation)
+        stats["updates"] += 1
+        stats["samples"] += len(learning.targets)
+    stats["seconds"] = time.perf_counter() - start
+    return stats

@@ -1,0 +1,88 @@
+"""What selection needs from a success predictor, measured where it is used (pure functions).
+
+TRACE's and PCL's root stages read predicted *values*, not ranks: they pick prompts
+whose predicted v is near 0.5 and size their groups by it. So beside the prompt-level
+Spearman against the truth, a bench reports, per step and pooled:
+
+- ``mixed_auc``: the AUC of the score ``-|v - 0.5|`` for separating prompts whose
+  group is mixed from pure ones (all-pass or all-fail): 1 when every mixed prompt is
+  predicted closer to 0.5 than every pure one, 0.5 for no information.
+- ``brier``: the Brier score of v against the prompt's outcomes, ``mean (v - y)^2``
+  over its rollouts, i.e. ``(v - p)^2 + p (1 - p)`` for a prompt of success rate p
+  (the second term is the floor no predictor can beat).
+- ``level_error``: mean predicted minus mean true rate over the candidates: an offset
+  in level is fatal to both value-reading selectors even at a perfect rank.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+
+def closeness(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The score a mixed-seeking selector ranks by: ``-|v - 0.5|``."""
+    return -np.abs(np.asarray(values, dtype=float) - 0.5)
+
+
+def mixed_auc(scores: Sequence[float] | np.ndarray, mixed: Sequence[float] | np.ndarray) -> float:
+    """AUC of ``scores`` for mixed (label 1) vs pure (label 0) prompts; labels may be probabilities.
+
+    With labels in [0, 1] (a prompt mixed with probability m_i), the expected-label form:
+    ``sum_ij m_i (1 - m_j) [s_i > s_j] / sum_ij m_i (1 - m_j)`` with ties counting one half
+    (i != j). NaN when one class has no weight (every prompt mixed, or none).
+
+    Shapes: ``scores`` and ``mixed`` (n,).
+    """
+    s = np.asarray(scores, dtype=float)
+    m = np.asarray(mixed, dtype=float)
+    if s.shape != m.shape or s.ndim != 1:
+        raise ValueError(f"scores {s.shape} and mixed labels {m.shape} must be equal 1-d shapes")
+    if np.any((m < 0) | (m > 1)) or not np.all(np.isfinite(m)):
+        raise ValueError("mixed labels must be probabilities in [0, 1]")
+    pos, neg = m, 1.0 - m
+    greater = (s[:, None] > s[None, :]).astype(float) + 0.5 * (s[:, None] == s[None, :])
+    np.fill_diagonal(greater, 0.0)
+    pair = pos[:, None] * neg[None, :]
+    np.fill_diagonal(pair, 0.0)
+    total = pair.sum()
+    return float((pair * greater).sum() / total) if total > 1e-12 else math.nan
+
+
+def mixed_probability(rates: Sequence[float] | np.ndarray, group_size: int) -> np.ndarray:
+    """P(a group of ``group_size`` fresh rollouts is mixed) = 1 - p^G - (1 - p)^G, elementwise."""
+    p = np.asarray(rates, dtype=float)
+    return 1.0 - p**group_size - (1.0 - p) ** group_size
+
+
+def predictor_quality(values: Sequence[float] | np.ndarray, rates: Sequence[float] | np.ndarray,
+                      mixed: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """The four measures of the module docstring over one set of candidates.
+
+    Args:
+        values: predicted success v per candidate, shape (n,).
+        rates: the true (simulator) or empirical (bank) success rate per candidate, (n,).
+        mixed: whether each candidate's group is mixed: a 0/1 label (a bank's recorded
+            roots) or a probability (the simulator's :func:`mixed_probability`), (n,).
+
+    Returns:
+        ``{"prompt_spearman", "mixed_auc", "brier", "level_error"}``; NaN where undefined
+        (no candidates; a constant side for Spearman; one class for the AUC).
+    """
+    from trace_gym.report import spearman
+
+    v, p = np.asarray(values, dtype=float), np.asarray(rates, dtype=float)
+    if v.shape != p.shape:
+        raise ValueError(f"values {v.shape} and rates {p.shape} differ in shape")
+    if not len(v):
+        return {"prompt_spearman": math.nan, "mixed_auc": math.nan, "brier": math.nan, "level_error": math.nan}
+    return {"prompt_spearman": spearman(v, p),
+            "mixed_auc": mixed_auc(closeness(v), mixed),
+            "brier": float(np.mean((v - p) ** 2 + p * (1 - p))),
+            "level_error": float(v.mean() - p.mean())}
+
+
+#: The keys :func:`predictor_quality` returns, in the order tables print them.
+QUALITY_KEYS = ("prompt_spearman", "mixed_auc", "brier", "level_error")
