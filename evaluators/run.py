@@ -7,6 +7,10 @@ suite of :mod:`evaluators.suites`, through the core's agent loop.
 Evaluation results are cached per (weights hash, suite, samples, seed, the content hash
 of every data file read, and every other setting that changes the numbers) under
 ``$TRACE_GYM_CACHE/eval``, so a repeat is instant and an edited data file is re-evaluated.
+Every cache file is written atomically per writer (a temp file of its own, then
+``os.replace``: :func:`trace_gym.run_files.atomic_write_text`), so concurrent evals never
+interleave in one file, and read bounded: an entry that is torn, interleaved, too deep
+or not a result is a cache miss (evaluated again), never an error.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Sequence
 
 from trace_gym.config import doc
 from trace_gym.models import weights_hash  # noqa: F401  (re-exported: the one definition is the core's)
+from trace_gym.run_files import atomic_write_text, iter_json_lines, read_json_file
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,7 @@ def _file_sha256(file: Path, memo: dict[str, list]) -> str:
     st = file.stat()
     key, stamp = str(file.resolve()), [st.st_size, st.st_mtime_ns]
     hit = memo.get(key)
-    if isinstance(hit, list) and hit[:2] == stamp:
+    if isinstance(hit, list) and len(hit) == 3 and hit[:2] == stamp and isinstance(hit[2], str):
         return hit[2]
     digest = hashlib.sha256()
     with open(file, "rb") as f:
@@ -172,11 +177,12 @@ def content_hashes(paths: Sequence[str | os.PathLike], memo_file: Path | None = 
     index is read once until it changes.
     """
     memo: dict[str, list] = {}
-    if memo_file is not None:
+    if memo_file is not None and memo_file.exists():
         try:
-            memo = dict(json.loads(memo_file.read_text()))
-        except (OSError, ValueError, TypeError):
+            memo = read_json_file(memo_file)
+        except (OSError, ValueError):  # unreadable, torn, too deep: start afresh
             memo = {}
+        memo = memo if isinstance(memo, dict) else {}
     before = json.dumps(memo, sort_keys=True)
     out: dict[str, str] = {}
     for path in paths:
@@ -190,11 +196,9 @@ def content_hashes(paths: Sequence[str | os.PathLike], memo_file: Path | None = 
     if memo_file is not None and json.dumps(memo, sort_keys=True) != before:
         try:
             memo_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo_file.with_name(f"{memo_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(memo))
-            tmp.replace(memo_file)
+            atomic_write_text(memo_file, json.dumps(memo))
         except OSError:
-            pass
+            pass  # a read-only cache: the hashes are recomputed next time
     return out
 
 
@@ -252,11 +256,12 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     key = cache_key(cfg, weights_hash(folder), suite, tasks_hash(tasks) if tasks is not None else None)
     cached = _cache_dir(cfg) / f"{key}.json"
     episodes_file = cached.with_suffix(".episodes.jsonl")
-    if cfg.cache and cached.exists():
-        result = json.loads(cached.read_text()) | {"cached": True}
+    result = read_cached(cached) if cfg.cache else None
+    if result is not None:
+        result = result | {"cached": True}
         if not cfg.dump_episodes:
             return result, engine
-        kept = [json.loads(line) for line in episodes_file.read_text().splitlines()] if episodes_file.exists() else []
+        kept = read_transcripts(episodes_file)
         if len(kept) >= min(cfg.dump_episodes, result["tasks"] * result["samples"]):
             return result | {"transcripts": kept[:cfg.dump_episodes]}, engine
     if engine is None:
@@ -271,17 +276,35 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     cached.parent.mkdir(parents=True, exist_ok=True)
     if transcripts is not None:
         _write_jsonl(episodes_file, transcripts)
-    tmp = cached.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(cached)
+    atomic_write_text(cached, json.dumps(result))
     return result | {"cached": False} | ({"transcripts": transcripts} if transcripts is not None else {}), engine
 
 
+def read_cached(path: Path) -> dict[str, Any] | None:
+    """A cached suite result, or ``None`` (a miss): no file, or one that is torn, interleaved,
+    too large or deep (read bounded: :func:`trace_gym.run_files.read_json_file`), or not an
+    object with integer ``tasks`` and ``samples``."""
+    try:
+        result = read_json_file(path)
+    except (OSError, ValueError):
+        return None
+    if type(result) is not dict or type(result.get("tasks")) is not int or type(result.get("samples")) is not int:
+        return None
+    return result
+
+
+def read_transcripts(path: Path) -> list[dict[str, Any]]:
+    """The cached transcripts beside a result (bounded; a bad line is left out, so a damaged file
+    holds too few and the suite is evaluated again)."""
+    try:
+        return [r for r in iter_json_lines(path) if type(r) is dict] if path.exists() else []
+    except OSError:
+        return []
+
+
 def _write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    """One JSON object per line (the bench's transcript file format), written atomically."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
-    tmp.replace(path)
+    """One JSON object per line (the bench's transcript file format), written atomically per writer."""
+    atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
 
 
 def _file_label(text: str) -> str:

@@ -282,14 +282,14 @@ def test_a_killed_recording_resumes_with_every_prompt_exactly_once(tmp_path):
 
 def test_a_resume_cuts_a_damaged_tail_and_keeps_what_came_before(tmp_path):
     path = tmp_path / "d.jsonl.gz"
-    writer = BankWriter(path, {"roots": 2})
+    writer = BankWriter(path, {"roots": 2, "continuations": 1})
     writer.start_run()
     writer.add(synthetic_record(0, 1, 2, 1))
     with open(path, "ab") as f:  # a line the disk lost: its header arrived, its data did not
         f.write(b"\x1f\x8b\x08\x00" + bytes(60))
     with pytest.raises(BankError, match="corrupt gzip data in the member at byte"):
         open_bank(path)
-    resumed = BankWriter(path, {"roots": 2}, resume=True)
+    resumed = BankWriter(path, {"roots": 2, "continuations": 1}, resume=True)
     assert resumed.truncated_bytes == 64 and resumed.present == {"synth/0"}
     resumed.start_run()
     resumed.add(synthetic_record(1, 1, 2, 1))
@@ -317,7 +317,8 @@ def test_streaming_reader_random_access_and_listing(tmp_path):
 def test_a_tampered_bank_is_refused_with_its_name(tmp_path):
     path = write_synthetic_bank(tmp_path / "t.jsonl.gz", [1, 2, 3], roots=4, continuations=1)
     lines = [json.loads(line) for line in gzip.open(path, "rt")]
-    lines[3]["roots"][0]["reward"] = 1.0 - lines[3]["roots"][0]["reward"]  # flip one recorded outcome
+    lines[3]["roots"][0]["reward"] = 1.0 - lines[3]["roots"][0]["reward"]  # flip one recorded outcome,
+    lines[3]["roots"][0]["success"] = not lines[3]["roots"][0]["success"]  # consistently (else the schema refuses it)
     with open(path, "wb") as f:
         for line in lines:
             f.write(gzip.compress((json.dumps(line) + "\n").encode()))
@@ -331,7 +332,7 @@ def test_a_tampered_bank_is_refused_with_its_name(tmp_path):
         open_bank(tmp_path / "x.jsonl.gz")
     with pytest.raises(BankError, match="exists; pass resume=True"):
         BankWriter(path, {})
-    writer = BankWriter(tmp_path / "w.jsonl.gz", {"roots": 1})
+    writer = BankWriter(tmp_path / "w.jsonl.gz", {"roots": 2, "continuations": 0})
     with pytest.raises(BankError, match="lacks reward"):
         writer.add({"task": {"id": "a", "prompt": "q"}, "roots": [{"error": None, "turns": []}]})
     good = synthetic_record(0, 1, 2, 0)

@@ -16,14 +16,28 @@ Crash safety (SIGKILL at any instant):
 - a checkpoint is written into ``checkpoints/.tmp-step-N-<pid>`` and renamed to
   ``step-N`` only when complete (``os.rename`` is atomic), so a ``step-N`` folder is
   always whole; temp folders left by a killed run are removed on the next start;
-- a checkpoint counts only when its ``manifest.json`` matches what is on disk (every file
-  present, with its size and SHA-256): resume takes the newest complete one, and a folder
-  that is not (empty, a truncated weight file, a garbage ``state.json``) is moved aside to
+- a checkpoint counts only when its ``manifest.json`` matches what is on disk
+  (:func:`~trace_gym.run_files.verify_checkpoint`): it lists every file present and
+  nothing else, at least the files every step of the run writes (``step_files``: a
+  manifest listing ``"files": {}`` does not make an empty step complete), each with its
+  size and SHA-256, no link anywhere, and ``state.json`` / ``metrics.json`` of its step.
+  Resume takes the newest complete one, and a folder that is not (empty, a truncated
+  weight file, a garbage ``state.json``, a planted unlisted file) is moved aside to
   ``checkpoints/.invalid-step-N-<time>`` (kept, not deleted) and named, with the reason,
   in :attr:`RunDir.skipped`;
 - one run at a time: :meth:`RunDir.start` takes an exclusive lock on ``.lock`` (released
   when the process ends, however it ends); a second run on the same directory is refused
   in one line naming the holder's pid, host and start time;
+- what a run reads and writes lies inside what it locks: ``.lock`` is never opened
+  through a link, and an entry of the run dir that the run uses (``config.yaml``,
+  ``metrics.jsonl``, ``checkpoints/`` and each folder in it, ``evals/`` and each file in
+  it, ``tb/``) that a link takes outside the directory (``checkpoints/`` linked into
+  another run's) is refused at start, naming the link;
+- every run file is read bounded and total (:mod:`trace_gym.run_files`): a manifest,
+  ``state.json`` or ``metrics.json`` too large, too deep or of the wrong shape makes its
+  checkpoint incomplete (a reason, never a raw ``RecursionError`` or ``AttributeError``),
+  and a ``metrics.jsonl`` line that is torn, too long, too deep or holds a 5000-digit
+  number is skipped;
 - a step *commits* by (1) renaming its checkpoint into place, then (2) appending its
   metrics line. On resume, ``metrics.jsonl`` is rebuilt from the lines of steps up to the
   last checkpoint (a torn last line is dropped, any line after the checkpoint is dropped
@@ -34,7 +48,7 @@ Crash safety (SIGKILL at any instant):
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import os
 import re
@@ -44,63 +58,25 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from trace_gym.run_files import (MANIFEST, atomic_write_text, is_step, iter_json_lines, link_outside, read_json_file,
+                                 verify_checkpoint, write_manifest)
+
+__all__ = ["MANIFEST", "atomic_write_text", "verify_checkpoint", "write_manifest"]  # re-exported from run_files
 
 CHECKPOINT = re.compile(r"^step-(\d+)$")
-MANIFEST = "manifest.json"
 LOCK = ".lock"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_manifest(folder: Path, step: int) -> None:
-    """Record every file under ``folder`` (size, SHA-256) in its ``manifest.json``, last."""
-    files = {str(f.relative_to(folder)): {"size": f.stat().st_size, "sha256": _sha256(f)}
-             for f in sorted(folder.rglob("*")) if f.is_file() and f.name != MANIFEST}
-    atomic_write_text(folder / MANIFEST, json.dumps({"step": step, "complete": True, "files": files}, indent=1))
-
-
-def verify_checkpoint(folder: Path, step: int, *, hashes: bool = True) -> str | None:
-    """Why ``folder`` is not a complete checkpoint of ``step`` (naming the file), or
-    ``None`` when its manifest matches the files (sizes always; contents with ``hashes``)."""
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
-        return f"no {MANIFEST} (an incomplete or foreign folder)"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files, recorded = manifest["files"], manifest["step"]
-        if not (manifest.get("complete") is True and isinstance(files, dict)):
-            raise ValueError("not marked complete")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
-    if recorded != step:
-        return f"{MANIFEST} is of step {recorded!r}"
-    for name, entry in files.items():
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != entry.get("size"):
-            return f"{name} has {path.stat().st_size} bytes, the manifest says {entry.get('size')}"
-        if hashes and _sha256(path) != entry.get("sha256"):
-            return f"{name} differs from the manifest (SHA-256)"
-    return None
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file, fsync and rename (never a torn file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+#: The files every checkpoint of a training step holds (``trace_gym.train`` writes them;
+#: patterns relative to the step folder; the sharded trainer writes ``trainer-rank*.pt``).
+TRAINING_STEP_FILES = ("policy/config.json", "policy/*.safetensors", "trainer*.pt", "predictor.pt", "rng.pt",
+                       "state.json", "metrics.json")
+#: What :meth:`RunDir.commit` itself writes into every checkpoint.
+COMMIT_FILES = ("metrics.json",)
+#: The entries of a run dir a run reads or writes (each must stay inside the directory it locks).
+RUN_ENTRIES = (LOCK, "config.yaml", "metrics.jsonl", "checkpoints", "evals", "tb")
+#: Largest ``config.yaml`` a rerun reads back, bytes.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def _fsync_dir(path: Path) -> None:
@@ -124,10 +100,17 @@ class Resume:
 
 
 class RunDir:
-    """A training run's directory (see the module docstring)."""
+    """A training run's directory (see the module docstring).
 
-    def __init__(self, path: str | Path):
+    Args:
+        path: the run dir.
+        step_files: patterns of the files every checkpoint of this run holds (the training
+            loop passes :data:`TRAINING_STEP_FILES`; default: what :meth:`commit` writes).
+    """
+
+    def __init__(self, path: str | Path, step_files: Sequence[str] = COMMIT_FILES):
         self.path = Path(path)
+        self.step_files = tuple(step_files)
         self.checkpoints = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
         self.config_path = self.path / "config.yaml"
@@ -144,7 +127,14 @@ class RunDir:
         if self._lock is not None:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path / LOCK, "a+b")  # noqa: SIM115  (held open for the run's life)
+        try:  # never through a link: the lock is this directory's own file
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise ValueError(f"run dir {str(self.path)!r}: {LOCK} is a link (to {os.readlink(self.path / LOCK)}); a "
+                             "run locks its own directory's file only (remove the link)") from None
+        handle = os.fdopen(fd, "r+b")  # held open for the run's life
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -176,10 +166,10 @@ class RunDir:
         (:meth:`lock`).
         """
         self.lock()
+        self._check_inside()
         self.checkpoints.mkdir(exist_ok=True)
         if self.config_path.exists():
-            stored = self.config_path.read_text()
-            differ = compare(stored, config_yaml) if compare else ([] if stored == config_yaml else ["config"])
+            differ = self._config_differences(config_yaml, compare)
             if differ:
                 raise ValueError(f"run dir {str(self.path)!r} was started with another config ({', '.join(differ)}); "
                                  "use a new run_dir, or rerun with the same config to resume")
@@ -190,7 +180,7 @@ class RunDir:
         self.skipped = []
         for step in sorted(self._steps(), reverse=True):
             folder = self.checkpoints / f"step-{step}"
-            reason = verify_checkpoint(folder, step)
+            reason = verify_checkpoint(folder, step, required=self.step_files)
             if reason is None:
                 break
             aside = self.checkpoints / f".invalid-step-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -199,6 +189,37 @@ class RunDir:
         resume = self.last_checkpoint()
         self._reconcile_metrics(resume)
         return resume
+
+    def _check_inside(self) -> None:
+        """``ValueError`` naming the link when an entry the run reads or writes
+        (:data:`RUN_ENTRIES`, and what ``checkpoints/`` and ``evals/`` hold) leads outside
+        the directory this run locks."""
+        entries = [self.path / name for name in RUN_ENTRIES]
+        for entry in entries[:]:
+            if entry.name in ("checkpoints", "evals") and entry.is_dir() and link_outside(self.path, entry) is None:
+                entries += sorted(entry.iterdir())
+        for entry in entries:
+            target = link_outside(self.path, entry)
+            if target is not None:
+                raise ValueError(f"run dir {str(self.path)!r}: {entry.relative_to(self.path).as_posix()} leads to "
+                                 f"{target}, outside the directory this run locks; a run reads and writes only inside "
+                                 "its own run dir (remove the link, or run in that directory)")
+
+    def _config_differences(self, config_yaml: str, compare: Callable[[str, str], list[str]] | None) -> list[str]:
+        """The keys in which the stored ``config.yaml`` (read bounded) differs from ``config_yaml``;
+        ``ValueError`` naming the file when it cannot be read or compared."""
+        import yaml
+
+        with open(self.config_path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        try:
+            if len(data) > MAX_CONFIG_BYTES:
+                raise ValueError(f"more than {MAX_CONFIG_BYTES:,} bytes")
+            stored = data.decode("utf-8")
+            return compare(stored, config_yaml) if compare else ([] if stored == config_yaml else ["config"])
+        except (ValueError, TypeError, AttributeError, RecursionError, yaml.YAMLError) as exc:  # what a bad file raises
+            raise ValueError(f"run dir {str(self.path)!r}: config.yaml is unreadable ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}); use a new run_dir") from None
 
     def _steps(self) -> list[int]:
         return [int(m.group(1)) for p in self.checkpoints.iterdir() if (m := CHECKPOINT.match(p.name))] \
@@ -209,23 +230,17 @@ class RunDir:
         verifies contents too)."""
         for step in sorted(self._steps(), reverse=True):
             folder = self.checkpoints / f"step-{step}"
-            if verify_checkpoint(folder, step, hashes=False) is None:
+            if verify_checkpoint(folder, step, hashes=False, required=self.step_files) is None:
                 return Resume(step, folder)
         return None
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """The metrics lines (a torn or unparsable line is skipped)."""
+        """The metrics lines, read bounded (:func:`~trace_gym.run_files.iter_json_lines`): a
+        torn, overlong, too deep or unparsable line, or one that is not an object with an
+        integer ``step`` in 0..2**53, is skipped."""
         if not self.metrics_path.exists():
             return []
-        out = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                out.append(record)
-        return out
+        return [r for r in iter_json_lines(self.metrics_path) if type(r) is dict and is_step(r.get("step"))]
 
     def _reconcile_metrics(self, resume: Resume | None) -> None:
         last = resume.step if resume else 0
@@ -234,11 +249,12 @@ class RunDir:
             if record["step"] <= last:
                 by_step.setdefault(record["step"], record)
         if resume is not None and last not in by_step and (resume.path / "metrics.json").exists():
-            by_step[last] = json.loads((resume.path / "metrics.json").read_text())
-        text = "".join(json.dumps(by_step[s]) + "\n" for s in sorted(by_step))
-        current = self.metrics_path.read_text() if self.metrics_path.exists() else ""
-        if text != current:
-            atomic_write_text(self.metrics_path, text)
+            by_step[last] = read_json_file(resume.path / "metrics.json")  # checked by verify_checkpoint
+        text = "".join(json.dumps(by_step[s]) + "\n" for s in sorted(by_step)).encode()
+        same = self.metrics_path.exists() and self.metrics_path.stat().st_size == len(text) \
+            and self.metrics_path.read_bytes() == text
+        if not same:
+            atomic_write_text(self.metrics_path, text.decode())
 
     # -- commit a step
     def commit(self, step: int, record: dict[str, Any], write_checkpoint: Callable[[Path], None] | None,
@@ -262,7 +278,8 @@ class RunDir:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.checkpoints)
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
+        fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -281,7 +298,7 @@ class RunDir:
         path = self.checkpoints / f"step-{step}"
         if not path.exists():
             raise ValueError(f"run dir {str(self.path)!r} has no checkpoint for step {step}; it has {sorted(self._steps())}")
-        reason = verify_checkpoint(path, step, hashes=False)
+        reason = verify_checkpoint(path, step, hashes=False, required=self.step_files)
         if reason is not None:
             raise ValueError(f"{path} is not a complete checkpoint: {reason}")
         return path

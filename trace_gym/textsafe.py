@@ -5,6 +5,9 @@ server) are parsed here with bounds checked *before* ``json.loads`` runs, becaus
 parser fails in ways its callers do not expect: deep nesting raises ``RecursionError``
 and a number of more than 4,300 digits raises a plain ``ValueError``.
 :func:`loads_bounded` turns every failure into one :class:`JSONRefused` naming it.
+:func:`loads_record` does the same for the long UTF-8 lines of a file (a bank's prompt
+lines, a run's metrics), at the speed of ``json.loads``: size and depth are measured on
+the bytes (:func:`nesting_problem`), and a number past Python's digit limit is refused.
 
 Python ``str`` can hold lone surrogates (``"\\ud800"``, from a JSON or Python escape)
 that no UTF-8 encoder accepts; tokenizers raise ``TypeError``, HTTP clients and Lucene
@@ -118,3 +121,60 @@ def clean_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {clean_value(k): clean_value(v) for k, v in value.items()}
     return value
+
+
+# ---------------------------------------------------------------------- records of a file
+#: Every byte but the five that decide JSON nesting: the quote and the four brackets.
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[]{}')
+#: Brackets as parentheses, so one ``bytes.replace`` deletes an innermost pair of either kind.
+_AS_PARENS = bytes.maketrans(b"[]{}", b"()()")
+
+
+def nesting_problem(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why the UTF-8 JSON text ``data`` must not reach ``json.loads``: ``is nested more than
+    ``max_depth`` levels deep`` (or has brackets that never close; ``json.loads`` would
+    recurse into them before failing), ``is not UTF-8 JSON (it holds a NUL byte)`` (UTF-16
+    and UTF-32, which ``json.loads`` would also read, hold one), else ``None``.
+
+    Measured on the bytes without parsing, in passes of C string methods (about a third
+    of ``json.loads``'s time on a bank's lines): escaped backslashes and escaped quotes are dropped (in a
+    valid string every backslash starts an escape, so dropping ``\\\\`` pairs left to
+    right leaves exactly the escaping ones), everything but quotes and brackets is
+    dropped, the strings (between remaining quotes) are dropped, then each of at most
+    ``max_depth`` passes deletes the innermost bracket pairs. An opening bracket left
+    after them is deeper than ``max_depth`` or never closes. Past a parse error the count
+    may be off, which only refuses text ``json.loads`` would refuse anyway.
+    """
+    if b"\x00" in data:
+        return "is not UTF-8 JSON (it holds a NUL byte)"
+    bare = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_AS_PARENS, _NOT_STRUCTURE)
+    bare = b"".join(bare.split(b'"')[0::2])
+    for _ in range(max_depth):
+        shorter = bare.replace(b"()", b"")
+        if len(shorter) == len(bare):
+            break
+        bare = shorter
+    if b"(" in bare:
+        return f"is nested more than {max_depth} levels deep (or has brackets that never close)"
+    return None
+
+
+def loads_record(data: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_bytes: int | None = None) -> Any:
+    """``json.loads(data)`` of one record of a file (UTF-8 bytes), bounded before it is
+    parsed: at most ``max_bytes`` bytes and ``max_depth`` levels (:func:`nesting_problem`).
+    Numbers are bounded by Python's own int-to-str limit (4,300 digits), whose
+    ``ValueError`` is refused here like every other failure: one :class:`JSONRefused`
+    naming it, never another type."""
+    if max_bytes is not None and len(data) > max_bytes:
+        raise JSONRefused(f"is {len(data):,} bytes long, more than the {max_bytes:,} allowed")
+    problem = nesting_problem(bytes(data), max_depth)
+    if problem is not None:
+        raise JSONRefused(problem)
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise JSONRefused(f"is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    except UnicodeDecodeError as exc:
+        raise JSONRefused(f"is not UTF-8 (byte {exc.start})") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # a number past the digit limit; the rest a net
+        raise JSONRefused(f"is not valid JSON ({type(exc).__name__}: {clean_text(str(exc)[:120])})") from None

@@ -241,6 +241,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
 
     from tqdm.auto import tqdm
 
+    from trace_gym import checkpoint
     from trace_gym.backend import backend_for
     from trace_gym.models import quiet_third_party, resolve_model
 
@@ -250,7 +251,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     with contextlib.ExitStack() as closing:
         if backend is not None:
             closing.callback(backend.close)
-        run = RunDir(cfg.run_dir)
+        run = RunDir(cfg.run_dir, step_files=checkpoint.TRAINING_STEP_FILES)
         closing.callback(run.close)
         resume = run.start(to_yaml(cfg), compare=config_differences)
         for skipped in run.skipped:
@@ -410,7 +411,9 @@ def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> boo
     """Restore the cursor and every RNG from a checkpoint; returns its single-turn forecast."""
     import torch
 
-    state = json.loads((folder / "state.json").read_text())
+    from trace_gym.run_files import read_state
+
+    state = read_state(folder, int(folder.name.split("-")[1]))  # bounded and checked (verified at start too)
     cursor.load(state["cursor"])
     saved = torch.load(folder / "rng.pt", weights_only=False)
     rng.bit_generator.state = saved["generator"]

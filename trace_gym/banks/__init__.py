@@ -8,8 +8,11 @@ driver, beside live rollouts and the simulator (``docs/banks.md``).
 
 - :mod:`trace_gym.banks.format`: the file format (gzip'd JSON lines, versioned,
   checksummed, streamable), :class:`Bank` / :func:`open_bank`, :func:`iter_prompts`,
-  :func:`list_banks`; :mod:`trace_gym.banks.writer`: :class:`BankWriter` (fsync'd lines,
-  resume), :func:`weights_hash`;
+  :func:`list_banks`, over :mod:`trace_gym.banks.lines` (one line: a gzip member
+  inflated and parsed within bounds) and :mod:`trace_gym.banks.schema` (every line
+  checked field by field: the checksum catches accidents, not intent);
+  :mod:`trace_gym.banks.writer`: :class:`BankWriter` (fsync'd lines, resume, a torn
+  header started afresh), :func:`weights_hash`;
 - :mod:`trace_gym.banks.record`: :func:`record_bank`, resumable, through the agent loop
   of training;
 - :mod:`trace_gym.banks.replay`: :class:`BankBranchRunner` (draws without replacement,

@@ -19,14 +19,22 @@ Every line is its own gzip member, written with one ``write`` + ``flush`` + ``fs
 (:class:`trace_gym.banks.writer.BankWriter`): a killed recorder leaves at most one
 partial member at the end, which a resume cuts off, and concatenated members are still
 one valid ``.gz`` file (``zcat`` reads it). The reader (:func:`scan_bank`,
-:func:`iter_prompts`, :class:`Bank`) decompresses one member at a time, so memory stays bounded by the
-largest prompt line whatever the bank's size, and keeps byte offsets so that
-:meth:`Bank.prompt` reads one prompt back without reading the others.
+:func:`iter_prompts`, :class:`Bank`) decompresses one member at a time, and keeps byte
+offsets so that :meth:`Bank.prompt` reads one prompt back without reading the others.
+
+What a reader trusts: nothing. The checksum catches accidents, not intent (whoever edits
+a line can recompute it), so every line is bounded before it is parsed and checked
+against the schema after (:mod:`trace_gym.banks.schema`): a member stops inflating at
+:data:`MAX_LINE_BYTES` (so memory stays bounded by the largest line a bank may hold,
+whatever the file's size or compression ratio), a line nested deeper than
+:data:`MAX_LINE_DEPTH` is refused before ``json.loads`` sees it
+(:func:`trace_gym.textsafe.loads_record`), and a violation is one :class:`BankError`
+naming the file, the line number and the field. The writer holds itself to the same
+bounds and schema, so it never writes a line a reader refuses.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -34,9 +42,17 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Iterator
 
+from trace_gym.banks.lines import (MAX_LINE_BYTES, MAX_LINE_DEPTH, check_line, check_line_bytes, compress_line,
+                                   encode_line, iter_members, open_file, parse_line)
+from trace_gym.banks.schema import TURN_KEYS, BankError, check_footer, check_prompt_record, show
+from trace_gym.textsafe import loads_record
 from trace_gym.tree import SUCCESS_THRESHOLD
+
+# re-exported: the line layer (trace_gym.banks.lines) and the schema (trace_gym.banks.schema)
+__all__ = ["MAX_LINE_BYTES", "MAX_LINE_DEPTH", "TURN_KEYS", "BankError", "check_line_bytes", "check_prompt_record",
+           "compress_line", "encode_line", "iter_members", "parse_line"]
 
 FORMAT = "trace_gym.bank"
 VERSION = 1
@@ -45,11 +61,6 @@ SUPPORTED_VERSIONS = (1,)
 #: Manifest keys that may differ between a recording and its resume (the weights are named by
 #: their hash, so the policy may sit in another folder on the resuming machine).
 RUN_KEYS = ("command", "created_at", "policy_path")
-_CHUNK = 1 << 20
-
-
-class BankError(ValueError):
-    """A bank file that is malformed, incomplete, tampered with, or not a bank; the message names it."""
 
 
 # ---------------------------------------------------------------------- one prompt
@@ -118,92 +129,15 @@ def success(reward: float | None) -> bool | None:
     return None if reward is None else bool(reward >= SUCCESS_THRESHOLD)
 
 
-def check_prompt_record(record: Mapping[str, Any]) -> None:
-    """``BankError`` unless ``record`` has the shape of a prompt line (names the first bad field)."""
-    def need(obj: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
-        missing = [k for k in keys if k not in obj]
-        if missing:
-            raise BankError(f"{where} lacks {', '.join(missing)}")
-
-    def episode(ep: Mapping[str, Any], where: str) -> None:
-        need(ep, ("error", "reward", "success", "end", "turns"), where)
-        for n, turn in enumerate(ep["turns"]):
-            need(turn, TURN_KEYS, f"{where} turn {n}")
-        if ep["turns"] and ep["reward"] is None:
-            raise BankError(f"{where} has turns but no reward")
-
-    need(record, ("kind", "task", "roots"), "prompt line")
-    need(record["task"], ("id", "prompt"), "prompt line's task")
-    where = f"prompt {record['task']['id']!r}"
-    for j, root in enumerate(record["roots"]):
-        episode(root, f"{where} root {j}")
-        need(root, ("prefixes", "left_out"), f"{where} root {j}")
-        for p in root["prefixes"]:
-            if not 1 <= p["depth"] < len(root["turns"]):
-                raise BankError(f"{where} root {j} has a prefix at depth {p['depth']}, outside "
-                                f"1..{len(root['turns']) - 1}")
-            for c, cont in enumerate(p["continuations"]):
-                episode(cont, f"{where} root {j} prefix {p['depth']} continuation {c}")
-
-
-#: Keys of every recorded turn (a tree node): what predictors read, and its exact costs.
-TURN_KEYS = ("depth", "action", "observation", "finish_reason", "truncation", "env_error", "cached_tokens",
-             "policy_tokens", "observation_tokens", "context_tokens", "prefill_tokens", "env_steps")
-
-
-# ---------------------------------------------------------------------- members
-def encode_line(obj: Mapping[str, Any]) -> bytes:
-    return (json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str) + "\n").encode()
-
-
-def compress_line(line: bytes) -> bytes:
-    return gzip.compress(line, compresslevel=6, mtime=0)
-
-
-def iter_members(f: BinaryIO, path: Path, start: int = 0, *,
-             lenient: bool = False) -> Iterator[tuple[int, int | None, bytes | None]]:
-    """``(offset, end, line bytes)`` per complete gzip member from byte ``start``; a file that
-    ends inside a member yields ``(offset, None, None)`` last. Corrupt data raises ``BankError``,
-    or with ``lenient`` ends the scan like a partial member (a resume cuts it off)."""
-    f.seek(start)
-    offset = fed = start
-    d, parts = zlib.decompressobj(31), []
-    while chunk := f.read(_CHUNK):
-        fed += len(chunk)
-        data = chunk
-        while data:
-            try:
-                parts.append(d.decompress(data))
-            except zlib.error as exc:
-                if lenient:
-                    yield offset, None, None
-                    return
-                raise BankError(f"{path}: corrupt gzip data in the member at byte {offset}: {exc}") from None
-            if not d.eof:
-                break
-            end = fed - len(d.unused_data)
-            yield offset, end, b"".join(parts)
-            data, offset, d, parts = d.unused_data, end, zlib.decompressobj(31), []
-    if fed > offset:
-        yield offset, None, None
-
-
-def parse_line(line: bytes, path: Path, offset: int) -> dict[str, Any]:
-    if not line.endswith(b"\n") or b"\n" in line[:-1]:
-        raise BankError(f"{path}: the member at byte {offset} is not one JSON line")
-    try:
-        obj = json.loads(line)
-    except ValueError as exc:
-        raise BankError(f"{path}: the line at byte {offset} is not JSON: {exc}") from None
-    if not isinstance(obj, dict) or obj.get("kind") not in ("header", "run", "prompt", "footer"):
-        raise BankError(f"{path}: the line at byte {offset} has no known kind (header, run, prompt, footer)")
-    return obj
-
-
 # ---------------------------------------------------------------------- scanning
 @dataclass
 class PromptEntry:
-    """Where one prompt lies in the file, and what the bench needs without reading it again."""
+    """Where one prompt lies in the file, and what the bench needs without reading it again.
+
+    Attributes:
+        line: its line number in the file (from 1: the header).
+        digest: BLAKE2b-128 of its line as checked, so :meth:`Bank.prompt` knows it reads back those bytes.
+    """
 
     index: int
     offset: int
@@ -212,6 +146,8 @@ class PromptEntry:
     prompt: str
     outcomes: list[bool]
     run: int
+    line: int = 0
+    digest: bytes = b""
 
 
 @dataclass
@@ -242,58 +178,86 @@ class BankScan:
         return self.header["manifest"]
 
 
-def scan_bank(path: str | os.PathLike, *, lenient: bool = False) -> BankScan:
-    """Read a bank once, member by member (memory: one prompt line), checking its structure.
+def _read_lines(f: BinaryIO, path: Path, *, lenient: bool = False
+                ) -> Iterator[tuple[int, int, int | None, bytes | None, dict[str, Any] | None]]:
+    """``(line number, offset, end, line bytes, line)`` per line of an open bank, each bounded
+    (:func:`iter_members`, :func:`parse_line`) and checked against the schema
+    (:func:`check_line`); a partial last member yields ``(number, offset, None, None, None)``
+    last. Refused, naming the file and the line: a first line that is no bank header, a
+    second header, a line after the footer, a prompt recorded twice."""
+    manifest, runs, footer, seen = None, 0, False, set()
+    for number, offset, stop, line in iter_members(f, path, lenient=lenient):
+        if stop is None:
+            if manifest is None:
+                raise BankError(f"{path}: not a bank (no header line; {os.fstat(f.fileno()).st_size - offset} bytes "
+                                "of a partial first line)")
+            yield number, offset, None, None, None
+            return
+        obj = parse_line(line, path, number, offset)
+        kind = obj["kind"]
+        if manifest is None:
+            manifest = _check_header(obj, path, number)["manifest"]
+        elif kind == "header":
+            raise BankError(f"{path}: line {number} is a second header")
+        elif footer:
+            raise BankError(f"{path}: line {number} is a {kind} line after the footer")
+        else:
+            check_line(obj, path, number, manifest, runs)
+            if kind == "run":
+                runs += 1
+            elif kind == "footer":
+                footer = True
+            elif obj["task"]["id"] in seen:
+                raise BankError(f"{path}: line {number}: prompt {obj['task']['id']!r} is recorded twice")
+            else:
+                seen.add(obj["task"]["id"])
+        yield number, offset, stop, line, obj
+    if manifest is None:
+        raise BankError(f"{path}: not a bank (no header line)")
 
-    Raises ``BankError`` naming the file: not a bank (no header), an unknown version, a
+
+def scan_bank(path: str | os.PathLike, *, lenient: bool = False) -> BankScan:
+    """Read a bank once, member by member (memory: one prompt line), checking every line.
+
+    Raises ``BankError`` naming the file and the line: not a bank (no header), an unknown
+    version, a line outside the schema (:mod:`trace_gym.banks.schema`) or its bounds, a
     duplicate prompt, a line after the footer, corrupt data (with ``lenient``, corrupt data
     ends the scan and counts as ``partial_bytes``: what a resume cuts off and records
     again). A partial last member is not an error here (``partial_bytes``);
     :func:`open_bank` refuses an incomplete bank.
     """
     path = Path(path)
-    if not path.is_file():
-        raise BankError(f"no bank file at {path}")
     header, footer, runs, prompts = None, None, [], []
-    digest, seen, end, partial = hashlib.sha256(), set(), 0, 0
-    with open(path, "rb") as f:
-        for offset, stop, line in iter_members(f, path, lenient=lenient):
+    digest, end, partial = hashlib.sha256(), 0, 0
+    with open_file(path) as f:
+        for number, offset, stop, line, obj in _read_lines(f, path, lenient=lenient):
             if stop is None:
-                partial = path.stat().st_size - offset
+                partial = os.fstat(f.fileno()).st_size - offset
                 break
-            obj = parse_line(line, path, offset)
             kind = obj["kind"]
             if header is None:
-                header = _check_header(obj, path)
-            elif kind == "header":
-                raise BankError(f"{path}: a second header at byte {offset}")
-            elif footer is not None:
-                raise BankError(f"{path}: a {kind} line after the footer (byte {offset})")
+                header = obj
             elif kind == "run":
                 runs.append(obj)
             elif kind == "footer":
                 footer = obj
             else:
-                task_id = obj["task"]["id"]
-                if task_id in seen:
-                    raise BankError(f"{path}: prompt {task_id!r} is recorded twice (second at byte {offset})")
-                seen.add(task_id)
                 digest.update(line)
-                outcomes = [bool(r["success"]) for r in obj["roots"] if r["turns"]]
-                prompts.append(PromptEntry(len(prompts), offset, stop - offset, task_id, obj["task"]["prompt"],
-                                           outcomes, int(obj.get("run", 0))))
+                outcomes = [r["success"] for r in obj["roots"] if r["turns"]]
+                prompts.append(PromptEntry(len(prompts), offset, stop - offset, obj["task"]["id"], obj["task"]["prompt"],
+                                           outcomes, obj.get("run", 0), number,
+                                           hashlib.blake2b(line, digest_size=16).digest()))
             end = stop
-    if header is None:
-        raise BankError(f"{path}: not a bank (no header line)")
     return BankScan(path, header, runs, prompts, footer, digest.hexdigest(), end, partial)
 
 
-def _check_header(obj: dict[str, Any], path: Path) -> dict[str, Any]:
+def _check_header(obj: dict[str, Any], path: Path, number: int = 1) -> dict[str, Any]:
     if obj.get("kind") != "header" or obj.get("format") != FORMAT:
         raise BankError(f"{path}: not a bank (its first line is not a {FORMAT} header)")
     if obj.get("version") not in SUPPORTED_VERSIONS:
-        raise BankError(f"{path}: bank format version {obj.get('version')!r}; this trace_gym reads "
+        raise BankError(f"{path}: bank format version {show(obj.get('version'))}; this trace_gym reads "
                         f"{', '.join(map(str, SUPPORTED_VERSIONS))}")
+    check_line(obj, path, number, None)
     return obj
 
 
@@ -306,51 +270,47 @@ def verify_scan(scan: BankScan) -> None:
                         "was interrupted; rerun the same `trace-gym bank record` command to finish it")
     if scan.partial_bytes:
         raise BankError(f"{path}: {scan.partial_bytes} bytes after the footer")
-    if scan.footer.get("prompts") != len(scan.prompts):
-        raise BankError(f"{path}: the footer counts {scan.footer.get('prompts')} prompts, the file holds "
+    if scan.footer["prompts"] != len(scan.prompts):
+        raise BankError(f"{path}: the footer counts {scan.footer['prompts']} prompts, the file holds "
                         f"{len(scan.prompts)}")
-    if scan.footer.get("sha256") != scan.sha256:
+    if scan.footer["sha256"] != scan.sha256:
         raise BankError(f"{path}: checksum mismatch: the prompt lines hash to {scan.sha256}, the footer says "
-                        f"{scan.footer.get('sha256')}; the file was modified or damaged after recording")
+                        f"{scan.footer['sha256']}; the file was modified or damaged after recording")
 
 
 # ---------------------------------------------------------------------- reading
 def iter_prompts(path: str | os.PathLike, *, verify: bool = True) -> Iterator[BankPrompt]:
-    """Stream a bank's prompts in file order, one line in memory at a time.
+    """Stream a bank's prompts in file order, one line in memory at a time, each checked
+    like :func:`scan_bank` checks it.
 
     With ``verify`` the checksum is recomputed on the way and checked against the footer
     once the stream ends (``BankError`` then, after the last prompt was yielded).
     """
     path = Path(path)
-    digest, count, header, footer = hashlib.sha256(), 0, None, None
-    with open(path, "rb") as f:
-        for offset, stop, line in iter_members(f, path):
+    digest, count, footer = hashlib.sha256(), 0, None
+    with open_file(path) as f:
+        for _, _, stop, line, obj in _read_lines(f, path):
             if stop is None:
                 break
-            obj = parse_line(line, path, offset)
-            if header is None:
-                header = _check_header(obj, path)
-            elif obj["kind"] == "footer":
+            if obj["kind"] == "footer":
                 footer = obj
             elif obj["kind"] == "prompt":
                 digest.update(line)
                 yield BankPrompt(count, obj)
                 count += 1
-    if header is None:
-        raise BankError(f"{path}: not a bank (no header line)")
     if verify:
         if footer is None:
             raise BankError(f"{path}: incomplete bank (no footer): rerun the same `trace-gym bank record` command")
-        if footer.get("sha256") != digest.hexdigest() or footer.get("prompts") != count:
+        if footer["sha256"] != digest.hexdigest() or footer["prompts"] != count:
             raise BankError(f"{path}: checksum mismatch: the prompt lines hash to {digest.hexdigest()}, the footer "
-                            f"says {footer.get('sha256')}; the file was modified or damaged after recording")
+                            f"says {footer['sha256']}; the file was modified or damaged after recording")
 
 
 class Bank:
     """An opened bank: its manifest, a per-prompt index, and random access to any prompt.
 
-    Opening scans the file once (checking the structure and, with ``verify``, the
-    checksum, with a clear error naming the file); only the index stays in memory, and
+    Opening scans the file once (checking every line and, with ``verify``, the checksum,
+    with a clear error naming the file); only the index stays in memory, and
     :meth:`prompt` reads one prompt back from its byte offset (an LRU cache of
     ``cache_prompts`` keeps the recent ones), so a bank larger than memory can be replayed.
     """
@@ -371,23 +331,32 @@ class Bank:
     @property
     def roots(self) -> int:
         """R: root rollouts recorded per prompt."""
-        return int(self.manifest["roots"])
+        return self.manifest["roots"]
 
     @property
     def continuations(self) -> int:
         """K: continuations recorded per recorded prefix."""
-        return int(self.manifest["continuations"])
+        return self.manifest["continuations"]
 
     def prompt(self, index: int) -> BankPrompt:
-        """Prompt ``index`` (file order), read from its byte offset."""
+        """Prompt ``index`` (file order), read from its byte offset: the very line the scan
+        checked (its digest), else ``BankError`` (the file changed since it was opened)."""
         if index in self._cache:
             self._cache.move_to_end(index)
             return self._cache[index]
         e = self.entries[index]
-        with open(self.path, "rb") as f:
+        with open_file(self.path) as f:
             f.seek(e.offset)
             raw = f.read(e.length)
-        record = BankPrompt(index, json.loads(zlib.decompress(raw, 31)))
+        d = zlib.decompressobj(31)
+        try:
+            line = d.decompress(raw, MAX_LINE_BYTES + 1)
+        except zlib.error:
+            line = b""
+        if not d.eof or hashlib.blake2b(line, digest_size=16).digest() != e.digest:
+            raise BankError(f"{self.path}: line {e.line} (prompt {e.task_id!r}) changed since the bank was opened; "
+                            "open it again")
+        record = BankPrompt(index, json.loads(line))
         self._cache[index] = record
         while len(self._cache) > self._cache_prompts:
             self._cache.popitem(last=False)
@@ -403,34 +372,43 @@ def open_bank(path: str | os.PathLike, *, verify: bool = True, cache_prompts: in
 
 
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
-    """The header line alone (the first member; nothing else is read)."""
+    """The header line alone (the first member, bounded and checked; nothing else is read)."""
     path = Path(path)
-    with open(path, "rb") as f:
-        for offset, stop, line in iter_members(f, path):
+    with open_file(path) as f:
+        for number, offset, stop, line in iter_members(f, path):
             if stop is None:
                 break
-            return _check_header(parse_line(line, path, offset), path)
+            return _check_header(parse_line(line, path, number, offset), path, number)
     raise BankError(f"{path}: not a bank (no header line)")
 
 
 def read_footer(path: str | os.PathLike, tail_bytes: int = 1 << 16) -> dict[str, Any] | None:
     """The footer line without reading the whole file (it is the last, small member), or
-    ``None`` when the bank is incomplete. Not a verification: :func:`open_bank` is."""
+    ``None`` when the bank is incomplete or its last line is no footer (bounded and
+    checked like every line). Not a verification: :func:`open_bank` is."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        f.seek(max(0, size - tail_bytes))
-        tail = f.read()
+    try:
+        with open_file(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - tail_bytes))
+            tail = f.read()
+    except (BankError, OSError):
+        return None
     start = tail.rfind(b"\x1f\x8b\x08")
     while start >= 0:
         d = zlib.decompressobj(31)
         try:
-            line = d.decompress(tail[start:])
+            line = d.decompress(tail[start:], tail_bytes)
             if d.eof and not d.unused_data:
-                obj = json.loads(line)
-                return obj if isinstance(obj, dict) and obj.get("kind") == "footer" else None
-        except (zlib.error, ValueError):
+                obj = loads_record(line, max_depth=MAX_LINE_DEPTH)
+                if not isinstance(obj, dict) or obj.get("kind") != "footer":
+                    return None
+                check_footer(obj)
+                return obj
+        except zlib.error:
             pass
+        except ValueError:  # JSONRefused, BankError: a last line that is no footer
+            return None
         start = tail.rfind(b"\x1f\x8b\x08", 0, start)
     return None
 

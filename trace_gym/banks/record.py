@@ -20,8 +20,9 @@ Durability: prompts are recorded in batches of ``batch_prompts`` (memory: one ba
 episodes and snapshots, never the bank) and each is written the moment its last
 branch returns, as one fsync'd line (:class:`~trace_gym.banks.format.BankWriter`). A
 killed recording keeps every prompt it wrote; rerunning the same call cuts a partial
-last line, skips the prompts already there and records each remaining prompt exactly
-once; the footer (count + checksum) is written when every prompt is in.
+last line (or, when the recording was killed while writing its header, starts afresh),
+skips the prompts already there and records each remaining prompt exactly once; the
+footer (count + checksum) is written when every prompt is in.
 """
 
 from __future__ import annotations
@@ -224,7 +225,10 @@ def record_bank(
         "command": list(sys.argv if command is None else command), "created_at": time.time(),
     }
     writer = BankWriter(out, manifest, resume=True)
-    if writer.truncated_bytes:
+    if writer.torn_header:
+        say(f"{out}: held only {writer.truncated_bytes} bytes of a header (a recording killed as it started); "
+            "started afresh")
+    elif writer.truncated_bytes:
         say(f"{out}: cut {writer.truncated_bytes} bytes of a partial last line (a killed recording)")
     summary = {"path": str(out), "prompts": len(writer.present), "recorded": 0, "skipped": len(writer.present),
                "truncated_bytes": writer.truncated_bytes, "seconds": 0.0, "complete": writer.complete}

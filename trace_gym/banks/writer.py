@@ -8,11 +8,18 @@ import hashlib
 import json
 import os
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from trace_gym.banks.format import (FORMAT, RUN_KEYS, VERSION, BankError, check_prompt_record, compress_line,
+from trace_gym.banks.format import (FORMAT, RUN_KEYS, VERSION, BankError, check_line_bytes, compress_line,
                                     encode_line, iter_members, parse_line, scan_bank)
+from trace_gym.banks.schema import check_manifest, check_prompt_record
+
+#: A header line's first bytes (gzip member header, then the JSON up to the format), for
+#: recognising a header that a killed recorder left half-written.
+_HEADER_MEMBER_START = compress_line(b"\n")[:4]  # magic, deflate, no flags (mtime, xfl, OS may differ)
+_HEADER_TEXT_START = encode_line({"kind": "header", "format": FORMAT})[:-2]
 
 
 def _normal(obj: Any) -> Any:
@@ -26,6 +33,10 @@ class BankWriter:
     partial last member (a recorder killed mid-write) is cut off, the prompts already
     there are known (:attr:`present`) and the checksum continues from them; a manifest
     that differs from the file's (except :data:`RUN_KEYS`) is refused, naming the keys.
+    A file that holds nothing but the start of a header (a recorder killed as it
+    started; :func:`torn_header`) is started afresh (:attr:`torn_header`). The manifest
+    and every line are checked against the schema and bounds the readers hold them to
+    (:mod:`trace_gym.banks.schema`), so the writer never writes a line a reader refuses.
 
     Args:
         path: the bank file.
@@ -36,15 +47,26 @@ class BankWriter:
     def __init__(self, path: str | os.PathLike, manifest: Mapping[str, Any], *, resume: bool = False):
         self.path = Path(path)
         self.manifest = _normal(dict(manifest))
+        if self.path.exists() and not resume:
+            raise BankError(f"{self.path} exists; pass resume=True to continue it, or choose another path")
+        try:
+            check_manifest(self.manifest)
+        except BankError as exc:
+            raise BankError(f"{self.path}: refused to write a bank header: {exc}") from None
         self.present: set[str] = set()
         self.truncated_bytes = 0
+        #: whether the file held only a half-written header (cut off, and the bank started afresh)
+        self.torn_header = False
         self.complete = False
         self._digest = hashlib.sha256()
         self._runs: list[dict[str, Any]] = []
         self._last_write: dict[int, float] = {}
-        if self.path.exists():
-            if not resume:
-                raise BankError(f"{self.path} exists; pass resume=True to continue it, or choose another path")
+        if self.path.exists() and torn_header(self.path) is not None:
+            self.truncated_bytes, self.torn_header = self.path.stat().st_size, True
+            with open(self.path, "r+b") as f:
+                f.truncate(0)
+                os.fsync(f.fileno())
+        if self.path.exists() and not self.torn_header:
             self._resume()
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,14 +92,18 @@ class BankWriter:
         self._runs = scan.runs
         for e in scan.prompts:
             self.present.add(e.task_id)
-        with open(self.path, "rb") as f:  # the checksum continues from the prompts already there
-            for offset, stop, line in iter_members(f, self.path, lenient=True):
-                obj = parse_line(line, self.path, offset) if stop is not None else {}
+        with open(self.path, "rb") as f:  # the checksum continues from the prompts already there (checked by the scan)
+            for number, offset, stop, line in iter_members(f, self.path, lenient=True):
+                obj = parse_line(line, self.path, number, offset) if stop is not None else {}
                 if obj.get("kind") == "prompt":
                     self._digest.update(line)
                     self._last_write[int(obj.get("run", 0))] = float(obj.get("written_at", 0.0))
 
     def _append(self, line: bytes) -> None:
+        try:
+            check_line_bytes(line)
+        except BankError as exc:
+            raise BankError(f"{self.path}: refused to write {exc}") from None
         with open(self.path, "ab") as f:
             f.write(compress_line(line))
             f.flush()
@@ -98,7 +124,10 @@ class BankWriter:
         if self.complete:
             raise BankError(f"{self.path} is complete; cannot add prompts")
         record = {"kind": "prompt", **record}
-        check_prompt_record(record)
+        try:
+            check_prompt_record(_normal(record), self.manifest)
+        except BankError as exc:
+            raise BankError(f"{self.path}: refused a prompt line: {exc}") from None
         task_id = record["task"]["id"]
         if task_id in self.present:
             raise BankError(f"{self.path} already holds prompt {task_id!r}")
@@ -120,6 +149,26 @@ class BankWriter:
         self._append(encode_line(footer))
         self.complete = True
         return footer
+
+
+def torn_header(path: str | os.PathLike, limit: int = 1 << 20) -> int | None:
+    """The size of ``path`` when all it holds is the start of a bank header line: nothing,
+    or a prefix of one gzip member that starts as :func:`compress_line` starts every
+    member and whose text so far is a prefix of a header's (a recorder killed while it
+    wrote the header); else ``None`` (a complete first line, corrupt data, another file).
+    Reads at most ``limit`` bytes."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit or data[:4] != _HEADER_MEMBER_START[:len(data)]:
+        return None
+    d = zlib.decompressobj(31)
+    try:
+        text = d.decompress(data, limit)
+    except zlib.error:
+        return None
+    if d.eof or text[:len(_HEADER_TEXT_START)] != _HEADER_TEXT_START[:len(text)]:
+        return None
+    return len(data)
 
 
 # ---------------------------------------------------------------------- the policy's weights
