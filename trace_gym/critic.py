@@ -294,12 +294,14 @@ class LMCriticPredictor:
 
     def state_dict(self) -> dict[str, Any]:
         """Head, optimiser, memory, evidence, the replay draw's RNG, and a trained backbone."""
+        import copy
+
         state = {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "memory": self.memory.state_dict(), "evidence": self.evidence.state_dict(),
                  "replay_rng": self._replay_rng.bit_generator.state}
         if self.train_backbone:
             state["backbone"] = self.backbone.state_dict()
-        return state
+        return copy.deepcopy(state)  # a snapshot, not the live tensors
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.head.load_state_dict(state["head"])

@@ -316,7 +316,8 @@ def _expand(key: int, p: _Prompt, strategy: Strategy, predictor: SuccessPredicto
                                        dtype=float)
         step.prefix_predictions.extend((p.tree_index, n, float(v)) for (n, _), v in zip(candidates, prefix_values))
     with ledger.phase("allocation"):
-        plan = plan_expansion(p.tree, prefix_values, p.continuation_budget, strategy.prefix_allocator, p.rng)
+        plan = plan_expansion(p.tree, prefix_values, p.continuation_budget, strategy.prefix_allocator, p.rng,
+                              root_value=float(step.values[key]))
     p.continuation_budget = 0
     step.plans.append((key, plan))
     for node_id, k in plan.continuations:

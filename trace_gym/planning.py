@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from trace_gym.allocation import PrefixAllocator, RootAllocator, probabilities_1d, repeat_probability
+from trace_gym.allocation_split import SplitAllocator, root_gain_curve
 from trace_gym.tree import SUCCESS_THRESHOLD, RolloutTree
 
 
@@ -188,6 +189,7 @@ def plan_expansion(
     budget: int,
     allocator: PrefixAllocator,
     rng: np.random.Generator,
+    root_value: float | None = None,
 ) -> ExpansionPlan:
     """Where one prompt's continuations go, once its root rollouts have finished.
 
@@ -196,8 +198,10 @@ def plan_expansion(
         prefix_values: predicted Ṽ for each node of ``tree.expansion_candidates()``,
             in that order (empty when there is none).
         budget: this prompt's continuation budget.
-        allocator: any ``PrefixAllocator``.
+        allocator: any ``PrefixAllocator``; a :class:`~trace_gym.allocation_split.SplitAllocator`
+            also weighs fresh roots (:func:`plan_split`) when ``root_value`` is given.
         rng: randomness for stochastic allocators.
+        root_value: the prompt's predicted success v (what a split allocator's prior reads).
 
     Returns:
         An :class:`ExpansionPlan`: continuations from the prefixes, or, when the tree
@@ -208,8 +212,29 @@ def plan_expansion(
         raise ValueError(
             f"got {len(prefix_values)} prefix values for {len(cands)} expansion candidates"
         )
+    if isinstance(allocator, SplitAllocator) and root_value is not None:
+        return plan_split(tree, cands, prefix_values, budget, allocator, rng, root_value)
     if not cands:
         return single_turn_fallback(budget)
     rewards = [r for _, r in cands]
     k = allocate_prefixes(prefix_values, rewards, budget, allocator, rng)
     return ExpansionPlan(tuple((node_id, int(kk)) for (node_id, _), kk in zip(cands, k) if kk > 0))
+
+
+def plan_split(tree: RolloutTree, cands: Sequence[tuple[int, float]], prefix_values: Sequence[float] | np.ndarray,
+               budget: int, allocator: SplitAllocator, rng: np.random.Generator, root_value: float) -> ExpansionPlan:
+    """A split allocator's plan: continuations per prefix and fresh roots, by marginal gain per
+    unit of cost (:mod:`trace_gym.allocation_split`); with no prefix, the single-turn fallback."""
+    if budget < 0 or int(budget) != budget:
+        raise ValueError(f"continuation budget must be an integer >= 0, got {budget!r}")
+    successes, trials = tree.root_outcomes()
+    gain = root_gain_curve(float(root_value), successes, trials, allocator.prior_strength, int(budget) // 2)
+    q = repeat_probabilities(prefix_values, [r for _, r in cands]) if cands else np.zeros(0)
+    k, roots = allocator.allocate_split(q, gain, int(budget), rng)
+    k = _check_counts(type(allocator).__name__, k, len(q), int(budget) - 2 * int(roots))
+    if roots < 0 or 2 * roots + int(k.sum()) > budget or (cands and 2 * roots + int(k.sum()) != budget):
+        raise ValueError(f"{type(allocator).__name__} split {budget} units into {int(k.sum())} continuations and "
+                         f"{roots} roots (2 units each)")
+    unspent = int(budget) - 2 * int(roots) - int(k.sum())
+    return ExpansionPlan(tuple((node_id, int(kk)) for (node_id, _), kk in zip(cands, k) if kk > 0),
+                         extra_roots=int(roots), unspent_continuations=unspent)

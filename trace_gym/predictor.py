@@ -356,9 +356,12 @@ class EmbeddingPredictor:
 
     def state_dict(self) -> dict[str, Any]:
         """Head, optimiser, replay buffer and prompt evidence (the frozen encoder is not state)."""
-        return {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "memory": self.memory.state_dict(), "evidence": self.evidence.state_dict(),
-                "steps_per_update": self.steps_per_update}
+        import copy
+
+        # a snapshot: the optimiser's state_dict holds its live moment tensors
+        return copy.deepcopy({"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
+                              "memory": self.memory.state_dict(), "evidence": self.evidence.state_dict(),
+                              "steps_per_update": self.steps_per_update})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.head.load_state_dict(state["head"])

@@ -28,6 +28,7 @@ from baselines.pcl import PCLRootAllocator
 from baselines.random_tree import RandomPrefixAllocator
 from baselines.uniform import UniformRootAllocator
 from trace_gym.allocation import GroupSized, TracePrefixAllocator, TraceRootAllocator
+from trace_gym.allocation_split import TraceSplitAllocator
 from trace_gym.strategy import Strategy
 
 __all__ = ["STRATEGIES", "Strategy", "register_strategy", "shaped_strategies", "DEFAULT_GROUP_SIZE",
@@ -60,6 +61,13 @@ STRATEGIES: dict[str, Strategy] = {
         TracePrefixAllocator(),
         DEFAULT_CONTINUATIONS_PER_ROOT,
         description="TRACE: exact root allocation + exact prefix expansion",
+    ),
+    "trace_adaptive": Strategy(
+        TraceRootAllocator(),
+        TraceSplitAllocator(),
+        DEFAULT_CONTINUATIONS_PER_ROOT,
+        description="beyond the paper: TRACE roots; each prompt's local budget to fresh roots or prefixes by "
+                    "marginal gain per unit cost",
     ),
     "trace_root_only": Strategy(
         TraceRootAllocator(),
