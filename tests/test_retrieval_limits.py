@@ -51,7 +51,8 @@ def send_whole_then_read(url: str, size: int, chunked: bool) -> tuple[int, dict]
     with socket.create_connection((host, int(port)), timeout=60) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
         framing = b"transfer-encoding: chunked" if chunked else f"content-length: {len(body)}".encode()
-        sock.sendall(b"POST /retrieve HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + framing + b"\r\n\r\n")
+        sock.sendall(b"POST /retrieve HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     + framing + b"\r\n\r\n")
         if chunked:
             for i in range(0, len(body), 1 << 16):
                 piece = body[i: i + (1 << 16)]
