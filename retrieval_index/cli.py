@@ -71,6 +71,8 @@ def add_index_subcommand(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--max-queries", type=int, default=256, help="queries per request")
     s.add_argument("--max-query-chars", type=int, default=4096)
     s.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    s.add_argument("--max-drain-bytes", type=int, default=64 << 20,
+                   help="bytes of a body over --max-body-bytes read and dropped so the client gets its 413")
     s.add_argument("--max-batch-queries", type=int, default=512, help="queries per encode+search batch")
     s.add_argument("--batch-wait-ms", type=float, default=2.0, help="how long a small batch waits for more")
     s.add_argument("--max-batch-chars", type=int, default=65536, help="query characters per batch")
@@ -168,6 +170,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     limits = ServerLimits(max_queries=args.max_queries, max_query_chars=args.max_query_chars, max_topk=args.max_topk,
                           default_topk=args.topk, max_body_bytes=args.max_body_bytes,
+                          max_drain_bytes=args.max_drain_bytes,
                           max_batch_queries=args.max_batch_queries, batch_wait_ms=args.batch_wait_ms,
                           max_batch_chars=args.max_batch_chars, request_share=args.request_share,
                           max_queued_queries=args.max_queued_queries,

@@ -15,7 +15,9 @@ Routes (JSON in and out; every error is a 4xx JSON body ``{"error": code, "detai
     limits, and batching counters.
 
 Bad requests, each with its own ``error`` code: a body over ``max_body_bytes`` (413
-``body_too_large``), a body not read within ``body_timeout_s`` (408 ``body_timeout``), a
+``body_too_large``; the rest of the body is read and dropped first, up to
+``max_drain_bytes`` and within ``body_timeout_s``, so that the client, still sending,
+reads the 413 instead of a connection reset), a body not read within ``body_timeout_s`` (408 ``body_timeout``), a
 body that is not a JSON object, is nested deeper than ``max_json_depth`` or holds a
 number of more than ``max_json_digits`` digits (400 ``invalid_json``; measured before the
 body is parsed), a missing or mistyped field (422 ``missing_field`` / ``wrong_type``), an
@@ -78,6 +80,9 @@ class ServerLimits:
         max_topk: largest ``topk``.
         default_topk: ``topk`` when a request leaves it out (Search-R1's default is 3).
         max_body_bytes: request body size in bytes.
+        max_drain_bytes: bytes of a body over ``max_body_bytes`` read and dropped before
+            the 413 is sent (a server that closes with unread data resets the connection,
+            and a client still sending then loses the answer); a larger body is cut off.
         max_json_depth: deepest nesting of a request body (a valid one is 2 deep).
         max_json_digits: longest number in a request body, in digits.
         max_batch_queries: queries per encode+search batch.
@@ -97,6 +102,7 @@ class ServerLimits:
     max_topk: int = 100
     default_topk: int = 3
     max_body_bytes: int = 1 << 20
+    max_drain_bytes: int = 64 << 20
     max_json_depth: int = 8
     max_json_digits: int = 32
     max_batch_queries: int = 512
@@ -110,7 +116,7 @@ class ServerLimits:
 
     def __post_init__(self) -> None:
         for name in ("max_queries", "max_query_chars", "max_topk", "default_topk", "max_body_bytes",
-                     "max_json_depth", "max_json_digits", "max_batch_queries", "max_batch_chars", "request_share",
+                     "max_drain_bytes", "max_json_depth", "max_json_digits", "max_batch_queries", "max_batch_chars", "request_share",
                      "max_queued_queries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)!r}")
@@ -222,24 +228,49 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
                                 headers=headers or None)
 
     async def read_body(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        """The body, or RequestError 413 as soon as it is known to be over the limit (its
+        rest unread: :func:`drain` reads it)."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and (len(declared) >= 20 or int(declared) > limits.max_body_bytes):
             raise RequestError(413, "body_too_large", f"request body is {declared} bytes; the limit is "
-                               f"{limits.max_body_bytes}")
+                               f"{limits.max_body_bytes} (max_body_bytes)")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
+        while True:  # the ASGI messages themselves: drain() reads on where this stopped
+            message = await request.receive()
+            if message["type"] != "http.request":  # the client went away
+                break
+            body += message.get("body", b"")
             if len(body) > limits.max_body_bytes:
                 raise RequestError(413, "body_too_large", f"request body exceeds the limit of "
-                                   f"{limits.max_body_bytes} bytes")
+                                   f"{limits.max_body_bytes} bytes (max_body_bytes)")
+            if not message.get("more_body", False):
+                break
         return bytes(body)
+
+    async def drain(request: Request, seconds: float) -> None:
+        """Read and drop the rest of a refused body, at most ``max_drain_bytes`` within
+        ``seconds``: the client is still sending, and closing on unread bytes resets the
+        connection (the client would lose the 413 and retry)."""
+        async def rest() -> None:
+            dropped = 0
+            while dropped <= limits.max_drain_bytes:
+                message = await request.receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+                dropped += len(message.get("body", b""))
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(rest(), max(seconds, 0.0))
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
+        started = time.monotonic()
         try:
             body = await asyncio.wait_for(read_body(request), limits.body_timeout_s)
             queries, topk, with_scores = parse_retrieve(body, limits)
         except RequestError as exc:  # a body left unread (413) must not be taken for the next request
+            if exc.status == 413 and _declared(request) <= limits.max_drain_bytes:  # else: cut off at once
+                await drain(request, limits.body_timeout_s - (time.monotonic() - started))
             return error(exc.status, exc.code, exc.detail, **({"connection": "close"} if exc.status == 413 else {}))
         except asyncio.TimeoutError:  # a slow client: stop reading and close the connection
             return error(408, "body_timeout", f"the request body was not received within {limits.body_timeout_s} s",
@@ -266,6 +297,12 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
         return {"index": described, "limits": asdict(limits), "batching": batcher.stats()}
 
     return app
+
+
+def _declared(request: Any) -> int:
+    """A request's declared ``content-length`` (0 when absent or unreadable: chunked)."""
+    declared = request.headers.get("content-length", "")
+    return int(declared) if declared.isdigit() and len(declared) < 20 else 0
 
 
 def _finite(value: Any) -> Any:

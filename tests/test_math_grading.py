@@ -19,8 +19,11 @@ CASES = [
     ("\\sqrt{2}", "\\sqrt{3}", False), ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", True), ("3\\sqrt{2}", "\\sqrt{18}", True),
     ("\\sqrt[3]{8}", "2", True), ("1+\\sqrt{5}", "\\sqrt{5}+1", True),
     # decimals
-    ("0.25", "\\frac14", True), ("0.25", "25\\%", True), ("204", "204.0", True), ("3.14", "3.140", True),
+    ("0.25", "\\frac14", True), ("204", "204.0", True), ("3.14", "3.140", True),
     ("0.3", "0.33", False), ("2.5", "\\frac{5}{2}", True), ("0.125", "1/8", True),
+    # percent is a unit, not a scale (the MATH convention: test_grader_hedges.py)
+    ("0.25", "25\\%", False), ("25", "25\\%", True), ("25\\%", "25", True), ("25\\%", "0.25", False),
+    ("12.5\\%", "12.5 \\text{ percent}", True), ("5\\%", "5\\,\\%", True),
     # intervals
     ("[1, 3)", "[1,3)", True), ("(1,3]", "[1,3)", False), ("(-\\infty, 2]", "(-\\infty,2]", True),
     ("(-\\infty, 2]", "(-\\infty, 2)", False), ("[0,1]\\cup[2,3]", "[0,1] \\cup [2,3]", True),

@@ -125,7 +125,7 @@ def test_cpu_limit_kills_the_kernel():
     k = Kernel(KernelLimits(cpu_time_s=1, cell_timeout_s=30), preload=())
     k.start(0)
     result = k.execute("while True:\n    pass")
-    assert result.status == "crashed" and result.error_name in ("SIGXCPU", "SIGKILL")
+    assert result.status == "crashed" and result.error_name in ("SIGXCPU", "SIGKILL", "CPULimit")  # own, or the kernel's
 
 
 def test_factory_forks_kernels_from_one_server():

@@ -156,7 +156,7 @@ def test_mechanisms_are_logged_once_and_active_where_the_machine_allows(caplog):
             found = server.mechanisms()
         lines = [r.getMessage() for r in caplog.records if "kernel sandbox" in r.getMessage()]
         assert len(lines) == 1 and all(f"{name}: " in lines[0] for name in found), lines
-        assert set(found) == {"memory_cgroup", "seccomp", "private_ipc", "user_namespaces"}
+        assert set(found) == {"memory_cgroup", "cpu_cgroup", "seccomp", "private_ipc", "user_namespaces"}
         if platform.machine() in ("x86_64", "aarch64"):  # seccomp needs nothing but no_new_privs
             assert found["seccomp"].startswith("active"), found
         if os.geteuid() == 0:

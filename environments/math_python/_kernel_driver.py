@@ -9,7 +9,7 @@ Process tree on a root host::
         │            project or task data), imports numpy/sympy there, then forks kernels.
         └─ supervisor  pid 1 of a fresh pid namespace, in fresh network, IPC (with
            │           limits) and mount namespaces (no interface up; private /proc,
-           │           /tmp) and its own memory cgroup; root; holds the host's pipes;
+           │           /tmp) and its own memory and CPU cgroups; root; holds the host's pipes;
            │           trusted code only
            └─ executor own uid (``uid_base`` + the supervisor's pid), rlimits,
                        ``no_new_privs``, a seccomp filter, a stacked root (no user
@@ -34,7 +34,10 @@ is reported apart, as background output.
 Memory: where a memory cgroup (v1 or v2) can be written, the zygote makes a group of
 its own under its cgroup (``trace_gym_<pid>``), probes it, and gives every kernel a
 child of it (``k<n>``, limit ``memory_mb + disk_mb``), which the supervisor joins before
-anything else; the directory is removed when the kernel is reaped.
+anything else; the directory is removed when the kernel is reaped. CPU: the same for a
+CPU accounting group (v1 ``cpuacct``; in v2 the memory group itself), whose usage the
+supervisor reads to hold all the kernel's processes to ``cpu_time_s`` together
+(``_kernel.cpu``; without one it sums the kernel's process tree from ``/proc``).
 
 Each setup step that fails for lack of privilege is reported in the hello's
 ``protections``, never silently assumed; the hello's ``mechanisms`` says which of the
@@ -53,6 +56,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loaded before the project is hidden
 from _kernel.cgroups import setup_memory_cgroups  # noqa: E402
+from _kernel.cpu import kill_tree, setup_cpu_cgroups  # noqa: E402
 from _kernel.channel import ready  # noqa: E402
 from _kernel.libc import CLONE_NEWPID, LIBC, PR_SET_CHILD_SUBREAPER, check, prctl  # noqa: E402
 from _kernel.root import build_root  # noqa: E402
@@ -87,10 +91,10 @@ class Zygote:
     """The fork server's state and loop: forks kernels on request (each with its memory
     cgroup and, where it can, its own pid namespace), kills and reaps them."""
 
-    def __init__(self, sock, cfg, report, isolated, cgroups=None):
+    def __init__(self, sock, cfg, report, isolated, cgroups=None, cpu=None):
         self.sock, self.cfg, self.report, self.isolated = sock, cfg, report, isolated
-        self.cgroups = cgroups
-        self.kernels = {}  # supervisor pid -> (own uid or None, memory cgroup name or None)
+        self.cgroups, self.cpu = cgroups, cpu
+        self.kernels = {}  # supervisor pid -> (own uid or None, memory cgroup name or None, CPU cgroup name or None)
         self.pidns = False
         self.self_ns = None
         if isolated:
@@ -102,12 +106,33 @@ class Zygote:
             except OSError as exc:
                 report["processes"] = f"no pid namespace ({exc}); kills sweep the kernel's uid"
 
-    def fork(self, limits, fds):
-        cgroup = None
-        if self.cgroups is not None:  # fail closed: no kernel without its memory cgroup
+    def _groups(self, limits):
+        """The new kernel's memory and CPU cgroups (dicts of descriptors, or ``None`` where
+        there are none); raises OSError: no kernel without the groups this zygote has."""
+        cgroup = cpu = None
+        if self.cgroups is not None:
             limit_mb = int(limits["memory_mb"]) + int(limits["disk_mb"])
             name, procs, events = self.cgroups.new(limit_mb)
             cgroup = {"name": name, "procs_fd": procs, "events_fd": events, "limit_mb": limit_mb}
+        if self.cpu is not None:
+            try:
+                name, procs, usage = self.cpu.new(cgroup and cgroup["name"])
+            except OSError:
+                self._drop(cgroup, None)
+                raise
+            cpu = {"name": name, "procs_fd": procs, "usage_fd": usage, "version": self.cpu.version}
+        return cgroup, cpu
+
+    def _drop(self, cgroup, cpu):
+        """Close the zygote's descriptors of a kernel's groups; remove the groups too if
+        the kernel was never forked (``cpu``/``cgroup`` may be ``None``)."""
+        for group, fds in ((cgroup, ("procs_fd", "events_fd")), (cpu, ("procs_fd", "usage_fd"))):
+            for key in fds if group else ():
+                if group[key] is not None:
+                    os.close(group[key])
+
+    def fork(self, limits, fds):
+        cgroup, cpu = self._groups(limits)  # fail closed: no kernel without its cgroups
         try:
             if self.pidns:
                 check(LIBC.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
@@ -117,10 +142,11 @@ class Zygote:
                 if self.pidns and os.getpid() != 1:
                     check(LIBC.setns(self.self_ns, CLONE_NEWPID), "setns(pid)")
         except OSError:
+            self._drop(cgroup, cpu)
             if cgroup:
-                os.close(cgroup["procs_fd"])
-                os.close(cgroup["events_fd"])
                 self.cgroups.remove(cgroup["name"])
+            if cpu and cpu["name"]:
+                self.cpu.remove(cpu["name"])
             raise
         if pid == 0:
             try:
@@ -128,19 +154,20 @@ class Zygote:
                 if self.self_ns is not None:
                     os.close(self.self_ns)
                 supervisor(fds[0], fds[1], limits, self.report, self.cfg, self.isolated, self.pidns, NAMESPACE,
-                           cgroup)
+                           cgroup, cpu)
             finally:
                 os._exit(1)
-        if cgroup:
-            os.close(cgroup["procs_fd"])
-            os.close(cgroup["events_fd"])
-        self.kernels[pid] = (self.cfg["uid_base"] + pid if self.isolated else None, cgroup and cgroup["name"])
+        self._drop(cgroup, cpu)
+        self.kernels[pid] = (self.cfg["uid_base"] + pid if self.isolated else None, cgroup and cgroup["name"],
+                             cpu and cpu["name"])
         return pid
 
     def kill(self, pid):
         if pid not in self.kernels:
             return False
         uid = self.kernels[pid][0]
+        if not self.pidns:  # the supervisor is the subreaper of its processes: setsid'd ones too
+            kill_tree(pid)
         try:
             os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: every process of the kernel dies
             if not self.pidns:
@@ -159,9 +186,11 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            _, cgroup = self.kernels.pop(pid, (None, None))
+            _, cgroup, cpu = self.kernels.pop(pid, (None, None, None))
             if self.cgroups is not None and cgroup:
                 self.cgroups.remove(cgroup)
+            if self.cpu is not None and cpu:
+                self.cpu.remove(cpu)
             if not self.isolated:
                 import shutil
 
@@ -171,8 +200,9 @@ class Zygote:
         while True:
             readable = ready([self.sock], [], 0.5)[0]
             self.reap()
-            if self.cgroups is not None and self.cgroups.stale:  # kernels whose last processes were still exiting
-                self.cgroups.remove(None)
+            for groups in (self.cgroups, self.cpu):  # kernels whose last processes were still exiting
+                if groups is not None and groups.stale:
+                    groups.remove(None)
             if not readable:
                 continue
             try:
@@ -197,14 +227,20 @@ class Zygote:
             self.sock.send(json.dumps(reply).encode())
         for pid in list(self.kernels):  # the host is gone: so are its kernels
             self.kill(pid)
-        if self.cgroups is not None:
-            for pid, (_, cgroup) in list(self.kernels.items()):  # a killed pid 1 is reaped once its namespace is empty
+        if self.cgroups is not None or self.cpu is not None:
+            # a killed pid 1 is reaped once its namespace is empty
+            for pid, (_, cgroup, cpu) in list(self.kernels.items()):
                 try:
                     os.waitpid(pid, 0)
                 except ChildProcessError:
                     pass
-                self.cgroups.remove(cgroup)
-            self.cgroups.close()
+                if self.cgroups is not None and cgroup:
+                    self.cgroups.remove(cgroup)
+                if self.cpu is not None and cpu:
+                    self.cpu.remove(cpu)
+        for groups in (self.cgroups, self.cpu):
+            if groups is not None:
+                groups.close()
 
 
 def main():
@@ -215,11 +251,13 @@ def main():
     mechanisms = {}
     isolated = bool(cfg["isolate"]) and os.geteuid() == 0
     disabled = set(cfg.get("disable", ()))
-    cgroups = None
+    cgroups = cpu = None
     try:
         prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of kernels are reaped here
         cgroups = setup_memory_cgroups(cfg, mechanisms)  # before the sandbox root hides /sys
         report["memory_cgroup"] = mechanisms["memory_cgroup"]
+        cpu = setup_cpu_cgroups(cfg, mechanisms, cgroups)
+        report["cpu_cgroup"] = mechanisms["cpu_cgroup"]
         why_not = "left off" if "seccomp" in disabled else probe_seccomp()
         cfg["seccomp"] = True if why_not is None else why_not
         mechanisms["seccomp"] = ("active: the cell's processes may not call memfd_create, create namespaces "
@@ -252,18 +290,20 @@ def main():
             __import__("numpy.random")  # lazy in numpy 2: else each kernel pays it when seeded
         if cfg.get("warmup"):
             exec(compile(cfg["warmup"], "<warmup>", "exec"), NAMESPACE)
-        zygote = Zygote(sock, cfg, report, isolated, cgroups)
+        zygote = Zygote(sock, cfg, report, isolated, cgroups, cpu)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)
         os.close(devnull)
     except BaseException as exc:  # report instead of dying silently
-        if cgroups is not None:
-            cgroups.close()
+        for groups in (cpu, cgroups):
+            if groups is not None:
+                groups.close()
         sock.send(json.dumps({"op": "hello", "error": f"{type(exc).__name__}: {exc}", "protections": report,
                               "mechanisms": mechanisms}).encode())
         raise SystemExit(1)
     sock.send(json.dumps({"op": "hello", "pid": os.getpid(), "protections": report, "mechanisms": mechanisms,
-                          "cgroup_dir": cgroups and f"{cgroups.path}/{cgroups.name}"}).encode())
+                          "cgroup_dirs": [f"{g.path}/{g.name}" for g in (cgroups, cpu and cpu.tree and cpu) if g]}
+                         ).encode())
     zygote.serve()
     if not isolated:
         import shutil

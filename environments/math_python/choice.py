@@ -24,9 +24,18 @@ never raises.
    names a letter when what follows is a letter standing alone (``C``, ``(C)``, ``C.``,
    ``C) 42 kg``, ``c``) that is one of the suite's letters. A lower-case letter counts only
    when no word follows it (``the answer is a prime`` names no letter; ``the answer is b.``
-   names B). Lone letters joined to it by ``,`` ``;`` ``/`` ``&`` ``+`` ``and`` ``or``
-   (``A, or C``) are named too, and a span that is nothing but a run of two or more
-   capitals (``AC``) names each of them.
+   names B). Other LaTeX commands (``\\quad``, ``\\lor``) read as spaces.
+3a. **Every letter listed after it is named too**, so that a hedge is never read as its
+   first letter. After the letter, the span is read on through punctuation (brackets,
+   ``|``, ``.``, ``-`` ...), joining words (``and``, ``or``, ``nor``, ``vs``, ``versus``,
+   ``,`` ``;`` ``/`` ``&`` ``+`` ``|``) and fillers (``option``, ``maybe`` ...); a letter
+   reached that way is named when it stands alone at the end of the span or before more
+   punctuation (``A B``, ``(A)(B)``, ``A|B``, ``\\text{A}\\text{B}``, ``answer is (A) (B)``),
+   or, after a joining word, when it is a capital or a lone lower-case letter (``A or B
+   is right``, ``A, or C``). Reading stops at the first other word, so the option's own
+   text never adds a letter (``C. Vitamin A``, ``C, because D fails``, ``C. B is
+   wrong`` name C alone). A span that is nothing but a run of two or more capitals
+   (``AC``) names each of them.
 4. Verdict (``GradeResult.reason``): ``correct`` (exactly one letter, the gold),
    ``wrong_letter`` (one other letter), ``several_letters`` (two or more different
    letters: ``\\boxed{A, C}``, ``answer: A or B``; reward 0, so hedging never pays),
@@ -58,8 +67,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f{}$]")  # control characters (NUL...), bra
 _TOKEN = re.compile(r"[A-Za-z0-9]+|\S")
 _OPENERS = frozenset("([<\"'`*")
 _CLOSERS = frozenset(")]>\"'`*")
-_JOINERS = frozenset({",", ";", "/", "&", "+", "and", "or"})
+_COMMAND = re.compile(r"\\[A-Za-z]+")  # any other LaTeX command (\quad, \lor, \vee): a space
+_JOINERS = frozenset({",", ";", "/", "&", "+", "|", "and", "or", "nor", "vs", "versus"})
 _LEAD_WORDS = frozenset({"option", "choice", "letter", ":"})
+#: words skipped between two listed letters ("A or maybe option B")
+_FILLERS = _LEAD_WORDS | {"maybe", "perhaps", "possibly", "probably", "also", "either", "else", "even"}
 
 
 @dataclass(frozen=True)
@@ -110,8 +122,9 @@ def _last_phrase(text: str) -> str | None:
 
 
 def letters_in_span(span: str, letters: str = LETTERS) -> tuple[str, ...]:
-    """The distinct option letters (of ``letters``) that ``span`` names (rule 3 of the module docstring)."""
-    span = _CONTROL.sub(" ", _WRAPPER.sub(" ", span))
+    """The distinct option letters (of ``letters``) that ``span`` names (rules 3 and 3a of
+    the module docstring)."""
+    span = _CONTROL.sub(" ", _COMMAND.sub(" ", _WRAPPER.sub(" ", span)))
     toks = _TOKEN.findall(span)
     i = 0
     while i < len(toks) and (toks[i] in _OPENERS or toks[i].lower() in _LEAD_WORDS):
@@ -119,11 +132,14 @@ def letters_in_span(span: str, letters: str = LETTERS) -> tuple[str, ...]:
     if i == len(toks):
         return ()
 
-    def lone(j: int) -> bool:  # toks[j] is one of the letters, standing alone
-        tok = toks[j]
-        if len(tok) != 1 or tok.upper() not in letters:
-            return False
-        return tok.isupper() or j + 1 == len(toks) or not toks[j + 1][0].isalnum()
+    def letter(j: int) -> bool:  # toks[j] is one of the letters, as a word of its own
+        return len(toks[j]) == 1 and toks[j].upper() in letters
+
+    def alone(j: int) -> bool:  # ... and nothing but punctuation follows it
+        return letter(j) and (j + 1 == len(toks) or not toks[j + 1][0].isalnum())
+
+    def lone(j: int) -> bool:  # ... a capital, or alone (a lower-case "a" followed by a word is an article)
+        return letter(j) and (toks[j].isupper() or alone(j))
 
     first = toks[i]
     if len(first) > 1 and first.isalpha() and first.isupper() and set(first) <= set(letters) \
@@ -132,18 +148,15 @@ def letters_in_span(span: str, letters: str = LETTERS) -> tuple[str, ...]:
     if not lone(i):
         return ()
     found, j = [first.upper()], i + 1
-    while True:
-        while j < len(toks) and toks[j] in _CLOSERS:
+    while True:  # rule 3a: read on through punctuation, joiners and fillers to the next letter
+        joined = False
+        while j < len(toks) and (not toks[j][0].isalnum() or toks[j].lower() in _JOINERS | _FILLERS):
+            joined = joined or toks[j].lower() in _JOINERS
             j += 1
-        if j >= len(toks) or toks[j].lower() not in _JOINERS:
+        if j >= len(toks) or not (lone(j) if joined else alone(j)):
             break
-        k = j + 1
-        while k < len(toks) and (toks[k] in _OPENERS or toks[k].lower() in _JOINERS):  # "A, or (C)"
-            k += 1
-        if k >= len(toks) or not lone(k):
-            break
-        found.append(toks[k].upper())
-        j = k + 1
+        found.append(toks[j].upper())
+        j += 1
     return tuple(dict.fromkeys(found))
 
 

@@ -14,14 +14,27 @@ Extraction rules (:func:`extract_boxed_answer`):
 3. Before comparison (:func:`normalize_answer`) surrounding ``$``/``\\(\\)`` and
    whitespace are stripped, a gold given as a list is joined with ``", "`` (a single
    item is used as is), digit-group spaces are dropped (``1\\,000``, ``1{,}000`` -> ``1000``),
-   and a plain number in ``e`` notation (``1.2e-3``) is rewritten as ``1.2\\times10^{-3}``,
-   which math-verify's LaTeX parser understands.
+   a plain number in ``e`` notation (``1.2e-3``) is rewritten as ``1.2\\times10^{-3}``,
+   which math-verify's LaTeX parser understands, and every percent sign is dropped
+   (rule 4).
+4. **Percent is a unit, not a scale** (:func:`drop_percent`): ``\\%``, ``%`` and the
+   words ``percent``/``percentage``/``pct`` (bare or in ``\\text{}``/``\\mathrm{}``) are
+   removed from the gold and the candidate alike, so ``5\\%`` means 5: it matches the
+   golds ``5`` and ``5\\%``, never ``0.05`` or ``\\frac{1}{20}``. This is the MATH
+   convention (Hendrycks' ``strip_string``, PRM800K's grader, DeepScaleR's reward, whose
+   corpus the paper trains on). math-verify alone reads an integer percent both ways
+   (``5\\%`` equals 5 and 0.05) and a decimal one as a fraction (``2.5\\%`` equals 0.025
+   only): a policy unsure of the scale would add ``%`` and be paid for either gold. One
+   reading for every answer means that no answer is equivalent to two golds that
+   differ; we keep the one that pays the answers of "what percent" questions written
+   with or without the sign.
 
 Equivalence (:func:`verify_equivalent`): both sides are wrapped in ``\\boxed{}`` and
 parsed by math-verify with ``LatexExtractionConfig`` then ``ExprExtractionConfig``;
 ``verify(gold, candidate)`` is called **gold first** (it is deliberately asymmetric: e.g.
 a gold ``x=3`` accepts ``3``). math-verify's own normalisation handles ``\\text{}``,
-units, ``\\dfrac``, percent, ``\\$``, thousands separators, intervals, sets and tuples.
+units, ``\\dfrac``, ``\\$``, thousands separators, intervals, sets and tuples (percent
+never reaches it: rule 4).
 
 :class:`Grader` runs the comparison in a persistent sandboxed worker (sympy's parser
 evaluates strings, and a pathological expression may not terminate), forked in
@@ -54,6 +67,10 @@ _BOX = re.compile(r"\\(?:boxed|fbox)\s*(\{)|\\boxed[ \t]+([^\s$]+)")
 _DIGIT_GROUP = re.compile(r"(?<=\d)(?:\\,|\\!|\\;|\\ |\{,\})(?=\d{3}(?!\d))")
 _SCI = re.compile(r"^([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)[eE]([+-]?\d+)$")
 _DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_PERCENT_WORD = r"(?:\\?%|percentage|percent|pct)"
+#: a percent sign or word, bare or in a text wrapper (linear: every branch starts with a fixed character)
+_PERCENT = re.compile(r"(?:\\(?:text|textrm|textnormal|mathrm|mbox|operatorname)\s*"
+                      r"\{\s*" + _PERCENT_WORD + r"\s*\}|\\%|%|\b(?:percentage|percent|pct)\b)")
 
 #: Candidates longer than this (characters) are not parsed: graded as wrong.
 MAX_ANSWER_CHARS = 1000
@@ -87,6 +104,12 @@ def extract_last_number(text: str) -> str | None:
     return found[-1] if found else None
 
 
+def drop_percent(text: str) -> str:
+    """``text`` without its percent signs and words (rule 4 of the module docstring):
+    ``5\\%``, ``5 \\text{ percent}``, ``5\\,\\%`` -> ``5``."""
+    return _PERCENT.sub("", text).strip()
+
+
 def normalize_answer(answer: Any) -> str:
     """A gold or candidate answer as one LaTeX string (rules in the module docstring)."""
     if isinstance(answer, (list, tuple)):
@@ -102,7 +125,7 @@ def normalize_answer(answer: Any) -> str:
         for left, right in _DELIMS:
             if len(text) >= len(left) + len(right) and text.startswith(left) and text.endswith(right):
                 text, changed = text[len(left): len(text) - len(right)].strip(), True
-    text = _DIGIT_GROUP.sub("", text)
+    text = _DIGIT_GROUP.sub("", drop_percent(text))
     m = _SCI.match(text)
     if m:
         text = f"{m.group(1)}\\times10^{{{int(m.group(2))}}}"

@@ -14,6 +14,11 @@ every process of a kernel   a pid namespace per kernel: killing its pid 1 ends t
                             all, ``setsid`` included; the kernel sees only its own
 CPU seconds                 ``RLIMIT_CPU`` (per process, cumulative over the kernel's
                             life): SIGXCPU kills the interpreter (status ``crashed``)
+CPU of the whole kernel     its supervisor reads the CPU time of all the kernel's
+                            processes together (during and between cells) from a CPU
+                            cgroup per kernel, or else sums its process tree from
+                            ``/proc``, every 0.25 s; past ``cpu_time_s`` it kills them
+                            all (``crashed``/``dead``, ``error_name="CPULimit"``)
 memory per process          ``RLIMIT_AS`` (address space): allocations fail with
                             ``MemoryError`` inside the cell (``oom=True``)
 memory of the whole kernel  a memory cgroup per kernel (``memory_mb + disk_mb``): all its
@@ -46,9 +51,11 @@ environment                 a fixed, minimal set of variables
 
 Without root (or where namespaces are refused) the uid, pid, network, IPC namespace,
 chroot and filesystem lines do not hold; without a writable memory cgroup only the
-per-process limit bounds memory; :meth:`ForkServer.mechanisms` says which mechanisms
-the kernels get and :attr:`Kernel.protections` what each kernel could set up. Not
-enforced anywhere: CPU *share* (a cell may use a whole core for its time limit).
+per-process limit bounds memory; without a CPU cgroup the kernel's CPU is the
+supervisor's sum over its process tree (approximate: :mod:`._kernel.cpu`);
+:meth:`ForkServer.mechanisms` says which mechanisms the kernels get and
+:attr:`Kernel.protections` what each kernel could set up. Not enforced anywhere: CPU
+*share* (a kernel may use several cores at once, for ``cpu_time_s`` CPU seconds in all).
 """
 
 from __future__ import annotations
@@ -73,7 +80,8 @@ class KernelLimits:
 
     Attributes:
         cell_timeout_s: wall-clock seconds one cell may run before the kernel is killed.
-        cpu_time_s: CPU seconds each kernel process may use over its whole life.
+        cpu_time_s: CPU seconds the kernel may use over its whole life: all its
+            processes together, during and between cells (and each process alone).
         memory_mb: address-space limit per process, in MiB; with a memory cgroup the
             whole kernel (every process, shared memory, workdir files) holds at most
             ``memory_mb + disk_mb`` MiB.
@@ -131,7 +139,8 @@ class CellResult:
         error: the formatted traceback, or a sentence on why the kernel died.
         error_name: exception class name (``"MemoryError"``...), ``"Timeout"``, the
             signal name (``"SIGSEGV"``), ``"MemoryLimit"`` (killed at the kernel's
-            memory cgroup limit), ``"exit code N"`` or ``"ProtocolViolation"``.
+            memory cgroup limit), ``"CPULimit"`` (all the kernel's processes killed at
+            ``cpu_time_s`` of CPU together), ``"exit code N"`` or ``"ProtocolViolation"``.
         timed_out: the wall-clock limit was hit.
         oom: the cell raised ``MemoryError`` (the address-space limit) or was killed at
             the kernel's memory limit.

@@ -30,7 +30,7 @@ import time
 from typing import Any, Sequence
 
 #: Mechanisms a :class:`ForkServer` can be told to leave off (``disable``), to test the
-#: fallbacks of a machine without them: the per-kernel memory cgroup, the executor's
+#: fallbacks of a machine without them: the per-kernel memory and CPU cgroups, the executor's
 #: seccomp filter, the limits of a kernel's private IPC namespace, and the stacked root
 #: that counts as a chroot (no user namespaces). The sandbox's own package (stdlib only).
 from environments.math_python._kernel import MECHANISMS
@@ -136,7 +136,7 @@ class ForkServer:
         self.disable = tuple(sorted(set(disable)))
         self.protections: dict = {}
         self._mechanisms: dict = {}
-        self._cgroup_dir: str | None = None
+        self._cgroup_dirs: list[str] = []
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
@@ -230,7 +230,7 @@ class ForkServer:
                               f"(protections {hello.get('protections')})")
         self.protections = hello.get("protections", {})
         self._mechanisms = dict(hello.get("mechanisms") or {})
-        self._cgroup_dir = hello.get("cgroup_dir")
+        self._cgroup_dirs = [d for d in hello.get("cgroup_dirs") or () if isinstance(d, str)]
         logger.debug("kernel sandbox (zygote pid %d): %s", proc.pid,
                      "; ".join(f"{name}: {what}" for name, what in self._mechanisms.items()))
         self._sock, self._proc = parent, proc
@@ -250,9 +250,10 @@ class ForkServer:
             if self._proc.poll() is None:
                 self._proc.kill()
             self._proc.wait()
-        if self._cgroup_dir is not None:  # what a killed zygote left: empty cgroups of ended kernels
-            _remove_cgroups(self._cgroup_dir)
-        self._sock = self._proc = self._cgroup_dir = None
+        for path in self._cgroup_dirs:  # what a killed zygote left: empty cgroups of ended kernels
+            _remove_cgroups(path)
+        self._sock = self._proc = None
+        self._cgroup_dirs = []
 
     def close(self) -> None:
         """End the zygote and, with it, every kernel it forked."""

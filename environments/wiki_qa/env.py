@@ -30,9 +30,11 @@ response over ``max_action_chars``, or an empty / over-long query, gets a messag
 naming the problem; the episode goes on and the turn counts. After the answer: ``[]``.
 
 ## Rewards
-0.0 on every step but the answer; then EM (``reward="em"``, default) or token F1
-(``reward="f1"``) of the answer against the task's gold answers (max over aliases).
-``info["reward_components"]`` has both.
+0.0 on every step but the answer; then EM (``reward="em"``, default) or the F1 reward
+(``reward="f1"``: 1.0 when the answer's words are a gold alias's, else half its token F1,
+so that a hedge such as "Paris London" stays below the 0.5 success line;
+:func:`~environments.wiki_qa.metrics.f1_reward`) of the answer against the task's gold
+answers (max over aliases). ``info["reward_components"]`` has EM and the official F1.
 
 ## Episode End
 Terminated by the first answer. Truncated (reward 0) after ``max_turns`` actions
@@ -61,7 +63,7 @@ from typing import Any, Mapping, Sequence
 import gymnasium
 
 from environments.wiki_qa.actions import PROTOCOLS, QUERY_REFUSED, TOOL_SCHEMAS, Action, parse_action
-from environments.wiki_qa.metrics import best_exact_match, best_f1
+from environments.wiki_qa.metrics import best_exact_match, best_f1, f1_reward
 from environments.wiki_qa.searchers import resolve_searcher
 from retrieval_index.protocol import QueryRejected, split_contents
 from trace_gym.textsafe import clean_text
@@ -123,7 +125,7 @@ class WikiQAEnv(gymnasium.Env):
         topk: passages per search (Search-R1 uses 3).
         max_turns: actions before truncation.
         protocol: ``tags`` (Search-R1) or ``tool_call``.
-        reward: ``em`` or ``f1``.
+        reward: ``em`` or ``f1`` (the F1 reward: half F1 below a whole match).
         max_action_chars: longer responses are not parsed.
         max_query_chars: longer queries are refused.
         few_shot: start with :data:`FEW_SHOT_DEMO` (tags protocol).
@@ -220,7 +222,7 @@ class WikiQAEnv(gymnasium.Env):
             em, f1 = best_exact_match(parsed.text, golds), best_f1(parsed.text, golds)
             info.update(prediction=parsed.text, golden_answers=golds, em=em, f1=f1,
                         reward_components={"em": em, "f1": f1}, searches=len(self._log))
-            return [], em if self.reward_kind == "em" else f1, True, False, info
+            return [], em if self.reward_kind == "em" else f1_reward(parsed.text, golds), True, False, info
         if parsed.kind == "search":
             info["query"] = parsed.text
             info["cache_hit"] = parsed.text in self._cache

@@ -14,6 +14,18 @@ One definition, used by the env's reward and by ``evaluators/qa``:
   "no" earns nothing against "no way", although they share a token).
 * **Aliases**: with several gold answers (FlashRAG's ``golden_answers``), each metric
   is the maximum over them, as Search-R1 and FlashRAG score.
+
+The **F1 reward** (:func:`f1_reward`, the env's ``reward="f1"``) is not F1 itself: an
+episode succeeds when its reward is at least 0.5 (``trace_gym.tree.SUCCESS_THRESHOLD``),
+and F1 pays a hedge over that line against each gold it hedges between ("Paris London"
+scores 0.667 against "Paris" and against "London"), or an answer that says less than
+either ("John" scores 0.667 against "John Smith" and "John Brown"). So the reward is
+1.0 for an answer whose words are exactly those of a gold alias (F1 = 1: EM up to word
+order) and half its best F1 otherwise: partial credit, still graded by overlap, always
+below the success line. No answer can then succeed against two golds that differ (as
+bags of words). A precision requirement alone would not do: it refuses "Paris London"
+but still pays "John" both ways. Search-R1 avoids the question by rewarding EM; the
+official F1 (:func:`best_f1`) is unchanged and still reported.
 """
 
 from __future__ import annotations
@@ -77,3 +89,10 @@ def best_f1(prediction: str | None, golds: str | Iterable[str]) -> float:
     """F1 maximised over gold aliases (a missing prediction scores 0)."""
     golds = _golds(golds)
     return 0.0 if prediction is None else max(f1_score(prediction, g) for g in golds)
+
+
+def f1_reward(prediction: str | None, golds: str | Iterable[str]) -> float:
+    """The F1 reward (module docstring): 1.0 when the answer has F1 = 1 with a gold alias,
+    else half its best F1 (below 0.5); a missing prediction scores 0."""
+    f1 = best_f1(prediction, golds)
+    return 1.0 if f1 == 1.0 else f1 / 2

@@ -27,4 +27,4 @@ One module per mechanism, each saying what it bounds and how:
 """
 
 #: mechanisms a ForkServer may be told to leave off (to test the fallbacks)
-MECHANISMS = ("memory_cgroup", "seccomp", "ipc_limits", "stacked_root")
+MECHANISMS = ("memory_cgroup", "cpu_cgroup", "seccomp", "ipc_limits", "stacked_root")

@@ -17,8 +17,11 @@ import os
 ZYGOTE_SCRIPT = "_kernel_driver.py"
 
 
-def _memory_cgroup_dir():
-    """``(version, path)`` of this process's memory cgroup directory; raises OSError(why not)."""
+def cgroup_dir(controller):
+    """``(version, path)`` of this process's cgroup directory in the hierarchy of
+    ``controller`` (``"memory"`` or ``"cpuacct"``: v1, or the v2 unified tree); raises
+    OSError(why not). In v2 the memory controller must be enabled below the directory;
+    CPU accounting (``cpu.stat``) is in every v2 group."""
     with open("/proc/self/cgroup") as f:
         lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
     with open("/proc/self/mountinfo") as f:
@@ -31,7 +34,7 @@ def _memory_cgroup_dir():
                 return m[3], m[4]
         return None
 
-    for version, fstype, want, match in (("v1", "cgroup", "memory", lambda c: "memory" in c.split(",")),
+    for version, fstype, want, match in (("v1", "cgroup", controller, lambda c: controller in c.split(",")),
                                          ("v2", "cgroup2", None, lambda c: c == "")):
         own = next((path for _, controllers, path in lines if match(controllers)), None)
         mount_ = mounted(fstype, want)
@@ -40,13 +43,13 @@ def _memory_cgroup_dir():
         root, point = mount_
         if not (own == root or own.startswith(root.rstrip("/") + "/")):
             raise OSError(errno.ENOENT, f"this process's cgroup {own} is outside the mounted {fstype} tree")
-        path = point + own[len(root.rstrip("/")):]
-        if version == "v2":
+        path = os.path.normpath(point + own[len(root.rstrip("/")):])
+        if version == "v2" and controller == "memory":
             with open(os.path.join(path, "cgroup.subtree_control")) as f:
                 if "memory" not in f.read().split():
                     raise OSError(errno.EPERM, f"the memory controller is not enabled below {path}")
         return version, path
-    raise OSError(errno.ENOENT, "no memory cgroup controller is mounted")
+    raise OSError(errno.ENOENT, f"no {controller} cgroup controller is mounted")
 
 
 def _is_zygote(pid):
@@ -58,19 +61,31 @@ def _is_zygote(pid):
         return False
 
 
-class MemoryCgroups:
-    """Per-kernel memory cgroups below a group of this zygote, reached through a
-    descriptor opened before the sandbox root hid ``/sys``."""
+def _sweep(path):
+    """Remove the groups that killed zygotes left in ``path`` (a zygote removes its own on
+    exit); a kernel that outlived its zygote keeps its directory until a later sweep."""
+    for entry in os.listdir(path):
+        pid = entry[len("trace_gym_"):]
+        if not (entry.startswith("trace_gym_") and pid.isdigit()) or _is_zygote(int(pid)):
+            continue
+        group = os.path.join(path, entry)
+        for name in [n for n in os.listdir(group) if n[:1] == "k" and n[1:].isdigit()] + [None]:
+            try:
+                os.rmdir(group if name is None else os.path.join(group, name))
+            except OSError:
+                pass
 
-    FILES = {"v1": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.oom_control"),
-             "v2": ("memory.max", "memory.swap.max", "memory.events")}
 
-    def __init__(self, version, path):
-        self.version, self.path = version, path
-        self.limit_file, self.swap_file, self.events_file = self.FILES[version]
+class GroupTree:
+    """This zygote's group (``trace_gym_<pid>``) in one cgroup hierarchy, and its kernels'
+    groups below it (``k<n>``), reached through descriptors opened before the sandbox
+    root hid ``/sys``. ``enable``: the v2 controller the kernels' groups get."""
+
+    def __init__(self, version, path, enable=None):
+        self.version, self.path, self.enable = version, path, enable
         self.name = f"trace_gym_{os.getpid()}"
         self.parent_fd = os.open(path, os.O_PATH | os.O_DIRECTORY)  # the path is gone once the root is built
-        self._sweep(path)
+        _sweep(path)
         try:
             os.mkdir(self.name, 0o700, dir_fd=self.parent_fd)
             self.fd = os.open(self.name, os.O_PATH | os.O_DIRECTORY, dir_fd=self.parent_fd)
@@ -79,47 +94,25 @@ class MemoryCgroups:
             raise
         self.count = 0
         self.stale = []  # kernel directories still busy when their kernel was reaped
-        try:
-            if version == "v2":  # the kernels' directories get the memory controller
-                self._write("cgroup.subtree_control", "+memory")
-            name, procs, events = self.new(16)  # a probe: a group with a limit that reads back
-            os.close(procs)
-            os.close(events)
-            with open(f"{name}/{self.limit_file}", opener=self._opener) as f:
-                if int(f.read()) != 16 << 20:
-                    raise OSError(errno.EIO, "the probe's limit did not read back")
-            self.remove(name)
-        except OSError:
-            self.close()
-            raise
+        if enable:
+            try:
+                self.write("cgroup.subtree_control", "+" + enable)
+            except OSError:
+                self.close()
+                raise
 
-    def _sweep(self, path):
-        """Remove the groups that killed zygotes left here (a zygote removes its own on exit);
-        a kernel that outlived its zygote keeps its directory until a later sweep."""
-        for entry in os.listdir(path):
-            pid = entry[len("trace_gym_"):]
-            if not (entry.startswith("trace_gym_") and pid.isdigit()) or _is_zygote(int(pid)):
-                continue
-            group = os.path.join(path, entry)
-            for name in [n for n in os.listdir(group) if n[:1] == "k" and n[1:].isdigit()] + [None]:
-                try:
-                    os.rmdir(group if name is None else os.path.join(group, name))
-                except OSError:
-                    pass
-
-    def _opener(self, path, flags):
+    def opener(self, path, flags):
         return os.open(path, flags, dir_fd=self.fd)
 
-    def _write(self, path, value):
+    def write(self, path, value):
         fd = os.open(path, os.O_WRONLY, dir_fd=self.fd)
         try:
             os.write(fd, value.encode())
         finally:
             os.close(fd)
 
-    def new(self, limit_mb):
-        """A kernel's cgroup: ``(name, procs fd to write, events fd to read)``, limited to
-        ``limit_mb`` MiB of memory (and no swap); raises OSError."""
+    def make(self):
+        """A new kernel group's name (``k<n>``), made; raises OSError."""
         self.count += 1
         name = f"k{self.count}"
         try:
@@ -128,24 +121,13 @@ class MemoryCgroups:
             os.close(self.fd)
             os.mkdir(self.name, 0o700, dir_fd=self.parent_fd)
             self.fd = os.open(self.name, os.O_PATH | os.O_DIRECTORY, dir_fd=self.parent_fd)
-            if self.version == "v2":
-                self._write("cgroup.subtree_control", "+memory")
+            if self.enable:
+                self.write("cgroup.subtree_control", "+" + self.enable)
             os.mkdir(name, 0o700, dir_fd=self.fd)
-        try:
-            self._write(f"{name}/{self.limit_file}", str(limit_mb << 20))
-            try:  # v1: memory + swap (needs swap accounting); v2: swap alone
-                self._write(f"{name}/{self.swap_file}", str(limit_mb << 20) if self.version == "v1" else "0")
-            except FileNotFoundError:
-                pass
-            procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY, dir_fd=self.fd)
-            events = os.open(f"{name}/{self.events_file}", os.O_RDONLY, dir_fd=self.fd)
-        except OSError:
-            self.remove(name)
-            raise
-        return name, procs, events
+        return name
 
     def remove(self, name):
-        """Remove a kernel's cgroup (all its processes are gone); retried at the next call
+        """Remove a kernel's group (all its processes are gone); retried at the next call
         while the kernel still holds it."""
         for n in [name, *self.stale] if name else list(self.stale):
             try:
@@ -171,13 +153,71 @@ class MemoryCgroups:
             os.close(self.parent_fd)
 
 
+class MemoryCgroups:
+    """Per-kernel memory cgroups below a group of this zygote (:class:`GroupTree`)."""
+
+    FILES = {"v1": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.oom_control"),
+             "v2": ("memory.max", "memory.swap.max", "memory.events")}
+
+    def __init__(self, version, path):
+        self.version, self.path = version, path
+        self.limit_file, self.swap_file, self.events_file = self.FILES[version]
+        self.tree = GroupTree(version, path, enable="memory" if version == "v2" else None)
+        self.name = self.tree.name
+        try:
+            name, procs, events = self.new(16)  # a probe: a group with a limit that reads back
+            os.close(procs)
+            os.close(events)
+            with open(f"{name}/{self.limit_file}", opener=self.tree.opener) as f:
+                if int(f.read()) != 16 << 20:
+                    raise OSError(errno.EIO, "the probe's limit did not read back")
+            self.remove(name)
+        except OSError:
+            self.close()
+            raise
+
+    @property
+    def fd(self):
+        """This zygote's group directory (a v2 kernel's CPU accounting shares its groups)."""
+        return self.tree.fd
+
+    @property
+    def stale(self):
+        return self.tree.stale
+
+    def new(self, limit_mb):
+        """A kernel's cgroup: ``(name, procs fd to write, events fd to read)``, limited to
+        ``limit_mb`` MiB of memory (and no swap); raises OSError."""
+        name = self.tree.make()
+        try:
+            self.tree.write(f"{name}/{self.limit_file}", str(limit_mb << 20))
+            try:  # v1: memory + swap (needs swap accounting); v2: swap alone
+                self.tree.write(f"{name}/{self.swap_file}", str(limit_mb << 20) if self.version == "v1" else "0")
+            except FileNotFoundError:
+                pass
+            procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY, dir_fd=self.tree.fd)
+            events = os.open(f"{name}/{self.events_file}", os.O_RDONLY, dir_fd=self.tree.fd)
+        except OSError:
+            self.remove(name)
+            raise
+        return name, procs, events
+
+    def remove(self, name):
+        """Remove a kernel's cgroup (retried later while the kernel still holds it)."""
+        self.tree.remove(name)
+
+    def close(self):
+        """Remove what is left and this zygote's group (busy ones stay: their kernels live)."""
+        self.tree.close()
+
+
 def setup_memory_cgroups(cfg, mechanisms):
     """This zygote's :class:`MemoryCgroups`, or ``None`` (the reason in ``mechanisms``)."""
     if "memory_cgroup" in cfg.get("disable", ()):
         mechanisms["memory_cgroup"] = "NOT active (left off): memory is bounded per process only"
         return None
     try:
-        cgroups = MemoryCgroups(*_memory_cgroup_dir())
+        cgroups = MemoryCgroups(*cgroup_dir("memory"))
     except OSError as exc:
         mechanisms["memory_cgroup"] = f"NOT active ({exc}): memory is bounded per process only"
         return None

@@ -5,18 +5,22 @@ frame from values it checked or made itself: the executor may send at most
 :data:`MAX_DONE_BYTES` per message and only the protocol's messages, field by field;
 anything else kills it (a crashed cell, ``ProtocolViolation``). Output of fds 1 and 2 is
 captured at most ``output_bytes`` per stream and cell (head and tail kept, the middle
-counted); output between cells is reported apart, as background output. When the
-executor dies, the cause is read from its wait status and the memory cgroup's OOM-kill
-counter, and, as pid 1, every process the cell left behind is killed with it.
+counted); output between cells is reported apart, as background output. Every
+:data:`~.cpu.CHECK_S` seconds it reads the CPU time of the whole kernel (:mod:`.cpu`), and
+past ``cpu_time_s`` kills all its processes. When the executor dies, the cause is read
+from its wait status, the memory cgroup's OOM-kill counter and that CPU check, and, as
+pid 1, every process the cell left behind is killed with it.
 """
 
 import json
 import os
 import signal
 import struct
+import time
 
 from .cgroups import oom_kills
 from .channel import clean, encode_frame, read_frame, ready, write_frame
+from .cpu import CHECK_S
 from .executor import CHANNEL_LOST
 
 #: what the executor may send per cell (its ``done`` message), in bytes
@@ -84,9 +88,12 @@ class Supervisor:
     executor.
     """
 
-    def __init__(self, host_req, host_resp, limits, child, pipes, cgroup=None):
+    def __init__(self, host_req, host_resp, limits, child, pipes, cgroup=None, meter=None):
         self.host_req, self.host_resp, self.limits, self.child = host_req, host_resp, limits, child
         self.cgroup = cgroup  # {"events_fd", "limit_mb"} of the kernel's memory cgroup, or None
+        self.meter = meter  # the kernel's CPU time (.cpu.CpuMeter), or None: not watched
+        self.cpu_over = None  # the CPU seconds that were found over cpu_time_s (all were killed then)
+        self.next_cpu_check = 0.0
         self.oom_seen = oom_kills(cgroup and cgroup["events_fd"])  # kills before the current cell
         self.e_req, self.e_res, self.e_out, self.e_err, self.wake = pipes
         n = limits["output_bytes"]
@@ -134,6 +141,10 @@ class Supervisor:
                     cause = (f"the kernel went over its memory limit of {self.cgroup['limit_mb']} MB (all its "
                              "processes, shared memory and files together) and the interpreter was killed, "
                              "SIGKILL", "MemoryLimit")
+                elif cause[1] == "SIGKILL" and self.cpu_over is not None:
+                    cause = (f"the kernel's processes together used {self.cpu_over:.1f} s of CPU time, over its "
+                             f"limit of {self.limits['cpu_time_s']} s (all its processes, during and between "
+                             "cells), and all were killed, SIGKILL", "CPULimit")
                 self._executor_gone(cause)
 
     def _executor_gone(self, cause):
@@ -150,6 +161,21 @@ class Supervisor:
             self._reply_result(pending[1], "crashed", None, cause[1], crashed=cause[0])
         elif pending is not None:
             self._send({"op": "error", "error": f"the kernel died while starting: {cause[0]}"})
+
+    def _check_cpu(self):
+        """Past ``cpu_time_s`` of CPU for the whole kernel, kill all its processes (once)."""
+        if self.meter is None or self.cpu_over is not None or time.monotonic() < self.next_cpu_check:
+            return
+        self.next_cpu_check = time.monotonic() + self.interval
+        used = self.meter.seconds()
+        if used > self.limits["cpu_time_s"]:
+            self.cpu_over = used
+            self.meter.kill_all()
+
+    @property
+    def interval(self):
+        """Seconds between CPU checks: a whole host's /proc costs more to read than a cgroup."""
+        return CHECK_S if self.meter is None or self.meter.kind == "cgroup" or os.getpid() == 1 else 4 * CHECK_S
 
     def _kill_executor(self, why):
         try:
@@ -242,7 +268,7 @@ class Supervisor:
             if self.e_res is not None:
                 readers.append(self.e_res)
             writers = [self.e_req] if self.to_exec else []
-            ready_r, ready_w = ready(readers, writers, 1.0)
+            ready_r, ready_w = ready(readers, writers, self.interval if self.meter is not None else 1.0)
             for fd in ready_r:
                 if fd in self.streams:
                     self._read_stream(fd)
@@ -260,6 +286,7 @@ class Supervisor:
                     os.read(self.wake, 4096)
                 except BlockingIOError:
                     pass
+            self._check_cpu()
             self._reap()  # after the result pipe: a cell that answered and then died did answer
             if self.host_req in ready_r:
                 self._on_host()

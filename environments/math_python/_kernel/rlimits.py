@@ -4,7 +4,8 @@
 (``cpu_time_s`` s, SIGXCPU, then SIGKILL a second later), ``RLIMIT_NOFILE``,
 ``RLIMIT_NPROC`` (processes of the kernel's uid), ``RLIMIT_FSIZE`` (``disk_mb`` MB per
 file), no core files, and 512 KiB of POSIX message queues. The memory cgroup
-(:mod:`.cgroups`) bounds the kernel's processes together; these bound each one.
+(:mod:`.cgroups`) and the CPU check (:mod:`.cpu`) bound the kernel's processes
+together; these bound each one.
 """
 
 import resource

@@ -1,8 +1,9 @@
 """A forked kernel's set-up: its supervisor, then its executor, in that order of trust.
 
 The supervisor is pid 1 of the kernel's pid namespace, root, in fresh network, IPC and
-mount namespaces and in the kernel's memory cgroup, and owns the host's two pipes; it
-runs trusted code only. It applies, in order: the memory cgroup (:mod:`.cgroups`),
+mount namespaces and in the kernel's memory and CPU cgroups, and owns the host's two
+pipes; it runs trusted code only. It applies, in order: the memory cgroup (:mod:`.cgroups`),
+the CPU cgroup (:mod:`.cpu`; without a pid namespace it becomes the kernel's subreaper),
 no network (a network namespace with no interface up), a private IPC namespace with
 limits (:mod:`.ipc_limits`), a private ``/proc`` and ``/tmp`` and the stacked root
 (:mod:`.root`). Then it forks the executor (:mod:`.executor`), which bounds itself
@@ -19,29 +20,36 @@ import struct
 
 from .cgroups import join_memory_cgroup
 from .channel import close_all_but, ready, write_frame
+from .cpu import CpuMeter, join_cpu_cgroup, kill_tree
 from .executor import executor
 from .ipc_limits import describe_ipc_limits, set_ipc_limits
-from .libc import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, LIBC, MS_NODEV, MS_NOEXEC, MS_NOSUID, check, mount
+from .libc import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, LIBC, MS_NODEV, MS_NOEXEC, MS_NOSUID,
+                   PR_SET_CHILD_SUBREAPER, check, mount, prctl)
 from .relay import Supervisor, death_cause
 from .rlimits import set_oom_score_adj
 from .root import private_tmp, stack_root
 
 
-def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, namespace, cgroup=None):
+def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, namespace, cgroup=None, cpu=None):
     """Body of a forked kernel: namespaces, the executor, then the relay loop. Never returns.
 
     ``cgroup``: the kernel's memory cgroup (``procs_fd`` to join it, ``events_fd`` to
     read its OOM kills, ``limit_mb``), made by the zygote; ``None`` where there is none.
+    ``cpu``: its CPU cgroup (``procs_fd`` to join it, or ``None`` when it is the memory
+    cgroup; ``usage_fd``, ``version``: :mod:`.cpu`); ``None`` where there is none.
     """
     report = dict(base_report)
     disabled = set(cfg.get("disable", ()))
     try:
         # No parent-death signal: a dead zygote must not take live kernels with it. The
         # kernel ends when the host closes (or loses) its pipes, or the zygote kills it.
-        close_all_but({host_req, host_resp} | ({cgroup["procs_fd"], cgroup["events_fd"]} if cgroup else set()))
+        keep = {host_req, host_resp} | ({cgroup["procs_fd"], cgroup["events_fd"]} if cgroup else set())
+        close_all_but(keep | ({cpu["procs_fd"], cpu["usage_fd"]} - {None} if cpu else set()))
         join_memory_cgroup(cgroup, limits, report)
+        join_cpu_cgroup(cpu, limits, report)
         if os.getpid() != 1:
             os.setsid()
+            prctl(PR_SET_CHILD_SUBREAPER, 1)  # the kernel's orphans stay below it: its CPU is summed over them
         gpid = int(os.readlink("/proc/self")) if pidns else os.getpid()
         uid = None
         ipc_private = ipc_bounded = stacked = False
@@ -121,7 +129,9 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
                                           "NOT refused: a cell can create a user namespace and mount its own tmpfs")
         write_frame(host_resp, {"op": "hello", "pid": gpid, "uid": os.geteuid() if uid is None else uid,
                                 "own_uid": uid is not None, "workdir": workdir, "protections": protections})
-        Supervisor(host_req, host_resp, limits, child, (e_req_w, e_res_r, out_r, err_r, wake_r), cgroup).serve()
+        meter = CpuMeter(cpu["usage_fd"], cpu["version"]) if cpu else CpuMeter()
+        Supervisor(host_req, host_resp, limits, child, (e_req_w, e_res_r, out_r, err_r, wake_r), cgroup,
+                   meter).serve()
     except SystemExit:
         pass
     except BaseException as exc:  # report instead of dying silently
@@ -130,7 +140,7 @@ def supervisor(host_req, host_resp, limits, base_report, cfg, isolated, pidns, n
         except OSError:
             pass
     try:
-        os.kill(-1, signal.SIGKILL) if os.getpid() == 1 else os.killpg(0, signal.SIGKILL)
+        os.kill(-1, signal.SIGKILL) if os.getpid() == 1 else kill_tree(os.getpid())  # a subreaper: setsid'd ones too
     finally:
         os._exit(0)
 
