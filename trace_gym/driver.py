@@ -333,12 +333,15 @@ def _expand(key: int, p: _Prompt, strategy: Strategy, predictor: SuccessPredicto
 # ---------------------------------------------------------------------- the learning half
 def predictor_samples(
     trees: Sequence[RolloutTree], context: Callable[[int, int], Any], *, estimator: str = "recursive",
+    root_rollouts_only: bool = False,
 ) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
     """The predictor's regression set from finished trees.
 
     Every non-terminal node with a target (the root, depth 0, and every visited prefix)
     gives one sample: ``context(tree index, node id)`` and its target from
-    ``tree.targets(estimator, outcomes=True)`` (the recursive mean by default).
+    ``tree.targets(estimator, outcomes=True)`` (the recursive mean by default). With
+    ``root_rollouts_only``, nodes inside continuations give none (their anchors' targets
+    still average over them).
 
     Returns:
         ``(contexts, targets (n,), tree index (n,), node id (n,))``, trees in order and
@@ -347,7 +350,8 @@ def predictor_samples(
     contexts, targets, where = [], [], []
     for t, tree in enumerate(trees):
         for node_id, target in sorted(tree.targets(estimator, outcomes=True).items()):  # a success probability
-            if not tree.nodes[node_id].terminal:
+            node = tree.nodes[node_id]
+            if not node.terminal and not (root_rollouts_only and node.is_continuation):
                 contexts.append(context(t, node_id))
                 targets.append(target)
                 where.append((t, node_id))
@@ -385,11 +389,12 @@ def reward_warning(trees: Sequence[RolloutTree]) -> str | None:
 
 
 def update_predictor(step: StepResult, predictor: SuccessPredictor, runner: BranchRunner, prefix_share: float,
-                     score_prefixes: bool = False) -> Learning:
-    """Step 4: regress the predictor on the step's trees (see the module docstring)."""
+                     score_prefixes: bool = False, root_rollouts_only: bool = False) -> Learning:
+    """Step 4: regress the predictor on the step's trees (see the module docstring;
+    ``root_rollouts_only``: :func:`predictor_samples`)."""
     keys = step.tree_candidates.tolist()
     contexts, targets, tree_index, node_ids = predictor_samples(
-        step.trees, lambda t, node: runner.node_context(keys[t], node))
+        step.trees, lambda t, node: runner.node_context(keys[t], node), root_rollouts_only=root_rollouts_only)
     depths = np.array([step.trees[t].nodes[n].depth for t, n in zip(tree_index, node_ids)], dtype=np.int64)
     prefix = depths > 0
     weight = prefix_weight_for_share(int((~prefix).sum()), int(prefix.sum()), prefix_share)

@@ -362,6 +362,41 @@ def _save(plt, fig, path: str | Path) -> Path:
     return path
 
 
+def plot_lines(
+    x: Sequence[float],
+    series: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
+    path: str | Path,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    log_x: bool = False,
+) -> Path:
+    """One line per series with its interval as a band: ``series[name] = (means, lows, highs)``
+    at ``x``. Lines are drawn with a small horizontal offset each (and a marker of their own) so
+    that two series with the same values stay visible side by side; NaN bounds draw no band."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    xs = np.asarray(x, dtype=float)
+    span = (np.log(xs.max()) - np.log(xs.min())) if log_x and len(xs) > 1 else float(np.ptp(xs)) or 1.0
+    markers = "osD^v<>ph*"
+    for i, (name, (mean, low, high)) in enumerate(series.items()):
+        shift = (i - (len(series) - 1) / 2) * 0.012 * span
+        at = xs * np.exp(shift) if log_x else xs + shift
+        ax.plot(at, mean, marker=markers[i % len(markers)], markersize=4, linewidth=1.4, label=name)
+        lo, hi = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+        if np.isfinite(lo).any():
+            ax.fill_between(at, lo, hi, alpha=0.15)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
 def plot_grouped(
     groups: Mapping[str, Mapping[int, float]], path: str | Path, *, xlabel: str, ylabel: str, title: str
 ) -> Path:

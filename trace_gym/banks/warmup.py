@@ -12,7 +12,11 @@ documented slice of the bank that no measured pool ever draws from:
   every recorded continuation of every recorded prefix), fed through the step's own
   learning half (:func:`trace_gym.driver.update_predictor`: the same targets, the same
   prefix share, each prompt's root outcomes as its evidence) in batches of ``batch``
-  prompts, one predictor update per batch, as if they were earlier training steps.
+  prompts, one predictor update per batch, as if they were earlier training steps. The
+  samples are the prompts and the prefixes of their root rollouts (targets: recursive
+  means over every recorded continuation below them); nodes inside continuations give
+  no sample of their own, which keeps the warm-up to about one embedded history per
+  recorded prefix (on the guessing-game bank 1,600 instead of 5,200).
 
 The warm-up is charged to no arm: it is the history a predictor brings to a step.
 """
@@ -76,7 +80,7 @@ def warm_up(predictor: Any, bank: Bank, indices: Sequence[int], *, seed: int, pr
     stats = {"prompts": len(indices), "roots": 0, "continuations": 0, "updates": 0, "samples": 0}
     for lo in range(0, len(indices), batch):
         runner, step = full_trees(bank, indices[lo:lo + batch], seed)
-        learning = update_predictor(step, predictor, runner, prefix_share)
+        learning = update_predictor(step, predictor, runner, prefix_share, root_rollouts_only=True)
         stats["roots"] += sum(1 for t in step.trees for b in t.branches if not b.is_continuation)
         stats["continuations"] += sum(1 for t in step.trees for b in t.branches if b.is_continuation)
         stats["updates"] += 1

@@ -63,9 +63,7 @@ def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> 
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from trace_gym import bench
-    from trace_gym.registry import load_plugins, resolve_env
-    from trace_gym.strategies import shaped_strategies
+    from trace_gym.registry import load_plugins
 
     chosen = [m for m, on in (("sim", args.sim), ("env", bool(args.env)), ("bank", bool(args.bank))) if on]
     if len(chosen) != 1:
@@ -77,36 +75,70 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if mode == "sim" and cfg.calibrate_from:
         cfg = dataclasses.replace(cfg, calibrate_from=bank_path(cfg.calibrate_from))
     load_plugins(cfg.plugins)
-    strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
-                                   continuations_per_root=cfg.continuations_per_root)
-    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    if mode == "sim":
-        from trace_gym.bench_sim import run_sim_bench
-
-        results = run_sim_bench(cfg, strategies, progress=True)
-    elif mode == "bank":
-        from trace_gym.bench_bank import run_bank_bench
-
-        results = run_bank_bench(cfg, strategies, progress=True, say=say)
-    else:
-        from trace_gym.bench_env import run_env_bench
-
-        family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
-        results = run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out, say=say)
-    roles = bench_roles(args, results)
-    if roles != Roles():
-        bench.judge(results, roles)
+    run = mode_runner(mode, args)
+    if args.root_budgets:
+        return _sweep(args, cfg, run)
+    results = run(cfg)
     if args.out:
         results["plots"] = write_bench_plots(results, args.out)
     print(format_bench(results))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2))
-        print(f"\nwrote {args.json}")
+    _write_json(args, results)
     if args.out:
         print(f"wrote {', '.join(results['plots'] + results.get('episode_files', []))}")
     failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
     return 1 if failed and args.strict else 0
+
+
+def mode_runner(mode: str, args: argparse.Namespace):
+    """``cfg -> results`` of ``mode``: the strategies shaped for ``cfg``, the bench run, then judged
+    with the user's roles (``--baseline``, ``--pairs``)."""
+    from trace_gym import bench
+    from trace_gym.strategies import shaped_strategies
+
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+
+    def run(cfg: Any) -> dict[str, Any]:
+        strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
+                                       continuations_per_root=cfg.continuations_per_root)
+        if mode == "sim":
+            from trace_gym.bench_sim import run_sim_bench
+
+            results = run_sim_bench(cfg, strategies, progress=True)
+        elif mode == "bank":
+            from trace_gym.bench_bank import run_bank_bench
+
+            results = run_bank_bench(cfg, strategies, progress=True, say=say)
+        else:
+            from trace_gym.bench_env import run_env_bench
+            from trace_gym.registry import resolve_env
+
+            family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
+            results = run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out, say=say)
+        roles = bench_roles(args, results)
+        return bench.judge(results, roles) if roles != Roles() else results
+
+    return run
+
+
+def _sweep(args: argparse.Namespace, cfg: Any, run) -> int:
+    from trace_gym.bench_sweep import format_sweep, parse_budgets, run_sweep, write_sweep_plots
+
+    sweep = run_sweep(cfg, parse_budgets(args.root_budgets), run)
+    if args.out:
+        sweep["plots"] = write_sweep_plots(sweep, args.out)
+    print(format_sweep(sweep))
+    _write_json(args, sweep)
+    if args.out:
+        print(f"wrote {', '.join(sweep['plots'])}")
+    failed = [c for b in sweep["benches"] for c in b.get("checks", []) if c["status"] == "FAIL"]
+    return 1 if failed and args.strict else 0
+
+
+def _write_json(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {args.json}")
 
 
 def bench_roles(args: argparse.Namespace, results: dict[str, Any]) -> Roles:
@@ -134,5 +166,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strict", action="store_true", help="exit 1 when a check FAILs")
     p.add_argument("--baseline", metavar="NAME", help="the strategy every other is paired with (default uniform)")
     p.add_argument("--pairs", metavar="A:B,...", help="more paired comparisons, e.g. my_strategy:pcl")
+    p.add_argument("--root-budgets", metavar="M,M,...", help="a budget curve: the bench at each root budget M "
+                   "(a table per headline metric; with --out, budget_<metric>.png)")
     add_config_flags(p, BENCH_MODES, skip=("env", "bank"))
     p.set_defaults(func=cmd_bench)
