@@ -102,7 +102,7 @@ TASK_LOADER = "environments.ecosystems.openenv:load_tasks"
 #: keyword arguments of :class:`OpenEnvAdapter` an id may set (``name`` comes from the id)
 ENV_OPTIONS = ("server_cmd", "server_env", "sessions_per_server", "keep_servers", "action_field",
                "action_parser", "observation_field", "connect_timeout", "read_timeout", "start_timeout",
-               "retries", "max_turns", "snapshot")
+               "retries", "max_turns", "snapshot", "call_timeout_s", "max_observation_chars")
 #: keyword arguments of :func:`load_tasks` an id may set
 TASK_OPTIONS = ("reset_kwargs",)
 #: tasks a ``reset()`` without ``options["task"]`` draws from (seeds 0..N-1)
@@ -129,6 +129,10 @@ class OpenEnvAdapter(AdaptedEnv):
         retries: extra attempts after a connection failure (module docstring).
         max_turns: truncate after this many steps.
         snapshot: ``"replay"``, the only strategy.
+        call_timeout_s: seconds one reset or step may take, retries included (default:
+            :func:`default_call_timeout`, so the inner timeouts speak first).
+        max_observation_chars: bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
     """
 
     snapshot_strategies = ("replay",)
@@ -139,8 +143,8 @@ class OpenEnvAdapter(AdaptedEnv):
                  action_field: str = "message", action_parser: str | None = None,
                  observation_field: str | None = None, connect_timeout: float = 5.0, read_timeout: float = 60.0,
                  start_timeout: float = 60.0, retries: int = 2, max_turns: int | None = None,
-                 snapshot: str | None = None):
-        super().__init__(snapshot=snapshot, max_turns=max_turns)
+                 snapshot: str | None = None, call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
         where = f"openenv:{name}"
         self.name, self.where = name, where
         self.url = name.rstrip("/") if is_url(name) else None
@@ -157,6 +161,10 @@ class OpenEnvAdapter(AdaptedEnv):
         for key, value, low in (("retries", retries, 0), ("sessions_per_server", sessions_per_server, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{where}: {key} must be an int >= {low}, got {value!r}")
+        if call_timeout_s is None:
+            call_timeout_s = default_call_timeout(connect_timeout, read_timeout, start_timeout, retries)
+        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
+                         max_observation_chars=max_observation_chars)
         if not isinstance(action_field, str) or not action_field:
             raise ValueError(f"{where}: action_field must be a non-empty str, got {action_field!r}")
         if observation_field is not None and not isinstance(observation_field, str):
@@ -214,13 +222,22 @@ class OpenEnvAdapter(AdaptedEnv):
     def _act(self, action: str):
         payload = action_payload(action, self.action_field, self.parser)
         answer, reconnects = self._session.step(payload)
-        observation, reward, done = answer
+        observation, reward, done = answer  # done and reward as the server sent them: the boundary checks them
         info = {"env_reconnects": reconnects} if reconnects else {}
         return [Message("user", render_observation(observation, self.observation_field))], reward, done, False, info
 
     def close(self) -> None:
         super().close()
         self._session.close()  # its server is let go of also if the instance is collected unclosed
+
+
+def default_call_timeout(connect_timeout: float, read_timeout: float, start_timeout: float, retries: int) -> float:
+    """The boundary's deadline for one reset or step when none is given: the longest the
+    session's own timeouts allow (a server boot, then every attempt connecting and reading,
+    with a replayed turn's read each), at least the boundary's default."""
+    from trace_gym.env_boundary import DEFAULT_CALL_TIMEOUT_S
+
+    return max(DEFAULT_CALL_TIMEOUT_S, start_timeout + (retries + 2) * (connect_timeout + 2 * read_timeout))
 
 
 def is_url(name: str) -> bool:
