@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import contextvars
 import ctypes
+import json
 import logging
 import math
 import numbers
 import threading
+import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -67,6 +69,7 @@ TRUNCATION_NOTE = "\n[... observation truncated: {omitted} characters omitted ..
 OMITTED_NOTE = "\n[... {omitted} more messages omitted ...]"
 
 _log = logging.getLogger(__name__)
+_WAIT_SLICE_S = 0.25  # how often a waiting caller looks up from its wait (seconds)
 _INSIDE = threading.local()  # depth of boundary calls on this thread (a helper's nested calls run inline)
 
 
@@ -125,6 +128,16 @@ class _Call:
         self.changed: list[str] = []  # process state items put back when it ended
 
 
+def _wait(event: threading.Event, seconds: float) -> bool:
+    """``event.wait(seconds)`` in short slices: a SIGINT that the kernel delivered to another
+    thread runs its handler (a ``KeyboardInterrupt``) on the main thread between two slices."""
+    deadline = time.monotonic() + seconds
+    while not event.wait(min(_WAIT_SLICE_S, max(deadline - time.monotonic(), 0.0))):
+        if time.monotonic() >= deadline:
+            return False
+    return True
+
+
 def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
     """Raise ``exc_type`` in ``thread`` at its next Python instruction (CPython's async exception)."""
     if thread.ident is not None:
@@ -181,8 +194,8 @@ class ForeignBoundary:
                                   name=f"foreign-{what}")
         helper.start()
         try:
-            call.started.wait()
-            call.done.wait(self.call_timeout_s)
+            _wait(call.started, math.inf)
+            _wait(call.done, self.call_timeout_s)
         finally:  # the deadline passed, or the caller was interrupted (a real Ctrl-C)
             if not call.done.is_set() and self._give_up(call, helper):
                 self._stuck, self._stuck_what = helper, what
@@ -356,8 +369,6 @@ class ForeignBoundary:
 
     def _tools(self, tools: Any) -> list:
         """Tool specs a reset offers (they reach the chat template): JSON-like, bounded, cleaned."""
-        import json
-
         if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
             raise ForeignReplyError(f"info['tools'] must be a list of tool specs (dicts), got {shown(tools)}")
         try:
