@@ -6,8 +6,9 @@ code through, and what it checks each reply with. It guarantees:
 * **a deadline per call** (``call_timeout_s``): each call runs on a helper thread of its
   own; a call with no reply by then is given up: its episode ends (a step: truncated,
   with ``info["env_error"]``; a reset: :class:`ForeignEnvError`), the locks and process
-  state it held are released and put back at once, so other envs go on, and the helper is
-  sent an exception so that a pure-Python loop stops. An instance whose call is still
+  state it held are released and put back at once, so other envs waiting for the RNG
+  lock go on (a call's own deadline starts once it has that lock), and the helper is sent
+  an exception so that a pure-Python loop stops. An instance whose call is still
   running takes no further call (:class:`ForeignEnvError`; make a new env).
 * **exceptions contained**: an ``Exception`` of the foreign code reaches the adapter as it
   was raised; any other ``BaseException`` it raises (``SystemExit``, ``KeyboardInterrupt``,
@@ -270,13 +271,14 @@ class ForeignBoundary:
 
     def _give_up(self, call: _Call, helper: threading.Thread) -> bool:
         """End a call that has not returned, from the caller; whether it was still running."""
-        with call.guard:
+        with call.guard:  # held while raising: the helper cannot end (and its ident be reused) meanwhile
             if call.closed:
                 return False
             call.given_up = True
             self._end(call)
             call.started.set()
-        _raise_in(helper, CallGivenUp)
+            if call.entered:  # not one still waiting for the RNG lock: it finds the call closed and lets go
+                _raise_in(helper, CallGivenUp)
         return True
 
     def _report(self, call: _Call, where: str) -> None:

@@ -16,7 +16,8 @@ restore per item, each runnable alone), and:
   that draws from them gets a private copy swapped in around its calls under
   :data:`GLOBAL_RNG_LOCK` (:func:`global_rng`), the one lock of process state. The
   boundary (:mod:`trace_gym.env_boundary`) breaks that lock for a call it gave up on, so a
-  hung env never holds up another; it is reentrant for the thread that holds it.
+  hung env holds up another for its deadline at most; it is reentrant for the thread that
+  holds it.
 * :func:`process_state_kept` wraps code outside a boundary call (imports of ecosystem
   packages, building an env on the main thread): the RNGs and every item as they were.
 

@@ -43,14 +43,18 @@ last guess, half the pegs), which GEM itself would not call a win.
 ## Episode End
 GEM's ``terminated``/``truncated`` as it returns them (the games set both at their own
 ``max_turns``); truncated also after our ``max_turns`` steps, and on a step where GEM
-raised (``info["env_error"]``, :class:`~trace_gym.env_adapter.AdaptedEnv`).
+raised (``SystemExit`` included), returned a flag that is not a bool or a reward that is
+not a number, or gave no reply within ``call_timeout_s`` (``info["env_error"]``;
+:class:`~trace_gym.env_boundary.ForeignBoundary`).
 
 ## Snapshot
 ``copy`` (default): a pickled deep copy of the GEM env object (the games' state is plain
 Python) with the private global-RNG state. GEM envs draw from the process-global
 ``random``/``numpy.random`` (``reset(seed)`` calls ``random.seed``), so ``global_rng`` is
 set: each :class:`GemEnv` owns a copy of that state, swapped in around every GEM call
-(under one lock), and the process's own RNG is never touched. ``replay``: the task, seed
+(under one lock, which a call given up at its deadline releases at once), and the
+process's own RNG is never touched; the rest of the process state a GEM call changes
+(``gem.make`` configures the root logger) is put back after it. ``replay``: the task, seed
 and actions, re-applied to a fresh GEM env (cheaper snapshots of envs that hold large
 static data, such as a word list; each restore re-runs the episode's steps).
 

@@ -25,17 +25,23 @@ episode as truncated with ``info["env_error"]`` naming the schema's fields.
 
 ## Observation Space
 ``ChatObservation``: one user message per turn, the observation's ``observation_field``,
-else its only string field, else the whole observation as JSON (sorted keys).
+else its only string field, else the whole observation as JSON (sorted keys); cleaned and
+bounded by the adapter's boundary (``max_observation_chars``,
+:class:`~trace_gym.env_boundary.ForeignBoundary`). Each reply is read with bounds before
+it is parsed (:data:`~environments.ecosystems.openenv_session.MAX_REPLY_DEPTH`).
 
 ## Rewards
-The step response's ``reward`` (``None`` is 0.0).
+The step response's ``reward`` (``None`` is 0.0; anything but a finite number is an error
+turn).
 
 ## Episode End
-Terminated when the server says ``done``; truncated after ``max_turns`` steps, and on any
-failure of the server (dead, slow beyond ``read_timeout``, an error in the env's ``step``):
-that turn carries ``info["env_error"]`` and an observation the model can read, and only
-that episode ends. A ``reset`` (or a restore) that cannot reach the server raises
-:class:`OpenEnvError`, one line naming the URL: there is no episode yet to end.
+Terminated when the server says ``done`` (``true`` or ``false`` only: ``"false"`` or ``1``
+is an error turn); truncated after ``max_turns`` steps, and on any failure of the server
+(dead, slow beyond ``read_timeout``, an error in the env's ``step``, a reply it cannot
+read, no reply within ``call_timeout_s``): that turn carries ``info["env_error"]`` and an
+observation the model can read, and only that episode ends. A ``reset`` (or a restore) that
+cannot reach the server, or gets a reply it cannot read, raises :class:`OpenEnvError`, one
+line naming the URL: there is no episode yet to end.
 
 ## Snapshot
 ``replay`` only: OpenEnv's ``state`` is metadata, not the world, so a snapshot is the task,
@@ -75,7 +81,8 @@ started server's boot. ``retries`` (2): extra attempts, 0.25 s, 0.5 s, ... apart
 reset that cannot connect (or finds the server at capacity), and for a step whose
 connection dropped while the server lives (a new session replays the episode, checked,
 then the step is sent). A step is never re-sent on a session that may have run it, and a
-read timeout is not retried.
+read timeout is not retried. ``call_timeout_s`` (default :func:`default_call_timeout`, at
+least 300): the boundary's outer deadline on a whole reset or step, retries included.
 
 ## Version History
 v0: first version, for ``openenv-core`` 0.3.0.

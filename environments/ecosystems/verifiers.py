@@ -56,7 +56,8 @@ Terminated when one of the env's stop conditions ends the rollout (its ``max_tur
 included: verifiers scores that end like any other). Truncated after ``max_turns`` steps
 of ours (the env's reply to the last action is still observed and the rollout scored, the
 stop verifiers records as an overlong prompt), on a timeout, an overlong prompt, an error
-the env recorded (``info["env_error"]``), or a step whose env raised. ``info`` of the last
+the env recorded (``info["env_error"]``), or a step whose env raised (``SystemExit`` in the
+rollout included: it is the episode's error, and the shared event loop goes on). ``info`` of the last
 step has ``stop_condition`` (the name of the stop that fired) and ``metrics``. A rollout
 that ends before the model speaks (``setup_state`` failed) shows its prompt at reset with
 ``info["env_error"]``, and its first step ends it.
