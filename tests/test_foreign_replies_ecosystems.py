@@ -339,3 +339,17 @@ def test_openenv_step_replies_cross_the_boundary(openenv_client, name):
     finally:
         env.close()
         peer.close()
+
+
+def test_the_boundary_knobs_are_env_kwargs_of_the_adapters(gem_ids):
+    from trace_gym.api import resolve_env
+
+    env = resolve_env("gem:game:GuessTheNumber-v0-easy?max_number=20",
+                      {"call_timeout_s": 7, "max_observation_chars": 1024}).make_env().unwrapped
+    assert (env.boundary.call_timeout_s, env.boundary.max_observation_chars) == (7.0, 1024)
+    with pytest.raises(ValueError, match="call_timeout_s must be a positive number of seconds, got 'soon'"):
+        resolve_env("gem:game:GuessTheNumber-v0-easy", {"call_timeout_s": "soon"}).make_env()
+    pytest.importorskip("openenv")
+    from environments.ecosystems.openenv import OpenEnvAdapter
+
+    assert OpenEnvAdapter("http://127.0.0.1:9", read_timeout=500.0).boundary.call_timeout_s > 1000  # its own first
