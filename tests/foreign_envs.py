@@ -43,8 +43,8 @@ class HotColdAdapter(AdaptedEnv):
 
     global_rng = True
 
-    def __init__(self, snapshot: str | None = None, high: int = 20, max_turns: int | None = None):
-        super().__init__(snapshot=snapshot, max_turns=max_turns)
+    def __init__(self, snapshot: str | None = None, high: int = 20, max_turns: int | None = None, **boundary):
+        super().__init__(snapshot=snapshot, max_turns=max_turns, **boundary)  # call_timeout_s, max_observation_chars
         self.high = high
 
     def _default_tasks(self):
@@ -81,3 +81,22 @@ class UrandomAdapter(HotColdAdapter):
 def hot_cold_tasks(n: int, seed: int = 0) -> list[Task]:
     """``n`` tasks, each naming the episode seed its secret is drawn with."""
     return [Task(id=f"hotcold/{seed + i}", prompt="", metadata={"seed": seed + i}) for i in range(n)]
+
+
+class PlantedAdapter(HotColdAdapter):
+    """:class:`HotColdAdapter` (a GEM-style game that draws from the global RNG, so its calls
+    take the process-state lock) whose reset and step pass their reply through planted code:
+    ``on_reset(obs, info) -> (obs, info)`` and ``on_step(reply) -> reply``, which may also
+    raise, hang or change process state, as hostile foreign code does."""
+
+    def __init__(self, on_reset=None, on_step=None, **kwargs):
+        super().__init__(**kwargs)
+        self.on_reset, self.on_step = on_reset, on_step
+
+    def _begin(self, task, seed):
+        obs, info = super()._begin(task, seed)
+        return self.on_reset(obs, info) if self.on_reset else (obs, info)
+
+    def _act(self, action):
+        reply = super()._act(action)
+        return self.on_step(reply) if self.on_step else reply

@@ -23,7 +23,10 @@ thread pool. Env steps still running when the next round starts (a 10 s cell tim
 do not hold it up: the round waits at most ``AgentConfig.straggler_seconds`` for them,
 and a late step's episode joins a later round. An env that raises (in reset, restore,
 step, snapshot or close) ends only its own episode, as truncated with the error
-recorded; every env is closed, on every path. The runner decides nothing about what
+recorded; every env is closed, on every path. Env work runs only on the pool's threads,
+where no signal is ever delivered, so any ``BaseException`` there (``SystemExit`` or a
+``KeyboardInterrupt`` raised by env code) is the env's and ends its episode; a real Ctrl-C
+reaches the main thread and stops the run. The runner decides nothing about what
 to run: the step driver (:mod:`trace_gym.driver`) starts episodes and branches, and
 gets back the finished ones.
 
@@ -43,6 +46,7 @@ from typing import Any, Hashable, Sequence
 from trace_gym.budget import BudgetLedger
 from trace_gym.chat import ChatRenderer
 from trace_gym.env import EnvFactory, ReplayCost, Snapshot, env_stop_strings
+from trace_gym.env_boundary import error_text
 from trace_gym.episode import Episode, Turn
 from trace_gym.types import Completion, Message, SamplingParams, Task
 
@@ -79,7 +83,8 @@ class AgentConfig:
 
 
 def _describe(exc: BaseException, where: str) -> str:
-    return f"{type(exc).__name__} in env.{where}: {exc}"[:2000]
+    name, _, message = error_text(exc).partition(": ")  # cleaned and cut; a raising __str__ is survived
+    return f"{name} in env.{where}: {message}"
 
 
 class AgentRunner:
@@ -220,7 +225,7 @@ class AgentRunner:
                 where = "restore"
                 env.unwrapped.restore(snapshot)
             return env, obs, info, None, time.perf_counter() - t0
-        except Exception as exc:  # noqa: BLE001  (an env failure ends this episode only)
+        except BaseException as exc:  # noqa: BLE001  (a pool thread: the env's own, see the module docstring)
             return env, None, None, _describe(exc, where), time.perf_counter() - t0
 
     def _admit(self, ep: Episode, error: str | None) -> None:
@@ -385,7 +390,7 @@ class AgentRunner:
                 where = "snapshot"
                 snapshot = ep.env.unwrapped.snapshot()
             return result, snapshot, None, time.perf_counter() - t0
-        except Exception as exc:  # noqa: BLE001  (an env failure ends this episode only)
+        except BaseException as exc:  # noqa: BLE001  (a pool thread: the env's own, see the module docstring)
             return None, None, _describe(exc, where), time.perf_counter() - t0
 
     def _record(self, ep: Episode, payload: tuple[Completion, str], result: tuple | None,
@@ -433,7 +438,7 @@ class AgentRunner:
         try:
             ep.env.close()
             return time.perf_counter() - t0, None
-        except Exception as exc:  # noqa: BLE001  (recorded on the episode and in its ledger)
+        except BaseException as exc:  # noqa: BLE001  (a pool thread: recorded on the episode and in its ledger)
             return time.perf_counter() - t0, _describe(exc, "close")
 
     @staticmethod

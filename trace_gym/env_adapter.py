@@ -21,89 +21,39 @@ our :class:`~trace_gym.env.AgentEnv` (text actions, ``list[Message]`` observatio
     non-deterministic env is caught (:class:`ReplayDivergence`, naming the turn) rather
     than silently branching from a different state; ``check_env`` refuses such an env.
 
-A wrapped env that raises on an action (malformed model output, a dead server) ends that
-episode as truncated, with ``info["env_error"]`` and an observation the model can read;
-it never raises into the rollout batch.
+Every call into the wrapped env (begin, act, the copy and native snapshot hooks, end) goes
+through the instance's :class:`~trace_gym.env_boundary.ForeignBoundary` (:attr:`AdaptedEnv.boundary`):
+a deadline per call, foreign ``BaseException`` s contained, the process state put back, the
+private global-RNG state swapped in, and every reply checked and bounded. A wrapped env that
+raises on an action (malformed model output, a dead server), replies outside the contract
+(a flag that is not a bool) or gives no reply in time ends that episode as truncated, with
+``info["env_error"]`` and an observation the model can read; it never raises into the
+rollout batch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import math
 import pickle
-import random
-import threading
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import gymnasium
-import numpy as np
 
 from trace_gym.env import Snapshot, freeze, task_from_options, thaw
+from trace_gym.env_boundary import (  # noqa: F401  (error_text, MAX_ERROR_CHARS, ForeignEnvError: public here too)
+    MAX_ERROR_CHARS, ForeignBoundary, ForeignEnvError, PrivateRandom, error_text,
+)
+from trace_gym.process_state import process_state_kept, seeded_rng_state  # noqa: F401  (public here too)
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 
 #: The snapshot strategies an adapter may use (``check_env`` reports which one it got).
 SNAPSHOT_STRATEGIES = ("native", "copy", "replay")
-#: Longest error text put into an observation or ``info["env_error"]`` (characters).
-MAX_ERROR_CHARS = 2000
-#: Held while an env that draws from the process-global RNGs runs with its own state
-#: swapped in (the agent loop steps envs on a thread pool).
-_GLOBAL_RNG_LOCK = threading.RLock()
 
 StepResult = tuple  # (list[Message], float, bool, bool, dict)
 
-
-@contextlib.contextmanager
-def logging_kept() -> Iterator[None]:
-    """Leave the root logger's handlers and level as foreign code found them (``import gem``
-    calls ``logging.basicConfig(level=INFO)``); under the adapters' lock of process state."""
-    root = logging.getLogger()
-    with _GLOBAL_RNG_LOCK:
-        handlers, level = list(root.handlers), root.level
-        try:
-            yield
-        finally:
-            for handler in root.handlers:
-                if handler not in handlers:
-                    handler.close()
-            root.handlers[:] = handlers
-            root.setLevel(level)
-
-
-@contextlib.contextmanager
-def process_state_kept() -> Iterator[None]:
-    """:func:`logging_kept`, and the global ``random`` / ``numpy.random`` states as they
-    were too (some packages draw or seed at import). Wrap every import of an ecosystem
-    package and every call that may import more; it never interleaves with an env's
-    private-RNG swap (one lock)."""
-    with logging_kept(), _global_rng(_global_rng_state()):
-        yield
-
-
-def _global_rng_state() -> tuple:
-    """The process-global ``(random, numpy.random)`` states."""
-    return random.getstate(), np.random.get_state()
-
-
-@contextlib.contextmanager
-def _global_rng(state: tuple | None) -> Iterator[list]:
-    """Run with the global RNGs set to ``state`` (``None``: as they are), under the one
-    lock; yields a one-item list that holds, afterwards, the state they were left in; the
-    process's own state is put back in any case."""
-    with _GLOBAL_RNG_LOCK:
-        saved = _global_rng_state()
-        if state is not None:
-            random.setstate(state[0])
-            np.random.set_state(state[1])
-        left: list = [None]
-        try:
-            yield left
-        finally:
-            left[0] = _global_rng_state()
-            random.setstate(saved[0])
-            np.random.set_state(saved[1])
+_log = logging.getLogger(__name__)
 
 
 class ReplayDivergence(RuntimeError):
@@ -123,11 +73,6 @@ def _digest(obs: Sequence[Message], reward: float | None = None, terminated: boo
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
-def error_text(exc: BaseException) -> str:
-    """``"TypeName: message"``, cut to :data:`MAX_ERROR_CHARS`."""
-    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-
-
 class AdaptedEnv(gymnasium.Env):
     """Base of the ecosystem adapters (see the module docstring).
 
@@ -140,22 +85,27 @@ class AdaptedEnv(gymnasium.Env):
     Class attributes:
         snapshot_strategies: the strategies the adapter supports; the first is its default.
         global_rng: the wrapped env draws from ``random``/``numpy.random`` globals; each
-            instance then owns a private copy of that state, swapped in around every call
-            (seeded from the episode seed at :meth:`reset`), so envs never perturb each
-            other and ``copy``/``replay`` snapshots stay exact. An instance may set its
+            instance then owns a private copy of that state, swapped in around every begin
+            and act (seeded from the episode seed at :meth:`reset`), so envs never perturb
+            each other and ``copy``/``replay`` snapshots stay exact. An instance may set its
             own ``self.global_rng`` before its first reset (an I/O-bound env that draws no
             randomness can skip the lock it costs).
 
     Args:
         snapshot: one of :attr:`snapshot_strategies` (default: the first).
         max_turns: truncate after this many steps (``None``: the wrapped env decides).
+        call_timeout_s: seconds one call into the wrapped env may take (``None``: the
+            boundary's default, :data:`~trace_gym.env_boundary.DEFAULT_CALL_TIMEOUT_S`).
+        max_observation_chars: longest observation of one turn, in characters (``None``:
+            :data:`~trace_gym.env_boundary.MAX_OBSERVATION_CHARS`).
     """
 
     metadata = {"render_modes": []}
     snapshot_strategies: ClassVar[tuple[str, ...]] = ("copy", "replay")
     global_rng: ClassVar[bool] = False
 
-    def __init__(self, *, snapshot: str | None = None, max_turns: int | None = None):
+    def __init__(self, *, snapshot: str | None = None, max_turns: int | None = None,
+                 call_timeout_s: float | None = None, max_observation_chars: int | None = None):
         strategy = snapshot or self.snapshot_strategies[0]
         if strategy not in self.snapshot_strategies:
             raise ValueError(f"snapshot={strategy!r}: {type(self).__name__} supports {list(self.snapshot_strategies)}")
@@ -173,7 +123,9 @@ class AdaptedEnv(gymnasium.Env):
         self._actions: list[str] = []
         self._digests: list[str] = []
         self._done = False
-        self._rng: tuple | None = None  # private (random, numpy.random) state when global_rng
+        #: every call into the wrapped env, and every reply, passes through it
+        self.boundary = ForeignBoundary(call_timeout_s=call_timeout_s, max_observation_chars=max_observation_chars)
+        self._random = PrivateRandom()  # the private (random, numpy.random) state when global_rng
 
     # -- what a subclass implements ------------------------------------------------
     def _begin(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
@@ -229,60 +181,37 @@ class AdaptedEnv(gymnasium.Env):
         self._digests = [_digest(obs)]
         return obs, {"task_id": task.id, **info}
 
+    def _foreign(self, what: str, fn: Callable[..., Any], *args: Any, private_rng: bool = False) -> Any:
+        """``fn(*args)`` through :attr:`boundary`; with ``private_rng`` (begin, act, make) under
+        this instance's private global-RNG state when :attr:`global_rng` is set."""
+        rng = self._random if private_rng and self.global_rng else None
+        return self.boundary.call(what, fn, *args, where=self.env_key, rng=rng)
+
     def _start(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
-        self._end()
+        self._foreign("close", self._end)
         self.inner = None
         self._task, self._seed, self._actions, self._done = task, seed, [], False
         try:
-            return self._begin_isolated(task, seed)
+            if self.global_rng:
+                self._random.state = seeded_rng_state(seed)
+            return self.boundary.reset_reply(self._foreign("reset", self._begin, task, seed, private_rng=True))
         except BaseException:
             self._task = None  # no episode began: step() must not act on it
             raise
 
-    def _begin_isolated(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
-        if not self.global_rng:
-            obs, info = self._begin(task, seed)
-            return list(obs), dict(info or {})
-        left: list = [None]
-        try:
-            with _global_rng(None) as left:
-                random.seed(seed)
-                np.random.seed(seed % 2**32)
-                obs, info = self._begin(task, seed)
-        finally:
-            self._rng = left[0]  # the private state the begin left, even when it raised
-        return list(obs), dict(info or {})
-
-    @contextlib.contextmanager
-    def _private_rng(self) -> Iterator[None]:
-        if not self.global_rng:
-            yield
-            return
-        left: list = [None]
-        try:
-            with _global_rng(self._rng) as left:
-                yield
-        finally:
-            self._rng = left[0]  # the private state the call left, even when it raised
-
     def _apply(self, action: str) -> StepResult:
-        """One step through the wrapped env, its failures turned into a truncated turn."""
+        """One step through the wrapped env: its failures, a reply outside the contract and
+        a call past its deadline all end the episode as a truncated turn."""
         try:
-            with self._private_rng():
-                obs, reward, terminated, truncated, info = self._act(action)
-            reward = float(reward)
-            if not math.isfinite(reward):
-                raise ValueError(f"the wrapped env returned a non-finite reward {reward!r}")
-            obs, info = list(obs), dict(info or {})
-        except (Exception, SystemExit) as exc:  # noqa: BLE001  (foreign code on model output; eval("exit()") too)
-            detail = error_text(exc)
-            obs = [Message("user", f"The environment could not process that action ({detail}).")]
-            reward, terminated, truncated, info = 0.0, False, True, {"env_error": detail}
+            reply = self._foreign("step", self._act, action, private_rng=True)
+            obs, reward, terminated, truncated, info = self.boundary.step_reply(reply)
+        except Exception as exc:  # noqa: BLE001  (foreign code on model output; a BaseException arrives wrapped)
+            obs, reward, terminated, truncated, info = self.boundary.error_turn(exc)
         self._actions.append(action)
         if self.max_turns is not None and len(self._actions) >= self.max_turns and not terminated:
             truncated = True
-        self._done = bool(terminated or truncated)
-        return obs, reward, bool(terminated), bool(truncated), info
+        self._done = terminated or truncated
+        return obs, reward, terminated, truncated, info
 
     def step(self, action: str):
         if self._task is None:
@@ -302,13 +231,18 @@ class AdaptedEnv(gymnasium.Env):
             body: Any = tuple(self._digests)
         elif self.snapshot_strategy == "copy":
             try:
-                body = (pickle.dumps(self._state(), protocol=pickle.HIGHEST_PROTOCOL), self._rng)
+                body = (self._foreign("snapshot", self._pickled_state), self._random.state)
+            except ForeignEnvError:
+                raise
             except Exception as exc:  # noqa: BLE001  (whatever the wrapped env holds)
                 raise TypeError(f"{self.env_key}: the copy snapshot strategy cannot copy the wrapped env "
                                 f"({error_text(exc)}); use snapshot='replay'") from exc
         else:
-            body = (self._native_snapshot(), self._rng)
+            body = (self._foreign("snapshot", self._native_snapshot), self._random.state)
         return Snapshot(self.env_key, self.snapshot_mode, len(self._actions), freeze((head, body)))
+
+    def _pickled_state(self) -> bytes:
+        return pickle.dumps(self._state(), protocol=pickle.HIGHEST_PROTOCOL)
 
     def restore(self, snapshot: Snapshot) -> None:
         if snapshot.env_id != self.env_key:
@@ -320,10 +254,10 @@ class AdaptedEnv(gymnasium.Env):
             blob, rng = body
             self._task, self._seed, self._actions, self._done = task, seed, list(actions), done
             if self.snapshot_strategy == "copy":
-                self._set_state(pickle.loads(blob))
+                self._foreign("restore", lambda: self._set_state(pickle.loads(blob)))
             else:
-                self._native_restore(blob)
-            self._rng = rng
+                self._foreign("restore", self._native_restore, blob)
+            self._random.state = rng
         self._done = done
 
     def _replay(self, task: Task, seed: int, actions: Sequence[str], digests: Sequence[str]) -> None:
@@ -345,8 +279,14 @@ class AdaptedEnv(gymnasium.Env):
         return snapshot.turn if self.snapshot_strategy == "replay" else 0
 
     def close(self) -> None:
-        self._end()
-        self.inner = None
+        try:
+            if self.boundary.stuck:  # a call given up still runs on the wrapped env: leave it be
+                _log.warning("%s: closed without ending the wrapped env (a call given up still runs on it)",
+                             self.env_key)
+            else:
+                self._foreign("close", self._end)
+        finally:
+            self.inner = None
 
 
 def content_text(content: Any, *, sep: str = "") -> str:

@@ -12,7 +12,8 @@ the bytes (:func:`nesting_problem`), and a number past Python's digit limit is r
 Python ``str`` can hold lone surrogates (``"\\ud800"``, from a JSON or Python escape)
 that no UTF-8 encoder accepts; tokenizers raise ``TypeError``, HTTP clients and Lucene
 ``UnicodeEncodeError``. :func:`first_unencodable` finds one, :func:`clean_text` writes
-them as visible ``\\udXXX`` escapes and :func:`drop_unencodable` removes them.
+them as visible ``\\udXXX`` escapes and :func:`drop_unencodable` removes them;
+:func:`cap_text` cleans and bounds a text, with a visible note where it cut.
 
 Only the standard library; the one place for this, imported by the environments, the
 ecosystem adapters and the retrieval server.
@@ -178,3 +179,28 @@ def loads_record(data: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_bytes: int
         raise JSONRefused(f"is not UTF-8 (byte {exc.start})") from None
     except (ValueError, RecursionError, MemoryError) as exc:  # a number past the digit limit; the rest a net
         raise JSONRefused(f"is not valid JSON ({type(exc).__name__}: {clean_text(str(exc)[:120])})") from None
+
+
+# ---------------------------------------------------------------------- bounded text
+#: :func:`cap_text`'s default note where it cut (field ``{omitted}``, in characters).
+CUT_NOTE = "\n[... truncated: {omitted} characters omitted ...]\n"
+
+
+def cap_text(text: str, max_chars: int, note: str = CUT_NOTE) -> str:
+    """``text`` as :func:`clean_text` writes it, at most ``max_chars`` characters long: the
+    head 3/4 and the tail 1/4 around ``note`` (its ``{omitted}`` field filled in with the
+    number of characters cut), so a reader sees that it was cut and by how much.
+
+    Raises:
+        ValueError: ``max_chars`` too small to hold the note and some text (under twice
+            the note's length), naming it.
+    """
+    if max_chars < 2 * len(note):
+        raise ValueError(f"max_chars must be at least {2 * len(note)} (twice the note), got {max_chars!r}")
+    text = clean_text(str.__str__(text))  # a str subclass as a plain str
+    if len(text) <= max_chars:
+        return text
+    marker = note.format(omitted=len(text))  # its longest form: the count only shrinks
+    keep = max_chars - len(marker)
+    head, tail = keep - keep // 4, keep // 4
+    return text[:head] + note.format(omitted=len(text) - head - tail) + text[len(text) - tail:]

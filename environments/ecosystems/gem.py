@@ -43,14 +43,18 @@ last guess, half the pegs), which GEM itself would not call a win.
 ## Episode End
 GEM's ``terminated``/``truncated`` as it returns them (the games set both at their own
 ``max_turns``); truncated also after our ``max_turns`` steps, and on a step where GEM
-raised (``info["env_error"]``, :class:`~trace_gym.env_adapter.AdaptedEnv`).
+raised (``SystemExit`` included), returned a flag that is not a bool or a reward that is
+not a number, or gave no reply within ``call_timeout_s`` (``info["env_error"]``;
+:class:`~trace_gym.env_boundary.ForeignBoundary`).
 
 ## Snapshot
 ``copy`` (default): a pickled deep copy of the GEM env object (the games' state is plain
 Python) with the private global-RNG state. GEM envs draw from the process-global
 ``random``/``numpy.random`` (``reset(seed)`` calls ``random.seed``), so ``global_rng`` is
 set: each :class:`GemEnv` owns a copy of that state, swapped in around every GEM call
-(under one lock), and the process's own RNG is never touched. ``replay``: the task, seed
+(under one lock, which a call given up at its deadline releases at once), and the
+process's own RNG is never touched; the rest of the process state a GEM call changes
+(``gem.make`` configures the root logger) is put back after it. ``replay``: the task, seed
 and actions, re-applied to a fresh GEM env (cheaper snapshots of envs that hold large
 static data, such as a word list; each restore re-runs the episode's steps).
 
@@ -69,7 +73,7 @@ import inspect
 import re
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import AdaptedEnv, error_text, logging_kept, options_of, process_state_kept
+from trace_gym.env_adapter import AdaptedEnv, error_text, options_of, process_state_kept
 from trace_gym.types import Message, Task
 
 PACKAGE = "gem-llm"
@@ -77,7 +81,7 @@ PREFIX = "gem"
 ENTRY_POINT = "environments.ecosystems.gem:GemEnv"
 TASK_LOADER = "environments.ecosystems.gem:load_tasks"
 #: keyword arguments of :class:`GemEnv` an ``--env-kwargs`` may set (``gem_id``/``gem_kwargs`` come from the id)
-ENV_OPTIONS = ("snapshot", "max_turns", "few_shot")
+ENV_OPTIONS = ("snapshot", "max_turns", "few_shot", "call_timeout_s", "max_observation_chars")
 #: the episode seed of the ``few_shot`` demonstration (no task loader call uses it by default)
 FEW_SHOT_SEED = 987_654_321
 #: tasks a ``reset()`` without ``options["task"]`` draws from (seeds 0..DEFAULT_POOL-1)
@@ -170,6 +174,9 @@ class GemEnv(AdaptedEnv):
             GEM episode at :data:`FEW_SHOT_SEED`: its first observation, the well-formed
             action GEM's own ``sample_random_action`` writes, and GEM's answer to it), so a
             small model sees the action format; GEM's dynamics and rewards are unchanged.
+        call_timeout_s, max_observation_chars: the boundary's deadline per GEM call
+            (seconds) and bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
 
     Raises:
         ValueError: an unknown id, or GEM could not make the env (one line: a dataset or
@@ -180,16 +187,19 @@ class GemEnv(AdaptedEnv):
     global_rng = True
 
     def __init__(self, gem_id: str = "game:GuessTheNumber-v0-easy", gem_kwargs: Mapping[str, Any] | None = None, *,
-                 snapshot: str | None = None, max_turns: int | None = None, few_shot: bool = False):
-        super().__init__(snapshot=snapshot, max_turns=max_turns)
+                 snapshot: str | None = None, max_turns: int | None = None, few_shot: bool = False,
+                 call_timeout_s: float | None = None, max_observation_chars: int | None = None):
+        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
+                         max_observation_chars=max_observation_chars)
         self.few_shot = bool(few_shot)
         self._demo: list[Message] | None = None
         if gem_kwargs is not None and not isinstance(gem_kwargs, Mapping):
             raise ValueError(f"{_where(gem_id)}: gem_kwargs must be a mapping, got {gem_kwargs!r:.100}")
         self.gem_id, self.gem_kwargs = gem_id, dict(gem_kwargs or {})
         self._pool: list[Task] | None = None
-        with self._private_rng():  # a GEM constructor draws from the global RNG (it calls reset())
-            self._make()  # made once here so an env GEM cannot make fails at make time
+        # made once here so an env GEM cannot make fails at make time; under the private RNG
+        # (a GEM constructor draws from the global RNG: it calls reset())
+        self._foreign("make", self._make, private_rng=True)
 
     @property
     def env_key(self) -> str:
@@ -200,8 +210,7 @@ class GemEnv(AdaptedEnv):
         gem = _gem()
         _spec(self.gem_id)
         try:
-            with logging_kept():
-                return gem.make(self.gem_id, **self.gem_kwargs)
+            return gem.make(self.gem_id, **self.gem_kwargs)  # in a boundary call: logging etc. put back after it
         except Exception as exc:  # noqa: BLE001  (a dataset or word list GEM cannot fetch, a bad kwarg)
             raise ValueError(f"{_where(self.gem_id)}: GEM could not make this env ({_one_line(exc)}); the games "
                              "without a word list run offline, the dataset envs need the network") from None
@@ -241,7 +250,7 @@ class GemEnv(AdaptedEnv):
     def _act(self, action: str):
         obs, reward, terminated, truncated, info = self.inner.step(action)
         info = dict(info or {})
-        return _observation(obs, info), reward, terminated, truncated, info
+        return _observation(obs, info), reward, terminated, truncated, info  # flags and reward checked by the boundary
 
 
 def _seed_task(gem_id: str, seed: int) -> Task:

@@ -25,17 +25,23 @@ episode as truncated with ``info["env_error"]`` naming the schema's fields.
 
 ## Observation Space
 ``ChatObservation``: one user message per turn, the observation's ``observation_field``,
-else its only string field, else the whole observation as JSON (sorted keys).
+else its only string field, else the whole observation as JSON (sorted keys); cleaned and
+bounded by the adapter's boundary (``max_observation_chars``,
+:class:`~trace_gym.env_boundary.ForeignBoundary`). Each reply is read with bounds before
+it is parsed (:data:`~environments.ecosystems.openenv_session.MAX_REPLY_DEPTH`).
 
 ## Rewards
-The step response's ``reward`` (``None`` is 0.0).
+The step response's ``reward`` (``None`` is 0.0; anything but a finite number is an error
+turn).
 
 ## Episode End
-Terminated when the server says ``done``; truncated after ``max_turns`` steps, and on any
-failure of the server (dead, slow beyond ``read_timeout``, an error in the env's ``step``):
-that turn carries ``info["env_error"]`` and an observation the model can read, and only
-that episode ends. A ``reset`` (or a restore) that cannot reach the server raises
-:class:`OpenEnvError`, one line naming the URL: there is no episode yet to end.
+Terminated when the server says ``done`` (``true`` or ``false`` only: ``"false"`` or ``1``
+is an error turn); truncated after ``max_turns`` steps, and on any failure of the server
+(dead, slow beyond ``read_timeout``, an error in the env's ``step``, a reply it cannot
+read, no reply within ``call_timeout_s``): that turn carries ``info["env_error"]`` and an
+observation the model can read, and only that episode ends. A ``reset`` (or a restore) that
+cannot reach the server, or gets a reply it cannot read, raises :class:`OpenEnvError`, one
+line naming the URL: there is no episode yet to end.
 
 ## Snapshot
 ``replay`` only: OpenEnv's ``state`` is metadata, not the world, so a snapshot is the task,
@@ -75,7 +81,8 @@ started server's boot. ``retries`` (2): extra attempts, 0.25 s, 0.5 s, ... apart
 reset that cannot connect (or finds the server at capacity), and for a step whose
 connection dropped while the server lives (a new session replays the episode, checked,
 then the step is sent). A step is never re-sent on a session that may have run it, and a
-read timeout is not retried.
+read timeout is not retried. ``call_timeout_s`` (default :func:`default_call_timeout`, at
+least 300): the boundary's outer deadline on a whole reset or step, retries included.
 
 ## Version History
 v0: first version, for ``openenv-core`` 0.3.0.
@@ -102,7 +109,7 @@ TASK_LOADER = "environments.ecosystems.openenv:load_tasks"
 #: keyword arguments of :class:`OpenEnvAdapter` an id may set (``name`` comes from the id)
 ENV_OPTIONS = ("server_cmd", "server_env", "sessions_per_server", "keep_servers", "action_field",
                "action_parser", "observation_field", "connect_timeout", "read_timeout", "start_timeout",
-               "retries", "max_turns", "snapshot")
+               "retries", "max_turns", "snapshot", "call_timeout_s", "max_observation_chars")
 #: keyword arguments of :func:`load_tasks` an id may set
 TASK_OPTIONS = ("reset_kwargs",)
 #: tasks a ``reset()`` without ``options["task"]`` draws from (seeds 0..N-1)
@@ -129,6 +136,10 @@ class OpenEnvAdapter(AdaptedEnv):
         retries: extra attempts after a connection failure (module docstring).
         max_turns: truncate after this many steps.
         snapshot: ``"replay"``, the only strategy.
+        call_timeout_s: seconds one reset or step may take, retries included (default:
+            :func:`default_call_timeout`, so the inner timeouts speak first).
+        max_observation_chars: bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
     """
 
     snapshot_strategies = ("replay",)
@@ -139,8 +150,8 @@ class OpenEnvAdapter(AdaptedEnv):
                  action_field: str = "message", action_parser: str | None = None,
                  observation_field: str | None = None, connect_timeout: float = 5.0, read_timeout: float = 60.0,
                  start_timeout: float = 60.0, retries: int = 2, max_turns: int | None = None,
-                 snapshot: str | None = None):
-        super().__init__(snapshot=snapshot, max_turns=max_turns)
+                 snapshot: str | None = None, call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
         where = f"openenv:{name}"
         self.name, self.where = name, where
         self.url = name.rstrip("/") if is_url(name) else None
@@ -157,6 +168,10 @@ class OpenEnvAdapter(AdaptedEnv):
         for key, value, low in (("retries", retries, 0), ("sessions_per_server", sessions_per_server, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{where}: {key} must be an int >= {low}, got {value!r}")
+        if call_timeout_s is None:
+            call_timeout_s = default_call_timeout(connect_timeout, read_timeout, start_timeout, retries)
+        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
+                         max_observation_chars=max_observation_chars)
         if not isinstance(action_field, str) or not action_field:
             raise ValueError(f"{where}: action_field must be a non-empty str, got {action_field!r}")
         if observation_field is not None and not isinstance(observation_field, str):
@@ -214,13 +229,22 @@ class OpenEnvAdapter(AdaptedEnv):
     def _act(self, action: str):
         payload = action_payload(action, self.action_field, self.parser)
         answer, reconnects = self._session.step(payload)
-        observation, reward, done = answer
+        observation, reward, done = answer  # done and reward as the server sent them: the boundary checks them
         info = {"env_reconnects": reconnects} if reconnects else {}
         return [Message("user", render_observation(observation, self.observation_field))], reward, done, False, info
 
     def close(self) -> None:
         super().close()
         self._session.close()  # its server is let go of also if the instance is collected unclosed
+
+
+def default_call_timeout(connect_timeout: float, read_timeout: float, start_timeout: float, retries: int) -> float:
+    """The boundary's deadline for one reset or step when none is given: the longest the
+    session's own timeouts allow (a server boot, then every attempt connecting and reading,
+    with a replayed turn's read each), at least the boundary's default."""
+    from trace_gym.env_boundary import DEFAULT_CALL_TIMEOUT_S
+
+    return max(DEFAULT_CALL_TIMEOUT_S, start_timeout + (retries + 2) * (connect_timeout + 2 * read_timeout))
 
 
 def is_url(name: str) -> bool:

@@ -7,12 +7,17 @@
 be reached or is at capacity; a step whose connection dropped while the server lives is
 resumed on a new session by replaying the episode (each answer checked); every other
 failure is one :class:`~environments.ecosystems.openenv_server.OpenEnvError` line naming
-the URL. The policy is the one :mod:`environments.ecosystems.openenv` documents under
+the URL, a reply that is not a JSON object within :data:`MAX_REPLY_DEPTH` levels (read with
+:func:`~trace_gym.textsafe.loads_bounded` before OpenEnv's client parses it) included. The
+observation's text, ``reward`` and ``done`` are passed on as the server sent them; the
+adapter's boundary cleans, bounds and checks them. The policy is the one :mod:`environments.ecosystems.openenv` documents under
 "Timeouts and retries"; openenv and websockets are imported on first use.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import re
@@ -23,16 +28,26 @@ from typing import Any, Mapping, Sequence
 
 from environments.ecosystems.openenv_server import _LOCAL, OpenEnvError, _acquire, _release, _SharedServer, _wait_ready
 from trace_gym.env_adapter import error_text
+from trace_gym.textsafe import JSONRefused, clean_text, loads_bounded
 
 #: how OpenEnv's EnvClient reports an error message from the server
 _SERVER_ERROR = re.compile(r"^Server error: (?P<message>.*) \(code: (?P<code>\w+)\)$", re.DOTALL)
 
 # the adapter's logger: one name for every warning of an OpenEnv episode
 _log = logging.getLogger("environments.ecosystems.openenv")
+#: deepest nesting of a server's reply that is parsed (an observation's JSON inside it)
+MAX_REPLY_DEPTH = 64
+#: longest run of digits in a server's reply that is parsed
+MAX_REPLY_DIGITS = 400
+
+
+class BadReply(Exception):
+    """A server reply this client cannot read; the message is a predicate (``is not valid JSON ...``)."""
 
 
 def _one_line(text: str, limit: int = 600) -> str:
-    return " ".join(str(text).split())[:limit]
+    """``text`` on one line, cut to ``limit`` characters, lone surrogates escaped (a server's words)."""
+    return clean_text(" ".join(str(text).split())[:limit])
 
 
 def _backoff(attempt: int) -> float:
@@ -40,10 +55,24 @@ def _backoff(attempt: int) -> float:
     return 0.25 * 2 ** (attempt - 1)
 
 
+@functools.cache
 def _client_class() -> type:
+    """OpenEnv's ``GenericEnvClient``, reading each reply with bounds before parsing it (its
+    own ``_receive`` calls ``json.loads``, which raises ``RecursionError`` on deep nesting)."""
     from openenv.core.generic_client import GenericEnvClient  # imports fastapi, gradio, mcp: seconds
 
-    return GenericEnvClient
+    class BoundedClient(GenericEnvClient):
+        async def _receive(self) -> dict:  # openenv-core 0.3.0's EnvClient._receive, bounded
+            raw = await asyncio.wait_for(self._ws.recv(), timeout=self._message_timeout)
+            try:
+                reply = loads_bounded(raw, max_depth=MAX_REPLY_DEPTH, max_digits=MAX_REPLY_DIGITS)
+            except JSONRefused as exc:
+                raise BadReply(str(exc)) from None
+            if not isinstance(reply, dict) or not isinstance(reply.get("data", {}), dict):
+                raise BadReply(f"is not a JSON object with a 'data' object (it starts {str(raw)[:80]!r})")
+            return reply
+
+    return BoundedClient
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -59,9 +88,16 @@ def _server_error(exc: BaseException) -> tuple[str, str] | None:
 
 
 def _answer(result: Any) -> tuple:
-    """``(observation dict, reward float, done bool)`` of an OpenEnv ``StepResult``."""
-    reward = 0.0 if result.reward is None else float(result.reward)
-    return dict(result.observation or {}), reward, bool(result.done)
+    """``(observation dict, reward, done)`` of an OpenEnv ``StepResult``: a missing reward
+    is 0.0 (OpenEnv's ``None``); reward and done otherwise as sent (the boundary checks them).
+
+    Raises:
+        BadReply: an observation that is not a JSON object.
+    """
+    observation = {} if result.observation is None else result.observation
+    if not isinstance(observation, dict):
+        raise BadReply(f"holds an observation that is not a JSON object ({str(observation)[:80]!r})")
+    return dict(observation), 0.0 if result.reward is None else result.reward, result.done
 
 
 def _close_client(client: Any, where: str) -> None:
@@ -192,6 +228,10 @@ class OpenEnvSession:
                                 "max_concurrent_envs, or raise sessions_per_server only as far as it admits")
         return OpenEnvError(f"{self.where}: the env at {url} failed on {kind}: {_one_line(message)} ({code})")
 
+    def _bad_reply(self, kind: str, exc: BadReply) -> OpenEnvError:
+        return OpenEnvError(f"{self.where}: the server at {self.base_url()} answered {kind} with a reply that "
+                            f"{_one_line(str(exc), 300)}")
+
     def _action_schema(self) -> str:
         """`` (fields [...], required [...])`` from the server's ``GET /schema``, or ``""``."""
         try:
@@ -217,6 +257,9 @@ class OpenEnvSession:
                 self._drop_session()
                 raise OpenEnvError(f"{self.where}: the server at {self.base_url()} gave no answer to reset within "
                                    f"read_timeout={self.read_timeout:g} s") from None
+            except BadReply as exc:
+                self._drop_session()
+                raise self._bad_reply("reset", exc) from None
             except Exception as exc:  # noqa: BLE001  (sorted below: retried, explained, or raised)
                 answered = _server_error(exc)
                 if answered is None and not _is_connection_error(exc):
@@ -247,6 +290,9 @@ class OpenEnvSession:
                 self._drop_session()  # it may still run that step: never reuse this session
                 raise OpenEnvError(f"{self.where}: the server at {self.base_url()} gave no answer to the step "
                                    f"within read_timeout={self.read_timeout:g} s; this episode ends here") from None
+            except BadReply as exc:
+                self._drop_session()
+                raise self._bad_reply("the step", exc) from None
             except Exception as exc:  # noqa: BLE001  (sorted below: resumed, explained, or raised)
                 answered = _server_error(exc)
                 if answered is not None:

@@ -87,7 +87,8 @@ PREFIX = "reasoning_gym"
 ENTRY_POINT = "environments.ecosystems.reasoning_gym:ReasoningGymEnv"
 TASK_LOADER = "environments.ecosystems.reasoning_gym:load_tasks"
 #: keyword arguments of :class:`ReasoningGymEnv` an ``--env-kwargs`` may set
-ENV_OPTIONS = ("max_attempts", "system_prompt", "few_shot", "score_timeout_s", "snapshot", "max_turns")
+ENV_OPTIONS = ("max_attempts", "system_prompt", "few_shot", "score_timeout_s", "snapshot", "max_turns", "call_timeout_s",
+               "max_observation_chars")
 #: the dataset seed of the ``few_shot`` example (no task loader call uses it by default)
 FEW_SHOT_SEED = 987_654_321
 #: config fields the task loader sets itself
@@ -269,14 +270,19 @@ class ReasoningGymEnv(AdaptedEnv):
         score_timeout_s: seconds one score may take in the sandbox.
         snapshot: ``copy`` (default) or ``replay``.
         max_turns: truncate after this many steps.
+        call_timeout_s, max_observation_chars: the boundary's deadline per call into the
+            env (seconds) and bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
     """
 
     snapshot_strategies = ("copy", "replay")
 
     def __init__(self, dataset: str = "chain_sum", config: Mapping[str, Any] | None = None, *, max_attempts: int = 1,
                  system_prompt: str | None = "default", few_shot: bool = False, score_timeout_s: float = 5.0,
-                 snapshot: str | None = None, max_turns: int | None = None):
-        super().__init__(snapshot=snapshot, max_turns=max_turns)
+                 snapshot: str | None = None, max_turns: int | None = None, call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
+        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
+                         max_observation_chars=max_observation_chars)
         if not isinstance(score_timeout_s, (int, float)) or isinstance(score_timeout_s, bool) or score_timeout_s <= 0:
             raise ValueError(f"{_where(dataset)}: score_timeout_s must be a positive number, got {score_timeout_s!r}")
         self.few_shot, self.score_timeout_s = bool(few_shot), float(score_timeout_s)

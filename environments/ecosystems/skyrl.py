@@ -39,7 +39,11 @@ a ``ToolGroup`` (its tool table holds lambdas, which do not pickle) is rebuilt f
 attributes. ``replay``: the sample and the actions, re-applied to a fresh env. With
 ``private_rng`` (default) the env draws from its own copy of the global ``random`` /
 ``numpy.random`` state, seeded from the episode seed; that serialises steps across threads
-(one lock), so turn it off for I/O-bound envs (``search``) that use no global randomness.
+(one lock, released at once for a call given up at its deadline), so turn it off for
+I/O-bound envs (``search``) that use no global randomness. A step's ``done`` must be a
+bool and its reward a number (a missing reward is 0.0): anything else, like an exception
+or no reply within ``call_timeout_s``, is an error turn (the adapter's boundary,
+:class:`~trace_gym.env_boundary.ForeignBoundary`).
 
 Not carried over: the services some envs call (``text2sql`` needs its databases under
 ``env_config.db_path``; ``search``/``searchcode`` a retrieval server at
@@ -72,7 +76,7 @@ PACKAGE = "skyrl-gym"
 PREFIX = "skyrl"
 ENTRY_POINT = "environments.ecosystems.skyrl:SkyRLEnv"
 #: keyword arguments of :class:`SkyRLEnv` an id may set (``env_class``/``entry_point`` come from the name)
-ENV_OPTIONS = ("path", "env_config", "max_turns", "snapshot", "private_rng")
+ENV_OPTIONS = ("path", "env_config", "max_turns", "snapshot", "private_rng", "call_timeout_s", "max_observation_chars")
 #: keyword arguments of :func:`load_tasks` an id may set
 LOADER_OPTIONS = ("path",)
 #: the columns of a SkyRL dataset row that are not its ``extras``
@@ -226,6 +230,9 @@ class SkyRLEnv(AdaptedEnv):
         max_turns: truncate after this many steps; also ``extras["max_turns"]``.
         snapshot: ``copy`` (default) or ``replay``.
         private_rng: give the env its own global-RNG state (see the module docstring).
+        call_timeout_s, max_observation_chars: the boundary's deadline per call into the
+            env (seconds) and bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
     """
 
     snapshot_strategies = ("copy", "replay")
@@ -233,8 +240,10 @@ class SkyRLEnv(AdaptedEnv):
 
     def __init__(self, env_class: str, *, entry_point: str | None = None, path: str | Sequence[str] | None = None,
                  env_config: Mapping[str, Any] | None = None, max_turns: int | None = None,
-                 snapshot: str | None = None, private_rng: bool = True):
-        super().__init__(snapshot=snapshot, max_turns=max_turns)
+                 snapshot: str | None = None, private_rng: bool = True, call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
+        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
+                         max_observation_chars=max_observation_chars)
         if env_config is not None and not isinstance(env_config, Mapping):
             raise ValueError(f"skyrl:{env_class}: env_config must be a mapping, got {env_config!r:.100}")
         self.env_class, self.entry_point, self.path = env_class, entry_point, path
@@ -291,7 +300,8 @@ class SkyRLEnv(AdaptedEnv):
         if out.get("postprocessed_action") is not None:
             info["postprocessed_action"] = out["postprocessed_action"]
         obs = [_message(m) for m in (out.get("observations") or [])]
-        return obs, float(out.get("reward") or 0.0), bool(out.get("done")), False, info
+        reward = out.get("reward")  # it and done as the env gave them: the boundary checks them
+        return obs, 0.0 if reward is None else reward, out.get("done"), False, info
 
     def _state(self) -> bytes:
         return _env_bytes(self.inner)

@@ -56,7 +56,8 @@ Terminated when one of the env's stop conditions ends the rollout (its ``max_tur
 included: verifiers scores that end like any other). Truncated after ``max_turns`` steps
 of ours (the env's reply to the last action is still observed and the rollout scored, the
 stop verifiers records as an overlong prompt), on a timeout, an overlong prompt, an error
-the env recorded (``info["env_error"]``), or a step whose env raised. ``info`` of the last
+the env recorded (``info["env_error"]``), or a step whose env raised (``SystemExit`` in the
+rollout included: it is the episode's error, and the shared event loop goes on). ``info`` of the last
 step has ``stop_condition`` (the name of the stop that fired) and ``metrics``. A rollout
 that ends before the model speaks (``setup_state`` failed) shows its prompt at reset with
 ``info["env_error"]``, and its first step ends it.
@@ -98,11 +99,13 @@ PACKAGE = "verifiers"
 PREFIX = "verifiers"
 ENTRY_POINT = "environments.ecosystems.verifiers:VerifiersEnv"
 #: the adapter's own keyword arguments (env kwargs); the id's query goes to load_environment
-ENV_OPTIONS = ("max_turns", "snapshot", "split", "step_timeout", "tool_calls")
+ENV_OPTIONS = ("max_turns", "snapshot", "split", "step_timeout", "tool_calls", "call_timeout_s", "max_observation_chars")
 LOADER_OPTIONS = ("split",)
 TOOL_CALL_FORMATS = ("hermes", "none")
 #: stop conditions that end a rollout short of the task (truncated rather than terminated)
 TRUNCATING_STOPS = ("has_error", "prompt_too_long", "timeout_reached", "max_total_completion_tokens_reached")
+#: seconds the boundary's deadline leaves over ``step_timeout`` by default
+CALL_MARGIN_S = 60.0
 
 
 # --- the adapter ---------------------------------------------------------------------------------
@@ -119,20 +122,26 @@ class VerifiersEnv(AdaptedEnv):
         snapshot: ``replay`` (the only strategy).
         step_timeout: seconds a step waits for the env's next turn before it fails (truncated).
         tool_calls: ``hermes`` (read ``<tool_call>`` blocks of envs with tools) or ``none``.
+        call_timeout_s: seconds one call into the env may take, waiting included (default:
+            ``step_timeout`` + :data:`CALL_MARGIN_S`, so the step's own timeout speaks first).
+        max_observation_chars: bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
     """
 
     snapshot_strategies = ("replay",)
 
     def __init__(self, module: str, *, env_args: Mapping[str, Any] | None = None, split: str = "train",
                  max_turns: int | None = None, snapshot: str | None = None, step_timeout: float = 600.0,
-                 tool_calls: str = "hermes"):
-        super().__init__(snapshot=snapshot, max_turns=max_turns)
+                 tool_calls: str = "hermes", call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
+        if not (isinstance(step_timeout, (int, float)) and step_timeout > 0):
+            raise ValueError(f"verifiers:{module}: step_timeout must be positive seconds, got {step_timeout!r}")
+        super().__init__(snapshot=snapshot, max_turns=max_turns, max_observation_chars=max_observation_chars,
+                         call_timeout_s=step_timeout + CALL_MARGIN_S if call_timeout_s is None else call_timeout_s)
         if split not in SPLITS:
             raise ValueError(f"verifiers:{module}: split must be one of {SPLITS}, got {split!r}")
         if tool_calls not in TOOL_CALL_FORMATS:
             raise ValueError(f"verifiers:{module}: tool_calls must be one of {TOOL_CALL_FORMATS}, got {tool_calls!r}")
-        if not (isinstance(step_timeout, (int, float)) and step_timeout > 0):
-            raise ValueError(f"verifiers:{module}: step_timeout must be positive seconds, got {step_timeout!r}")
         self.module, self.env_args, self.split = module, dict(env_args or {}), split
         self.step_timeout, self.tool_calls = float(step_timeout), tool_calls
         self.vf_env = load_env(module, self.env_args)
@@ -226,7 +235,8 @@ class VerifiersEnv(AdaptedEnv):
         if error:
             info["env_error"] = _output_error(output)
         truncated = bool(hit_limit or error or stop in TRUNCATING_STOPS or output.get("is_truncated"))
-        return obs, float(output.get("reward") or 0.0), not truncated, truncated, info
+        reward = output.get("reward")  # as the rubric gave it: the boundary checks it
+        return obs, 0.0 if reward is None else reward, not truncated, truncated, info
 
     @staticmethod
     def _conversation(output: Mapping[str, Any]) -> list:

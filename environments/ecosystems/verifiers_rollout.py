@@ -135,8 +135,8 @@ async def _drive(env: Any, row: dict, client: Any, sampling_args: dict, events: 
         output = await env.run_rollout(row, client, MODEL_NAME, sampling_args)
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # noqa: BLE001  (the env's own failure: the adapter reports it on the step)
-        events.put(("error", exc))
+    except BaseException as exc:  # noqa: BLE001  (the env's own failure, SystemExit too: it would stop the
+        events.put(("error", exc))  # shared loop; the adapter reports it on the step, wrapped if need be)
     else:
         events.put(("done", output))
 
