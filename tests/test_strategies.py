@@ -61,7 +61,8 @@ def test_random_prefix_allocator_is_uniform_and_reproducible():
 
 # ---------------------------------------------------------------------- strategies
 def test_strategy_table_has_the_six_names():
-    assert set(STRATEGIES) == {"uniform", "pcl", "random_tree", "trace", "trace_root_only", "trace_prefix_only"}
+    assert set(STRATEGIES) == {"uniform", "pcl", "random_tree", "trace", "trace_adaptive", "trace_root_only",
+                               "trace_prefix_only"}
     assert not STRATEGIES["uniform"].expands and not STRATEGIES["pcl"].expands
     assert isinstance(STRATEGIES["trace"].root_allocator, TraceRootAllocator)
     assert isinstance(STRATEGIES["trace"].prefix_allocator, TracePrefixAllocator)

@@ -138,25 +138,66 @@ class SimSource:
 
 def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
     """``cfg`` with the simulator's knobs set from the bank ``cfg.calibrate_from``
-    (:func:`trace_gym.calibrate.calibration_from_stats` of its
-    :func:`~trace_gym.banks.stats.bank_stats`, the learned predictor's Spearman measured by
-    the embedding predictor), and what was used: ``{"bank", "values", "fitted", "before",
-    "kept"}``. A knob set away from its default in ``cfg`` is yours and is kept (``kept``)."""
+    (:func:`bank_fit`), and what was used: ``{"bank", "values", "fitted", "before", "kept",
+    "learned_spearman", "cached"}``. A knob set away from its default in ``cfg`` is yours and is
+    kept (``kept``)."""
     import dataclasses
 
-    from trace_gym.banks.stats import bank_stats
-    from trace_gym.calibrate import calibration_from_stats, sim_overrides
+    from trace_gym.calibrate import sim_overrides
 
-    stats = bank_stats(cfg.calibrate_from, predictor=make_predictor("embedding", seed=0))
-    found = calibration_from_stats(stats, group_size=cfg.group_size)
+    found, cached = bank_fit(cfg.calibrate_from, cfg.group_size)
     defaults = SimBenchConfig()
     fitted = sim_overrides(found)
     kept = {k: getattr(cfg, k) for k in fitted if getattr(cfg, k) != getattr(defaults, k)}
     values = {k: v for k, v in fitted.items() if k not in kept}
     before = {k: getattr(cfg, k) for k in values}
-    return dataclasses.replace(cfg, **values), {"bank": cfg.calibrate_from, "values": values, "kept": kept,
-                                                "fitted": found["fitted"], "before": before,
-                                                "learned_spearman": (stats.get("predictor") or {}).get("prompt")}
+    return dataclasses.replace(cfg, **values), {
+        "bank": cfg.calibrate_from, "values": values, "kept": kept, "fitted": found["fitted"], "before": before,
+        "learned_spearman": found.get("learned_spearman"), "cached": cached,
+        "spearman_note": "feature_spearman is the embedding predictor's prompt-level Spearman at the start of "
+                         "bench --bank's first step (warmed up on its held-out slice), a lower bound of the knob"}
+
+
+#: Bump when what :func:`bank_fit` computes changes (old cache entries are then ignored).
+FIT_VERSION = 2
+
+
+def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
+    """The calibration of a bank (:func:`trace_gym.calibrate.calibration_from_stats` of its counts,
+    with the in-bench Spearman of :func:`trace_gym.banks.warmup.steady_state_spearman`), and
+    whether it came from the cache: ``$TRACE_GYM_CACHE/calibrations/<bank sha256>-G<group>.json``,
+    keyed by the bank's checksum, so a calibrated simulator run costs seconds after the first.
+    A damaged cache entry is a miss."""
+    import json
+    import os
+
+    from trace_gym.banks import open_bank
+    from trace_gym.banks.stats import bank_stats
+    from trace_gym.banks.warmup import steady_state_spearman
+    from trace_gym.bench_bank import BankBenchConfig
+    from trace_gym.calibrate import calibration_from_stats
+    from trace_gym.models import cache_root
+    from trace_gym.textsafe import JSONRefused, loads_record
+
+    bank = open_bank(path)
+    entry = cache_root() / "calibrations" / f"{bank.scan.sha256}-G{group_size}.json"
+    try:
+        found = loads_record(entry.read_bytes(), max_bytes=1 << 20)
+        if isinstance(found, dict) and found.get("version") == FIT_VERSION and "fitted" in found:
+            return found, True
+    except (OSError, JSONRefused):
+        pass
+    defaults = BankBenchConfig()
+    spearman = steady_state_spearman(make_predictor("embedding", seed=0), bank, defaults.warmup_prompts,
+                                     seed=defaults.seed, prefix_share=defaults.prefix_share)
+    stats = bank_stats(path) | {"predictor": {"prompt": spearman}}
+    found = calibration_from_stats(stats, group_size=group_size) | {"learned_spearman": spearman,
+                                                                    "version": FIT_VERSION}
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(found))
+    os.replace(tmp, entry)
+    return found, False
 
 
 def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, progress: bool = False) -> dict[str, Any]:

@@ -87,3 +87,19 @@ def warm_up(predictor: Any, bank: Bank, indices: Sequence[int], *, seed: int, pr
         stats["samples"] += len(learning.targets)
     stats["seconds"] = time.perf_counter() - start
     return stats
+
+
+def steady_state_spearman(predictor: Any, bank: Bank, warmup_prompts: int, *, seed: int,
+                          prefix_share: float) -> float:
+    """The prompt-level Spearman a bank bench's learned predictor starts its first step with:
+    ``predictor`` (fresh) warmed up on the bench's held-out slice (:func:`held_out_prompts`,
+    :func:`warm_up`), then scored on every other prompt against its empirical rate. This is
+    the in-bench value the calibrated simulator's ``feature_spearman`` takes."""
+    from trace_gym.predictor import Context
+    from trace_gym.report import spearman
+
+    held = held_out_prompts(len(bank), warmup_prompts, seed)
+    warm_up(predictor, bank, held, seed=seed, prefix_share=prefix_share)
+    rest = [bank.prompt(i) for i in range(len(bank)) if i not in set(held)]
+    values = predictor.predict([Context(r.prompt) for r in rest])
+    return spearman(values, [r.prompt_rate() for r in rest])
