@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean bench
+.PHONY: demo demo-full test install clean bench
 
 install: $(STAMP)
 
@@ -28,19 +28,26 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/trace-gym models pull smollm2-135m
 	touch $(STAMP)
 
-# The main job: every strategy replayed on the two shipped rollout banks of real SmolLM2-135M
-# outcomes (the headline verdict on strategies, about a minute each), on the simulator
-# calibrated to one of them and on the default one (seconds), then SmolLM2-135M trained on
-# CPU with TRACE and with uniform GRPO at the same nominal budget, evaluated before and
-# after on held-out generated tasks, and compared (tables + plots in runs/demo/compare).
+# The main job, headline first: every strategy replayed on the shipped rollout bank of real
+# SmolLM2-135M math outcomes (the verdict on strategies, with its paired intervals, per-step curve
+# and the predictor's quality; about a minute), the simulator calibrated to that bank at the same
+# shape (its fit cached by the bank's checksum), then SmolLM2-135M trained on CPU with TRACE and
+# with uniform GRPO at the same nominal budget (3 steps of 16 trajectory-equivalents each, on
+# generated math tasks with the sandboxed Python tool), evaluated before and after on held-out
+# tasks, and compared (tables + plots in runs/demo/compare). Within 10 minutes idle on a 2-core
+# box (benchmarks/bench_demo.py times each phase). `make demo-full` adds the guessing-game bank,
+# the default simulator and the math bank's budget curve.
 demo: install
-	$(BIN)/trace-gym bench --bank math_python_smollm2 seeds=10 --json runs/demo/bank_math_python.json
-	$(BIN)/trace-gym bench --bank guess_number_smollm2 seeds=10 continuations_per_root=1 --json runs/demo/bank_guess_number.json
-	$(BIN)/trace-gym bench --sim calibrate_from=guess_number_smollm2 --json runs/demo/sim_calibrated.json
-	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo/sim
+	$(BIN)/trace-gym bench --bank math_python_smollm2 --json runs/demo/bank_math_python.json
+	$(BIN)/trace-gym bench --sim calibrate_from=math_python_smollm2 candidates=64 root_budget=16 group_size=4 --json runs/demo/sim_calibrated.json
 	$(BIN)/trace-gym train --config configs/train_cpu_trace.yaml
 	$(BIN)/trace-gym train --config configs/train_cpu_uniform.yaml
 	$(BIN)/trace-gym compare runs/demo/trace runs/demo/uniform --out runs/demo/compare
+
+demo-full: demo
+	$(BIN)/trace-gym bench --bank guess_number_smollm2 continuations_per_root=1 --json runs/demo/bank_guess_number.json
+	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo/sim
+	$(BIN)/trace-gym bench --bank math_python_smollm2 --root-budgets 8,16,32 --json runs/demo/budget_curve.json --out runs/demo/budget_curve
 
 # One OpenMP thread per process: on 2 shared cores, spinning OpenMP workers of the
 # engines, kernels and graders otherwise slow each other down by an order of magnitude.

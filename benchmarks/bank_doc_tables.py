@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     name = Path(args.bank).name.removesuffix(".jsonl.gz")
     out = args.read_from or args.out or Path("runs/bank_docs") / name
     out.mkdir(parents=True, exist_ok=True)
-    bench_args = ["bench", "--bank", args.bank, *args.overrides]
+    bench_args = ["bench", "--bank", args.bank, *args.overrides, "--pairs", "trace_adaptive:pcl"]
     commands = [" ".join(["trace-gym", *bench_args]), f"trace-gym bank stats {args.bank}", "", ""]
     if args.read_from is None:
         seconds = run([*bench_args, "--json", str(out / "bench.json")])
@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         run(["bank", "stats", args.bank, "--predictor", "none", "--json", str(out / "stats.json")])
     bench = json.loads((out / "bench.json").read_text())
     shape = {k: bench["config"][k] for k in ("candidates", "root_budget", "group_size", "continuations_per_root")}
-    sim_args = ["bench", "--sim", f"calibrate_from={args.bank}", "seeds=10", *[f"{k}={v}" for k, v in shape.items()]]
+    sim_args = ["bench", "--sim", f"calibrate_from={args.bank}", "seeds=10", *[f"{k}={v}" for k, v in shape.items()],
+                "--pairs", "trace_adaptive:pcl"]
     sweep_args = [*bench_args, "--root-budgets", args.budgets]
     commands[2], commands[3] = " ".join(["trace-gym", *sim_args]), " ".join(["trace-gym", *sweep_args])
     if args.read_from is None:
