@@ -27,6 +27,7 @@ def test_the_warmup_slice_is_disjoint_from_every_measured_pool(bank_path):
     source = BankSource(cfg)
     held = set(source.held_out)
     assert len(held) == 12 and held == set(held_out_prompts(48, 12, cfg.seed))
+    assert len(BankSource(BankBenchConfig(bank=str(bank_path), candidates=12)).held_out) == 12  # default: a quarter
     for rep in range(cfg.seeds):
         pools = source.repetition(rep).pools
         assert all(not held & set(pool) for pool in pools)  # no measured pool draws a held-out prompt
@@ -66,7 +67,7 @@ def test_every_arm_starts_from_the_same_warm_predictor_and_the_report_says_so(ba
     def spy(self, arm):
         state = original(self, arm)
         if arm.predictor != bench_bank.ORACLE:
-            starts.append((self.rep, arm.name, state.predictor.predict_head(
+            starts.append((self.rep, arm.name, state.predict_head(
                 [Context(self.source.bank.prompt(i).prompt) for i in range(6)]).tolist()))
         return state
 

@@ -13,7 +13,7 @@ import pytest
 from trace_gym import bench, cli
 from trace_gym.bench_checks import bench_checks, verdict
 from trace_gym.bench_report import format_bench
-from trace_gym.commands.bench import BENCH_MODES, mode_config
+from trace_gym.commands.bench import mode_config, mode_configs
 from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
 from trace_gym.driver import prefix_weight_for_share
@@ -213,17 +213,17 @@ def test_config_from_yaml_and_flags(tmp_path):
     path = tmp_path / "bench.yaml"
     path.write_text("seeds: 4\nroot_budget: 64\nstrategies: [uniform, pcl]\n")
     args = cli.build_parser().parse_args(["bench", "--sim", "--config", str(path), "--root-budget", "32"])
-    cfg = mode_config(args, "sim", BENCH_MODES)
+    cfg = mode_config(args, "sim", mode_configs())
     assert (cfg.seeds, cfg.root_budget, cfg.strategies) == (4, 32, ("uniform", "pcl"))
     assert cfg.nominal_budget == 64
     path.write_text("sedes: 4\n")
     with pytest.raises(ValueError, match="unknown key\\(s\\) \\['sedes'\\]"):
         mode_config(cli.build_parser().parse_args(["bench", "--config", str(path)]), "sim",
-                        BENCH_MODES)
+                        mode_configs())
     path.write_text("root_budget: [1, 2]\n")
     with pytest.raises(ValueError, match="root_budget: expected an int"):
         mode_config(cli.build_parser().parse_args(["bench", "--config", str(path)]), "sim",
-                        BENCH_MODES)
+                        mode_configs())
     with pytest.raises(ValueError, match="warmup_steps"):
         SimBenchConfig(steps=2, warmup_steps=2)
     with pytest.raises(ValueError, match="unknown strategies \\['nope'\\]"):
@@ -235,7 +235,7 @@ def test_shipped_yaml_matches_the_defaults():
 
     path = Path(__file__).resolve().parents[1] / "configs" / "bench_sim.yaml"
     args = cli.build_parser().parse_args(["bench", "--sim", "--config", str(path)])
-    assert mode_config(args, "sim", BENCH_MODES) == SimBenchConfig()
+    assert mode_config(args, "sim", mode_configs()) == SimBenchConfig()
 
 
 def test_adding_a_strategy_is_one_entry(monkeypatch):

@@ -242,7 +242,7 @@ def test_unknown_env_names_the_choices(site):
 
 
 def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
-    from trace_gym import bench
+    from trace_gym.bench_report import format_bench
     from trace_gym.bench_env import run_env_bench
     from trace_gym.config import EnvBenchConfig
     from trace_gym.registry import resolve_env
@@ -259,7 +259,7 @@ def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
     assert any("rollouts failed (reward 0, below the success threshold 0.5): no prompt is mixed" in w
                for w in res["warnings"])
     assert any(s.startswith("WARNING: rep 1, trace") for s in said)
-    assert "### Warnings" in bench.format_bench(res)
+    assert "### Warnings" in format_bench(res)
     episodes = [json.loads(line) for line in (tmp_path / "episodes-trace.jsonl").read_text().splitlines()]
     assert len(episodes) == 2
     for ep in episodes:

@@ -158,7 +158,7 @@ def test_every_command_of_the_tutorials_parses_and_resolves(page, tmp_path, monk
     """Each ``trace-gym`` line runs as the user would type it in the folder holding the
     tutorial's package: ``train`` as ``--dry-run``, ``bench`` up to its resolved config and
     env (no model), listings in full."""
-    from trace_gym.commands.bench import BENCH_MODES, mode_config
+    from trace_gym.commands.bench import mode_config, mode_configs
     from trace_gym.registry import load_plugins, resolve_env
 
     commands = _doc_commands(page)
@@ -182,7 +182,7 @@ def test_every_command_of_the_tutorials_parses_and_resolves(page, tmp_path, monk
         args = parser.parse_args(rest)
         args.overrides = overrides
         mode = "env" if args.env else "bank" if args.bank else "sim"
-        cfg = mode_config(args, mode, BENCH_MODES)
+        cfg = mode_config(args, mode, mode_configs())
         if mode == "env":
             resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs).load_tasks(1)
     err = capsys.readouterr().err

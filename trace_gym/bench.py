@@ -53,7 +53,7 @@ import numpy as np
 
 from trace_gym.bench_checks import Roles, bench_checks, paired_table, verdict
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import reward_warning
+from trace_gym.driver import StepResult, reward_warning
 from trace_gym.strategy import group_sized
 
 if TYPE_CHECKING:
@@ -217,10 +217,20 @@ class Repetition(Protocol):
         """The allocation randomness of ``arm`` for this repetition."""
         ...
 
-    def step(self, candidates: Sequence[Any], strategy: Strategy, predictor: Any, budget: float,
-             rng: np.random.Generator, *, measured: bool) -> Any:
-        """One call of the step driver; returns its result (``trees``, ``ledger``,
-        ``values``, ``root_counts``, ``learning``)."""
+    def step(self, arm: Arm, candidates: Sequence[Any], predictor: Any, budget: float,
+             rng: np.random.Generator, *, measured: bool) -> StepResult:
+        """One call of the step driver for ``arm`` (its strategy, and any per-arm runner state
+        the repetition keeps, such as a bank's draws); returns the driver's result, the
+        candidates' truth in ``extras["truth"]`` where the source knows it."""
+        ...
+
+    def arm_state(self, arm: Arm) -> Any:
+        """The per-arm runner state that a step changes (``None`` when there is none), for the
+        token-budget mode to roll back a try: a copy is taken before and restored after."""
+        ...
+
+    def set_arm_state(self, arm: Arm, state: Any) -> None:
+        """Put back what :meth:`arm_state` returned."""
         ...
 
     def measure(self, arm: Arm, steps: Sequence[Any]) -> dict[str, Any]:
@@ -252,24 +262,36 @@ class BenchSource(Protocol):
         ...
 
 
-def _token_matched_step(rep: Repetition, cands: Sequence[Any], strategy: Strategy, predictor: Any, budget: float,
+def _token_matched_step(rep: Repetition, arm: Arm, cands: Sequence[Any], predictor: Any, budget: float,
                         rng: np.random.Generator, target: float, scale: float, measured: bool):
     """Run one step at ``budget * scale``, rescaling until its generated tokens are within
-    :data:`TOKEN_TOLERANCE` of ``target``. Every try starts from the same RNG and
-    predictor state, so only the kept try counts. Returns (step result, its predictor, scale)."""
-    best = None
+    :data:`TOKEN_TOLERANCE` of ``target``. Every try starts from the same RNG, predictor and
+    per-arm runner state (:meth:`Repetition.arm_state`), so only the kept try counts.
+    Returns (step result, its predictor, scale)."""
+    start, best = copy.deepcopy(rep.arm_state(arm)), None
     for _ in range(12):
+        rep.set_arm_state(arm, copy.deepcopy(start))
         trial_rng, trial_pred = copy.deepcopy(rng), copy.deepcopy(predictor)
-        out = rep.step(cands, strategy, trial_pred, budget * scale, trial_rng, measured=measured)
+        out = rep.step(arm, cands, trial_pred, budget * scale, trial_rng, measured=measured)
         err = out.ledger.generated_tokens / max(target, 1) - 1
         if best is None or abs(err) < abs(best[3]):
-            best = (out, trial_pred, trial_rng, err, scale)
+            best = (out, trial_pred, trial_rng, err, scale, copy.deepcopy(rep.arm_state(arm)))
         if abs(err) <= TOKEN_TOLERANCE:
             break
         scale *= target / max(out.ledger.generated_tokens, 1)
-    out, trial_pred, trial_rng, _, scale = best
+    out, trial_pred, trial_rng, _, scale, state = best
+    rep.set_arm_state(arm, state)
     rng.bit_generator.state = trial_rng.bit_generator.state
     return out, trial_pred, scale
+
+
+def arms_with_oracle(strategies: Mapping[str, Strategy], predictor: str, oracle: str | None) -> dict[str, Arm]:
+    """Every strategy driven by ``predictor`` and, with ``oracle`` (a predictor name) and a
+    ``trace`` strategy, TRACE once more with it: the upper bound, labelled as one."""
+    arms = {name: Arm(name, s, predictor) for name, s in strategies.items()}
+    if oracle is not None and oracle != predictor and "trace" in strategies:
+        arms["trace" + UPPER_BOUND] = Arm("trace" + UPPER_BOUND, strategies["trace"], oracle, upper_bound=True)
+    return arms
 
 
 def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progress: bool = False,
@@ -335,10 +357,10 @@ def _run_arm(source: BenchSource, rep: Any, arm: Arm, target_tokens: list[float]
     for step in range(source.steps):
         cands, counted = rep.candidates(step), step >= source.warmup_steps
         if source.budget_unit == "tokens" and not reference:
-            out, predictor, scale = _token_matched_step(rep, cands, arm.strategy, predictor, budget, rng,
+            out, predictor, scale = _token_matched_step(rep, arm, cands, predictor, budget, rng,
                                                         target_tokens[step], scale, counted)
         else:
-            out = rep.step(cands, arm.strategy, predictor, budget, rng, measured=counted)
+            out = rep.step(arm, cands, predictor, budget, rng, measured=counted)
             if reference:
                 target_tokens.append(out.ledger.generated_tokens)
         by_step.append(step_record(out, counted))

@@ -30,7 +30,6 @@ arm's exhausted share exceeds 1 %, the bench gives no verdict
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -41,11 +40,12 @@ import numpy as np
 
 from trace_gym.banks.format import Bank, open_bank
 from trace_gym.banks.replay import BankBranchRunner, BankDraws, BankOraclePredictor, recorded_prefix_rate
-from trace_gym.bench import UPPER_BOUND, Arm, run_bench
+from trace_gym.bench import Arm, arms_with_oracle, run_bench
+from trace_gym.bench_modes import BenchMode
 from trace_gym.config import BUDGET_UNITS, doc
 from trace_gym.banks.warmup import held_out_prompts, warm_up
 from trace_gym.driver import StepResult, run_step
-from trace_gym.predictor import PREDICTORS, ObservesOutcomes, check_predictor_name, make_predictor, predictor_names
+from trace_gym.predictor import PREDICTORS, check_predictor_name, make_predictor, predictor_names
 from trace_gym.strategy import Strategy
 
 #: The oracle arm's predictor name (not a kind of the predictor table: it reads the bank).
@@ -68,9 +68,10 @@ class BankBenchConfig:
     seeds: int = field(default=10, metadata=doc("independent repetitions (fresh candidate draws and rollout draws)"))
     steps: int = field(default=3, metadata=doc("allocation steps per repetition (a fresh candidate pool each)"))
     warmup_steps: int = field(default=0, metadata=doc("first steps run (the predictor trains) but not measured"))
-    warmup_prompts: int = field(default=64, metadata=doc(
+    warmup_prompts: int | None = field(default=None, metadata=doc(
         "prompts held out of every measured pool (a slice seeded by seed); their recorded rollouts train every "
-        "learned predictor before step 0, charged to no arm (0: a cold start)"))
+        "learned predictor before step 0, charged to no arm (0: a cold start; default: 64, at most a quarter of "
+        "the bank)"))
     candidates: int = field(default=64, metadata=doc("candidate prompts scored per step (at most the bank's prompts)"))
     root_budget: int = field(default=16, metadata=doc("M: root rollouts of a tree strategy per step"))
     continuations_per_root: int = field(default=2, metadata=doc(
@@ -113,32 +114,9 @@ class BankBenchConfig:
 
 
 @dataclass
-class ArmState:
-    """What an arm carries from one step to the next: its predictor and its draws from the bank.
-
-    It is the predictor :func:`~trace_gym.bench.run_bench` passes around (it predicts and
-    learns through ``predictor``), so the token-budget mode, which retries a step from a
-    deep copy and keeps the copy of the try it chose, rolls the draws back and forth with it.
-    """
-
-    predictor: Any
-    draws: BankDraws
-    anchored: bool = False
-
-    def predict(self, contexts):
-        return self.predictor.predict(contexts)
-
-    def update(self, contexts, targets, weights=None):
-        return self.predictor.update(contexts, targets, weights)
-
-    def observe_outcomes(self, contexts, successes, trials) -> None:
-        if isinstance(self.predictor, ObservesOutcomes):
-            self.predictor.observe_outcomes(contexts, successes, trials)
-
-
-@dataclass
 class BankRepetition:
-    """One repetition: its candidate pools, and a fresh predictor and draw state per arm."""
+    """One repetition: its candidate pools, a fresh (warm) predictor per arm, and each arm's draws from
+    the bank (``draws``: the runner state a step changes, kept here from step to step)."""
 
     source: BankSource
     rep: int
@@ -157,14 +135,15 @@ class BankRepetition:
             self.pools.append(order[:cfg.candidates])
             order = order[cfg.candidates:]
         self._template = None
+        self.draws: dict[str, BankDraws] = {}
 
     def candidates(self, step: int) -> list:
         return [self.source.bank.prompt(i) for i in self.pools[step]]
 
-    def predictor(self, arm: Arm) -> ArmState:
-        draws = BankDraws(self.seed)
+    def predictor(self, arm: Arm) -> Any:
+        self.draws[arm.name] = BankDraws(self.seed)  # every arm draws the same rollouts for the same requests
         if arm.predictor == ORACLE:
-            return ArmState(BankOraclePredictor(), draws, anchored=True)
+            return BankOraclePredictor()
         if self._template is None:  # built and warmed up once per repetition; each arm gets a pristine copy
             cfg, source = self.source.config, self.source
             self._template = make_predictor(arm.predictor, cfg.predictor_kwargs, model_path=source.policy_path,
@@ -173,17 +152,23 @@ class BankRepetition:
                 stats = warm_up(self._template, source.bank, source.held_out, seed=cfg.seed,
                                 prefix_share=cfg.prefix_share)
                 source.warmups.append(stats)
-        return ArmState(copy.deepcopy(self._template), draws)
+        return copy.deepcopy(self._template)
+
+    def arm_state(self, arm: Arm) -> BankDraws:
+        return self.draws[arm.name]
+
+    def set_arm_state(self, arm: Arm, state: BankDraws) -> None:
+        self.draws[arm.name] = state
 
     def rng(self, arm: Arm) -> np.random.Generator:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])
 
-    def step(self, candidates: Sequence[Any], strategy: Strategy, predictor: ArmState, budget: float,
+    def step(self, arm: Arm, candidates: Sequence[Any], predictor: Any, budget: float,
              rng: np.random.Generator, *, measured: bool) -> StepResult:
-        runner = BankBranchRunner(predictor.draws, anchored=predictor.anchored)
-        result = run_step(candidates, strategy, predictor, runner, budget, rng,
+        d = self.draws[arm.name]
+        runner = BankBranchRunner(d, anchored=arm.predictor == ORACLE)
+        result = run_step(candidates, arm.strategy, predictor, runner, budget, rng,
                           prefix_share=self.source.config.prefix_share, score_prefixes=measured)
-        d = predictor.draws
         result.extras.update(records=list(candidates), roots_needed=d.roots_needed,
                              continuations_needed=d.continuations_needed, truth=bank_truth(candidates))
         return result
@@ -251,12 +236,12 @@ class BankSource:
         if not cfg.bank:
             raise ValueError("bench --bank needs a bank file (bank=FILE); record one with trace-gym bank record")
         self.bank = open_bank(cfg.bank, cache_prompts=max(4 * cfg.candidates, 256))
-        self.held_out = held_out_prompts(len(self.bank), cfg.warmup_prompts, cfg.seed)
+        self.held_out = held_out_prompts(len(self.bank), warmup_size(cfg, len(self.bank)), cfg.seed)
         skip = set(self.held_out)
         self.measurable = [i for i in range(len(self.bank)) if i not in skip]
         if cfg.candidates > len(self.measurable):
             raise ValueError(f"candidates {cfg.candidates} exceed the {len(self.measurable)} prompts of {cfg.bank} "
-                             f"left after warmup_prompts={cfg.warmup_prompts}")
+                             f"left after warmup_prompts={len(self.held_out)}")
         self.warmups: list[dict[str, Any]] = []
         self.repetitions, self.steps, self.warmup_steps = cfg.seeds, cfg.steps, cfg.warmup_steps
         self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
@@ -265,11 +250,8 @@ class BankSource:
             self.policy_path = policy_folder(self.bank.manifest)
 
     def arms(self, strategies: Mapping[str, Strategy]) -> dict[str, Arm]:
-        arms = {name: Arm(name, s, self.config.predictor) for name, s in strategies.items()}
-        if self.config.oracle_upper_bound and "trace" in strategies:
-            name = "trace" + UPPER_BOUND
-            arms[name] = Arm(name, strategies["trace"], ORACLE, upper_bound=True)
-        return arms
+        cfg = self.config
+        return arms_with_oracle(strategies, cfg.predictor, ORACLE if cfg.oracle_upper_bound else None)
 
     def repetition(self, rep: int) -> BankRepetition:
         return BankRepetition(self, rep)
@@ -298,22 +280,57 @@ class BankSource:
         return {**w, "indices": list(self.held_out), "description": text}
 
 
-def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], path: str | None = None, *,
-                   progress: bool = False, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], *, progress: bool = False,
+                   say: Callable[[str], None] | None = None, out_dir: str | None = None) -> dict[str, Any]:
     """Replay every strategy on a rollout bank (:func:`~trace_gym.bench.run_bench` over a
     :class:`BankSource`); returns JSON-ready results.
 
     Args:
-        cfg: the configuration.
+        cfg: the configuration (``cfg.bank`` is the file).
         strategies: name -> strategy, already shaped for ``cfg`` (plugins included).
-        path: the bank file, overriding ``cfg.bank``.
         progress: show a progress bar.
         say: receives one-line progress messages and the all-same-reward warnings.
+        out_dir: unused (the bank bench writes no files of its own).
     """
-    if path is not None:
-        cfg = dataclasses.replace(cfg, bank=str(path))
     source = BankSource(cfg, say or (lambda msg: None))
     return run_bench(source, strategies, progress=progress, say=say)
+
+
+def intro(results: Mapping[str, Any]) -> list[str]:
+    """The report's title and description of a bank bench."""
+    from trace_gym.bench_report import applies_to, budget_note, interval_note
+
+    cfg, bank = results["config"], results["bank"]
+    measured = f"{cfg['seeds']} seeds x {cfg['steps'] - cfg['warmup_steps']} measured steps"
+    return [f"## Allocation benchmark on a rollout bank: {bank['env_id']} with {bank['policy'] or '?'} "
+            f"({measured}; {results['seconds']:.1f} s)", "",
+            f"Bank {bank['path']}: {bank['prompts']} prompts, R = {bank['roots']} recorded roots each, "
+            f"K = {bank['continuations']} continuations per recorded prefix (per-root cap "
+            f"{bank['max_prefixes_per_root'] or 'none'}); outcomes replayed without replacement, a request "
+            f"beyond them refused ('exhausted'). Budget per step: {budget_note(results)}, M = {cfg['root_budget']}, "
+            f"N = {cfg['continuations_per_root']}; {cfg['candidates']} candidates per step; group size "
+            f"{cfg['group_size']} ({applies_to(results)}). Headline predictor: {cfg['predictor']} (learned online "
+            f"on the recorded texts); rows marked 'upper bound' use the bank's empirical rates. Predictor quality: "
+            f"against the bank's empirical rates. Per-step means; effective ratio: {interval_note(results)}."]
+
+
+MODE = BenchMode("bank", BankBenchConfig, run_bank_bench, intro, "replay a recorded rollout bank (a file, or a "
+                 "shipped bank's name: trace-gym bank list)", value="bank", metavar="FILE",
+                 columns=(("Spearman prefix", "prefix_spearman"), ("exhausted", "exhausted_share"),
+                          ("left-out prefixes", "left_out_prefixes"), ("errors", "episode_errors"),
+                          ("mean reward", "mean_reward")))
+
+
+#: The warm-up slice when ``warmup_prompts`` is not given: this many prompts, at most a quarter of the bank.
+DEFAULT_WARMUP_PROMPTS = 64
+
+
+def warmup_size(cfg: BankBenchConfig, n_prompts: int) -> int:
+    """The warm-up slice's size: ``cfg.warmup_prompts``, or by default
+    min(:data:`DEFAULT_WARMUP_PROMPTS`, a quarter of the bank's ``n_prompts``)."""
+    if cfg.warmup_prompts is not None:
+        return cfg.warmup_prompts
+    return min(DEFAULT_WARMUP_PROMPTS, n_prompts // 4)
 
 
 def bank_truth(records: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:

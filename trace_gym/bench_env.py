@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_gym.bench import Arm, run_bench, transcripts
+from trace_gym.bench_modes import BenchMode
 from trace_gym.config import EnvBenchConfig
 from trace_gym.predictor import PREDICTORS, make_predictor
 from trace_gym.strategy import Strategy
@@ -83,9 +84,15 @@ class EnvRepetition:
     def rng(self, arm: Arm) -> np.random.Generator:
         return np.random.default_rng(self.seed)
 
-    def step(self, candidates: Sequence[Any], strategy: Strategy, predictor: Any, budget: float,
+    def step(self, arm: Arm, candidates: Sequence[Any], predictor: Any, budget: float,
              rng: np.random.Generator, *, measured: bool) -> Any:
-        return self._collect(candidates, strategy, predictor, budget, rng, _ARM_SEED_OFFSET)
+        return self._collect(candidates, arm.strategy, predictor, budget, rng, _ARM_SEED_OFFSET)
+
+    def arm_state(self, arm: Arm) -> None:
+        return None  # live episodes: a step cannot be replayed from a state (no token-budget mode)
+
+    def set_arm_state(self, arm: Arm, state: None) -> None:
+        pass
 
     def measure(self, arm: Arm, steps: Sequence[Any]) -> dict[str, Any]:
         from trace_gym import report
@@ -217,3 +224,24 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
             path.write_text("".join(json.dumps(e, default=str) + "\n" for e in episodes))
             results["episode_files"].append(str(path))
     return results
+
+
+def intro(results: Mapping[str, Any]) -> list[str]:
+    """The report's title and description of a bench on real rollouts."""
+    from trace_gym.bench_report import applies_to, interval_note
+
+    cfg = results["config"]
+    return [f"## Allocation benchmark on real rollouts: {cfg['env']} with {cfg['policy']} "
+            f"({results['engine']}; {cfg['seeds']} repetition(s); {results['seconds']:.0f} s)", "",
+            f"Nominal budget per strategy: {results['nominal_budget']:g} trajectory-equivalents = "
+            f"M (1 + N/2) with M = {cfg['root_budget']}, N = {cfg['continuations_per_root']}; "
+            f"{cfg['candidates']} candidates; group size {cfg['group_size']} ({applies_to(results)}); "
+            f"predictor: {cfg['predictor']}. Effective ratio: {interval_note(results)}."]
+
+
+MODE = BenchMode("env", EnvBenchConfig, run_env_bench, intro, "run on real rollouts in this env family or env id "
+                 "(e.g. math_python), with --policy MODEL", value="env", metavar="ENV", requires=("family",),
+                 columns=(("Spearman prompt", "prompt_spearman"), ("replayed steps", "replayed_env_steps"),
+                          ("errors", "episode_errors"), ("unspent cont.", "unspent_continuations"),
+                          ("gen s", "generation_seconds"), ("env s", "environment_seconds"),
+                          ("predictor share", "predictor_share"), ("mean reward", "mean_reward")))

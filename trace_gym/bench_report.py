@@ -1,6 +1,7 @@
 """The printed and plotted report of ``trace-gym bench`` (:mod:`trace_gym.bench`).
 
-In print order: the title and what the budget, predictor and warm-up were (per mode),
+In print order: the title and what the budget, predictor and warm-up were (the mode's
+own ``intro`` and columns, :mod:`trace_gym.bench_modes`),
 the verdict, the strategy table (headline metrics first), the paired differences
 (every strategy against the baseline and the method, with the reason when two rows are
 identical), the per-step curve, the predictor's quality where it is used, warnings,
@@ -14,6 +15,7 @@ import math
 from typing import Any, Callable, Mapping
 
 from trace_gym.bench_checks import HEADLINE, interval_text
+from trace_gym.bench_modes import bench_mode
 from trace_gym.predictor_quality import QUALITY_KEYS
 
 _COLUMNS: list[tuple[str, str]] = [
@@ -31,34 +33,27 @@ _COLUMNS: list[tuple[str, str]] = [
     ("env steps", "env_steps"),
     ("alloc ms", "allocator_ms"),
 ]
-#: Extra columns per mode.
-MODE_COLUMNS: dict[str, list[tuple[str, str]]] = {
-    "sim": [("Spearman prefix", "prefix_spearman")],
-    "env": [("Spearman prompt", "prompt_spearman"), ("replayed steps", "replayed_env_steps"),
-            ("errors", "episode_errors"), ("unspent cont.", "unspent_continuations"),
-            ("gen s", "generation_seconds"), ("env s", "environment_seconds"),
-            ("predictor share", "predictor_share"), ("mean reward", "mean_reward")],
-    "bank": [("Spearman prefix", "prefix_spearman"), ("exhausted", "exhausted_share"),
-             ("left-out prefixes", "left_out_prefixes"), ("errors", "episode_errors"), ("mean reward", "mean_reward")],
-}
 _PERCENT = ("predictor_share", "exhausted_share")
 _QUALITY_LABELS = {"prompt_spearman": "Spearman", "mixed_auc": "AUC mixed", "brier": "Brier",
                    "level_error": "level error"}
 
 
-def _applies(results: Mapping[str, Any]) -> str:
+def applies_to(results: Mapping[str, Any]) -> str:
+    """Which strategies the group-size knob reached, for a mode's description."""
     names = results.get("group_sized", [])
     return f"applied to {', '.join(names)}" if names else "applies to no strategy run here"
 
 
-def _interval(results: Mapping[str, Any]) -> str:
+def interval_note(results: Mapping[str, Any]) -> str:
+    """What the effective ratio's interval is, for a mode's description."""
     if results["config"]["seeds"] > 1:
         return ("mean ± 95 % CI over repetitions, cut to [0, 1] ('± 0 (all n equal)': every repetition gave the "
                 "same value, no spread to estimate an interval from)")
     return "one repetition: no confidence interval (repeat with more seeds to tell strategies apart)"
 
 
-def _budget(results: Mapping[str, Any]) -> str:
+def budget_note(results: Mapping[str, Any]) -> str:
+    """What was equalised across strategies, for a mode's description."""
     cfg = results["config"]
     if cfg.get("budget_unit") == "tokens":
         return (f"{'the recorded' if results['mode'] == 'bank' else 'exact'} generated tokens (matched to "
@@ -66,52 +61,11 @@ def _budget(results: Mapping[str, Any]) -> str:
     return f"{results['nominal_budget']:g} trajectory-equivalents = M (1 + N/2)"
 
 
-def _sim_intro(results: Mapping[str, Any]) -> list[str]:
-    cfg = results["config"]
-    measured = f"{cfg['seeds']} seeds x {cfg['steps'] - cfg['warmup_steps']} measured steps"
-    return [f"## Simulated allocation benchmark ({measured}; {results['seconds']:.1f} s)", "",
-            f"Budget per step: {_budget(results)}, M = {cfg['root_budget']}, N = {cfg['continuations_per_root']}; "
-            f"{cfg['candidates']} candidates per step; group size {cfg['group_size']} ({_applies(results)}). "
-            f"Headline predictor: {cfg['predictor']} (task feature Spearman {cfg['feature_spearman']:g}, prefix share "
-            f"{100 * cfg['prefix_share']:.0f} %); rows marked 'upper bound' use the oracle. Per-step means; "
-            f"effective ratio: {_interval(results)}."]
-
-
-def _bank_intro(results: Mapping[str, Any]) -> list[str]:
-    cfg, bank = results["config"], results["bank"]
-    measured = f"{cfg['seeds']} seeds x {cfg['steps'] - cfg['warmup_steps']} measured steps"
-    return [f"## Allocation benchmark on a rollout bank: {bank['env_id']} with {bank['policy'] or '?'} "
-            f"({measured}; {results['seconds']:.1f} s)", "",
-            f"Bank {bank['path']}: {bank['prompts']} prompts, R = {bank['roots']} recorded roots each, "
-            f"K = {bank['continuations']} continuations per recorded prefix (per-root cap "
-            f"{bank['max_prefixes_per_root'] or 'none'}); outcomes replayed without replacement, a request "
-            f"beyond them refused ('exhausted'). Budget per step: {_budget(results)}, M = {cfg['root_budget']}, "
-            f"N = {cfg['continuations_per_root']}; {cfg['candidates']} candidates per step; group size "
-            f"{cfg['group_size']} ({_applies(results)}). Headline predictor: {cfg['predictor']} (learned online "
-            f"on the recorded texts); rows marked 'upper bound' use the bank's empirical rates. Predictor quality: "
-            f"against the bank's empirical rates. Per-step means; effective ratio: {_interval(results)}."]
-
-
-def _env_intro(results: Mapping[str, Any]) -> list[str]:
-    cfg = results["config"]
-    return [f"## Allocation benchmark on real rollouts: {cfg['env']} with {cfg['policy']} "
-            f"({results['engine']}; {cfg['seeds']} repetition(s); {results['seconds']:.0f} s)", "",
-            f"Nominal budget per strategy: {results['nominal_budget']:g} trajectory-equivalents = "
-            f"M (1 + N/2) with M = {cfg['root_budget']}, N = {cfg['continuations_per_root']}; "
-            f"{cfg['candidates']} candidates; group size {cfg['group_size']} ({_applies(results)}); "
-            f"predictor: {cfg['predictor']}. Effective ratio: {_interval(results)}."]
-
-
-#: The title and description of each mode.
-INTROS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {"sim": _sim_intro, "bank": _bank_intro,
-                                                               "env": _env_intro}
-
-
 def strategy_table(results: Mapping[str, Any]) -> str:
     """One row per arm: the headline metrics (the effective ratio with its interval) and the mode's columns."""
     from trace_gym.report import markdown_table, pm
 
-    columns = _COLUMNS + MODE_COLUMNS.get(results["mode"], [])
+    columns = _COLUMNS + list(bench_mode(results["mode"]).columns)
     rows = []
     for name, r in results["strategies"].items():
         cells: list[Any] = [name, r["predictor"], pm(r["effective_ratio"], r["effective_ratio_ci"],
@@ -183,14 +137,14 @@ def quality_section(results: Mapping[str, Any]) -> list[str]:
 
 def format_bench(results: Mapping[str, Any]) -> str:
     """The printed report (markdown), in the order of the module docstring."""
-    lines = INTROS[results["mode"]](results)
+    mode = bench_mode(results["mode"])
+    lines = mode.intro(results)
     warmup = results.get("warmup")
     if isinstance(warmup, Mapping) and warmup.get("description"):
         lines += ["", f"Warm-up: {warmup['description']}."]
     lines += _calibration(results)
     if results.get("verdict"):
-        lines += ["", f"**Verdict ({'simulated' if results['mode'] == 'sim' else 'real rollouts'}):** "
-                      f"{results['verdict']}"]
+        lines += ["", f"**Verdict ({mode.verdict_label}):** {results['verdict']}"]
     lines += ["", strategy_table(results), ""]
     for section in (paired_section, step_section, quality_section):
         part = section(results)

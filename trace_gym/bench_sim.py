@@ -18,7 +18,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trace_gym.allocation import solve_root
-from trace_gym.bench import UPPER_BOUND, Arm, run_bench
+from trace_gym.bench_modes import BenchMode
+from trace_gym.bench import Arm, arms_with_oracle, run_bench
 from trace_gym.config import SimBenchConfig
 from trace_gym.driver import run_step
 from trace_gym.predictor import make_predictor
@@ -34,15 +35,6 @@ def sim_world(cfg: SimBenchConfig) -> Any:
                 step_concentration=cfg.step_concentration, min_turns=cfg.min_turns, max_turns=cfg.max_turns)
     prior = sim.SimWorld(**base).prior()
     return sim.SimWorld(**base, feature_noise=noise_for_spearman(cfg.feature_spearman, prior))
-
-
-def sim_arms(strategies: Mapping[str, Strategy], cfg: SimBenchConfig) -> dict[str, Arm]:
-    """Every strategy with the configured predictor, plus TRACE with the oracle (an upper bound)."""
-    arms = {name: Arm(name, s, cfg.predictor) for name, s in strategies.items()}
-    if cfg.oracle_upper_bound and cfg.predictor != "oracle" and "trace" in strategies:
-        name = "trace" + UPPER_BOUND
-        arms[name] = Arm(name, strategies["trace"], "oracle", upper_bound=True)
-    return arms
 
 
 @dataclass
@@ -72,14 +64,13 @@ class SimRepetition:
     def rng(self, arm: Arm) -> np.random.Generator:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])
 
-    def step(self, candidates: Sequence[int], strategy: Strategy, predictor: Any, budget: float,
+    def step(self, arm: Arm, candidates: Sequence[int], predictor: Any, budget: float,
              rng: np.random.Generator, *, measured: bool) -> Any:
+        from trace_gym.predictor_quality import mixed_probability
         from trace_gym.sim import SimBranchRunner
 
-        from trace_gym.predictor_quality import mixed_probability
-
-        result = run_step(candidates, strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget, rng,
-                          prefix_share=self.cfg.prefix_share, score_prefixes=measured)
+        result = run_step(candidates, arm.strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget,
+                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured)
         rates = self.pool.success[np.asarray(candidates, dtype=np.int64)]
         result.extras["truth"] = (rates, mixed_probability(rates, self.cfg.group_size))
         return result
@@ -98,6 +89,12 @@ class SimRepetition:
     def after_arm(self, arm: Arm, steps: Sequence[Any]) -> None:
         pass
 
+    def arm_state(self, arm: Arm) -> None:
+        return None  # the simulator's runner draws from the arm's rng alone
+
+    def set_arm_state(self, arm: Arm, state: None) -> None:
+        pass
+
 
 @dataclass
 class SimSource:
@@ -113,7 +110,8 @@ class SimSource:
         self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
 
     def arms(self, strategies: Mapping[str, Strategy]) -> dict[str, Arm]:
-        return sim_arms(strategies, self.config)
+        cfg = self.config
+        return arms_with_oracle(strategies, cfg.predictor, "oracle" if cfg.oracle_upper_bound else None)
 
     def repetition(self, rep: int) -> SimRepetition:
         return SimRepetition(self.config, self.world, rep)
@@ -174,7 +172,7 @@ def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
     from trace_gym.banks import open_bank
     from trace_gym.banks.stats import bank_stats
     from trace_gym.banks.warmup import steady_state_spearman
-    from trace_gym.bench_bank import BankBenchConfig
+    from trace_gym.bench_bank import BankBenchConfig, warmup_size
     from trace_gym.calibrate import calibration_from_stats
     from trace_gym.models import cache_root
     from trace_gym.textsafe import JSONRefused, loads_record
@@ -188,7 +186,7 @@ def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
     except (OSError, JSONRefused):
         pass
     defaults = BankBenchConfig()
-    spearman = steady_state_spearman(make_predictor("embedding", seed=0), bank, defaults.warmup_prompts,
+    spearman = steady_state_spearman(make_predictor("embedding", seed=0), bank, warmup_size(defaults, len(bank)),
                                      seed=defaults.seed, prefix_share=defaults.prefix_share)
     stats = bank_stats(path) | {"predictor": {"prompt": spearman}}
     found = calibration_from_stats(stats, group_size=group_size) | {"learned_spearman": spearman,
@@ -200,7 +198,8 @@ def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
     return found, False
 
 
-def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, progress: bool = False) -> dict[str, Any]:
+def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, progress: bool = False,
+                  say: Any = None, out_dir: str | None = None) -> dict[str, Any]:
     """Run the simulated allocation benchmark (:func:`~trace_gym.bench.run_bench` over a
     :class:`SimSource`); returns JSON-ready results. With ``cfg.calibrate_from`` the
     simulator is first calibrated to that bank (:func:`calibrated`; ``results["calibration"]``)."""
@@ -211,3 +210,21 @@ def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, pr
     if calibration is not None:
         results["calibration"] = calibration
     return results
+
+
+def intro(results: Mapping[str, Any]) -> list[str]:
+    """The report's title and description of a simulated bench."""
+    from trace_gym.bench_report import applies_to, budget_note, interval_note
+
+    cfg = results["config"]
+    measured = f"{cfg['seeds']} seeds x {cfg['steps'] - cfg['warmup_steps']} measured steps"
+    return [f"## Simulated allocation benchmark ({measured}; {results['seconds']:.1f} s)", "",
+            f"Budget per step: {budget_note(results)}, M = {cfg['root_budget']}, N = {cfg['continuations_per_root']}; "
+            f"{cfg['candidates']} candidates per step; group size {cfg['group_size']} ({applies_to(results)}). "
+            f"Headline predictor: {cfg['predictor']} (task feature Spearman {cfg['feature_spearman']:g}, prefix share "
+            f"{100 * cfg['prefix_share']:.0f} %); rows marked 'upper bound' use the oracle. Per-step means; "
+            f"effective ratio: {interval_note(results)}."]
+
+
+MODE = BenchMode("sim", SimBenchConfig, run_sim_bench, intro, "use the simulator (no model needed)",
+                 columns=(("Spearman prefix", "prefix_spearman"),), verdict_label="simulated")

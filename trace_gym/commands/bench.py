@@ -1,11 +1,11 @@
-"""``trace-gym bench``: allocation strategies at one budget, on the simulator, real
-rollouts, or a recorded rollout bank.
+"""``trace-gym bench``: allocation strategies at one budget, on any source of rollouts.
 
-The keys are the fields of the mode's config (:class:`~trace_gym.config.SimBenchConfig`,
-:class:`~trace_gym.config.EnvBenchConfig`, :class:`~trace_gym.bench_bank.BankBenchConfig`);
-each also has a ``--flag`` alias, typed by
-the field, with each mode's default in its help. A key that does not apply to the chosen
-mode is refused with a message naming the mode.
+The modes are the table :data:`trace_gym.bench_modes.BENCH_SOURCES` (the simulator, real
+rollouts, a recorded rollout bank, and any mode a user registers): each gives this command
+its ``--MODE`` flag, its config class (the keys), its run and its report. The keys are the
+fields of the mode's config; each also has a ``--flag`` alias, typed by the field, with
+each mode's default in its help. A key that does not apply to the chosen mode is refused
+with a message naming the mode.
 """
 
 from __future__ import annotations
@@ -18,19 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.bench_checks import Roles
+from trace_gym.bench_modes import bench_modes
 from trace_gym.bench_report import format_bench, write_bench_plots
 from trace_gym.commands import add_config_flags, add_config_parser, command_config, did_you_mean
 from trace_gym.commands.bank import bank_path
-from trace_gym.config import EnvBenchConfig, SimBenchConfig
-
-def _modes() -> dict[str, type]:
-    from trace_gym.bench_bank import BankBenchConfig
-
-    return {"sim": SimBenchConfig, "env": EnvBenchConfig, "bank": BankBenchConfig}
 
 
-#: The modes of ``bench`` and their configs.
-BENCH_MODES: dict[str, type] = _modes()
+def mode_configs() -> dict[str, type]:
+    """Each mode's config class, in table order."""
+    return {name: mode.config for name, mode in bench_modes().items()}
 
 
 def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> Any:
@@ -59,19 +55,22 @@ def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> 
     for name in everyone:
         if getattr(args, name, None) is not None and name not in own:
             raise ValueError(f"--{name.replace('_', '-')} does not apply to --{mode} (only to {only(name)})")
-    return command_config(cls, args, {name: getattr(args, name, None) for name in ("env", "bank") if name in own})
+    values = {m.value: getattr(args, m.name, None) for m in bench_modes().values() if m.value and m.value in own}
+    return command_config(cls, args, {k: v for k, v in values.items() if v not in (None, True, False)})
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from trace_gym.registry import load_plugins
 
-    chosen = [m for m, on in (("sim", args.sim), ("env", bool(args.env)), ("bank", bool(args.bank))) if on]
+    modes = bench_modes()
+    chosen = [name for name in modes if getattr(args, name, None)]
     if len(chosen) != 1:
-        raise ValueError("give exactly one of --sim, --env ENV (with --policy MODEL) or --bank FILE")
+        flags = ", ".join(f"--{n}" + (f" {m.metavar or m.value.upper()}" if m.value else "") for n, m in modes.items())
+        raise ValueError(f"give exactly one of {flags}")
     mode = chosen[0]
     if mode == "bank":
         args.bank = bank_path(args.bank)
-    cfg = mode_config(args, mode, BENCH_MODES)
+    cfg = mode_config(args, mode, mode_configs())
     if mode == "sim" and cfg.calibrate_from:
         cfg = dataclasses.replace(cfg, calibrate_from=bank_path(cfg.calibrate_from))
     load_plugins(cfg.plugins)
@@ -90,34 +89,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def mode_runner(mode: str, args: argparse.Namespace):
-    """``cfg -> results`` of ``mode``: the strategies shaped for ``cfg``, the bench run, then judged
-    with the user's roles (``--baseline``, ``--pairs``)."""
+    """``cfg -> results`` of ``mode``: the strategies shaped for ``cfg``, the mode's run (with the
+    resources it requires), then judged with the user's roles (``--baseline``, ``--pairs``)."""
     from trace_gym import bench
+    from trace_gym.bench_modes import bench_mode
     from trace_gym.strategies import shaped_strategies
 
+    entry = bench_mode(mode)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
     def run(cfg: Any) -> dict[str, Any]:
         strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
                                        continuations_per_root=cfg.continuations_per_root)
-        if mode == "sim":
-            from trace_gym.bench_sim import run_sim_bench
-
-            results = run_sim_bench(cfg, strategies, progress=True)
-        elif mode == "bank":
-            from trace_gym.bench_bank import run_bank_bench
-
-            results = run_bank_bench(cfg, strategies, progress=True, say=say)
-        else:
-            from trace_gym.bench_env import run_env_bench
-            from trace_gym.registry import resolve_env
-
-            family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
-            results = run_env_bench(cfg, strategies, family, progress=True, out_dir=args.out, say=say)
+        results = entry.run(cfg, strategies, progress=True, say=say, out_dir=args.out,
+                            **{name: RESOURCES[name](cfg) for name in entry.requires})
         roles = bench_roles(args, results)
         return bench.judge(results, roles) if roles != Roles() else results
 
     return run
+
+
+def _family(cfg: Any) -> Any:
+    from trace_gym.registry import resolve_env
+
+    return resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
+
+
+#: What the face resolves for a mode's run (:attr:`BenchMode.requires`).
+RESOURCES = {"family": _family}
 
 
 def _sweep(args: argparse.Namespace, cfg: Any, run) -> int:
@@ -153,14 +152,15 @@ def bench_roles(args: argparse.Namespace, results: dict[str, Any]) -> Roles:
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
+    modes = bench_modes()
     p = add_config_parser(subparsers, "bench", "benchmark allocation strategies at equal budget (no training)",
-                          *BENCH_MODES.values(),
+                          *mode_configs().values(),
                           epilog_prefix="Every key is also a --flag (--root-budget 32 = root_budget=32).\n\n")
-    p.add_argument("--sim", action="store_true", help="use the simulator (no model needed)")
-    p.add_argument("--env", metavar="ENV", help="run on real rollouts in this env family or env id (e.g. math_python), "
-                   "with --policy MODEL")
-    p.add_argument("--bank", metavar="FILE", help="replay a recorded rollout bank (a file, or a shipped bank's name: "
-                   "trace-gym bank list)")
+    for name, mode in modes.items():
+        if mode.value:
+            p.add_argument(f"--{name}", metavar=mode.metavar or mode.value.upper(), help=mode.help)
+        else:
+            p.add_argument(f"--{name}", action="store_true", help=mode.help)
     p.add_argument("--json", help="write the results as JSON to this path")
     p.add_argument("--out", help="write PNG plots (and with --dump-episodes, transcripts) into this folder")
     p.add_argument("--strict", action="store_true", help="exit 1 when a check FAILs")
@@ -168,5 +168,5 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pairs", metavar="A:B,...", help="more paired comparisons, e.g. my_strategy:pcl")
     p.add_argument("--root-budgets", metavar="M,M,...", help="a budget curve: the bench at each root budget M "
                    "(a table per headline metric; with --out, budget_<metric>.png)")
-    add_config_flags(p, BENCH_MODES, skip=("env", "bank"))
+    add_config_flags(p, mode_configs(), skip=tuple(m.value for m in modes.values() if m.value) + tuple(modes))
     p.set_defaults(func=cmd_bench)

@@ -1,0 +1,72 @@
+"""Bench modes are one table: a mode registered through it gets its flag, its keys, its run and its
+report from the command line, with no edit to the command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+from dataclasses import dataclass, field
+
+import pytest
+
+from trace_gym import cli
+from trace_gym.bench_modes import BENCH_SOURCES, BenchMode, bench_mode, register_bench_mode
+from trace_gym.config import SimBenchConfig, doc
+
+
+@dataclass(frozen=True)
+class CoinBenchConfig(SimBenchConfig):
+    """A throwaway mode: the simulator under another name, with one key of its own."""
+
+    coin: str = field(default="", metadata=doc("a label the throwaway mode writes into its results"))
+
+
+def _run(cfg, strategies, *, progress=False, say=None, out_dir=None):
+    from trace_gym.bench_sim import run_sim_bench
+
+    results = run_sim_bench(SimBenchConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SimBenchConfig)}),
+                            strategies)
+    results["mode"] = "coin"
+    results["config"]["coin"] = cfg.coin
+    return results
+
+
+def _intro(results):
+    return [f"## Coin bench ({results['config']['coin']})", ""]
+
+
+@pytest.fixture
+def coin_mode(monkeypatch):
+    module = types.ModuleType("coin_bench_mode")
+    module.MODE = BenchMode("coin", CoinBenchConfig, _run, _intro, "a throwaway mode", value="coin", metavar="LABEL",
+                            columns=(("Spearman prefix", "prefix_spearman"),), verdict_label="coins")
+    monkeypatch.setitem(sys.modules, "coin_bench_mode", module)
+    monkeypatch.setattr("trace_gym.bench_modes.BENCH_SOURCES", dict(BENCH_SOURCES))
+    register_bench_mode("coin", "coin_bench_mode:MODE")
+    return module.MODE
+
+
+def test_a_mode_registered_through_the_table_runs_from_the_command_line(coin_mode, tmp_path, capsys):
+    out = tmp_path / "coin.json"
+    rc = cli.main(["bench", "--coin", "heads", "seeds=1", "steps=2", "pool_size=256", "candidates=64",
+                   "root_budget=32", "strategies=uniform,trace", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert printed.startswith("## Coin bench (heads)") and "**Verdict (coins):**" in printed
+    assert "Spearman prefix" in printed and "| trace " in printed
+    assert json.loads(out.read_text())["config"]["coin"] == "heads"
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
+    assert "--coin LABEL" in help_text and "a throwaway mode" in help_text
+
+
+def test_the_table_refuses_a_taken_name_and_a_target_that_is_not_a_mode(monkeypatch):
+    monkeypatch.setattr("trace_gym.bench_modes.BENCH_SOURCES", dict(BENCH_SOURCES))
+    with pytest.raises(ValueError, match="bench mode 'sim' is taken"):
+        register_bench_mode("sim", "elsewhere:MODE")
+    register_bench_mode("fake", "trace_gym.bench_sim:MODE")  # a BenchMode, but named "sim"
+    with pytest.raises(ValueError, match="is not a BenchMode named 'fake'"):
+        bench_mode("fake")
+    with pytest.raises(ValueError, match="unknown bench mode 'nope'"):
+        bench_mode("nope")
