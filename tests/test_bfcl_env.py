@@ -13,7 +13,7 @@ import trace_gym  # noqa: E402,F401  (registers trace_gym/BFCL-v0)
 from environments.bfcl import data  # noqa: E402
 from environments.bfcl.checker import EMPTY_TURN, FORCE_TERMINATED, RESPONSE_MISMATCH, STATE_MISMATCH  # noqa: E402
 from environments.bfcl.env import END_TURN, BFCLEnv  # noqa: E402
-from trace_gym.env import check_env  # noqa: E402
+from trace_gym.env_checks import check_env  # noqa: E402
 from trace_gym.types import Message  # noqa: E402
 
 

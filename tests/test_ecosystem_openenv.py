@@ -23,7 +23,7 @@ pytest.importorskip("openenv")
 from environments.ecosystems import openenv as adapter  # noqa: E402
 from registry_fixtures import registries_restored  # noqa: E402
 from trace_gym.api import resolve_env  # noqa: E402
-from trace_gym.env import check_env  # noqa: E402
+from trace_gym.env_checks import check_env  # noqa: E402
 from trace_gym.types import Message  # noqa: E402
 
 GUESS_APP = "ecosystem_envs_openenv.guess:app"

@@ -11,8 +11,10 @@ import random
 import pytest
 
 from foreign_envs import HotColdAdapter, UrandomAdapter, hot_cold_tasks
-from trace_gym.env import EnvCheckError, check_env
-from trace_gym.env_adapter import ReplayDivergence, query_kwargs
+from trace_gym.env import EnvCheckError
+from trace_gym.env_checks import check_env
+from trace_gym.env import ReplayDivergence
+from trace_gym.env_adapter import query_kwargs
 from trace_gym.types import Message
 
 # random guesses reach deep turns of a 20-number game; "7" repeats make hints matter

@@ -15,7 +15,8 @@ import trace_gym  # noqa: F401  (registers ids)
 from foreign_envs import HotColdAdapter, UrandomAdapter, hot_cold_tasks
 from environments.guess_number import GuessNumberEnv, make_tasks
 from trace_gym import env_checks
-from trace_gym.env import EnvCheckError, Snapshot, check_env, freeze, rng_from_state, rng_state, thaw
+from trace_gym.env import EnvCheckError, Snapshot, freeze, rng_from_state, rng_state, thaw
+from trace_gym.env_checks import check_env
 from trace_gym.env_checks import CHECKS, CheckRun
 from trace_gym.registry import env_ids, register_envs
 from trace_gym.types import Message, Task
@@ -406,7 +407,7 @@ def test_guess_number_reads_the_last_integer_with_guess_format_number():
     assert tagged.step(f"I pick {task.answer}")[4].get("error") == "no_guess"  # the default is unchanged
     with pytest.raises(ValueError, match="guess_format must be one of"):
         GuessNumberEnv(guess_format="loose")
-    from trace_gym.env import check_env
+    from trace_gym.env_checks import check_env
 
     assert check_env(GuessNumberEnv(high=8, guess_format="number"), make_tasks(3, high=8)).passed
 

@@ -9,7 +9,7 @@ import trace_gym  # noqa: F401  (registers the ids)
 from environments.math_python.env import MathPythonEnv, extract_code_blocks, kernel_seed
 from environments.math_python.generated import generate_tasks
 from environments.math_python.sandbox import KernelLimits
-from trace_gym.env import check_env
+from trace_gym.env_checks import check_env
 from trace_gym.types import Message, Task
 
 TASK = Task(id="t1", prompt="What is 6 times 7?", answer="42")

@@ -17,7 +17,7 @@ from environments.wiki_qa.actions import (
 )
 from environments.wiki_qa.data import offline_tasks
 from environments.wiki_qa.env import WikiQAEnv, format_passages
-from trace_gym.env import check_env
+from trace_gym.env_checks import check_env
 
 SCALE = 0.03  # the small synthetic world (631 passages), its index built once into the cache
 KW = {"searcher": "offline", "offline_scale": SCALE}

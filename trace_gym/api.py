@@ -57,6 +57,7 @@ from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
 from trace_gym.budget import BudgetLedger
 from trace_gym.config import EnvBenchConfig, SimBenchConfig
+from trace_gym.env_checks import check_env
 from trace_gym.env import (
     AgentEnv,
     EnvCheckError,
@@ -64,7 +65,6 @@ from trace_gym.env import (
     ReplayCost,
     Snapshot,
     StopStrings,
-    check_env,
     freeze,
     rng_from_state,
     rng_state,

@@ -14,7 +14,7 @@ raw output for one turn) and whose observations are chat messages:
   Restoring and stepping the same action gives identical results, and steps after a
   restore never leak into the snapshot or into sibling branches.
 
-:func:`check_env` checks all of that on a user's env; a new env is "done" when it
+:func:`trace_gym.env_checks.check_env` checks all of that on a user's env; a new env is "done" when it
 passes. Its checks, one function each, live in :mod:`trace_gym.env_checks`.
 """
 
@@ -186,7 +186,7 @@ class ReferenceActions(Protocol):
     """Optional: an env that can script a task's intended solution.
 
     ``reference_actions(task)`` returns the actions (raw model text per turn) that play
-    ``task`` the way its author meant; :func:`check_env` plays them by default, so the
+    ``task`` the way its author meant; :func:`~trace_gym.env_checks.check_env` plays them by default, so the
     checks reach deep turns that random text would never reach.
     """
 
@@ -263,29 +263,23 @@ def env_stop_strings(make_env: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
+class ReplayDivergence(RuntimeError):
+    """Re-applying a snapshot's actions gave a different observation than when it was taken
+    (an env snapshotted by deterministic replay that is not deterministic)."""
+
+    def __init__(self, turn: int, detail: str = ""):
+        super().__init__(f"replaying the snapshot's actions diverged at turn {turn}{detail}: the env is not "
+                         "deterministic under replay (seed its randomness from the episode seed, or use "
+                         "snapshot='copy')")
+        self.turn = turn
+
+
 class EnvCheckError(AssertionError):
-    """Raised by :func:`check_env`; ``check`` names the failed check."""
+    """Raised by :func:`~trace_gym.env_checks.check_env`; ``check`` names the failed check."""
 
     def __init__(self, check: str, message: str):
         super().__init__(f"[{check}] {message}")
         self.check = check
-
-
-@dataclass
-class CheckReport:
-    """What :func:`check_env` verified (each entry: check name -> count of cases).
-
-    ``snapshot_strategy`` is how the env snapshots: ``native`` (its own ``snapshot``),
-    or, for another ecosystem's env run through :mod:`trace_gym.env_adapter`, ``copy``
-    or ``replay``.
-    """
-
-    passed: dict[str, int] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
-    snapshot_strategy: str = "native"
-
-    def ok(self, check: str, n: int = 1) -> None:
-        self.passed[check] = self.passed.get(check, 0) + n
 
 
 def _portable(make_env: EnvFactory) -> EnvFactory:
@@ -304,65 +298,3 @@ def _portable(make_env: EnvFactory) -> EnvFactory:
             spec = gymnasium.spec(make_env.args[0])
             return functools.partial(gymnasium.make, spec, *make_env.args[1:], **make_env.keywords)
     return make_env
-
-
-def check_env(
-    env: Any,
-    tasks: Sequence[Task],
-    *,
-    actions: Mapping[str, Sequence[str]] | Callable[[Task], Sequence[str]] | None = None,
-    branch_actions: Sequence[str] | None = None,
-    make_env: EnvFactory | None = None,
-    max_steps: int = 12,
-    seed: int = 0,
-    gymnasium_checks: bool = True,
-    process_timeout: float = 300.0,
-    only: Sequence[str] | None = None,
-) -> CheckReport:
-    """Check that ``env`` honours the agent-environment contract on ``tasks``.
-
-    Runs the checks of :data:`trace_gym.env_checks.CHECKS` in order (``gymnasium_api``,
-    ``protocol``, ``message_schema``, ``replay_deterministic``, ``seeded_determinism``, ``snapshot_immutable``,
-    ``snapshot_roundtrip``, ``branch_isolation``, ``snapshot_pickle_process``,
-    ``close_idempotent``), each over every task (played once, the recordings shared); each
-    is a function of its name in :mod:`trace_gym.env_checks`, and the failing one is named
-    in :class:`EnvCheckError`.
-
-    Args:
-        env: the env to check (closed at the end, whichever checks ran).
-        tasks: tasks to reset to (``options={"task": task}``).
-        actions: per-task action lists (by id) or a function task -> actions; default: the env's
-            ``reference_actions(task)`` (:class:`ReferenceActions`), else seeded samples.
-        branch_actions: actions for the alternative branch; default: seeded samples.
-        make_env: zero-argument, picklable factory for fresh instances; default from
-            ``env.spec`` (registered envs). Without one the cross-instance and
-            cross-process checks are skipped and reported in ``CheckReport.skipped``.
-        max_steps, seed: at most this many actions per task; the reset seed.
-        gymnasium_checks: run Gymnasium's checker first.
-        process_timeout: seconds allowed for the cross-process worker.
-        only: run just these checks (names in ``CHECKS``, run in its order), e.g.
-            ``only=("snapshot_roundtrip",)``. A check also runs alone when called:
-            ``env_checks.snapshot_roundtrip(env_checks.CheckRun(env, tasks))``.
-
-    Returns:
-        A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure, and
-        ``ValueError`` for no tasks or a name ``only`` has that is not a check.
-    """
-    from trace_gym import env_checks  # imported here: env_checks imports this module
-
-    names = (only,) if isinstance(only, str) else tuple(env_checks.CHECKS if only is None else only)
-    unknown = [name for name in names if name not in env_checks.CHECKS]
-    if unknown:
-        raise ValueError(f"check_env(only=...): {unknown} are not checks; the checks are {list(env_checks.CHECKS)}")
-    run = env_checks.CheckRun(env, tasks, actions, branch_actions, make_env, max_steps, seed, process_timeout)
-    report = CheckReport(skipped=run.skipped, snapshot_strategy=run.snapshot_strategy)
-    try:
-        for name, check in env_checks.CHECKS.items():
-            if name in names and (gymnasium_checks or name != "gymnasium_api"):
-                passed = check(run)
-                if passed is not None:
-                    report.ok(name, passed)
-    finally:
-        if "close_idempotent" not in names:  # that check closes the env itself (twice)
-            env.close()
-    return report

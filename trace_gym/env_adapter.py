@@ -40,7 +40,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import gymnasium
 
-from trace_gym.env import Snapshot, freeze, task_from_options, thaw
+from trace_gym.env import ReplayDivergence, Snapshot, freeze, task_from_options, thaw
 from trace_gym.env_boundary import (  # noqa: F401  (error_text, MAX_ERROR_CHARS, ForeignEnvError: public here too)
     MAX_ERROR_CHARS, ForeignBoundary, ForeignEnvError, PrivateRandom, error_text,
 )
@@ -54,16 +54,6 @@ SNAPSHOT_STRATEGIES = ("native", "copy", "replay")
 StepResult = tuple  # (list[Message], float, bool, bool, dict)
 
 _log = logging.getLogger(__name__)
-
-
-class ReplayDivergence(RuntimeError):
-    """Re-applying a snapshot's actions gave a different observation than when it was taken."""
-
-    def __init__(self, turn: int, detail: str = ""):
-        super().__init__(f"replaying the snapshot's actions diverged at turn {turn}{detail}: the env is not "
-                         "deterministic under replay (seed its randomness from the episode seed, or use "
-                         "snapshot='copy')")
-        self.turn = turn
 
 
 def _digest(obs: Sequence[Message], reward: float | None = None, terminated: bool = False,

@@ -1,4 +1,4 @@
-"""The checks of :func:`trace_gym.env.check_env`, one function per check.
+"""The conformance kit: :func:`check_env`, an orchestrator over one function per named check.
 
 Each check is a function ``check(run: CheckRun) -> int | None`` named as it reports
 itself: it raises :class:`~trace_gym.env.EnvCheckError` (whose ``check`` is that name)
@@ -31,6 +31,7 @@ import numpy as np
 from trace_gym.env import (
     SNAPSHOT_MODES,
     EnvCheckError,
+    ReplayDivergence,
     EnvFactory,
     ReferenceActions,
     Snapshot,
@@ -304,8 +305,6 @@ def replay_deterministic(run: CheckRun) -> int | None:
     a non-deterministic one is refused, naming the first turn that differed. Not run
     (and not reported as skipped) for the other strategies: ``CheckReport.snapshot_strategy``
     says which one the env has."""
-    from trace_gym.env_adapter import ReplayDivergence
-
     if run.snapshot_strategy != "replay":
         return None
     def restore(rec) -> None:
@@ -428,7 +427,7 @@ def close_idempotent(run: CheckRun) -> int:
     return 1
 
 
-#: Every check by the name it reports, in the order :func:`~trace_gym.env.check_env` runs them.
+#: Every check by the name it reports, in the order :func:`check_env` runs them.
 CHECKS: dict[str, Callable[[CheckRun], int | None]] = {
     check.__name__: check
     for check in (gymnasium_api, protocol, message_schema, replay_deterministic, seeded_determinism, snapshot_immutable,
@@ -444,3 +443,80 @@ if __name__ == "__main__":  # the cross-process worker of snapshot_pickle_proces
     _make_env = pickle.loads(_factory)  # after sys.path: unpickling imports the factory's module
     _out = _replay_in_fresh_env(_make_env, _jobs)
     _sys.stdout.buffer.write(pickle.dumps(_out, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check_env` verified (each entry: check name -> count of cases).
+
+    ``snapshot_strategy`` is how the env snapshots: ``native`` (its own ``snapshot``),
+    or, for another ecosystem's env run through :mod:`trace_gym.env_adapter`, ``copy``
+    or ``replay``.
+    """
+
+    passed: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    snapshot_strategy: str = "native"
+
+    def ok(self, check: str, n: int = 1) -> None:
+        self.passed[check] = self.passed.get(check, 0) + n
+
+
+def check_env(
+    env: Any,
+    tasks: Sequence[Task],
+    *,
+    actions: Mapping[str, Sequence[str]] | Callable[[Task], Sequence[str]] | None = None,
+    branch_actions: Sequence[str] | None = None,
+    make_env: EnvFactory | None = None,
+    max_steps: int = 12,
+    seed: int = 0,
+    gymnasium_checks: bool = True,
+    process_timeout: float = 300.0,
+    only: Sequence[str] | None = None,
+) -> CheckReport:
+    """Check that ``env`` honours the agent-environment contract on ``tasks``.
+
+    Runs the checks of :data:`trace_gym.CHECKS` in order (``gymnasium_api``,
+    ``protocol``, ``message_schema``, ``replay_deterministic``, ``seeded_determinism``, ``snapshot_immutable``,
+    ``snapshot_roundtrip``, ``branch_isolation``, ``snapshot_pickle_process``,
+    ``close_idempotent``), each over every task (played once, the recordings shared); each
+    is a function of its name in :mod:`trace_gym.env_checks`, and the failing one is named
+    in :class:`EnvCheckError`.
+
+    Args:
+        env: the env to check (closed at the end, whichever checks ran).
+        tasks: tasks to reset to (``options={"task": task}``).
+        actions: per-task action lists (by id) or a function task -> actions; default: the env's
+            ``reference_actions(task)`` (:class:`ReferenceActions`), else seeded samples.
+        branch_actions: actions for the alternative branch; default: seeded samples.
+        make_env: zero-argument, picklable factory for fresh instances; default from
+            ``env.spec`` (registered envs). Without one the cross-instance and
+            cross-process checks are skipped and reported in ``CheckReport.skipped``.
+        max_steps, seed: at most this many actions per task; the reset seed.
+        gymnasium_checks: run Gymnasium's checker first.
+        process_timeout: seconds allowed for the cross-process worker.
+        only: run just these checks (names in ``CHECKS``, run in its order), e.g.
+            ``only=("snapshot_roundtrip",)``. A check also runs alone when called:
+            ``env_checks.snapshot_roundtrip(CheckRun(env, tasks))``.
+
+    Returns:
+        A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure, and
+        ``ValueError`` for no tasks or a name ``only`` has that is not a check.
+    """
+    names = (only,) if isinstance(only, str) else tuple(CHECKS if only is None else only)
+    unknown = [name for name in names if name not in CHECKS]
+    if unknown:
+        raise ValueError(f"check_env(only=...): {unknown} are not checks; the checks are {list(CHECKS)}")
+    run = CheckRun(env, tasks, actions, branch_actions, make_env, max_steps, seed, process_timeout)
+    report = CheckReport(skipped=run.skipped, snapshot_strategy=run.snapshot_strategy)
+    try:
+        for name, check in CHECKS.items():
+            if name in names and (gymnasium_checks or name != "gymnasium_api"):
+                passed = check(run)
+                if passed is not None:
+                    report.ok(name, passed)
+    finally:
+        if "close_idempotent" not in names:  # that check closes the env itself (twice)
+            env.close()
+    return report

@@ -22,7 +22,7 @@ Fault tolerance: when a pool dies (its call fails with the transport's actor-dea
 snapshot** on a live pool -- reset with the episode's seed, then ``restore`` of the
 snapshot after its last turn (none for an episode that had not stepped yet) -- and the
 lost step is stepped again there. Snapshots restore exactly (the env contract,
-:func:`trace_gym.env.check_env`), so the episode goes on as if nothing happened: its turn
+:func:`trace_gym.env_checks.check_env`), so the episode goes on as if nothing happened: its turn
 is recorded once. The re-done work goes to the episode's ledger apart
 (``recovered_episodes``, ``redone_env_steps``); ``env_steps`` counts each step of the
 trajectories once. Episodes on the dead pool that are waiting for generation are restored

@@ -110,7 +110,7 @@ def vllm_importable() -> tuple[bool, str]:
     """
     if importlib.util.find_spec("vllm") is None:
         return False, "vllm is not installed"
-    from trace_gym.engines.vllm import configure_vllm_env
+    from trace_gym.engines.vllm_env import configure_vllm_env
 
     configure_vllm_env()
     try:

@@ -42,35 +42,11 @@ import numpy as np
 
 from trace_gym.engines import check_generate_args, check_score_args
 from trace_gym.engines.dtypes import auto_dtype
+from trace_gym.engines.vllm_env import configure_vllm_env
 from trace_gym.types import Completion, SamplingParams
 from trace_gym.threads import resolve_threads, torch_threads
 
 _log = logging.getLogger(__name__)
-
-#: env defaults for the CPU backend (see the module docstring)
-CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def configure_vllm_env() -> None:
-    """Env defaults for vLLM; call before ``import vllm``.
-
-    vLLM logs at WARNING unless the user set ``VLLM_LOGGING_LEVEL`` (``trace-gym
-    --verbose`` sets INFO); on CPU the backend defaults of the module docstring apply.
-    """
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    # vLLM's records go through Python logging's root handlers (the CLI's), so the
-    # application decides the level and the filter below applies
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    if not _has_cuda():
-        for key, value in CPU_ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-
 
 #: vLLM warnings that are expected with this engine's settings, each with why it is
 #: harmless; they are dropped so a run shows tables and progress bars (any other
