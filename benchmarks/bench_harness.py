@@ -115,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
-    import gymnasium
 
     import trace_gym  # noqa: F401
     from environments.math_python.generated import generate_digit_sums

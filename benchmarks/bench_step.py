@@ -415,7 +415,7 @@ def main() -> int:
         whole = statistics.median(t for t, _ in trl_times)
         theirs = statistics.median(t - r for t, r in trl_times)  # its reward calls are ours: not counted for it
         out["trl_steps"] = trl_times
-        print(f"\nTRL GRPOTrainer steps (s, of which its reward function): "
+        print("\nTRL GRPOTrainer steps (s, of which its reward function): "
               + ", ".join(f"{t:.1f} ({r:.1f})" for t, r in trl_times))
         verdicts.append(("PASS" if ours <= 0.3 * theirs else "FAIL",
                          f"TRL's job: our whole step {ours:.1f} s ({ours_arm.name}) vs TRL GRPOTrainer {theirs:.1f} s "

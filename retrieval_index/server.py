@@ -62,7 +62,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
 from retrieval_index.batcher import Batcher, QueryFailed, QueueFull  # noqa: F401  (QueueFull, QueryFailed: public here too)

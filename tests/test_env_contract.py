@@ -416,7 +416,7 @@ def test_check_env_is_a_short_orchestrator_over_named_checks():
     import ast
     import inspect
 
-    from trace_gym import env as env_module
+    from trace_gym import env_checks as env_module
     from trace_gym.env_checks import CHECKS
 
     node = next(n for n in ast.parse(inspect.getsource(env_module)).body

@@ -134,7 +134,7 @@ def test_env_failures_are_recorded_and_the_batch_goes_on(planted_runner):
                and leaf.reward == 0.0 for leaf in stepped.leaves())
     assert not batch.trees[2].leaves()  # its roots never started
     assert all(len(t.leaves()) == 2 and "env_error" not in t.leaves()[0].info for t in (batch.trees[0], batch.trees[3]))
-    assert batch.ledger.errors == 4 and batch.truncations["env_error"] == 2
+    assert batch.ledger.errors == 4 and batch.extras["truncations"]["env_error"] == 2
     assert batch.ledger.rollouts == 8
 
 

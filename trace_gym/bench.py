@@ -115,7 +115,8 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
 
 def step_record(out: Any, measured: bool) -> dict[str, Any]:
     """One step of one arm, for the per-step curve: its headline metrics and, where the source
-    put the candidates' truth in ``out.extras["truth"]`` (``(rates, mixed)``), its predictor's
+    put the candidates' truth in ``out.extras["truth"]`` (``(rates, mixed)``, or ``(rates, mixed,
+    candidate indices)`` when it covers only some candidates), its predictor's
     quality on them (:func:`trace_gym.predictor_quality.predictor_quality`) and the spread of
     its values."""
     from trace_gym.predictor_quality import predictor_quality
@@ -124,9 +125,16 @@ def step_record(out: Any, measured: bool) -> dict[str, Any]:
                                     if k in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens")}
     truth = out.extras.get("truth")
     if truth is not None:
-        row |= predictor_quality(out.values, *truth)
+        row |= predictor_quality(_truth_values(out), truth[0], truth[1])
     row["value_spread"] = float(np.ptp(out.values)) if len(out.values) else 0.0
     return row
+
+
+def _truth_values(out: Any) -> np.ndarray:
+    """The predicted values the truth covers: every candidate's, or with a third element
+    (candidate indices) in ``extras["truth"]``, those candidates' only."""
+    truth = out.extras["truth"]
+    return np.asarray(out.values, dtype=float)[np.asarray(truth[2], dtype=np.int64)] if len(truth) > 2 else out.values
 
 
 def pooled_quality(steps: Sequence[Any]) -> dict[str, float]:
@@ -136,7 +144,7 @@ def pooled_quality(steps: Sequence[Any]) -> dict[str, float]:
     have = [s for s in steps if s.extras.get("truth") is not None]
     if not have:
         return {}
-    values = np.concatenate([s.values for s in have])
+    values = np.concatenate([_truth_values(s) for s in have])
     rates = np.concatenate([np.asarray(s.extras["truth"][0], dtype=float) for s in have])
     mixed = np.concatenate([np.asarray(s.extras["truth"][1], dtype=float) for s in have])
     return predictor_quality(values, rates, mixed)

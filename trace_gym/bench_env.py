@@ -86,7 +86,9 @@ class EnvRepetition:
 
     def step(self, arm: Arm, candidates: Sequence[Any], predictor: Any, budget: float,
              rng: np.random.Generator, *, measured: bool) -> Any:
-        return self._collect(candidates, arm.strategy, predictor, budget, rng, _ARM_SEED_OFFSET)
+        out = self._collect(candidates, arm.strategy, predictor, budget, rng, _ARM_SEED_OFFSET)
+        out.extras["truth"] = chosen_truth(out)
+        return out
 
     def arm_state(self, arm: Arm) -> None:
         return None  # live episodes: a step cannot be replayed from a state (no token-budget mode)
@@ -108,7 +110,7 @@ class EnvRepetition:
         empirical = [t.targets(outcomes=True).get(0, math.nan) for s in steps for t in s.trees]
         truncations: dict[str, int] = {}
         for s in steps:
-            for k, v in s.truncations.items():
+            for k, v in s.extras["truncations"].items():
                 truncations[k] = truncations.get(k, 0) + v
         return {"generation_seconds": seconds.get("generation", 0.0),
                 "environment_seconds": seconds.get("environment", 0.0),
@@ -126,6 +128,18 @@ class EnvRepetition:
             done += transcripts(trees, src.config.dump_episodes - len(done))
         src.say(f"{self.label}: {arm.name} done, effective ratio {report.effective_ratio(trees):.2f} "
                 f"({src.elapsed():.1f} s)")
+
+
+def chosen_truth(out: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The predictor-quality truth real rollouts give: for each chosen prompt with at least two
+    finished root rollouts, their success rate and whether they were mixed, and its candidate
+    index. Only the chosen prompts have outcomes, so the measures cover them alone (a
+    selected, not a random, set of prompts)."""
+    rows = [(int(i), *t.root_outcomes()) for i, t in zip(out.tree_candidates, out.trees)]
+    rows = [(i, s, n) for i, s, n in rows if n >= 2]
+    index = np.array([i for i, _, _ in rows], dtype=np.int64)
+    rates = np.array([s / n for _, s, n in rows], dtype=float)
+    return rates, np.array([float(0 < s < n) for _, s, n in rows]), index
 
 
 @dataclass

@@ -12,7 +12,7 @@ study, the root-allocation demo). PNG plots: :func:`write_bench_plots`.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from trace_gym.bench_checks import HEADLINE, interval_text
 from trace_gym.bench_modes import bench_mode

@@ -8,10 +8,10 @@ every finished episode to its prompt's tree. Every allocation decision (roots, t
 per-prompt continuation budget, where continuations go, the single-turn fallback)
 is the driver's and :mod:`trace_gym.planning`'s, the same as in the simulator.
 
-Each call gets its own :class:`~trace_gym.budget.BudgetLedger` (``RolloutBatch.ledger``).
+Each call gets its own :class:`~trace_gym.budget.BudgetLedger` (``StepResult.ledger``).
 An env that raises ends only its own episode: that episode is a truncated failure leaf
 (``info["env_error"]`` on its last node; or no leaf when reset/restore failed), and the
-error is in ``RolloutBatch.errors`` and counted in ``ledger.errors``.
+error is in ``StepResult.errors`` and counted in ``ledger.errors``.
 
 The step includes its learning half (the predictor's update on the finished trees,
 :func:`trace_gym.driver.update_predictor`), as in every other consumer of the driver.
@@ -19,15 +19,13 @@ The step includes its learning half (the predictor's update on the finished tree
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
 import numpy as np
 
 from trace_gym.agent import AgentRunner, Episode
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import PREFIX_SHARE, BranchResult, Learning, run_step
-from trace_gym.planning import ExpansionPlan
+from trace_gym.driver import PREFIX_SHARE, BranchResult, StepResult, run_step
 from trace_gym.predictor import Context, SuccessPredictor
 from trace_gym.strategy import Strategy
 from trace_gym.tree import ROOT, RolloutTree
@@ -159,50 +157,6 @@ class AgentBranchRunner:
         return node
 
 
-@dataclass
-class RolloutBatch:
-    """What :func:`collect` returns.
-
-    Attributes:
-        tasks: the candidate pool, in order.
-        values: predicted success per candidate, shape (n_candidates,).
-        root_counts: m_i root rollouts allocated per candidate (fallback roots not
-            included; they are in ``plans`` and the ledger).
-        continuation_budgets: continuations allotted per candidate.
-        trees: one tree per chosen candidate (m_i > 0), in candidate order. Nodes carry
-            ``policy_token_ids`` (loss mask 1), ``observation_token_ids`` (mask 0),
-            ``logprobs`` and, at leaves, ``reward``; ``RolloutTree.path_tokens(leaf)``
-            gives a trainer one episode's ids, loss mask and logprobs. A tree whose
-            root rollouts all failed to start has no leaves.
-        prefix_predictions: ``(tree index, node id, predicted value)`` for every prefix
-            scored during expansion.
-        ledger: nominal and exact costs of this batch (its own, never shared).
-        plans: ``(candidate index, ExpansionPlan)`` for each prompt that expanded.
-        errors: ``{"candidate", "task_id", "anchor", "leaf", "error"}`` per episode that
-            ended on an error.
-        truncations: count per truncation reason (``turn_tokens``, ``episode_tokens``,
-            ``max_turns``, ``env_error``).
-        learning: the predictor's update on the trees (:class:`trace_gym.driver.Learning`),
-            ``None`` with ``learn=False``.
-        fallback_first, prefixes_seen: as :class:`trace_gym.driver.StepResult`.
-    """
-
-    tasks: list[Task]
-    values: np.ndarray
-    root_counts: np.ndarray
-    continuation_budgets: np.ndarray
-    trees: list[RolloutTree]
-    prefix_predictions: list[tuple[int, int, float]]
-    ledger: BudgetLedger
-    plans: list[tuple[int, ExpansionPlan]] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    truncations: dict[str, int] = field(default_factory=dict)
-    learning: Learning | None = None
-    fallback_first: bool = False
-    prefixes_seen: int = 0
-    extras: dict[str, Any] = field(default_factory=dict)
-
-
 def collect(
     tasks: Sequence[Task],
     strategy: Strategy,
@@ -215,7 +169,7 @@ def collect(
     learn: bool = True,
     prefix_share: float = PREFIX_SHARE,
     fallback_first: bool = False,
-) -> RolloutBatch:
+) -> StepResult:
     """One step of real rollouts (:func:`trace_gym.driver.run_step` with an
     :class:`AgentBranchRunner`): rollout trees at ``nominal_budget`` trajectory-equivalents,
     then (``learn``) the predictor's update on them.
@@ -231,12 +185,17 @@ def collect(
         seed: base env seed; root rollout j of candidate i resets with
             ``seed + 1000 * i + j``.
         learn, prefix_share, fallback_first: as :func:`trace_gym.driver.run_step`.
+
+    Returns:
+        The driver's :class:`~trace_gym.driver.StepResult`; each error also names its
+        ``task_id``, and ``extras`` holds ``tasks`` (the pool) and ``truncations`` (count per
+        truncation reason: ``turn_tokens``, ``episode_tokens``, ``max_turns``, ``env_error``).
     """
     tasks = list(tasks)
     branches = AgentBranchRunner(runner, seed)
     step = run_step(tasks, strategy, predictor, branches, nominal_budget, rng, learn=learn, prefix_share=prefix_share,
                     fallback_first=fallback_first)
-    errors = [e | {"task_id": tasks[e["candidate"]].id} for e in step.errors]
-    return RolloutBatch(tasks, step.values, step.root_counts, step.continuation_budgets, step.trees,
-                        step.prefix_predictions, step.ledger, step.plans, errors, dict(branches.truncations),
-                        step.learning, step.fallback_first, step.prefixes_seen)
+    for error in step.errors:
+        error["task_id"] = tasks[error["candidate"]].id
+    step.extras.update(tasks=tasks, truncations=dict(branches.truncations))
+    return step

@@ -70,12 +70,10 @@ v0: first version (reasoning-gym 0.1.23).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import hashlib
 import json
-import math
 from typing import Any, Mapping, Sequence
 
 from trace_gym.env_adapter import process_state_kept  # the process's logger and RNGs, kept

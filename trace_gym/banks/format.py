@@ -42,7 +42,7 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Mapping
 
 from trace_gym.banks.lines import (MAX_LINE_BYTES, MAX_LINE_DEPTH, check_line, check_line_bytes, compress_line,
                                    encode_line, iter_members, open_file, parse_line)
