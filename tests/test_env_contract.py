@@ -331,7 +331,7 @@ def test_check_env_worker_builds_a_factory_that_names_an_id_only_this_process_re
         assert report.passed["snapshot_pickle_process"] >= 2 and not report.skipped
     finally:
         gymnasium.registry.pop("custom_ns/GuessById-v0")
-    source = open(sys.modules["trace_gym.env_checks"].__file__).read()
+    source = open(sys.modules["trace_gym.env_play"].__file__).read()
     assert "registry" not in source.split('if __name__ == "__main__":')[1]
 
 

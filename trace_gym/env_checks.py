@@ -14,13 +14,12 @@ those recordings. So any one check runs alone::
     run = CheckRun(env, tasks)
     snapshot_roundtrip(run)  # or check_env(env, tasks, only=("snapshot_roundtrip",))
 
-Run as ``python -m trace_gym.env_checks``, this module is the cross-process worker of
-:func:`snapshot_pickle_process`.
+Playing episodes and the cross-process worker of :func:`snapshot_pickle_process` live in
+:mod:`trace_gym.env_play`.
 """
 
 from __future__ import annotations
 
-import math
 import pickle
 import warnings
 from dataclasses import dataclass, field
@@ -28,142 +27,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from trace_gym.env import (
-    SNAPSHOT_MODES,
-    EnvCheckError,
-    ReplayDivergence,
-    EnvFactory,
-    ReferenceActions,
-    Snapshot,
-    _portable,
+from trace_gym.env import SNAPSHOT_MODES, EnvCheckError, EnvFactory, ReplayDivergence, Snapshot
+from trace_gym.env_play import (
+    Step, actions_for, check_messages, check_step_types, cross_process, default_make_env, diff, play, record,
 )
 from trace_gym.types import Message, Task
 
 #: Why the checks that need fresh env instances skip without a factory.
 NO_FACTORY = "no make_env and env has no spec"
-
-
-# --- trajectory helpers -------------------------------------------------------------
-
-Step = tuple  # (observation: tuple[Message, ...], reward: float, terminated: bool, truncated: bool)
-
-
-def _record(result: tuple) -> Step:
-    obs, reward, terminated, truncated, _info = result
-    return (tuple(obs), float(reward), bool(terminated), bool(truncated))
-
-
-def _play(env: Any, actions: Sequence[str]) -> list[Step]:
-    """Step ``actions`` in order until the episode ends; return the recorded steps."""
-    out: list[Step] = []
-    for action in actions:
-        out.append(_record(env.step(action)))
-        if out[-1][2] or out[-1][3]:
-            break
-    return out
-
-
-def _diff(a: Sequence[Step], b: Sequence[Step]) -> str | None:
-    """First difference between two recorded trajectories, or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            for name, u, v in zip(("observation", "reward", "terminated", "truncated"), x, y):
-                if u != v:
-                    return f"step {i}: {name} differs: {u!r:.300} != {v!r:.300}"
-    if len(a) != len(b):
-        return f"trajectory lengths differ: {len(a)} != {len(b)}"
-    return None
-
-
-def _replay_in_fresh_env(make_env: EnvFactory, jobs: list[tuple[bytes, list[str]]]) -> list:
-    """Worker body: restore each pickled snapshot into a fresh env, play its actions."""
-    results = []
-    env = make_env()
-    base = env.unwrapped if hasattr(env, "unwrapped") else env
-    try:
-        for blob, actions in jobs:
-            snap = pickle.loads(blob)
-            base.reset(seed=0)
-            base.restore(snap)
-            results.append(_play(base, actions))
-    finally:
-        env.close()
-    return results
-
-
-def _cross_process(make_env: EnvFactory, jobs, timeout: float) -> list:
-    """Replay ``jobs`` in a fresh interpreter (``python -m trace_gym.env_checks``), via pickle.
-
-    The worker gets this process's ``sys.path`` (so the factory's module imports there
-    too) and a :func:`~trace_gym.env._portable` factory; it imports nothing but this
-    module and the contract it checks.
-    """
-    import subprocess
-    import sys
-
-    try:
-        factory = pickle.dumps(_portable(make_env), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise EnvCheckError("snapshot_pickle_process", f"make_env {make_env!r:.100} does not pickle: {exc}") from exc
-    payload = pickle.dumps((list(sys.path), factory, jobs), protocol=pickle.HIGHEST_PROTOCOL)
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "trace_gym.env_checks"], input=payload, capture_output=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise EnvCheckError("snapshot_pickle_process", f"worker gave no answer in {timeout:.0f} s") from exc
-    if proc.returncode != 0:
-        tail = proc.stderr.decode(errors="replace")[-2000:]
-        raise EnvCheckError("snapshot_pickle_process", f"worker exited {proc.returncode}: {tail}")
-    return pickle.loads(proc.stdout)
-
-
-def _default_make_env(env: Any) -> EnvFactory | None:
-    spec = getattr(env, "spec", None)
-    if spec is None or spec.id is None:
-        return None
-    import functools
-
-    import gymnasium
-
-    # the spec itself (not its id): a fresh interpreter may not have registered the id
-    return functools.partial(gymnasium.make, spec, disable_env_checker=True)
-
-
-def _check_messages(check: str, obs: Any, where: str, *, first: bool = False) -> None:
-    if not isinstance(obs, list):
-        raise EnvCheckError(check, f"{where}: observation must be a list of Message, got {type(obs).__name__}")
-    for m in obs:
-        if not isinstance(m, Message):
-            raise EnvCheckError(check, f"{where}: observation item {m!r:.100} is not a Message")
-    if first and not any(m.role == "user" for m in obs):
-        raise EnvCheckError(check, f"{where}: the first observation has no user message")
-
-
-def _check_step_types(check: str, result: Any, where: str) -> None:
-    if not (isinstance(result, tuple) and len(result) == 5):
-        raise EnvCheckError(check, f"{where}: step must return a 5-tuple, got {result!r:.200}")
-    obs, reward, terminated, truncated, info = result
-    _check_messages(check, obs, where)
-    if not isinstance(reward, (float, int, np.floating)) or isinstance(reward, bool) or not math.isfinite(reward):
-        raise EnvCheckError(check, f"{where}: reward must be a finite float, got {reward!r}")
-    for name, flag in (("terminated", terminated), ("truncated", truncated)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise EnvCheckError(check, f"{where}: {name} must be bool, got {flag!r}")
-    if not isinstance(info, dict):
-        raise EnvCheckError(check, f"{where}: info must be a dict, got {type(info).__name__}")
-
-
-def _actions_for(env: Any, task: Task, actions: Any, max_steps: int, seed: int) -> list[str]:
-    if actions is None:
-        if isinstance(env.unwrapped, ReferenceActions):
-            return list(env.unwrapped.reference_actions(task))[:max_steps]
-        space = env.action_space
-        space.seed(seed)
-        return [space.sample() for _ in range(max_steps)]
-    if callable(actions):
-        return list(actions(task))[:max_steps]
-    return list(actions[task.id])[:max_steps]
 
 
 # --- one run of the kit ---------------------------------------------------------------
@@ -214,7 +85,7 @@ class CheckRun:
         if not self.tasks:
             raise ValueError("check_env needs at least one task")
         self.base = self.env.unwrapped if hasattr(self.env, "unwrapped") else self.env
-        self.make_env = self.make_env or _default_make_env(self.env)
+        self.make_env = self.make_env or default_make_env(self.env)
         self._recordings: list[Recording] | None = None
         #: ``native``, or the :mod:`trace_gym.env_adapter` strategy of an adapted env
         self.snapshot_strategy: str = getattr(self.base, "snapshot_strategy", "native")
@@ -228,9 +99,9 @@ class CheckRun:
 
     def _play_task(self, task: Task) -> Recording:
         where, base = f"task {task.id!r}", self.base
-        acts = _actions_for(self.env, task, self.actions, self.max_steps, self.seed)
+        acts = actions_for(self.env, task, self.actions, self.max_steps, self.seed)
         obs0, info0 = base.reset(seed=self.seed, options={"task": task})
-        _check_messages("message_schema", obs0, f"{where} reset", first=True)
+        check_messages("message_schema", obs0, f"{where} reset", first=True)
         if not isinstance(info0, dict):
             raise EnvCheckError("message_schema", f"{where}: reset info must be a dict")
         snaps = [base.snapshot()]
@@ -238,8 +109,8 @@ class CheckRun:
         trajectory: list[Step] = []
         for t, action in enumerate(acts):
             result = base.step(action)
-            _check_step_types("message_schema", result, f"{where} step {t}")
-            trajectory.append(_record(result))
+            check_step_types("message_schema", result, f"{where} step {t}")
+            trajectory.append(record(result))
             if trajectory[-1][2] or trajectory[-1][3]:
                 break
             snaps.append(base.snapshot())
@@ -293,7 +164,7 @@ def seeded_determinism(run: CheckRun) -> int:
         obs1, _ = run.base.reset(seed=run.seed, options={"task": rec.task})
         if tuple(obs1) != rec.first_observation:
             raise EnvCheckError("seeded_determinism", f"{rec.where}: two seeded resets gave different observations")
-        problem = _diff(rec.trajectory, _play(run.base, rec.actions))
+        problem = diff(rec.trajectory, play(run.base, rec.actions))
         if problem:
             raise EnvCheckError("seeded_determinism", f"{rec.where}: same seed and actions, {problem}")
     return len(run.recordings)
@@ -320,8 +191,8 @@ def replay_deterministic(run: CheckRun) -> int | None:
         # the last step ended the episode and has no snapshot: replay it by hand (a second
         # replay, which a non-deterministic env can fail where the first one passed)
         restore(rec)
-        last = _play(run.base, rec.actions[len(rec.snapshots) - 1:])
-        problem = _diff(rec.trajectory[len(rec.snapshots) - 1:], last)
+        last = play(run.base, rec.actions[len(rec.snapshots) - 1:])
+        problem = diff(rec.trajectory[len(rec.snapshots) - 1:], last)
         if problem:
             raise EnvCheckError("replay_deterministic", f"{rec.where}: replaying turn {len(rec.snapshots)}: the env "
                                 f"is not deterministic under replay ({problem}); seed its randomness from the "
@@ -349,7 +220,7 @@ def snapshot_roundtrip(run: CheckRun) -> int:
     for rec in run.recordings:
         for t, snap in enumerate(rec.snapshots):
             run.base.restore(snap)
-            problem = _diff(rec.trajectory[t:], _play(run.base, rec.actions[t:]))
+            problem = diff(rec.trajectory[t:], play(run.base, rec.actions[t:]))
             if problem:
                 raise EnvCheckError("snapshot_roundtrip", f"{rec.where}: restored after turn {t}, {problem}")
     return _n_snapshots(run)
@@ -373,13 +244,13 @@ def branch_isolation(run: CheckRun) -> int:
                 space = base.action_space
                 space.seed(int(rng.integers(2**31)))
                 alt = [space.sample() for _ in range(2)]
-            _play(base, alt)
+            play(base, alt)
             if pickle.dumps(snap) != blob:
                 raise EnvCheckError(
                     "branch_isolation", f"{where}: stepping a branch restored from turn {t} changed the snapshot"
                 )
             base.restore(snap)
-            problem = _diff(rec.trajectory[t:], _play(base, suffix))
+            problem = diff(rec.trajectory[t:], play(base, suffix))
             if problem:
                 raise EnvCheckError(
                     "branch_isolation", f"{where}: after a sibling branch from turn {t} ran, {problem}"
@@ -387,7 +258,7 @@ def branch_isolation(run: CheckRun) -> int:
             if second is not None:
                 second.reset(seed=run.seed + 1)
                 second.unwrapped.restore(snap)
-                problem = _diff(rec.trajectory[t:], _play(second.unwrapped, suffix))
+                problem = diff(rec.trajectory[t:], play(second.unwrapped, suffix))
                 if problem:
                     raise EnvCheckError(
                         "branch_isolation", f"{where}: a second instance restored from turn {t}, {problem}"
@@ -409,9 +280,9 @@ def snapshot_pickle_process(run: CheckRun) -> int | None:
     jobs = [(rec.blobs[t], rec.actions[t:]) for rec in run.recordings for t in range(len(rec.snapshots))]
     expect = [(f"{rec.where} turn {t}", rec.trajectory[t:]) for rec in run.recordings
               for t in range(len(rec.snapshots))]
-    got = _cross_process(run.make_env, jobs, run.process_timeout)
+    got = cross_process(run.make_env, jobs, run.process_timeout)
     for (label, expected), trajectory in zip(expect, got):
-        problem = _diff(expected, trajectory)
+        problem = diff(expected, trajectory)
         if problem:
             raise EnvCheckError("snapshot_pickle_process", f"{label}: restored in another process, {problem}")
     return len(got)
@@ -433,16 +304,6 @@ CHECKS: dict[str, Callable[[CheckRun], int | None]] = {
     for check in (gymnasium_api, protocol, message_schema, replay_deterministic, seeded_determinism, snapshot_immutable,
                   snapshot_roundtrip, branch_isolation, snapshot_pickle_process, close_idempotent)
 }
-
-
-if __name__ == "__main__":  # the cross-process worker of snapshot_pickle_process
-    import sys as _sys
-
-    _path, _factory, _jobs = pickle.loads(_sys.stdin.buffer.read())
-    _sys.path[:0] = [p for p in _path if p not in _sys.path]
-    _make_env = pickle.loads(_factory)  # after sys.path: unpickling imports the factory's module
-    _out = _replay_in_fresh_env(_make_env, _jobs)
-    _sys.stdout.buffer.write(pickle.dumps(_out, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 @dataclass
