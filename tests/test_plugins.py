@@ -157,6 +157,23 @@ def test_bench_sim_runs_the_plugin_strategy_beside_the_builtins(site):
     assert "group size 8 (applied to uniform)" in out.stdout  # greedy_half declares no group size
 
 
+def test_a_plugin_strategy_gets_paired_verdicts_against_uniform_and_trace_on_a_shipped_bank(site):
+    out = run(site, "-m", "trace_gym.cli", "bench", "--bank", "math_python_smollm2", "strategies=uniform,trace,greedy_half",
+              "seeds=3", "steps=1", "candidates=32", "oracle_upper_bound=false", "--json", str(site / "b.json"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((site / "b.json").read_text())
+    pairs = {(e["a"], e["b"]): e for e in res["paired"]}
+    for other in ("uniform", "trace"):  # the plugin is paired with the baseline and with TRACE, on every metric
+        entry = pairs[("greedy_half", other)]
+        assert all(entry[k]["n"] == 3 for k in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens"))
+        assert f"| greedy_half - {other}" in out.stdout
+    # --baseline names another strategy by role: its pairs and checks follow it
+    out = run(site, "-m", "trace_gym.cli", "bench", "--sim", "strategies=uniform,trace,greedy_half", "seeds=2",
+              "steps=2", "pool_size=512", "candidates=128", "root_budget=64", "--baseline", "greedy_half")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "trace effective ratio above greedy_half" in out.stdout and "| uniform - greedy_half" in out.stdout
+
+
 def test_bench_env_runs_on_the_plugin_env(site, tiny_model_path):
     out = run(site, "-m", "trace_gym.cli", "bench", "--env", "trace_gym/Echo-v0", "--policy", str(tiny_model_path),
               "--engine", "hf", "--strategies", "uniform,greedy_half", "--candidates", "4", "--root-budget", "4",
