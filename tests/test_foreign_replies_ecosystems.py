@@ -222,23 +222,24 @@ def test_a_verifiers_env_that_exits_ends_its_episode_and_not_the_shared_loop():
     exiting, healthy = fam.make_env(), fam.make_env()
     exiting.reset(options={"task": tasks[0]})
     healthy.reset(options={"task": tasks[1]})
-    # the vault env's env_response reads the guess; a planted guess_of raises SystemExit in it
-    module = sys.modules["ecosystem_envs_verifiers.vault_hints"]
-    original = module.guess_of
+    # the vault env's env_response reads the guess; a planted guess_of raises SystemExit in it. Patch the
+    # globals the loaded env's methods read (an earlier test may have imported the module afresh since)
+    scope = type(exiting.unwrapped.vf_env).env_response.__globals__
+    original = scope["guess_of"]
 
     def guess_of(message):
         if "<exit/>" in (message.content or ""):
             raise SystemExit(4)
         return original(message)
 
-    module.guess_of = guess_of
+    scope["guess_of"] = guess_of
     try:
         t0 = time.monotonic()
         out = exiting.step("<exit/>")
         after = healthy.step("<code>10</code>")  # the loop the exit ran on still serves others
         took = time.monotonic() - t0
     finally:
-        module.guess_of = original
+        scope["guess_of"] = original
     assert out[3] and "SystemExit" in out[4]["env_error"]
     assert after[0][0].content in ("higher", "lower") and "env_error" not in after[4] and took < 50
 
