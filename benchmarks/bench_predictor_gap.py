@@ -31,7 +31,7 @@ import numpy as np
 
 from trace_gym import bench_sim, sim, sim_predictors
 from trace_gym.allocation import solve_root
-from trace_gym.config import SimBenchConfig
+from trace_gym.entry_configs import SimBenchConfig
 from trace_gym.driver import run_step
 from trace_gym.report import markdown_table, pm
 from trace_gym.strategies import shaped_strategies

@@ -24,7 +24,9 @@ import math
 import sys
 import time
 
-from trace_gym.bench_bank import BankBenchConfig, run_bank_bench
+from trace_gym.bench_bank import run_bank_bench
+
+from trace_gym.entry_configs import BankBenchConfig
 from trace_gym.bench_checks import METRICS, interval_text, paired
 from trace_gym.commands.bank import bank_path
 from trace_gym.report import markdown_table, pm

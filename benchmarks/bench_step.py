@@ -115,13 +115,14 @@ class Arm:
 
 
 def make_cfg(task: str, strategy: str, engine: str, lr: float) -> Any:
-    from trace_gym.train import load_train_config
+    from trace_gym.config import load_config
+    from trace_gym.entry_configs import TrainConfig
 
     prompts = PROMPTS[task]
     over = {**TASKS[task], **strategy_over(strategy, prompts), "engine": engine, "candidates": prompts,
             "temperature": 0.7,
             "eval_every": 0, "progress": False, "run_dir": "/nonexistent", "trainer.lr": lr, "seed": 0}
-    return load_train_config(None, over)
+    return load_config(TrainConfig, None, over)
 
 
 def make_arm(task: str, strategy: str, engine: str, lr: float, predictor: bool = True) -> Arm:

@@ -112,7 +112,7 @@ def resolve_policy(spec: str) -> tuple[Path, str, bool]:
     try:
         return Path(resolve_model(path)), path, True
     except FileNotFoundError:
-        from trace_gym.commands import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         if run.is_dir():
             raise ValueError(f"policy {spec!r}: the folder is neither a model (no config.json) nor a run dir "

@@ -355,7 +355,7 @@ def get_suite(name: str) -> Suite:
         return env_suite(name, resolve_env(name))
     ids = env_ids()  # registers the built-in and plugin ids
     if name not in ENV_FAMILIES and name not in registry and f"{NAMESPACE}/{name}" not in registry:
-        from trace_gym.commands import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         short = [i.split("/", 1)[1] for i in ids]
         raise ValueError(f"unknown suite {name!r}{did_you_mean(name, [*SUITES, *short])}; known suites: "

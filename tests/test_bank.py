@@ -25,7 +25,8 @@ from trace_gym.banks import (EXHAUSTED, BankBranchRunner, BankDraws, BankError, 
                              format_bank_stats, iter_prompts, list_banks, mixed_without_replacement, open_bank,
                              record_bank)
 from trace_gym.banks.record import prefix_depths
-from trace_gym.bench_bank import BankBenchConfig, run_bank_bench
+from trace_gym.bench_bank import run_bank_bench
+from trace_gym.entry_configs import BankBenchConfig
 from trace_gym.budget import BudgetLedger
 from trace_gym.rollout import AgentBranchRunner, node_context
 from trace_gym.strategies import shaped_strategies

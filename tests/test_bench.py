@@ -18,7 +18,7 @@ from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
 from trace_gym.driver import prefix_weight_for_share
 from trace_gym.predictor import make_predictor, predictor_spec
-from trace_gym.config import EnvBenchConfig, SimBenchConfig
+from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
 from trace_gym.strategies import STRATEGIES, shaped_strategies
 
 SMALL = dict(seeds=2, steps=3, warmup_steps=1, pool_size=1024, candidates=128, root_budget=128)

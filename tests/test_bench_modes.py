@@ -13,7 +13,8 @@ import pytest
 
 from trace_gym import cli
 from trace_gym.bench_modes import BENCH_SOURCES, BenchMode, bench_mode, register_bench_mode
-from trace_gym.config import SimBenchConfig, doc
+from trace_gym.config import doc
+from trace_gym.entry_configs import SimBenchConfig
 
 
 @dataclass(frozen=True)

@@ -234,9 +234,10 @@ RAY_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "ray").g
 def test_ray_configs_resolve(path, tmp_path):
     from trace_gym.cli import main
     from trace_gym.distributed.backend import ray_options
-    from trace_gym.train import load_train_config
+    from trace_gym.config import load_config
+    from trace_gym.entry_configs import TrainConfig
 
-    cfg = load_train_config(path)
+    cfg = load_config(TrainConfig, path)
     opts = ray_options(cfg.ray_options)
     assert cfg.ray == "local" and cfg.nominal_budget == 2048 and cfg.root_budget == 1024
     assert opts.trainer_shard and opts.rollout_workers * opts.worker_gpus + opts.trainer_workers * opts.trainer_gpus == 8

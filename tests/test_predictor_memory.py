@@ -154,9 +154,11 @@ class StatelessMemo(MemoPredictor):
 
 def _train(run_dir, steps, tiny_model_path, kind):
     from trace_gym.commands.train import resolve_train_setup
-    from trace_gym.train import load_train_config, train
+    from trace_gym.config import load_config
+    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train import train
 
-    cfg = load_train_config(None, {"run_dir": str(run_dir), "policy": str(tiny_model_path), "env": "guess_number",
+    cfg = load_config(TrainConfig, None, {"run_dir": str(run_dir), "policy": str(tiny_model_path), "env": "guess_number",
                                    "predictor": kind, "steps": str(steps), "candidates": "4", "root_budget": "2",
                                    "max_turns": "2", "max_turn_tokens": "4", "max_episode_tokens": "256",
                                    "progress": "false", "engine": "hf", "strategy": "trace"})

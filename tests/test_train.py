@@ -15,7 +15,9 @@ import pytest
 
 from trace_gym.checkpoint import RunDir
 from trace_gym.datafiles import split_tasks
-from trace_gym.train import TaskCursor, TrainConfig, config_differences, load_train_config
+from trace_gym.entry_configs import TrainConfig
+from trace_gym.config import load_config
+from trace_gym.train import TaskCursor, config_differences
 from trace_gym.types import Task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_config_yaml_overrides_and_trainer_section(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("strategy: uniform\nsteps: 3\ntrainer:\n  lr: 2.0e-5\n  clip_high: 0.28\n")
-    cfg = load_train_config(f, {"steps": "5", "trainer.loss_aggregation": "seq-mean-token-mean"})
+    cfg = load_config(TrainConfig, f, {"steps": "5", "trainer.loss_aggregation": "seq-mean-token-mean"})
     assert (cfg.strategy, cfg.steps) == ("uniform", 5)
     assert (cfg.trainer.lr, cfg.trainer.clip_high, cfg.trainer.loss_aggregation) == (2e-5, 0.28, "seq-mean-token-mean")
     assert cfg.nominal_budget == 16.0
@@ -39,7 +41,7 @@ def test_config_yaml_overrides_and_trainer_section(tmp_path):
 ])
 def test_bad_keys_and_values_name_themselves(overrides, message):
     with pytest.raises(ValueError, match=message):
-        load_train_config(None, overrides)
+        load_config(TrainConfig, None, overrides)
 
 
 def test_cli_errors_are_one_line_before_any_model_loads(tmp_path):
@@ -57,7 +59,7 @@ def test_config_differences_ignore_resumable_keys():
     from trace_gym.config import to_yaml
 
     a = TrainConfig()
-    b = load_train_config(None, {"progress": "false", "steps": "9", "trainer.lr": "3e-6"})
+    b = load_config(TrainConfig, None, {"progress": "false", "steps": "9", "trainer.lr": "3e-6"})
     assert config_differences(to_yaml(a), to_yaml(b)) == ["trainer.lr: 1e-06 -> 3e-06"]
 
 
@@ -73,7 +75,7 @@ def test_a_run_written_before_a_key_existed_resumes_while_the_key_keeps_its_defa
     old["trainer"].pop("lr")
     stored = yaml.safe_dump(old)
     assert config_differences(stored, to_yaml(TrainConfig())) == []
-    changed = load_train_config(None, {"predictor_kwargs": '{"dtype": "bfloat16"}'})
+    changed = load_config(TrainConfig, None, {"predictor_kwargs": '{"dtype": "bfloat16"}'})
     assert config_differences(stored, to_yaml(changed)) == ["predictor_kwargs: {} -> {'dtype': 'bfloat16'}"]
 
 
@@ -300,7 +302,7 @@ def test_a_step_that_raises_closes_the_runner_the_engine_and_the_backend(tmp_pat
         def close(self):
             closed.append("backend")
 
-    cfg = load_train_config(None, {"run_dir": str(tmp_path / "r"), "policy": str(tiny_model_path),
+    cfg = load_config(TrainConfig, None, {"run_dir": str(tmp_path / "r"), "policy": str(tiny_model_path),
                                    "env": "guess_number", "predictor": "constant", "steps": "1", "candidates": "4",
                                    "root_budget": "2", "max_turns": "1", "max_turn_tokens": "4",
                                    "max_episode_tokens": "256", "progress": "false", "engine": "hf"})
@@ -313,7 +315,7 @@ def test_near_miss_names_get_a_suggestion():
     from trace_gym.advantages import get_estimator
     from trace_gym.models import resolve_model
     from trace_gym.predictor import check_predictor_name
-    from trace_gym.train import TrainConfig
+    from trace_gym.entry_configs import TrainConfig
 
     with pytest.raises(ValueError, match="did you mean tree_grpo"):
         get_estimator("tree_grp")

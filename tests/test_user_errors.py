@@ -65,7 +65,7 @@ def test_a_plugin_that_raises_is_one_line_with_file_and_line(tmp_path, monkeypat
 # ---------------------------------------------------------------------- keys blamed where typed
 def test_keys_and_values_are_blamed_on_where_they_were_typed(tmp_path):
     from trace_gym.config import load_config
-    from trace_gym.train import TrainConfig
+    from trace_gym.entry_configs import TrainConfig
 
     good = tmp_path / "good.yaml"
     good.write_text("steps: 3\ntrainer:\n  lr: 1.0e-5\n")
@@ -110,10 +110,8 @@ def test_flag_commands_blame_the_file_or_the_line(tmp_path):
 
 
 def test_near_miss_names_get_a_suggestion(capsys):
-    from trace_gym import commands, config
     from trace_gym.registry import resolve_env
 
-    assert commands.did_you_mean is config.did_you_mean  # one helper
     with pytest.raises(ValueError, match=r"unknown env 'guess_nuber'.*did you mean guess_number"):
         resolve_env("guess_nuber")
     assert cli.main(["train", "--dry-run", "strategy=trase"]) == 2
@@ -192,13 +190,14 @@ def test_every_command_of_the_tutorials_parses_and_resolves(page, tmp_path, monk
 # ---------------------------------------------------------------------- eval suite of another env
 def test_train_warns_when_the_eval_suite_runs_in_another_env(tmp_path, capsys):
     from trace_gym.commands.train import eval_env_warning
-    from trace_gym.train import load_train_config
+    from trace_gym.config import load_config
+    from trace_gym.entry_configs import TrainConfig
 
     shipped = "configs/train_cpu_trace.yaml"
-    assert eval_env_warning(load_train_config(shipped)) is None  # math_python evaluated on generated math
-    assert eval_env_warning(load_train_config(shipped, {"env": "math_python_hard"})) is None  # same env
-    assert eval_env_warning(load_train_config(shipped, {"env": "guess_number", "eval_every": "0"})) is None
-    line = eval_env_warning(load_train_config(shipped, {"env": "guess_number"}))
+    assert eval_env_warning(load_config(TrainConfig, shipped)) is None  # math_python evaluated on generated math
+    assert eval_env_warning(load_config(TrainConfig, shipped, {"env": "math_python_hard"})) is None  # same env
+    assert eval_env_warning(load_config(TrainConfig, shipped, {"env": "guess_number", "eval_every": "0"})) is None
+    line = eval_env_warning(load_config(TrainConfig, shipped, {"env": "guess_number"}))
     assert line.startswith("WARNING: eval_suite 'generated' runs in trace_gym/MathPython-v0, but training runs in "
                            "trace_gym/GuessNumber-v0 (env=guess_number)")
     assert cli.main(["train", "--config", shipped, "--dry-run", "env=guess_number", f"run_dir={tmp_path}"]) == 0

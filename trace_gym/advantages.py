@@ -255,7 +255,7 @@ def register_estimator(name: str, estimator: AdvantageEstimator) -> str:
 def get_estimator(name: str) -> AdvantageEstimator:
     """Look an estimator up by name, with the known names in the error."""
     if name not in ESTIMATORS:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}"
                          f"{did_you_mean(name, ESTIMATORS)}")

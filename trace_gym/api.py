@@ -56,7 +56,7 @@ from trace_gym.bench_report import format_bench
 from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
 from trace_gym.budget import BudgetLedger
-from trace_gym.config import EnvBenchConfig, SimBenchConfig
+from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
 from trace_gym.env_checks import check_env
 from trace_gym.env import (
     AgentEnv,
@@ -76,7 +76,8 @@ from trace_gym.registry import EnvFamily, resolve_env
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.strategies import STRATEGIES, register_strategy, shaped_strategies
 from trace_gym.strategy import Strategy
-from trace_gym.train import TrainConfig, TrainSetup, train
+from trace_gym.entry_configs import TrainConfig
+from trace_gym.train import TrainSetup, train
 from trace_gym.tree import RolloutTree
 from trace_gym.types import Message, Task
 

@@ -42,75 +42,14 @@ from trace_gym.banks.format import Bank, open_bank
 from trace_gym.banks.replay import BankBranchRunner, BankDraws, BankOraclePredictor, recorded_prefix_rate
 from trace_gym.bench import Arm, arms_with_oracle, run_bench
 from trace_gym.bench_modes import BenchMode
-from trace_gym.config import BUDGET_UNITS, doc
 from trace_gym.banks.warmup import held_out_prompts, warm_up
 from trace_gym.driver import StepResult, run_step
-from trace_gym.predictor import PREDICTORS, check_predictor_name, make_predictor, predictor_names
+from trace_gym.entry_configs import BankBenchConfig
+from trace_gym.predictor import PREDICTORS, make_predictor
 from trace_gym.strategy import Strategy
 
 #: The oracle arm's predictor name (not a kind of the predictor table: it reads the bank).
 ORACLE = "oracle"
-
-
-@dataclass(frozen=True)
-class BankBenchConfig:
-    """``trace-gym bench --bank FILE``: strategies replayed on a recorded rollout bank.
-
-    The default is sized for a bank of a few hundred prompts with R = 8 roots and K = 4
-    continuations: 64 held-out prompts warm the predictor up, then 64 candidates and
-    M = 16 roots per step, N = 2 continuations per root, over 3 measured steps: one pass
-    over the 192 measurable prompts of a 256-prompt bank, so no prompt is drawn twice and
-    the recorded roots never run out (a second pass needed 12 roots of some prompts);
-    with the warm-up the per-step curve is flat from step 0 (docs/benchmarking.md).
-    """
-
-    bank: str = field(default="", metadata=doc("the rollout bank file (trace-gym bank record --out FILE)"))
-    seeds: int = field(default=10, metadata=doc("independent repetitions (fresh candidate draws and rollout draws)"))
-    steps: int = field(default=3, metadata=doc("allocation steps per repetition (a fresh candidate pool each)"))
-    warmup_steps: int = field(default=0, metadata=doc("first steps run (the predictor trains) but not measured"))
-    warmup_prompts: int | None = field(default=None, metadata=doc(
-        "prompts held out of every measured pool (a slice seeded by seed); their recorded rollouts train every "
-        "learned predictor before step 0, charged to no arm (0: a cold start; default: 64, at most a quarter of "
-        "the bank)"))
-    candidates: int = field(default=64, metadata=doc("candidate prompts scored per step (at most the bank's prompts)"))
-    root_budget: int = field(default=16, metadata=doc("M: root rollouts of a tree strategy per step"))
-    continuations_per_root: int = field(default=2, metadata=doc(
-        "N: continuations per root; nominal budget = M (1 + N/2)"))
-    group_size: int = field(default=4, metadata=doc("G: group size of every fixed-group strategy (uniform, pcl)"))
-    predictor: str = field(default="embedding", metadata=doc(
-        "predictor of every predictor-driven strategy: " + " | ".join(predictor_names("text"))))
-    predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
-        "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\"}"))
-    prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
-    oracle_upper_bound: bool = field(default=True, metadata=doc(
-        "also run TRACE with the bank's empirical rates as its predictor, labelled as an upper bound"))
-    budget_unit: str = field(default="nominal", metadata=doc(
-        "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (the recorded generated tokens)"))
-    strategies: tuple[str, ...] = field(default=(), metadata=doc("comma-separated strategy names (default: all)"))
-    plugins: tuple[str, ...] = field(default=(), metadata=doc(
-        "modules to import first (not installed plugins: their envs and strategies register on import)"))
-    seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)"))
-
-    def __post_init__(self) -> None:
-        for name in ("seeds", "steps", "candidates", "group_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if not 0 <= self.warmup_steps < self.steps:
-            raise ValueError(f"warmup_steps must lie in [0, steps={self.steps}), got {self.warmup_steps!r}")
-        if self.root_budget < 2 or self.continuations_per_root < 0:
-            raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
-                             f"{self.root_budget!r}, {self.continuations_per_root!r}")
-        check_predictor_name(self.predictor, "text")
-        if not 0 <= self.prefix_share < 1:
-            raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
-        if self.budget_unit not in BUDGET_UNITS:
-            raise ValueError(f"budget_unit must be one of {list(BUDGET_UNITS)}, got {self.budget_unit!r}")
-
-    @property
-    def nominal_budget(self) -> float:
-        from trace_gym.budget import nominal_cost
-
-        return nominal_cost(self.root_budget, self.continuations_per_root)
 
 
 @dataclass

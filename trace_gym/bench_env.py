@@ -24,7 +24,7 @@ import numpy as np
 
 from trace_gym.bench import Arm, run_bench, transcripts
 from trace_gym.bench_modes import BenchMode
-from trace_gym.config import EnvBenchConfig
+from trace_gym.entry_configs import EnvBenchConfig
 from trace_gym.predictor import PREDICTORS, make_predictor
 from trace_gym.strategy import Strategy
 
@@ -164,15 +164,13 @@ class EnvSource:
     dumped: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from trace_gym.agent import AgentConfig
         from trace_gym.types import SamplingParams
 
         cfg = self.config
         self.t_start = time.perf_counter()
         self.repetitions, self.steps, self.warmup_steps = cfg.seeds, 1, 0
         self.budget_unit, self.nominal_budget = "nominal", cfg.nominal_budget
-        self.agent_config = AgentConfig(max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
-                                        max_turns=cfg.max_turns)
+        self.agent_config = cfg.agent_config()
         self.sampling = SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed)
         self.policy_path = None
         if "model_path" in PREDICTORS[cfg.predictor].needs:  # a critic built from the policy's own LM

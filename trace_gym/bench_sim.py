@@ -20,7 +20,7 @@ import numpy as np
 from trace_gym.allocation import solve_root
 from trace_gym.bench_modes import BenchMode
 from trace_gym.bench import Arm, arms_with_oracle, run_bench
-from trace_gym.config import SimBenchConfig
+from trace_gym.entry_configs import SimBenchConfig
 from trace_gym.driver import run_step
 from trace_gym.predictor import make_predictor
 from trace_gym.strategy import Strategy
@@ -172,7 +172,8 @@ def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
     from trace_gym.banks import open_bank
     from trace_gym.banks.stats import bank_stats
     from trace_gym.banks.warmup import steady_state_spearman
-    from trace_gym.bench_bank import BankBenchConfig, warmup_size
+    from trace_gym.bench_bank import warmup_size
+    from trace_gym.entry_configs import BankBenchConfig
     from trace_gym.calibrate import calibration_from_stats
     from trace_gym.models import cache_root
     from trace_gym.textsafe import JSONRefused, loads_record

@@ -24,7 +24,8 @@ import re
 import sys
 from typing import Any, Sequence
 
-from trace_gym.commands import CONFIG_KEYS, did_you_mean
+from trace_gym.commands import CONFIG_KEYS
+from trace_gym.suggest import did_you_mean
 
 #: Every command: name -> "module:add_parser_function" (the order of ``--help``).
 COMMANDS: dict[str, str] = {

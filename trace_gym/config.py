@@ -12,13 +12,14 @@ declaration:
 - :func:`load_config`, the one loader, stacks a YAML file and ``key=value`` overrides
   (dotted keys reach into nested sections such as ``trainer``);
 - :func:`config_help` lists the fields (sections included) for ``--help`` texts;
-- :func:`did_you_mean` is the one "did you mean X?" hint of every unknown-name error.
+- unknown keys get the closest known key (:func:`trace_gym.suggest.did_you_mean`).
 
 argparse itself lives in ``trace_gym/cli.py`` alone; it asks this module what flags a
 config has and how to parse them.
 
-The bench configs live here (:class:`SimBenchConfig`, :class:`EnvBenchConfig`); the
-trainer's and evaluator's configs sit beside them.
+This module is the loader machinery only and imports nothing of ``trace_gym`` but the leaf
+:mod:`trace_gym.suggest`: the entry-point configs live in :mod:`trace_gym.entry_configs`,
+composed of the shared sections of :mod:`trace_gym.config_sections`.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
-from trace_gym.predictor import check_predictor_name, predictor_names
+from trace_gym.suggest import did_you_mean
 
 C = TypeVar("C")
 
@@ -167,14 +167,6 @@ def parse_field_text(cls: type, name: str, text: str) -> Any:
 
 
 # ---------------------------------------------------------------------- building configs
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """``"; did you mean X?"`` for the closest of ``known`` (difflib), else ``""``."""
-    import difflib
-
-    near = difflib.get_close_matches(name, list(known), n=3)
-    return f"; did you mean {', '.join(near)}?" if near else ""
-
-
 def _key_names(cls: type) -> list[str]:
     """Every key of ``cls``: its fields and ``section.field`` for its sections."""
     subs = sections(cls)
@@ -355,141 +347,3 @@ def config_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         out.append((prefix + f.name, type_name(types_[f.name]), default, f.metadata.get("help", "")))
     return out
-
-
-# ---------------------------------------------------------------------- the bench configs
-def _positive(cfg: Any, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)!r}")
-
-
-BUDGET_UNITS = ("nominal", "tokens")
-
-
-@dataclass(frozen=True)
-class SimBenchConfig:
-    """``trace-gym bench --sim``: strategies on simulated tasks with a known success martingale.
-
-    The default is paper-like: a GRPO baseline with groups of 8 that are mixed about
-    27 % of the time (DeepScaleR with Qwen3-8B), the (M, N) = (M, 2) tree shape the
-    paper found best, and a candidate pool as large as the root budget so the root
-    stage can skip most prompts (the paper skipped 65-71 %). Every predictor-driven
-    strategy uses the *learned* predictor; the oracle runs once more, labelled as an
-    upper bound.
-    """
-
-    seeds: int = field(default=3, metadata=doc("independent seeds (a fresh task pool each)"))
-    steps: int = field(default=5, metadata=doc("allocation steps per seed (a fresh candidate pool each)"))
-    warmup_steps: int = field(default=1, metadata=doc("first steps run (the predictor trains) but not measured"))
-    pool_size: int = field(default=4096, metadata=doc("simulated tasks in the dataset"))
-    candidates: int = field(default=256, metadata=doc("candidate prompts scored per step"))
-    root_budget: int = field(default=256, metadata=doc("M: root rollouts of a tree strategy per step"))
-    continuations_per_root: int = field(default=2, metadata=doc("N: continuations per root; nominal budget = M (1 + N/2)"))
-    group_size: int = field(default=8, metadata=doc("G: group size of every fixed-group strategy (uniform, pcl)"))
-    predictor: str = field(default="learned", metadata=doc(
-        "predictor of every predictor-driven strategy: " + " | ".join(predictor_names("sim"))))
-    noisy_spearman: float = field(default=0.8, metadata=doc("prompt-level Spearman of the noisy oracle"))
-    feature_spearman: float = field(default=0.8, metadata=doc(
-        "prompt-level Spearman between the task feature a learned predictor sees and the true success (a "
-        "modelling assumption; see docs/strategies.md)"))
-    prefix_share: float = field(default=0.06, metadata=doc(
-        "share of the learned predictor's batch weight on prefix samples (the paper: about 6 %)"))
-    oracle_upper_bound: bool = field(default=True, metadata=doc(
-        "also run TRACE with the oracle predictor, labelled as an upper bound"))
-    budget_unit: str = field(default="nominal", metadata=doc(
-        "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (exact generated tokens)"))
-    strategies: tuple[str, ...] = field(default=(), metadata=doc("comma-separated strategy names (default: all)"))
-    plugins: tuple[str, ...] = field(default=(), metadata=doc(
-        "modules to import first (not installed plugins: their envs and strategies register on import)"))
-    target_mixed: float = field(default=0.27, metadata=doc("P(uniform group of G is mixed) to calibrate to"))
-    mean_success: float = field(default=0.5, metadata=doc("mean task success probability"))
-    step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
-    min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)"))
-    max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)"))
-    calibrate_from: str = field(default="", metadata=doc(
-        "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns and feature_spearman "
-        "from its measurements (trace_gym/calibrate.py), and print them"))
-    demo_values: tuple[float, ...] = field(
-        default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc("predicted values of the root-allocation demo"))
-    demo_budgets: tuple[int, ...] = field(
-        default=(2, 4, 8, 12, 16, 24, 32, 48, 64), metadata=doc("root budgets of the root-allocation demo"))
-
-    def __post_init__(self) -> None:
-        _positive(self, "seeds", "steps", "pool_size", "candidates", "group_size")
-        if not 0 <= self.warmup_steps < self.steps:
-            raise ValueError(f"warmup_steps must lie in [0, steps={self.steps}), got {self.warmup_steps!r}")
-        if self.candidates > self.pool_size:
-            raise ValueError(f"candidates {self.candidates} exceed pool_size {self.pool_size}")
-        if self.root_budget < 2 or self.continuations_per_root < 0:
-            raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
-                             f"{self.root_budget!r}, {self.continuations_per_root!r}")
-        check_predictor_name(self.predictor, "sim")
-        for name in ("noisy_spearman", "feature_spearman"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
-        if not 0 <= self.prefix_share < 1:
-            raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
-        if self.budget_unit not in BUDGET_UNITS:
-            raise ValueError(f"budget_unit must be one of {list(BUDGET_UNITS)}, got {self.budget_unit!r}")
-        if not 1 <= self.min_turns <= self.max_turns:
-            raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns!r}, {self.max_turns!r}")
-
-    @property
-    def nominal_budget(self) -> float:
-        from trace_gym.budget import nominal_cost
-
-        return nominal_cost(self.root_budget, self.continuations_per_root)
-
-
-@dataclass(frozen=True)
-class EnvBenchConfig:
-    """``trace-gym bench --env ENV``: strategies on real rollouts of a real policy (no training).
-
-    The default is sized for the 2-core CPU machine: SmolLM2-135M on generated math
-    tasks, 24 candidates, M = 8 roots with N = 2 continuations each (nominal 16).
-    """
-
-    env: str = field(default="math_python", metadata=doc("env family short name or registered env id"))
-    env_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the env"))
-    task_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the task loader"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder"))
-    engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
-    seeds: int = field(default=1, metadata=doc("independent repetitions (fresh pools each)"))
-    candidates: int = field(default=24, metadata=doc("candidate prompts per repetition"))
-    root_budget: int = field(default=8, metadata=doc("M: root rollouts of a tree strategy"))
-    continuations_per_root: int = field(default=2, metadata=doc("N: continuations per root; budget M (1 + N/2)"))
-    group_size: int = field(default=4, metadata=doc("G: group size of every fixed-group strategy (uniform, pcl)"))
-    warmup_budget: int = field(default=16, metadata=doc("rollouts of the predictor warm-up batch (0: none)"))
-    strategies: tuple[str, ...] = field(default=(), metadata=doc("comma-separated strategy names (default all)"))
-    plugins: tuple[str, ...] = field(default=(), metadata=doc(
-        "modules to import first (not installed plugins: their envs and strategies register on import)"))
-    dump_episodes: int = field(default=0, metadata=doc(
-        "write this many full transcripts per strategy (messages, actions, rewards) into --out"))
-    max_turns: int = field(default=3, metadata=doc("turns per episode"))
-    max_turn_tokens: int = field(default=160, metadata=doc("generated tokens per turn"))
-    max_episode_tokens: int = field(default=1024, metadata=doc("context limit per episode, tokens"))
-    temperature: float = field(default=1.0, metadata=doc("sampling temperature"))
-    predictor: str = field(default="embedding", metadata=doc(
-        "success predictor: " + " | ".join(predictor_names("text"))))
-    predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
-        "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", \"dtype\": \"bfloat16\"}"))
-    prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
-    seed: int = field(default=0, metadata=doc("base seed (tasks, envs, sampling)"))
-
-    def __post_init__(self) -> None:
-        _positive(self, "seeds", "candidates", "group_size", "max_turns", "max_turn_tokens", "max_episode_tokens")
-        if self.dump_episodes < 0:
-            raise ValueError(f"dump_episodes must be >= 0, got {self.dump_episodes!r}")
-        if self.root_budget < 2 or self.continuations_per_root < 0 or self.warmup_budget < 0:
-            raise ValueError(f"need root_budget >= 2, continuations_per_root >= 0, warmup_budget >= 0; got "
-                             f"{self.root_budget}, {self.continuations_per_root}, {self.warmup_budget}")
-        check_predictor_name(self.predictor, "text")
-        if not 0 <= self.prefix_share < 1:
-            raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
-
-    @property
-    def nominal_budget(self) -> float:
-        from trace_gym.budget import nominal_cost
-
-        return nominal_cost(self.root_budget, self.continuations_per_root)

@@ -13,11 +13,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from trace_gym.engines.dtypes import DTYPES
 from trace_gym.predictor import Context, _check_targets
 from trace_gym.predictor_memory import prompt_key, with_prompt_evidence
 
 #: Backbone dtypes :class:`LMCriticPredictor` takes, and their bytes per parameter.
-DTYPES = ("float32", "bfloat16", "float16")
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 

@@ -323,7 +323,7 @@ def options_of(kwargs: Mapping[str, Any], allowed: Sequence[str], where: str) ->
     """Refuse keyword arguments an adapter does not take, in one line with did-you-mean."""
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         near = did_you_mean(unknown[0], list(allowed))
         raise ValueError(f"{where}: unknown option(s) {unknown}{near}; it takes {sorted(allowed)}")

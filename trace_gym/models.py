@@ -329,13 +329,13 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         return path
     looks_like_path = ref.startswith(("/", ".", "~")) or path.suffix or ref.count("/") != 1
     if looks_like_path:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         raise FileNotFoundError(
             f"model {ref!r} is neither a known name {sorted(MODELS)} nor an existing folder"
             f"{did_you_mean(ref, MODELS)}"
         )
-    from trace_gym.config import did_you_mean
+    from trace_gym.suggest import did_you_mean
 
     if is_offline():
         raise ValueError(f"model {ref!r} looks like a hub id, but the hub is off (offline mode)")

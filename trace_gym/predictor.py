@@ -426,7 +426,7 @@ def predictor_names(reads: str) -> list[str]:
 def check_predictor_name(name: str, reads: str, key: str = "predictor") -> None:
     """``ValueError`` naming ``key`` unless ``name`` is a kind that reads ``reads``."""
     if name not in predictor_names(reads):
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         raise ValueError(f"{key} must be one of {', '.join(predictor_names(reads))}, got {name!r}"
                          f"{did_you_mean(str(name), predictor_names(reads))}")
@@ -465,7 +465,7 @@ def predictor_spec(name: str, kwargs: dict | None = None, **supplied) -> tuple:
     if bad:
         raise ValueError(f"predictor_kwargs: {name} does not take {', '.join(map(repr, bad))}; "
                          f"it takes {', '.join(takes) or 'none'}")
-    from trace_gym.critic import DTYPES
+    from trace_gym.engines.dtypes import DTYPES
 
     if "dtype" in kwargs and kwargs["dtype"] not in DTYPES:
         raise ValueError(f"predictor_kwargs: dtype must be one of {', '.join(DTYPES)}, got {kwargs['dtype']!r}")

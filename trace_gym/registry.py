@@ -310,7 +310,7 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
     register_envs()
     env_id = name if name in registry else f"{NAMESPACE}/{name}"
     if env_id not in registry:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         ids = sorted(k for k in registry if k.startswith(NAMESPACE + "/"))
         # compared without the shared namespace, which would make every id look close

@@ -27,122 +27,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from trace_gym.advantages import ESTIMATORS, get_estimator
+from trace_gym.advantages import get_estimator
 from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state, require_predictor_state
-from trace_gym.config import doc, flatten, load_config, to_yaml
+from trace_gym.config import flatten, to_yaml
 from trace_gym.driver import forecast_fallback_first
-from trace_gym.engines import ENGINES
-from trace_gym.predictor import check_predictor_name, predictor_names
-from trace_gym.trainer import TrainerConfig
+from trace_gym.entry_configs import RESUMABLE_KEYS, TrainConfig
 from trace_gym.types import Task
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """``trace-gym train``: one training run. Every field is a YAML key or a ``key=value``
-    override; the ``trainer`` section (``trainer.lr=...``) holds the policy update's settings."""
-
-    run_dir: str = field(default="runs/train", metadata=doc("run directory (config, metrics, checkpoints)"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder of the initial policy"))
-    engine: str = field(default="hf", metadata=doc("rollout engine: " + " | ".join(["auto", *ENGINES])))
-    engine_kwargs: dict = field(default_factory=dict, metadata=doc(
-        "keyword arguments of the engine (e.g. {dtype: bfloat16, gpu_memory_utilization: 0.4})"))
-    device: str = field(default="auto", metadata=doc("trainer device: auto | cpu | cuda"))
-    env: str = field(default="math_python", metadata=doc("env family or registered env id (trace-gym envs)"))
-    env_kwargs: dict = field(default_factory=dict, metadata=doc("extra env keyword arguments (over the family's)"))
-    data: str = field(default="", metadata=doc(
-        "training data: empty for the env family's own tasks, else a dataset name (e.g. deepscaler)"))
-    data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
-    heldout_fraction: float = field(default=0.2, metadata=doc(
-        "share of the family's prompts (by prompt hash) kept out of training for held-out evaluation"))
-    train_pool: int = field(default=512, metadata=doc("training prompts drawn from the data"))
-    strategy: str = field(default="trace", metadata=doc("rollout allocation strategy (trace-gym strategies)"))
-    advantage: str = field(default="treerpo", metadata=doc(
-        "advantage estimator: one of the estimator table (trace-gym train --help lists it; plugins may add more)"))
-    advantage_std_normalize: bool = field(default=True, metadata=doc("divide by the group std (false: Dr. GRPO)"))
-    advantage_eps: float = field(default=1e-6, metadata=doc("epsilon added to group stds"))
-    steps: int = field(default=4, metadata=doc("training steps (policy updates)"))
-    seed: int = field(default=0, metadata=doc("base seed (data order, sampling, envs, allocation)"))
-    candidates: int = field(default=16, metadata=doc("candidate prompts scored per step"))
-    root_budget: int = field(default=8, metadata=doc("M: root rollouts per step of a tree strategy"))
-    continuations_per_root: int = field(default=2, metadata=doc("N: continuations per root; budget M (1 + N/2)"))
-    group_size: int = field(default=4, metadata=doc("G: group size of fixed-group strategies (uniform, pcl)"))
-    predictor: str = field(default="embedding", metadata=doc("success predictor: " + " | ".join(predictor_names("text"))))
-    predictor_kwargs: dict = field(default_factory=dict, metadata=doc(
-        "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", \"dtype\": \"bfloat16\"}"))
-    critic_model: str = field(default="", metadata=doc(
-        "the lm_critic's backbone: a known name, folder or hub id (empty: the policy; the paper: a 0.6B critic)"))
-    allow_cpu_critic: bool = field(default=False, metadata=doc(
-        "let an lm_critic run on the CPU beside a CUDA policy (refused otherwise: it would be slow)"))
-    prefix_share: float = field(default=0.06, metadata=doc("share of the predictor's batch weight on prefix samples"))
-    max_turns: int = field(default=3, metadata=doc("turns per episode"))
-    max_turn_tokens: int = field(default=160, metadata=doc("generated tokens per turn"))
-    max_episode_tokens: int = field(default=1024, metadata=doc("context limit per episode, tokens"))
-    temperature: float = field(default=1.0, metadata=doc("rollout sampling temperature"))
-    eval_every: int = field(default=0, metadata=doc("evaluate every K steps and at the end (0: never)"))
-    eval_at_start: bool = field(default=False, metadata=doc("also evaluate the initial policy (step 0)"))
-    eval_suite: str = field(default="generated", metadata=doc("suite evaluated during training"))
-    eval_tasks: int = field(default=32, metadata=doc("tasks of the suite evaluated during training"))
-    eval_samples: int = field(default=1, metadata=doc("samples per task during training evaluations"))
-    checkpoint_every: int = field(default=1, metadata=doc("checkpoint every K steps (and at the last step)"))
-    keep_checkpoints: int = field(default=2, metadata=doc("newest checkpoints kept (0: all)"))
-    ray: str | None = field(default=None, metadata=doc(
-        "run the same loop on Ray actors: null (in process), local (start a local cluster) or a cluster address"))
-    ray_options: dict = field(default_factory=dict, metadata=doc(
-        "Ray sizing: rollout_workers, env_pools, trainer_workers, ... (docs/distributed.md)"))
-    tensorboard: bool = field(default=False, metadata=doc("also write TensorBoard scalars to run_dir/tb"))
-    progress: bool = field(default=True, metadata=doc("progress bars and a one-line summary per step"))
-    trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata=doc("policy update settings"))
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "candidates", "group_size", "max_turns", "max_turn_tokens", "max_episode_tokens",
-                     "train_pool", "checkpoint_every", "eval_tasks", "eval_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.root_budget < 2 or self.continuations_per_root < 0:
-            raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
-                             f"{self.root_budget!r}, {self.continuations_per_root!r}")
-        if self.engine not in ("auto", *ENGINES):
-            raise ValueError(f"engine must be one of {['auto', *ENGINES]}, got {self.engine!r}")
-        if self.advantage not in ESTIMATORS:
-            from trace_gym.config import did_you_mean
-
-            raise ValueError(f"advantage must be one of {sorted(ESTIMATORS)}, got {self.advantage!r}"
-                             f"{did_you_mean(self.advantage, ESTIMATORS)}")
-        check_predictor_name(self.predictor, "text")
-        if not 0 <= self.heldout_fraction < 1 or not 0 <= self.prefix_share < 1:
-            raise ValueError(f"heldout_fraction and prefix_share must lie in [0, 1), got "
-                             f"{self.heldout_fraction!r}, {self.prefix_share!r}")
-        if self.temperature < 0 or self.eval_every < 0 or self.keep_checkpoints < 0:
-            raise ValueError("temperature, eval_every and keep_checkpoints must be >= 0")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.predictor == "lm_critic" and self.device == "cuda" and not self.allow_cpu_critic \
-                and str(self.predictor_kwargs.get("device", "cpu")).startswith("cpu"):
-            raise ValueError("predictor lm_critic would run on the CPU beside a CUDA policy (predictor_kwargs has no "
-                             "device: cuda); set predictor_kwargs.device: cuda, or allow_cpu_critic: true")
-        if self.trainer.loss_aggregation == "seq-mean-token-sum-norm" and not self.trainer.loss_norm_tokens:
-            # Dr. GRPO's constant: the most policy tokens one sequence can have in this run
-            import dataclasses
-
-            object.__setattr__(self, "trainer", dataclasses.replace(
-                self.trainer, loss_norm_tokens=min(self.max_turns * self.max_turn_tokens, self.max_episode_tokens)))
-
-    @property
-    def nominal_budget(self) -> float:
-        from trace_gym.budget import nominal_cost
-
-        return nominal_cost(self.root_budget, self.continuations_per_root)
-
-
-#: Keys a rerun may change without starting a new run.
-RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "keep_checkpoints", "eval_every", "steps", "ray", "ray_options"})
-
-
-def load_train_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
-    """YAML (``path``) then ``key=value`` overrides (``trainer.x`` keys reach the trainer
-    section): :func:`trace_gym.config.load_config` for :class:`TrainConfig`."""
-    return load_config(TrainConfig, path, overrides)
 
 
 def config_differences(stored_yaml: str, new_yaml: str) -> list[str]:
@@ -352,7 +242,6 @@ def policy_step(cfg: TrainConfig, setup: TrainSetup, candidates: Sequence[Task],
 
     Returns ``(batch, token_trees, update metrics, weight-sync seconds)``.
     """
-    from trace_gym.agent import AgentConfig
     from trace_gym.batches import token_tree
     from trace_gym.rollout import collect
     from trace_gym.types import SamplingParams
@@ -362,8 +251,7 @@ def policy_step(cfg: TrainConfig, setup: TrainSetup, candidates: Sequence[Task],
     status("rollouts")
     sampling = SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature,
                               seed=cfg.seed * 1_000_003 + step)
-    agent_cfg = AgentConfig(max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
-                            max_turns=cfg.max_turns)
+    agent_cfg = cfg.agent_config()
     runner = backend.make_runner(engine, engine.tokenizer, setup.make_env, sampling, agent_cfg)
     try:
         batch = collect(candidates, setup.strategy, predictor, runner, cfg.nominal_budget, rng,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trace_gym.predictor import predictor_spec
-from trace_gym.train import TrainConfig, TrainSetup, tensorboard_writer
+from trace_gym.entry_configs import TrainConfig
+from trace_gym.train import TrainSetup, tensorboard_writer
 
 
 def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:

@@ -124,7 +124,7 @@ def _spec(gem_id: str) -> Any:
     """GEM's ``EnvSpec`` of ``gem_id``; one line with did-you-mean for an unknown id."""
     registry = _registry()
     if gem_id not in registry:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         raise ValueError(f"{_where(gem_id)}: not an id in GEM's registry{did_you_mean(gem_id, list(registry))}; "
                          f"`trace-gym envs --ecosystem {PREFIX}` lists its {len(registry)} ids")

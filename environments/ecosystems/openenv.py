@@ -293,7 +293,7 @@ def installed_app(name: str) -> str:
     """
     info = _discovery().get_environment_by_name(name)
     if info is None:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         found = available()
         raise ValueError(f"openenv:{name}: no installed OpenEnv env package is named {name!r} (installed: "

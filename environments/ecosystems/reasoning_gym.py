@@ -169,7 +169,7 @@ def config_fields(name: str) -> list[str]:
     fields but :data:`LOADER_FIELDS`); one line with did-you-mean for an unknown name."""
     datasets = _rg().DATASETS
     if name not in datasets:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         raise ValueError(f"{_where(name)}: not a reasoning-gym dataset{did_you_mean(name, sorted(datasets))}; "
                          f"`trace-gym envs --ecosystem {PREFIX}` lists its {len(datasets)} datasets")
@@ -292,7 +292,7 @@ class ReasoningGymEnv(AdaptedEnv):
         with process_state_kept():
             from reasoning_gym.utils import SYSTEM_PROMPTS
         if system_prompt is not None and system_prompt not in SYSTEM_PROMPTS:
-            from trace_gym.config import did_you_mean
+            from trace_gym.suggest import did_you_mean
 
             raise ValueError(f"{_where(dataset)}: system_prompt {system_prompt!r} is not one of reasoning-gym's "
                              f"{sorted(SYSTEM_PROMPTS)}{did_you_mean(system_prompt, SYSTEM_PROMPTS)} (or None)")

@@ -355,7 +355,7 @@ def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
     with process_state_kept():
         import skyrl_gym
 
-    from trace_gym.config import did_you_mean
+    from trace_gym.suggest import did_you_mean
     from trace_gym.registry import adapter_family
 
     where = f"--env {PREFIX}:{name}"

@@ -41,7 +41,7 @@ def _find_spec(module: str) -> Any:
 
 def _load_function(module: str, where: str) -> Any:
     if _find_spec(module) is None:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         names = _near_modules(module)
         raise ValueError(f"{where}: no importable module {module!r}{did_you_mean(module, names)}; install an "

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Mapping, Sequence
 
-from trace_gym.config import config_help, did_you_mean, load_config  # noqa: F401  (did_you_mean: re-exported)
+from trace_gym.config import config_help, load_config
 
 #: argparse default that marks a parser whose keys are a config dataclass's fields.
 CONFIG_KEYS = "config_keys"

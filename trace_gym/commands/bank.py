@@ -11,54 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trace_gym.commands import add_config_parser, command_config
-from trace_gym.config import doc
+from trace_gym.entry_configs import BankRecordConfig
 
 #: Where the shipped banks live (package data).
 SHIPPED = Path(__file__).resolve().parents[1] / "banks" / "data"
-
-
-@dataclass(frozen=True)
-class BankRecordConfig:
-    """``trace-gym bank record``: record a rollout bank from a real policy."""
-
-    out: str = field(default="runs/bank.jsonl.gz", metadata=doc("the bank file (.jsonl.gz); an existing one resumes"))
-    env: str = field(default="math_python", metadata=doc("env family or registered env id (trace-gym envs)"))
-    env_kwargs: dict = field(default_factory=dict, metadata=doc("extra env keyword arguments"))
-    task_kwargs: dict = field(default_factory=dict, metadata=doc("extra task-loader keyword arguments"))
-    data: str = field(default="", metadata=doc("prompts: empty for the env family's own tasks, else a training "
-                                               "dataset name (e.g. deepscaler, hotpotqa, bfcl)"))
-    data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder"))
-    engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
-    engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
-    prompts: int = field(default=256, metadata=doc("P: prompts recorded"))
-    roots: int = field(default=8, metadata=doc("R: root rollouts per prompt"))
-    continuations: int = field(default=4, metadata=doc("K: continuations per recorded prefix"))
-    max_prefixes_per_root: int = field(default=0, metadata=doc(
-        "cap on the prefixes recorded per root, evenly spaced over its turns (0: every prefix)"))
-    max_turns: int = field(default=3, metadata=doc("turns per episode"))
-    max_turn_tokens: int = field(default=96, metadata=doc("generated tokens per turn"))
-    max_episode_tokens: int = field(default=1024, metadata=doc("context limit per episode, tokens"))
-    temperature: float = field(default=1.0, metadata=doc("sampling temperature"))
-    seed: int = field(default=0, metadata=doc("task seed and base of the env and sampling seeds"))
-    batch_prompts: int = field(default=8, metadata=doc("prompts in flight at once (memory: one batch)"))
-    progress: bool = field(default=True, metadata=doc("progress bar with ETA"))
-
-    def __post_init__(self) -> None:
-        for name in ("prompts", "roots", "max_turns", "max_turn_tokens", "max_episode_tokens", "batch_prompts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.roots < 2:
-            raise ValueError(f"roots must be >= 2 (a group of one has no contrast), got {self.roots!r}")
-        if self.continuations < 0 or self.max_prefixes_per_root < 0 or self.temperature < 0:
-            raise ValueError("continuations, max_prefixes_per_root and temperature must be >= 0")
-        if not self.out.endswith(".jsonl.gz"):
-            raise ValueError(f"out must end with .jsonl.gz (a gzip'd JSON-lines bank), got {self.out!r}")
 
 
 class _DataFamily:
@@ -114,7 +74,6 @@ def dry_run(cfg: BankRecordConfig, family: Any) -> str:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from trace_gym.agent import AgentConfig
     from trace_gym.banks import record_bank
     from trace_gym.engines import make_engine
     from trace_gym.models import quiet_third_party, resolve_model
@@ -133,8 +92,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             cfg.out, engine=engine, family=family, prompts=cfg.prompts, roots=cfg.roots,
             continuations=cfg.continuations, max_prefixes_per_root=cfg.max_prefixes_per_root or None,
             sampling=SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed),
-            agent_config=AgentConfig(max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
-                                     max_turns=cfg.max_turns),
+            agent_config=cfg.agent_config(),
             seed=cfg.seed, batch_prompts=cfg.batch_prompts, policy=cfg.policy, policy_path=str(policy_path),
             progress=cfg.progress, say=lambda msg: None)
     finally:

@@ -20,7 +20,8 @@ from typing import Any
 from trace_gym.bench_checks import Roles
 from trace_gym.bench_modes import bench_modes
 from trace_gym.bench_report import format_bench, write_bench_plots
-from trace_gym.commands import add_config_flags, add_config_parser, command_config, did_you_mean
+from trace_gym.commands import add_config_flags, add_config_parser, command_config
+from trace_gym.suggest import did_you_mean
 from trace_gym.commands.bank import bank_path
 
 

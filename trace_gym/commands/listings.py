@@ -18,7 +18,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
     wanted = getattr(args, "ecosystem", None)
     if wanted is not None and wanted not in ECOSYSTEMS:
-        from trace_gym.config import did_you_mean
+        from trace_gym.suggest import did_you_mean
 
         raise ValueError(f"--ecosystem {wanted!r} is not one of {sorted(ECOSYSTEMS)}{did_you_mean(wanted, ECOSYSTEMS)}")
     if wanted is None:

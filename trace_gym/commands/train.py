@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from trace_gym.commands import add_config_parser, command_config, did_you_mean, summary
+from trace_gym.commands import add_config_parser, command_config, summary
+from trace_gym.suggest import did_you_mean
 
 
 def resolve_train_setup(cfg: Any) -> Any:
@@ -109,7 +110,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     import sys
 
     from trace_gym.registry import load_plugins
-    from trace_gym.train import TrainConfig, train
+    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train import train
     from trace_gym.train_dry_run import dry_run
 
     load_plugins()  # installed plugins: envs, strategies and estimators named by the config
@@ -128,7 +130,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def add(subparsers: argparse._SubParsersAction) -> None:
     from trace_gym.advantages import ESTIMATORS
-    from trace_gym.train import TrainConfig
+    from trace_gym.entry_configs import TrainConfig
 
     estimators = "advantage estimators (advantage=NAME; plugins add more with register_estimator):\n" + "\n".join(
         f"  {name}: {summary(fn)}"

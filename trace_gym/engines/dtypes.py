@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["cpu_has_fast_bf16", "auto_dtype"]
+__all__ = ["DTYPES", "cpu_has_fast_bf16", "auto_dtype"]
+
+#: The dtypes a model (a policy, an engine, the LM critic) may be loaded and computed in.
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,138 @@
+"""The sections every entry-point config is composed of, each written once.
+
+An entry-point config (:mod:`trace_gym.entry_configs`) inherits the sections it has; a
+section brings its fields (type, help text), its validation and what is derived from it:
+
+=====================  =====================================================  ==========================
+section                fields                                                 derived
+=====================  =====================================================  ==========================
+:class:`BudgetShape`   ``root_budget`` (M), ``continuations_per_root`` (N),   :attr:`~BudgetShape.
+                       ``group_size`` (G)                                     nominal_budget`
+:class:`AgentLimits`   ``max_turns``, ``max_turn_tokens``,                    :meth:`~AgentLimits.
+                       ``max_episode_tokens``, ``temperature``                agent_config`
+:class:`PredictorChoice` ``predictor``, ``predictor_kwargs``, ``prefix_share``  the name checked against
+                                                                              :data:`~trace_gym.
+                                                                              predictor.PREDICTORS`
+=====================  =====================================================  ==========================
+
+Keys stay flat (``root_budget=16``, not ``budget.root_budget=16``): a section is where a key
+is *defined*, not a level of the YAML. An entry config whose default differs from the
+section's redeclares the field with :func:`section_default`, which keeps the section's help
+text and marks the field as the section's. Every entry config's ``__post_init__`` calls
+:func:`check_sections`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from trace_gym.config import doc
+from trace_gym.predictor import check_predictor_name, predictor_names
+
+__all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "SECTIONS", "check_sections", "section_default",
+           "section_of"]
+
+
+def _in(section: str, text: str) -> dict[str, str]:
+    return {**doc(text), "section": section}
+
+
+def section_of(f: dataclasses.Field) -> str | None:
+    """The section a dataclass field was defined by (``None``: the config's own field)."""
+    return f.metadata.get("section")
+
+
+def section_default(section: type, name: str, default: Any, help: str | None = None) -> Any:
+    """A field of ``section`` with another default (and optionally a more specific help text)."""
+    base = section.__dataclass_fields__[name]
+    metadata = {**base.metadata, **({"help": help} if help else {})}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class BudgetShape:
+    """The budget section: the tree shape (M roots, N continuations per root) and the fixed
+    group size G of the group strategies, at the same nominal budget ``M (1 + N/2)``."""
+
+    root_budget: int = field(default=8, metadata=_in("budget", "M: root rollouts of a tree strategy per step"))
+    continuations_per_root: int = field(default=2, metadata=_in(
+        "budget", "N: continuations per root; nominal budget = M (1 + N/2)"))
+    group_size: int = field(default=4, metadata=_in(
+        "budget", "G: group size of every fixed-group strategy (uniform, pcl)"))
+
+    @property
+    def nominal_budget(self) -> float:
+        """``M (1 + N/2)`` trajectory-equivalents per step (:func:`trace_gym.budget.nominal_cost`)."""
+        from trace_gym.budget import nominal_cost
+
+        return nominal_cost(self.root_budget, self.continuations_per_root)
+
+    def _check_budget(self) -> None:
+        if self.root_budget < 2 or self.continuations_per_root < 0:
+            raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
+                             f"{self.root_budget!r}, {self.continuations_per_root!r}")
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size!r}")
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """The agent section: the limits of one episode of the agent loop (tokens, turns, sampling)."""
+
+    max_turns: int = field(default=3, metadata=_in("agent", "turns per episode"))
+    max_turn_tokens: int = field(default=160, metadata=_in("agent", "generated tokens per turn"))
+    max_episode_tokens: int = field(default=1024, metadata=_in("agent", "context limit per episode, tokens"))
+    temperature: float = field(default=1.0, metadata=_in("agent", "rollout sampling temperature"))
+
+    def agent_config(self) -> Any:
+        """The :class:`trace_gym.agent.AgentConfig` of these limits."""
+        from trace_gym.agent import AgentConfig
+
+        return AgentConfig(max_turn_tokens=self.max_turn_tokens, max_episode_tokens=self.max_episode_tokens,
+                           max_turns=self.max_turns)
+
+    def _check_agent(self) -> None:
+        for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+
+
+@dataclass(frozen=True)
+class PredictorChoice:
+    """The predictor section: which success predictor the predictor-driven strategies use.
+
+    ``PREDICTOR_READS`` (a class constant) says what the predictor reads: ``"text"`` (real
+    rollouts, banks, training) or ``"sim"`` (the simulator's task features)."""
+
+    PREDICTOR_READS: ClassVar[str] = "text"
+
+    predictor: str = field(default="embedding", metadata=_in(
+        "predictor", "success predictor: " + " | ".join(predictor_names("text"))))
+    predictor_kwargs: dict = field(default_factory=dict, metadata=_in(
+        "predictor", "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", "
+        "\"dtype\": \"bfloat16\"}"))
+    prefix_share: float = field(default=0.06, metadata=_in(
+        "predictor", "share of the predictor's batch weight on prefix samples (the paper: about 6 %)"))
+
+    def _check_predictor(self) -> None:
+        check_predictor_name(self.predictor, self.PREDICTOR_READS)
+        if not 0 <= self.prefix_share < 1:
+            raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
+
+
+#: Every section, and the check each brings.
+SECTIONS: dict[type, str] = {BudgetShape: "_check_budget", AgentLimits: "_check_agent",
+                             PredictorChoice: "_check_predictor"}
+
+
+def check_sections(cfg: Any) -> None:
+    """Run the checks of every section ``cfg`` is composed of (``ValueError`` naming the key)."""
+    for section, check in SECTIONS.items():
+        if isinstance(cfg, section):
+            getattr(cfg, check)()
