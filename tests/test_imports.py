@@ -140,3 +140,83 @@ def test_predictor_kinds_are_listed_in_one_table():
                 if len(kinds) >= 2:
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {sorted(kinds)}")
     assert offenders == []
+
+
+# ---------------------------------------------------------------------- no import circle
+def import_graph(root: Path = CORE) -> dict[str, set[str]]:
+    """module -> the modules of ``root`` it imports (module level and inside functions)."""
+    modules = {module_name(p): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for _, imported in imported_names(path):
+            parts = imported.split(".")
+            target = next((".".join(parts[:k]) for k in range(len(parts), 0, -1)
+                           if ".".join(parts[:k]) in modules), None)
+            if target and target != name and target != root.name:  # `trace_gym` itself: the package's ids
+                graph[name].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of two or more (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_circle_finder_finds_planted_circles():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_inside_trace_gym():
+    """Lazy imports count: an import inside a function that climbs back up is a circle too.
+    With no circle the imports define the layers (a module's imports all lie below it)."""
+    assert circles(import_graph()) == []
+
+
+def test_a_planted_lazy_import_back_up_is_a_circle():
+    planted = CORE / "suggest.py"
+    source = planted.read_text()
+    try:
+        planted.write_text(source + "\n\ndef _planted():\n    from trace_gym import config\n")
+        assert ["trace_gym.config", "trace_gym.suggest"] in circles(import_graph())
+    finally:
+        planted.write_text(source)
+
+
+def test_the_config_loader_is_a_leaf():
+    """config.py imports nothing of trace_gym but its leaf string helpers."""
+    names = {n for _, n in imported_names(CORE / "config.py") if n.startswith("trace_gym")}
+    assert names <= {"trace_gym.suggest", "trace_gym.suggest.did_you_mean"}, names
+    assert import_graph()["trace_gym.suggest"] == set()
+
+
+def test_did_you_mean_is_written_once():
+    defining = [p.relative_to(ROOT).as_posix() for pkg in ("trace_gym", "environments", "evaluators", "baselines")
+                for p in (ROOT / pkg).rglob("*.py") if "def did_you_mean(" in p.read_text()]
+    assert defining == ["trace_gym/suggest.py"]

@@ -28,7 +28,7 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar
 
 from trace_gym.suggest import did_you_mean
 
@@ -71,89 +71,111 @@ def _bool(value: Any) -> bool:
     raise ValueError(f"expected a bool (true/false), got {value!r}")
 
 
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected an int, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"expected an int, got {value!r}")
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"expected a number, got {value!r}")
+
+
+def _to_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _to_dict(value: Any) -> dict:
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"expected a JSON object, got {value!r} ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _to_union(tp: Any, value: Any) -> Any:
+    options = typing.get_args(tp)
+    if type(None) in options and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
+        return None
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return coerce(option, value)
+        except ValueError:
+            pass
+    raise ValueError(f"expected {type_name(tp)}, got {value!r}")
+
+
+def _to_tuple(tp: Any, value: Any) -> tuple:
+    args = typing.get_args(tp)
+    item = args[0] if args else Any
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"expected a list for {type_name(tp)}, got {value!r}")
+    return tuple(value if item is Any else (coerce(item, v) for v in value))
+
+
+def _to_section(tp: type, value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and isinstance(value, tp):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping of {tp.__name__} keys, got {value!r}")
+    return config_from_mapping(tp, value, source=tp.__name__)
+
+
+#: The plain field types and their coercion (nothing else is converted silently).
+_SCALARS: dict[Any, Any] = {bool: _bool, int: _to_int, float: _to_float, str: _to_str,
+                            dict: _to_dict, Any: lambda v: v}
+
+
 def coerce(tp: Any, value: Any) -> Any:
     """``value`` (from YAML, JSON or a parsed flag) as type ``tp``; ValueError when it does not fit.
 
-    Strings are parsed (``"3"`` for an int, ``"a,b"`` for a tuple); lists become tuples;
-    an int is accepted for a float; nothing else is converted silently.
+    Strings are parsed (``"3"`` for an int, ``"a,b"`` for a tuple, JSON for a dict); lists
+    become tuples; an int is accepted for a float; nothing else is converted silently.
     """
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and type(None) in options):
-            if type(None) in options:
-                return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return coerce(option, value)
-            except ValueError as exc:
-                errors.append(str(exc))
-        raise ValueError(f"expected {type_name(tp)}, got {value!r}")
+        return _to_union(tp, value)
     if origin is typing.Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ValueError(f"expected one of {list(allowed)}, got {value!r}")
+        if value not in typing.get_args(tp):
+            raise ValueError(f"expected one of {list(typing.get_args(tp))}, got {value!r}")
         return value
     if origin is tuple:
-        args = typing.get_args(tp)
-        item = args[0] if args else Any
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"expected a list for {type_name(tp)}, got {value!r}")
-        return tuple(value if item is Any else (coerce(item, v) for v in value))
-    if origin is dict or tp is dict:
-        if isinstance(value, str):
-            import json
-
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"expected a JSON object, got {value!r} ({exc.msg})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        return _bool(value)
-    if tp is int:
-        if isinstance(value, bool):
-            raise ValueError(f"expected an int, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                pass
-        raise ValueError(f"expected an int, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ValueError(f"expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
-        raise ValueError(f"expected a number, got {value!r}")
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {value!r}")
-        return value
-    if tp is Any:
-        return value
+        return _to_tuple(tp, value)
+    if origin is dict:
+        return _to_dict(value)
+    if tp in _SCALARS:
+        return _SCALARS[tp](value)
     if dataclasses.is_dataclass(tp):  # a nested section (e.g. ``trainer``)
-        if dataclasses.is_dataclass(value) and isinstance(value, tp):
-            return value
-        if not isinstance(value, Mapping):
-            raise ValueError(f"expected a mapping of {tp.__name__} keys, got {value!r}")
-        return config_from_mapping(tp, value, source=tp.__name__)
+        return _to_section(tp, value)
     raise TypeError(f"config fields of type {type_name(tp)} are not supported")
 
 
@@ -243,17 +265,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ValueError(f"config file {str(p)!r} must hold a mapping, got {type(loaded).__name__}")
     return loaded
-
-
-def parse_overrides(items: Iterable[str]) -> dict[str, str]:
-    """``["key=value", ...]`` -> ``{key: value}`` (values stay strings; typed later)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"override {item!r} is not of the form key=value")
-        out[key.strip().replace("-", "_")] = value
-    return out
 
 
 def sections(cls: type) -> dict[str, type]:
