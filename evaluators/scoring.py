@@ -9,7 +9,8 @@ and per-task rewards; a ``"bfcl"`` suite adds the official per-category table
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from evaluators.math.metrics import accuracy_summary, avg_at_k
 from trace_gym.types import Task
@@ -37,10 +38,9 @@ def score_episodes(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Seque
         "per_task": {t.id: rs for t, rs in zip(tasks, rewards)},
         "generated_tokens": int(sum(len(turn.action_ids) for eps in episodes for ep in eps for turn in ep.own_turns)),
     }
-    if suite.scorer == "bfcl":
-        result["bfcl"] = bfcl_scores(tasks, episodes)
-    if suite.scorer == "qa":
-        result["qa"] = qa_scores(suite.name, tasks, episodes)
+    scorer = get_scorer(suite.scorer)
+    if scorer.table is not None:
+        result[suite.scorer] = scorer.table(suite, tasks, episodes)
     if suite.breakdown:
         result["breakdown"] = breakdown_scores(tasks, success, suite.breakdown, pass_k)
     return result
@@ -97,16 +97,50 @@ def bfcl_scores(tasks: Sequence[Task], episodes: Sequence[Sequence[Any]]) -> dic
     return scores.to_dict() | {"markdown": markdown(scores)}
 
 
+def _reward_verdict(task: Task, ep: Any) -> tuple[Any, dict[str, Any]]:
+    grading = (ep.turns[-1].info if ep.turns else {}).get("grading")
+    return (grading or {}).get("extracted"), {"success": ep.reward >= 0.5, "reward": ep.reward, "grading": grading}
+
+
+def _qa_verdict(task: Task, ep: Any) -> tuple[Any, dict[str, Any]]:
+    info = ep.turns[-1].info if ep.turns else {}
+    return info.get("prediction"), {key: info.get(key) for key in ("em", "f1", "golden_answers")}
+
+
+def _bfcl_verdict(task: Task, ep: Any) -> tuple[Any, dict[str, Any]]:
+    entry = bfcl_entry_result(task, ep)
+    calls = [c for turn in ep.turns for c in turn.info.get("tool_calls", [])]
+    return calls, {"valid": entry.valid, "failure": entry.failure, "category": entry.category}
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """One kind of suite scoring: the extra table it adds to a suite's result (under the
+    scorer's name; ``None``: none) and one episode's ``(answer, verdict)``."""
+
+    table: Callable[[Suite, Sequence[Task], Sequence[Sequence[Any]]], dict[str, Any]] | None
+    verdict: Callable[[Task, Any], tuple[Any, dict[str, Any]]]
+
+
+#: Every scorer a suite may name (``Suite.scorer``).
+SCORERS: dict[str, Scorer] = {
+    "reward": Scorer(None, _reward_verdict),
+    "qa": Scorer(lambda suite, tasks, episodes: qa_scores(suite.name, tasks, episodes), _qa_verdict),
+    "bfcl": Scorer(lambda suite, tasks, episodes: bfcl_scores(tasks, episodes), _bfcl_verdict),
+}
+
+
+def get_scorer(name: str) -> Scorer:
+    """The scorer called ``name`` (``ValueError`` naming the known ones)."""
+    if name not in SCORERS:
+        from trace_gym.suggest import did_you_mean
+
+        raise ValueError(f"unknown scorer {name!r}; known: {', '.join(SCORERS)}{did_you_mean(name, SCORERS)}")
+    return SCORERS[name]
+
+
 def episode_verdict(suite: Suite, task: Task, ep: Any) -> tuple[Any, dict[str, Any]]:
     """``(the extracted answer, the grader's verdict)`` of one finished episode, as its
     suite's scorer sees it: the math grader's ``grading`` record (reward scorer), the QA
     prediction with EM and F1, or BFCL's official entry verdict with the calls made."""
-    info = ep.turns[-1].info if ep.turns else {}
-    if suite.scorer == "bfcl":
-        entry = bfcl_entry_result(task, ep)
-        calls = [c for turn in ep.turns for c in turn.info.get("tool_calls", [])]
-        return calls, {"valid": entry.valid, "failure": entry.failure, "category": entry.category}
-    if suite.scorer == "qa":
-        return info.get("prediction"), {key: info.get(key) for key in ("em", "f1", "golden_answers")}
-    grading = info.get("grading")
-    return (grading or {}).get("extracted"), {"success": ep.reward >= 0.5, "reward": ep.reward, "grading": grading}
+    return get_scorer(suite.scorer).verdict(task, ep)

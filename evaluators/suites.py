@@ -326,8 +326,11 @@ def register_suite(name: str, env_id: str, load: Callable[..., list[Task]] | Non
         suite = env_suite(name, resolve_env(full), **fields)
     else:
         suite = Suite(name, full, load, **{"hash_tasks": True, "description": f"{name} ({full})", **fields})
-    if suite.scorer not in ("reward", "bfcl", "qa"):
-        raise ValueError(f"register_suite({name!r}): scorer must be 'reward', 'bfcl' or 'qa', got {suite.scorer!r}")
+    from evaluators.scoring import SCORERS
+
+    if suite.scorer not in SCORERS:
+        raise ValueError(f"register_suite({name!r}): scorer must be one of {', '.join(map(repr, SCORERS))}, "
+                         f"got {suite.scorer!r}")
     if old is not None and (old.env_kwargs, old.scorer) != (suite.env_kwargs, suite.scorer):
         raise ValueError(f"suite name {name!r} is taken (env {old.env_id}); known: {sorted(SUITES)}")
     if old is None:

@@ -175,6 +175,8 @@ def test_register_suite_names_a_plugin_suite_for_eval_and_train(tmp_path, tiny_m
         register_suite("echo_suite", "GuessNumber-v0")
     with pytest.raises(ValueError, match="unknown field"):
         register_suite("echo_other", "EchoLocal-v0", max_turn=1)
+    with pytest.raises(ValueError, match="scorer must be one of 'reward', 'qa', 'bfcl', got 'f1'"):
+        register_suite("echo_other", "EchoLocal-v0", scorer="f1")  # scorers come from evaluators.scoring.SCORERS
     out = tmp_path / "out"
     assert main(["eval", "--policy", str(tiny_model_path), "--suite", "echo_suite", "limit=2", f"out={out}",
                  f"cache_dir={tmp_path / 'cache'}", "max_turn_tokens=4", "progress=false"]) == 0

@@ -22,11 +22,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from trace_gym.bench import Arm, run_bench, transcripts
+from trace_gym.bench import Arm, run_bench
 from trace_gym.bench_modes import BenchMode
 from trace_gym.entry_configs import EnvBenchConfig
 from trace_gym.predictor import PREDICTORS, make_predictor
 from trace_gym.strategy import Strategy
+from trace_gym.transcripts import transcripts
 
 #: Env seeds of a repetition: the warm-up batch and the strategies' batches.
 _WARMUP_SEED_OFFSET, _ARM_SEED_OFFSET = 1, 2
