@@ -28,7 +28,7 @@ from trace_gym.config import doc
 from trace_gym.config_sections import (AgentLimits, BudgetShape, PredictorChoice, check_sections,
                                        section_default)
 from trace_gym.engines import ENGINES
-from trace_gym.predictor import predictor_names
+from trace_gym.predictor import predictor_names, reads_a_model
 from trace_gym.trainer import TrainerConfig
 
 #: What a bench equalises across strategies: the nominal budget or the exact generated tokens.
@@ -260,10 +260,10 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice):
             raise ValueError("eval_every and keep_checkpoints must be >= 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.predictor == "lm_critic" and self.device == "cuda" and not self.allow_cpu_critic \
+        if reads_a_model(self.predictor) and self.device == "cuda" and not self.allow_cpu_critic \
                 and str(self.predictor_kwargs.get("device", "cpu")).startswith("cpu"):
-            raise ValueError("predictor lm_critic would run on the CPU beside a CUDA policy (predictor_kwargs has no "
-                             "device: cuda); set predictor_kwargs.device: cuda, or allow_cpu_critic: true")
+            raise ValueError(f"predictor {self.predictor} would run on the CPU beside a CUDA policy (predictor_kwargs "
+                             "has no device: cuda); set predictor_kwargs.device: cuda, or allow_cpu_critic: true")
         if self.trainer.loss_aggregation == "seq-mean-token-sum-norm" and not self.trainer.loss_norm_tokens:
             # Dr. GRPO's constant: the most policy tokens one sequence can have in this run
             object.__setattr__(self, "trainer", dataclasses.replace(

@@ -418,6 +418,12 @@ PREDICTORS: dict[str, PredictorKind] = {
 }
 
 
+def reads_a_model(name: str) -> bool:
+    """Whether the predictor kind ``name`` loads a language model the run supplies
+    (``model_path`` among its ``needs``: the policy, or ``critic_model`` when set)."""
+    return name in PREDICTORS and "model_path" in PREDICTORS[name].needs
+
+
 def predictor_names(reads: str) -> list[str]:
     """The kinds whose ``predict`` reads ``reads`` (``"text"`` or ``"sim"``), in table order."""
     return [name for name, kind in PREDICTORS.items() if kind.reads == reads]

@@ -174,10 +174,10 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
     from tqdm.auto import tqdm
 
     from trace_gym.models import resolve_model
-    from trace_gym.predictor import make_predictor
+    from trace_gym.predictor import make_predictor, reads_a_model
 
     start = resume.step if resume else 0
-    critic = str(resolve_model(cfg.critic_model)) if cfg.critic_model and cfg.predictor == "lm_critic" else base_policy
+    critic = str(resolve_model(cfg.critic_model)) if cfg.critic_model and reads_a_model(cfg.predictor) else base_policy
     predictor = make_predictor(cfg.predictor, cfg.predictor_kwargs, model_path=critic, seed=cfg.seed)
     require_predictor_state(predictor)  # before step 1, not at the first checkpoint
     cursor = TaskCursor(len(tasks), cfg.seed)
@@ -352,9 +352,9 @@ def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_st
         "env_steps": led.env_steps,
         "episode_errors": led.errors,
         "unspent_continuations": led.unspent_continuations,
-        "fallback_first": bool(getattr(batch, "fallback_first", False)),
-        "prefixes_seen": int(getattr(batch, "prefixes_seen", 0)),
-        "truncations": dict(getattr(batch, "truncations", {}) or {}),
+        "fallback_first": bool(batch.fallback_first),
+        "prefixes_seen": int(batch.prefixes_seen),
+        "truncations": dict(batch.extras.get("truncations") or {}),
         "predictor_spearman_prompt": prompt_rho,
         "predictor_spearman_prefix": report.spearman(pred, emp) if len(pred) > 2 else math.nan,
         "predictor_loss": float(predictor_stats.get("loss", math.nan)) if predictor_stats else math.nan,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trace_gym.predictor import predictor_spec
+from trace_gym.predictor import predictor_spec, reads_a_model
 from trace_gym.entry_configs import TrainConfig
 from trace_gym.train import TrainSetup, tensorboard_writer
 
@@ -21,7 +21,7 @@ def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
              f"continuations / 2, from {cfg.candidates} candidates",
              f"  predictor: {cfg.predictor} {cfg.predictor_kwargs or ''}".rstrip(),
              *([f"  critic: {critic_plan(cfg.critic_model or str(cfg.policy), cfg.predictor_kwargs).describe()}"]
-               if cfg.predictor == "lm_critic" else []),
+               if reads_a_model(cfg.predictor) else []),
              f"  advantage: {cfg.advantage} (std normalise {cfg.advantage_std_normalize}); loss "
              f"{cfg.trainer.loss_aggregation}, clip [{1 - cfg.trainer.clip_low:g}, {1 + cfg.trainer.clip_high:g}], "
              f"lr {cfg.trainer.lr:g} ({cfg.trainer.lr_schedule}, warm-up {cfg.trainer.warmup_steps}); "
