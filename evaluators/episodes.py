@@ -15,7 +15,7 @@ import functools
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from evaluators.scoring import episode_verdict
-from trace_gym.types import Task
+from trace_gym.types import Task, env_seed
 
 if TYPE_CHECKING:
     from evaluators.suites import Suite
@@ -56,7 +56,7 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
         for lo in range(0, len(tasks), per_batch):
             episodes = []
             for i in range(lo, min(lo + per_batch, len(tasks))):  # a task's samples: one request, n = samples
-                episodes += runner.start_many([(tasks[i], seed + 1000 * i + j) for j in range(samples)], anchor=i)
+                episodes += runner.start_many([(tasks[i], env_seed(seed, i, j)) for j in range(samples)], anchor=i)
             while runner.live:  # one generation round per advance: the bar moves per turn
                 finished = runner.advance()
                 for ep in finished:

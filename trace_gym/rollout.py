@@ -29,7 +29,7 @@ from trace_gym.driver import PREFIX_SHARE, BranchResult, StepResult, run_step
 from trace_gym.predictor import Context, SuccessPredictor
 from trace_gym.strategy import Strategy
 from trace_gym.tree import ROOT, RolloutTree
-from trace_gym.types import Task
+from trace_gym.types import Task, env_seed
 
 
 def history_text(tree: RolloutTree, node_id: int) -> str:
@@ -97,7 +97,7 @@ class AgentBranchRunner:
     def start_roots(self, key: int, count: int, ledger: BudgetLedger) -> None:
         j0 = self._roots_started[key]
         self._roots_started[key] += count
-        jobs = [(self._tasks[key], self.seed + 1000 * int(key) + j0 + j) for j in range(count)]
+        jobs = [(self._tasks[key], env_seed(self.seed, key, j0 + j)) for j in range(count)]
         self._track(self.agent.start_many(jobs, anchor=(key, ROOT), ledger=ledger))
 
     def start_continuations(self, key: Hashable, node_id: int, count: int, ledger: BudgetLedger) -> None:
@@ -183,7 +183,7 @@ def collect(
             M + C / 2 <= B.
         rng: randomness for stochastic allocators.
         seed: base env seed; root rollout j of candidate i resets with
-            ``seed + 1000 * i + j``.
+            ``seed + 1000 * i + j`` (:func:`trace_gym.types.env_seed`).
         learn, prefix_share, fallback_first: as :func:`trace_gym.driver.run_step`.
 
     Returns:

@@ -185,3 +185,11 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+
+def env_seed(base: int, prompt: int, rollout: int) -> int:
+    """The env seed of rollout ``rollout`` (from 0) of prompt ``prompt`` (its index in the
+    step, the suite or the bank) under base seed ``base``: ``base + 1000 * prompt + rollout``,
+    the one rule of training, the bench, evaluation and the bank recorder (a prompt's
+    rollouts get distinct seeds while it has fewer than 1000)."""
+    return int(base) + 1000 * int(prompt) + int(rollout)
