@@ -23,7 +23,11 @@ Uncertainty, stated rather than hidden:
   tells two rows of independent seeds nothing).
 
 Runs of different envs or evaluation suites are still tabulated side by side, under a
-one-line warning that their numbers measure different things.
+one-line warning that their numbers measure different things. Rows are labelled by the
+names the user gives (``--names``), else by the folders' names.
+
+Eval output dirs (``trace-gym eval --out DIR``) may be given too: then every folder is one
+or more *arms* paired on their shared tasks (:mod:`trace_gym.compare_arms`).
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ class Run:
     config: dict[str, Any]
     metrics: list[dict[str, Any]]
     evals: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: the label the user gave (``--names``), else the folder's name
+    name: str = ""
 
     @property
     def label(self) -> str:
-        c = self.config
-        return f"{c.get('strategy', '?')} / {c.get('advantage', '?')}"
+        return self.name or self.path.name
 
     def series(self, key: str) -> np.ndarray:
         return np.array([math.nan if m.get(key) is None else float(m[key]) for m in self.metrics])
@@ -73,37 +78,60 @@ class Run:
         return out
 
 
-def load_run(path: str | Path) -> Run:
-    """A run directory as written by ``trace-gym train``; ValueError when it is not one."""
+def load_run(path: str | Path, name: str = "") -> Run:
+    """A run directory as written by ``trace-gym train`` (every file read bounded:
+    :mod:`trace_gym.run_files`); ValueError when it is not one, or when a file in it is
+    too large or of the wrong shape (naming it)."""
     import yaml
+
+    from trace_gym.checkpoint import MAX_CONFIG_BYTES
+    from trace_gym.run_files import read_json_file
 
     rd = RunDir(path)
     if not rd.config_path.exists():
-        raise ValueError(f"{str(path)!r} is not a run directory (no config.yaml)")
+        raise ValueError(f"{str(path)!r} is neither a run directory (no config.yaml) nor an eval output dir "
+                         "(no results.json)")
     metrics = rd.read_metrics()
     if not metrics:
         raise ValueError(f"run {str(path)!r} has no finished step in metrics.jsonl")
     evals = {}
     for f in sorted((rd.path / "evals").glob("step-*.json")) if (rd.path / "evals").exists() else []:
-        evals[int(f.stem.split("-")[1])] = json.loads(f.read_text())
-    return Run(rd.path, yaml.safe_load(rd.config_path.read_text()) or {}, metrics, evals)
+        step = f.stem.split("-")[1]
+        if not step.isdigit() or len(step) > 15:
+            continue  # not a file the run wrote
+        try:
+            ev = read_json_file(f)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"run {str(path)!r}: evals/{f.name} is unreadable ({exc})") from None
+        if type(ev) is not dict or not isinstance(ev.get("accuracy"), (int, float)):
+            raise ValueError(f"run {str(path)!r}: evals/{f.name} is not an evaluation (no numeric accuracy)")
+        evals[int(step)] = ev
+    with open(rd.config_path, "rb") as fh:
+        text = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(f"run {str(path)!r}: config.yaml is more than {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        config = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"run {str(path)!r}: config.yaml is unreadable ({str(exc)[:200]})") from None
+    if type(config) is not dict:
+        raise ValueError(f"run {str(path)!r}: config.yaml is a {type(config).__name__}, expected a mapping")
+    return Run(rd.path, config, metrics, evals, name)
 
 
 def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
     """Runs whose configs differ only in seed and run_dir, under one label (first seen first)."""
-    groups: dict[str, list[Run]] = {}
-    keys: dict[str, str] = {}
+    members: dict[str, list[Run]] = {}
     for run in runs:
         key = json.dumps({k: v for k, v in run.config.items() if k not in ("seed", "run_dir", "progress")},
                          sort_keys=True, default=str)
-        label = keys.get(key)
-        if label is None:
-            label = run.label
-            while label in groups:
-                label += "'"
-            keys[key] = label
-            groups[label] = []
-        groups[label].append(run)
+        members.setdefault(key, []).append(run)
+    groups: dict[str, list[Run]] = {}
+    for group in members.values():
+        label = ", ".join(r.label for r in group)  # the names the user gave, every seed's
+        while label in groups:
+            label += "'"
+        groups[label] = group
     return groups
 
 
@@ -297,19 +325,55 @@ def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]
     return paths
 
 
-def run_compare(paths: Sequence[str], out_dir: str | None = None, *, out: Any = None) -> str:
-    """Load, group, tabulate and plot; returns the markdown."""
+def arm_names(paths: Sequence[str | Path], names: Sequence[str] | None = None) -> list[str]:
+    """One label per folder: ``names`` as given (one each, distinct), else each folder's
+    name (its path as given where two folders share a name)."""
+    if names:
+        names = [n.strip() for n in names]
+        if len(names) != len(paths) or not all(names) or len(set(names)) != len(names):
+            raise ValueError(f"--names needs {len(paths)} distinct non-empty names (one per folder, in order), "
+                             f"got {','.join(names)!r}")
+        return list(names)
+    base = [Path(p).resolve().name or str(p) for p in paths]
+    return [b if base.count(b) == 1 else str(p) for b, p in zip(base, paths)]
+
+
+def run_compare(paths: Sequence[str], out_dir: str | None = None, *, names: Sequence[str] | None = None,
+                out: Any = None) -> str:
+    """Load, tabulate and plot; returns the markdown.
+
+    Training run dirs get the run table (seeds of one config grouped; every row against
+    the first); when any folder is an eval output dir, every folder becomes one or more
+    arms (:mod:`trace_gym.compare_arms`) paired with the first on the tasks they share.
+    Rows are labelled by ``names`` (default: the folders' names)."""
+    from trace_gym import compare_arms
+    from trace_gym.run_files import atomic_write_text
+
     out = out or sys.stdout
-    runs = [load_run(p) for p in paths]
-    groups = group_runs(runs)
-    text = compare_table(groups)
+    labels = arm_names(paths, names)
+    evals = [compare_arms.is_eval_dir(p) for p in paths]
+    runs = [load_run(p, n) for p, n, e in zip(paths, labels, evals) if not e]
+    parts, plots = [], []
     warning = mixed_warning(runs)
     if warning:
-        text = warning + "\n\n" + text
+        parts.append(warning)
+    if runs and not any(evals):
+        groups = group_runs(runs)
+        parts.append(compare_table(groups))
+        if out_dir:
+            plots = plot_runs(groups, out_dir)
+    else:
+        by_path = {str(r.path): r for r in runs}
+        arms = []
+        for p, n, e in zip(paths, labels, evals):
+            arms += compare_arms.load_eval_arms(p, n) if e else [compare_arms.run_arm(by_path[str(Path(p))], n)]
+        parts.append(compare_arms.paired_table(arms))
+        if out_dir:
+            plots = [str(compare_arms.plot_arms(arms, Path(out_dir) / "accuracy.png"))]
+    text = "\n\n".join(parts)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "compare.md").write_text(text + "\n")
-        plots = plot_runs(groups, out_dir)
+        atomic_write_text(Path(out_dir) / "compare.md", text + "\n")
         text += "\n\nwrote " + ", ".join([str(Path(out_dir) / "compare.md"), *plots])
     print(text, file=out)
     return text
