@@ -124,3 +124,23 @@ def test_mixing_envs_or_suites_says_so_in_one_line(tmp_path):
 def test_not_a_run_dir(tmp_path):
     with pytest.raises(ValueError, match="neither a run directory"):
         load_run(tmp_path)
+
+
+def test_accuracy_plot_draws_intervals_and_spreads_coincident_groups(tmp_path):
+    from trace_gym.compare import _accuracy_bars, side_offsets
+
+    a = make_run(tmp_path / "a", "uniform", 0, [0.2, 0.3], after=[1] * 10 + [0] * 30, before=[0] * 40)
+    b = make_run(tmp_path / "b", "trace", 0, [0.2, 0.3], after=[1] * 10 + [0] * 30, before=[0] * 40)  # identical
+    run = load_run(a)
+    low, high = _accuracy_bars([run], [0, 2])
+    # step 0: 0 of 40 -> Wilson [0, 8.8 %]; step 2: 10 of 40 -> [14.2, 40.2] % around 25 %
+    assert low[0] == 0 and high[0] == pytest.approx(0.0876, abs=1e-3)
+    assert (0.25 - low[1], 0.25 + high[1]) == pytest.approx((0.1419, 0.4017), abs=1e-3)
+    seeds = [load_run(make_run(tmp_path / f"s{i}", "pcl", i, [0.1], after=[i % 2] * 10)) for i in range(3)]
+    low, high = _accuracy_bars(seeds, [1])  # over seeds: 1/3 +- t(.975, 2) * sd / sqrt(3), clipped to [0, 1]
+    half = 4.302653 * np.std([0, 1, 0], ddof=1) / math.sqrt(3)
+    assert low[0] == pytest.approx(1 / 3 - max(0.0, 1 / 3 - half)) and high[0] == pytest.approx(min(1.0, 1 / 3 + half) - 1 / 3)
+    shifts = side_offsets(2, 100.0)
+    assert shifts.tolist() == pytest.approx([-0.75, 0.75]) and len(set(side_offsets(5, 10.0).tolist())) == 5
+    run_compare([a, b], out_dir=str(tmp_path / "out"))
+    assert (tmp_path / "out" / "accuracy.png").stat().st_size > 1000

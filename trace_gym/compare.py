@@ -284,11 +284,45 @@ def compare_table(groups: Mapping[str, list[Run]]) -> str:
     return "\n".join(parts)
 
 
+#: Marker and line style per run group, so that groups drawn on the same values stay apart.
+_STYLES = (("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1))), ("P", (0, (3, 1, 1, 1))))
+
+
+def side_offsets(groups: int, span: float, share: float = 0.015) -> np.ndarray:
+    """Sideways shifts of ``groups`` point series on an axis of length ``span``: centred on 0,
+    ``share * span`` apart (so coincident points of different groups are all seen)."""
+    return (np.arange(groups) - (groups - 1) / 2) * share * span
+
+
+def _accuracy_bars(runs: Sequence[Run], steps: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper error-bar lengths of held-out accuracy at ``steps``: over seeds
+    (Student t) with several runs, else over the eval's tasks (Wilson at the effective
+    sample size, from its per-task outcomes; its stored interval for an older eval)."""
+    low, high = [], []
+    for s in steps:
+        evs = [r.evals[s] for r in runs if s in r.evals]
+        mean = float(np.mean([ev["accuracy"] for ev in evs]))
+        if len(evs) > 1:
+            half = report.mean_ci([ev["accuracy"] for ev in evs])[1]
+            lo, hi = max(0.0, mean - half), min(1.0, mean + half)
+        elif evs[0].get("per_task"):
+            lo, hi = report.clustered_wilson_interval([[float(r >= 0.5) for r in rs]
+                                                       for rs in evs[0]["per_task"].values() if rs])
+        else:
+            lo, hi = (evs[0].get("accuracy_ci") or [mean, mean])[:2]
+        low.append(max(0.0, mean - lo))
+        high.append(max(0.0, hi - mean))
+    return np.array(low), np.array(high)
+
+
 def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]:
     """PNG plots: {reward, effective_ratio, accuracy} against {nominal budget, tokens, seconds}.
 
-    A line per run group; with several seeds the mean with a shaded 95 % band (runs aligned
-    by step)."""
+    A line per run group, each with its own marker and line style; with several seeds the
+    mean with a shaded 95 % band (runs aligned by step). Held-out accuracy draws its 95 %
+    interval at every evaluation as an error bar (:func:`_accuracy_bars`), and the groups'
+    points are spread sideways by a small share of the axis, so two groups with the same
+    values are both seen, not one drawn over the other."""
     plt = report._pyplot()
     out = Path(out_dir)
     paths = []
@@ -296,14 +330,16 @@ def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]
     for ykey, ylabel in (("reward", "train reward"), ("effective_ratio", "effective ratio"), ("accuracy", "held-out accuracy")):
         fig, axs = plt.subplots(1, 3, figsize=(13, 3.6))
         for ax, (xlabel, xkey) in zip(axs, axes.items()):
-            for label, runs in groups.items():
-                xs, ys = [], []
+            span = max([float(r.cumulative(xkey)[-1]) for rs in groups.values() for r in rs] + [1e-9])
+            for k, (label, runs) in enumerate(groups.items()):
+                marker, style = _STYLES[k % len(_STYLES)]
+                xs, ys, steps = [], [], []
                 for r in runs:
                     x = np.concatenate([[0.0], r.cumulative(xkey)])
                     if ykey == "accuracy":
-                        steps = sorted(r.evals)
-                        xs.append(np.array([x[s] for s in steps if s < len(x)]))
-                        ys.append(np.array([r.evals[s]["accuracy"] for s in steps if s < len(x)]))
+                        steps = [s for s in sorted(r.evals) if s < len(x)]
+                        xs.append(np.array([x[s] for s in steps]))
+                        ys.append(np.array([r.evals[s]["accuracy"] for s in steps]))
                     else:
                         xs.append(x[1:])
                         ys.append(r.series(ykey))
@@ -313,12 +349,17 @@ def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]
                 x_mean = np.mean([x[:n] for x in xs], axis=0)
                 y_arr = np.array([y[:n] for y in ys])
                 y_mean = np.nanmean(y_arr, axis=0)
-                line, = ax.plot(x_mean, y_mean, marker="o", ms=3, label=f"{label} (n={len(runs)})")
+                name = f"{label} (n={len(runs)})"
+                if ykey == "accuracy":
+                    ax.errorbar(x_mean + side_offsets(len(groups), span)[k], y_mean, yerr=_accuracy_bars(runs, steps[:n]), marker=marker,
+                                linestyle=style, ms=4, capsize=3, label=name)
+                    continue
+                line, = ax.plot(x_mean, y_mean, marker=marker, linestyle=style, ms=3, label=name)
                 if len(runs) > 1:
                     half = np.array([report.mean_ci(y_arr[:, i])[1] for i in range(n)])
                     ax.fill_between(x_mean, y_mean - half, y_mean + half, color=line.get_color(), alpha=0.2)
             ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
+            ax.set_ylabel(ylabel + (" (95 % CI)" if ykey == "accuracy" else ""))
         axs[0].legend(fontsize=8)
         fig.suptitle(f"{ylabel} against budget, tokens and time")
         paths.append(str(report._save(plt, fig, out / f"{ykey}.png")))

@@ -33,6 +33,8 @@ from trace_gym.config import doc, flatten, load_config, to_yaml
 from trace_gym.driver import forecast_fallback_first
 from trace_gym.engines import ENGINES
 from trace_gym.predictor import check_predictor_name, predictor_names
+from trace_gym.reporters import check_reporter_names, make_reporters, require_installed, scalars
+from trace_gym.train_metrics import step_record, summary_line  # noqa: F401  (re-exported: a step's metrics line)
 from trace_gym.trainer import TrainerConfig
 from trace_gym.types import Task
 
@@ -85,12 +87,19 @@ class TrainConfig:
     eval_tasks: int = field(default=32, metadata=doc("tasks of the suite evaluated during training"))
     eval_samples: int = field(default=1, metadata=doc("samples per task during training evaluations"))
     checkpoint_every: int = field(default=1, metadata=doc("checkpoint every K steps (and at the last step)"))
-    keep_checkpoints: int = field(default=2, metadata=doc("newest checkpoints kept (0: all)"))
+    keep_checkpoints: int = field(default=2, metadata=doc(
+        "newest checkpoints kept (0: all); only the newest keeps the optimiser state, the others weights only"))
+    keep_final_state: bool = field(default=True, metadata=doc(
+        "keep the last step's optimiser, predictor and RNG state, so a rerun with more steps resumes exactly "
+        "(false: a finished run keeps weights only, a third of the size)"))
     ray: str | None = field(default=None, metadata=doc(
         "run the same loop on Ray actors: null (in process), local (start a local cluster) or a cluster address"))
     ray_options: dict = field(default_factory=dict, metadata=doc(
         "Ray sizing: rollout_workers, env_pools, trainer_workers, ... (docs/distributed.md)"))
-    tensorboard: bool = field(default=False, metadata=doc("also write TensorBoard scalars to run_dir/tb"))
+    report_to: tuple[str, ...] = field(default=(), metadata=doc(
+        "also log each step's scalars to: tensorboard | wandb | mlflow (comma-separated; offline, in run_dir)"))
+    tensorboard: bool = field(default=False, metadata=doc("also write TensorBoard scalars to run_dir/tb "
+                                                          "(= report_to: tensorboard)"))
     progress: bool = field(default=True, metadata=doc("progress bars and a one-line summary per step"))
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata=doc("policy update settings"))
 
@@ -110,6 +119,7 @@ class TrainConfig:
             raise ValueError(f"advantage must be one of {sorted(ESTIMATORS)}, got {self.advantage!r}"
                              f"{did_you_mean(self.advantage, ESTIMATORS)}")
         check_predictor_name(self.predictor, "text")
+        check_reporter_names(self.report_to)
         if not 0 <= self.heldout_fraction < 1 or not 0 <= self.prefix_share < 1:
             raise ValueError(f"heldout_fraction and prefix_share must lie in [0, 1), got "
                              f"{self.heldout_fraction!r}, {self.prefix_share!r}")
@@ -136,7 +146,11 @@ class TrainConfig:
 
 
 #: Keys a rerun may change without starting a new run.
-RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "keep_checkpoints", "eval_every", "steps", "ray", "ray_options"})
+RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "report_to", "keep_checkpoints", "keep_final_state", "eval_every",
+                            "steps", "ray", "ray_options"})
+#: What only a resume reads: dropped from a checkpoint once a newer one is written (and from
+#: the last one with ``keep_final_state: false``); the weights stay.
+RESUME_FILES = ("trainer*.pt", "predictor.pt", "rng.pt")
 
 
 def load_train_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
@@ -214,16 +228,9 @@ class TrainSetup:
     describe: dict[str, str] = field(default_factory=dict)
 
 
-def tensorboard_writer(cfg: TrainConfig, logdir: Path | None) -> Any:
-    """A TensorBoard writer on ``logdir`` when ``cfg.tensorboard`` (``None`` without a
-    ``logdir``: only checks that the package imports), else ``None``."""
-    if not cfg.tensorboard:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise ValueError(f"tensorboard=true needs the tensorboard package (pip install tensorboard): {exc}") from None
-    return SummaryWriter(str(logdir)) if logdir is not None else None
+def report_backends(cfg: TrainConfig) -> list[str]:
+    """The chosen ``report_to`` backends (``tensorboard: true`` included), each once."""
+    return list(dict.fromkeys([*cfg.report_to, *(["tensorboard"] if cfg.tensorboard else [])]))
 
 
 # ---------------------------------------------------------------------- the loop
@@ -233,11 +240,12 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     ``backend`` (a :class:`~trace_gym.backend.TrainBackend`) builds the trainer, the engine
     and each step's agent runner; default: :func:`~trace_gym.backend.backend_for` ``cfg``
     (in process, or on Ray when ``cfg.ray`` is set), built only once there is a step to
-    run. The engine, the backend (a given one too) and the TensorBoard writer are closed
+    run. The engine, the backend (a given one too) and the ``report_to`` backends are closed
     on every way out: a finished run, one with nothing left to do, a refused resume, an
     exception mid-step; one of them failing to close does not keep the others open.
     """
     import contextlib
+    import dataclasses
 
     from tqdm.auto import tqdm
 
@@ -251,6 +259,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     with contextlib.ExitStack() as closing:
         if backend is not None:
             closing.callback(backend.close)
+        require_installed(report_backends(cfg))  # before the run dir is written
         run = RunDir(cfg.run_dir, step_files=checkpoint.TRAINING_STEP_FILES)
         closing.callback(run.close)
         resume = run.start(to_yaml(cfg), compare=config_differences)
@@ -260,6 +269,11 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
         if start >= cfg.steps:
             say(f"{cfg.run_dir}: all {cfg.steps} steps are done")
             return {"run_dir": cfg.run_dir, "steps": start, "metrics": run.read_metrics()}
+        if resume and not resume.resumable:
+            raise ValueError(f"run dir {cfg.run_dir!r}: its newest checkpoint (step {start}) keeps weights only "
+                             "(keep_final_state: false), so it cannot continue exactly; use a new run_dir (policy="
+                             f"{cfg.run_dir}@{start} is not a model folder: eval it, or start from its checkpoint's "
+                             "policy/ folder)")
         tasks = list(setup.load_train_tasks())[: cfg.train_pool]
         base_policy = resolve_model(cfg.policy)
         weights = resume.policy_path if resume else base_policy
@@ -270,15 +284,15 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
                                        device=cfg.device, seed=cfg.seed)
         engine = backend.make_engine(cfg.engine, weights, **cfg.engine_kwargs)
         closing.callback(engine.close)
-        writer = tensorboard_writer(cfg, run.path / "tb")
-        if writer is not None:
-            closing.callback(writer.close)
-        _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, writer, say, out)
+        reporters = make_reporters(report_backends(cfg), run.path, dataclasses.asdict(cfg))
+        for reporter in reporters:
+            closing.callback(reporter.close)
+        _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, reporters, say, out)
     return {"run_dir": cfg.run_dir, "steps": cfg.steps, "metrics": run.read_metrics()}
 
 
 def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: Sequence[Task], base_policy: str,
-          trainer: Any, engine: Any, backend: Any, writer: Any, say: Callable, out: Any) -> None:
+          trainer: Any, engine: Any, backend: Any, reporters: Sequence[Any], say: Callable, out: Any) -> None:
     """Steps ``start + 1 .. cfg.steps``, top to bottom."""
     import torch
     from tqdm.auto import tqdm
@@ -332,10 +346,11 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
         bar.set_postfix_str("checkpoint" if checkpoint else "")
         run.commit(step, record, (lambda folder: _write_checkpoint(folder, step, trainer, predictor, cursor, rng,
                                                                    fallback_first))
-                   if checkpoint else None, keep=cfg.keep_checkpoints)
-        if writer is not None:
-            for key, value in _scalars(record).items():
-                writer.add_scalar(key, value, step)
+                   if checkpoint else None, keep=cfg.keep_checkpoints, drop_superseded=RESUME_FILES)
+        if step == cfg.steps and not cfg.keep_final_state:
+            run.drop_files(step, RESUME_FILES)  # a finished run: the weights stay, the resume state goes
+        for reporter in reporters:
+            reporter.log(scalars(record), step)
         bar.update(1)
         say(summary_line(record, cfg.steps))
     bar.close()
@@ -384,17 +399,6 @@ def policy_step(cfg: TrainConfig, setup: TrainSetup, candidates: Sequence[Task],
     return batch, token_trees, update, sync_seconds
 
 
-def _finite(value: Any) -> Any:
-    """NaN / inf -> None, recursively, so metrics lines are strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _write_checkpoint(folder: Path, step: int, trainer: Any, predictor: Any, cursor: TaskCursor,
                       rng: np.random.Generator, fallback_first: bool = False) -> None:
     import torch
@@ -421,84 +425,3 @@ def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> boo
     np.random.set_state(saved["numpy"])
     torch.set_rng_state(saved["torch"])
     return bool(state.get("fallback_first", False))
-
-
-# ---------------------------------------------------------------------- metrics
-def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_stats: Mapping[str, Any],
-                sync_seconds: float, evaluation: Mapping[str, Any] | None, seconds: float,
-                token_trees: Sequence[Any], eval_seconds: float = 0.0) -> dict[str, Any]:
-    """One ``metrics.jsonl`` line (see ``docs/training.md`` for every field)."""
-    from trace_gym import report
-
-    trees, led = batch.trees, batch.ledger
-    leaves = [leaf for t in trees for leaf in t.leaves()]
-    chosen = np.flatnonzero(batch.root_counts)
-    prompt_rho = report.spearman(batch.values[chosen], [t.targets(outcomes=True).get(0, math.nan) for t in trees]) \
-        if len(trees) > 2 else math.nan
-    pred, emp = [], []
-    for ti, node, value in batch.prefix_predictions:
-        target = trees[ti].targets(outcomes=True).get(node)
-        if target is not None:
-            pred.append(value)
-            emp.append(target)
-    cached = sum(int(n.info.get("cached_tokens") or 0) for t in trees for n in t.nodes[1:])
-    phases = dict(led.seconds)
-    phases["policy_update"] = float(update.get("seconds", 0.0))
-    phases["weight_sync"] = float(sync_seconds)
-    if evaluation is not None:
-        phases["eval"] = float(eval_seconds)
-    nonzero = sum(1 for tt in token_trees for n in tt.nodes if any(a != 0.0 for _, a in n.terms))
-    record: dict[str, Any] = {
-        "step": step,
-        "reward": float(np.mean([leaf.reward for leaf in leaves])) if leaves else math.nan,
-        "accuracy": float(np.mean([leaf.success for leaf in leaves])) if leaves else math.nan,
-        "effective_ratio": report.effective_ratio(trees),
-        "contrast_pairs_by_depth": {str(d): c for d, c in report.contrast_pairs_by_depth(trees).items()},
-        "prompts": len(trees),
-        "rollouts": led.rollouts,
-        "continuations": led.continuations,
-        "nominal_budget": led.nominal,
-        "generated_tokens": led.generated_tokens,
-        "prefill_tokens_uncached": led.prefill_tokens,
-        "prefill_tokens_cached": cached,
-        "env_steps": led.env_steps,
-        "episode_errors": led.errors,
-        "unspent_continuations": led.unspent_continuations,
-        "fallback_first": bool(getattr(batch, "fallback_first", False)),
-        "prefixes_seen": int(getattr(batch, "prefixes_seen", 0)),
-        "truncations": dict(getattr(batch, "truncations", {}) or {}),
-        "predictor_spearman_prompt": prompt_rho,
-        "predictor_spearman_prefix": report.spearman(pred, emp) if len(pred) > 2 else math.nan,
-        "predictor_loss": float(predictor_stats.get("loss", math.nan)) if predictor_stats else math.nan,
-        "nodes_with_advantage": nonzero,
-        "seconds": phases,
-        "step_seconds": seconds,
-    }
-    record.update({f"policy/{k}": v for k, v in update.items() if k != "seconds"})
-    if evaluation is not None:
-        record["eval"] = {k: v for k, v in evaluation.items() if isinstance(v, (int, float, str))}
-    return _finite(record)
-
-
-def _scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    out = {}
-    for k, v in record.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-            out[k] = float(v)
-        elif isinstance(v, dict):
-            out.update({f"{k}/{kk}": float(vv) for kk, vv in v.items() if isinstance(vv, (int, float))})
-    return out
-
-
-def summary_line(record: Mapping[str, Any], steps: int) -> str:
-    """The one-line per-step summary printed under the progress bar."""
-    s = record["seconds"]
-    predictor = s.get("predictor_scoring", 0.0) + s.get("predictor_update", 0.0)
-    num = lambda key: math.nan if record.get(key) is None else record[key]  # noqa: E731
-    line = (f"step {record['step']}/{steps} | reward {num('reward'):.3f} | effective {num('effective_ratio'):.2f} "
-            f"| {record['rollouts']}+{record['continuations']}/2 = {record['nominal_budget']:g} nominal, "
-            f"{record['generated_tokens']} gen tok | gen {s.get('generation', 0):.0f}s env {s.get('environment', 0):.0f}s "
-            f"pred {predictor:.1f}s update {s['policy_update']:.0f}s sync {s['weight_sync']:.1f}s")
-    if "eval" in record:
-        line += f" | eval acc {record['eval'].get('accuracy') or math.nan:.3f}"
-    return line
