@@ -101,3 +101,33 @@ def test_tensorboard_when_installed(tmp_path, tiny_model_path):
     pytest.importorskip("tensorboard")
     assert main(argv(tmp_path / "tb", tiny_model_path, "steps=1", "report_to=tensorboard")) == 0
     assert list((tmp_path / "tb" / "tb").glob("events.out.tfevents.*"))
+
+
+def test_dropping_is_crash_safe_and_tolerates_only_what_it_dropped(tmp_path):
+    from test_run_dir_integrity import rec, training_files
+
+    from trace_gym.checkpoint import TRAINING_STEP_FILES, RunDir
+    from trace_gym.run_files import MANIFEST, atomic_write_text, verify_checkpoint
+    from trace_gym.train import RESUME_FILES
+
+    run = RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES)
+    run.start("a: 1\n")
+    for s in (1, 2):
+        run.commit(s, rec(s), lambda f, s=s: training_files(f, s), keep=2, drop_superseded=RESUME_FILES)
+    one = run.checkpoints / "step-1"
+    assert not RESUME & files(one) and RESUME <= files(run.checkpoints / "step-2")
+    # a kill after the manifest was rewritten but before the files went: still complete
+    for name in RESUME:
+        (one / name).write_bytes(b"t" * 16)
+    assert verify_checkpoint(one, 1, required=TRAINING_STEP_FILES) is None
+    (one / "planted.pt").write_bytes(b"x")  # but nothing the manifest did not drop
+    assert "planted.pt is not listed" in verify_checkpoint(one, 1, required=TRAINING_STEP_FILES)
+    (one / "planted.pt").unlink()
+    assert run.drop_files(1, RESUME_FILES) == [] and not RESUME & files(one)  # the next pass finishes the job
+    # "dropped" counts only in a manifest marked not resumable
+    two = run.checkpoints / "step-2"
+    m = manifest(two)
+    atomic_write_text(two / MANIFEST, json.dumps({**m, "dropped": ["extra.pt"]}))
+    (two / "extra.pt").write_bytes(b"x")
+    assert "extra.pt is not listed" in verify_checkpoint(two, 2, required=TRAINING_STEP_FILES)
+    run.close()
