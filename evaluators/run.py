@@ -339,9 +339,9 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
         finally:
             if engine is not None:
                 engine.close()
-    (Path(cfg.out) / "results.json").write_text(json.dumps(rows, indent=2))
+    atomic_write_text(Path(cfg.out) / "results.json", json.dumps(rows, indent=2))  # `compare` reads it
     text = format_results(rows)
-    (Path(cfg.out) / "results.md").write_text(text + "\n")
+    atomic_write_text(Path(cfg.out) / "results.md", text + "\n")
     print(text, file=out)
     return rows
 

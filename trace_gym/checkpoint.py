@@ -5,9 +5,11 @@ Layout of a run directory::
     config.yaml              the resolved config (written once; a rerun must match it)
     metrics.jsonl            one JSON object per finished step, in step order
     checkpoints/step-N/      policy/ (HF weights + tokenizer), trainer.pt (optimizer, schedule),
-                             predictor.pt, state.json (step, RNG states, data cursor),
+                             predictor.pt, rng.pt, state.json (step, data cursor),
                              metrics.json (step N's metrics line),
                              manifest.json (every other file's size and SHA-256; written last)
+                             (only the newest keeps trainer.pt, predictor.pt and rng.pt: the
+                             older ones are weights-only, manifest ``"resumable": false``)
     evals/step-N.json        evaluations run during training
     .lock                    held (``flock``) by the one run using the directory
 
@@ -60,8 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from trace_gym.run_files import (MANIFEST, atomic_write_text, is_step, iter_json_lines, link_outside, read_json_file,
-                                 verify_checkpoint, write_manifest)
+from trace_gym.run_files import (MANIFEST, atomic_write_text, drop_checkpoint_files, is_resumable, is_step,
+                                 iter_json_lines, link_outside, read_json_file, verify_checkpoint, write_manifest)
 
 __all__ = ["MANIFEST", "atomic_write_text", "verify_checkpoint", "write_manifest"]  # re-exported from run_files
 
@@ -74,7 +76,7 @@ TRAINING_STEP_FILES = ("policy/config.json", "policy/*.safetensors", "trainer*.p
 #: What :meth:`RunDir.commit` itself writes into every checkpoint.
 COMMIT_FILES = ("metrics.json",)
 #: The entries of a run dir a run reads or writes (each must stay inside the directory it locks).
-RUN_ENTRIES = (LOCK, "config.yaml", "metrics.jsonl", "checkpoints", "evals", "tb")
+RUN_ENTRIES = (LOCK, "config.yaml", "metrics.jsonl", "checkpoints", "evals", "tb", "wandb", "mlruns")
 #: Largest ``config.yaml`` a rerun reads back, bytes.
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -93,6 +95,8 @@ class Resume:
 
     step: int
     path: Path
+    #: False for a weights-only checkpoint (:meth:`RunDir.drop_files`): nothing to resume from
+    resumable: bool = True
 
     @property
     def policy_path(self) -> Path:
@@ -231,7 +235,7 @@ class RunDir:
         for step in sorted(self._steps(), reverse=True):
             folder = self.checkpoints / f"step-{step}"
             if verify_checkpoint(folder, step, hashes=False, required=self.step_files) is None:
-                return Resume(step, folder)
+                return Resume(step, folder, is_resumable(folder))
         return None
 
     def read_metrics(self) -> list[dict[str, Any]]:
@@ -258,9 +262,10 @@ class RunDir:
 
     # -- commit a step
     def commit(self, step: int, record: dict[str, Any], write_checkpoint: Callable[[Path], None] | None,
-               keep: int = 2) -> None:
+               keep: int = 2, drop_superseded: Sequence[str] = ()) -> None:
         """Finish ``step``: write its checkpoint (when ``write_checkpoint`` is given) atomically,
-        then append its metrics line; keep the newest ``keep`` checkpoints."""
+        then append its metrics line; keep the newest ``keep`` checkpoints, and drop the files
+        matching ``drop_superseded`` (what only a resume reads) from every older one kept."""
         if write_checkpoint is not None:
             final = self.checkpoints / f"step-{step}"
             tmp = self.checkpoints / f".tmp-step-{step}-{os.getpid()}"
@@ -287,6 +292,18 @@ class RunDir:
             steps = sorted(self._steps())
             for old in steps[:-keep]:
                 shutil.rmtree(self.checkpoints / f"step-{old}", ignore_errors=True)
+        if write_checkpoint is not None and drop_superseded:
+            for old in sorted(self._steps())[:-1]:
+                self.drop_files(old, drop_superseded)
+
+    def drop_files(self, step: int, patterns: Sequence[str]) -> list[str]:
+        """Make ``checkpoints/step-N`` weights-only: its files matching ``patterns`` leave the
+        manifest, then the disk (:func:`~trace_gym.run_files.drop_checkpoint_files`); a
+        checkpoint that is not complete is left as it is. Returns the names dropped."""
+        folder = self.checkpoints / f"step-{step}"
+        if verify_checkpoint(folder, step, hashes=False) is not None:
+            return []
+        return drop_checkpoint_files(folder, step, patterns)
 
     def checkpoint_path(self, step: int | None = None) -> Path:
         """``checkpoints/step-N`` (the latest when ``step`` is None); ValueError when absent."""

@@ -24,7 +24,7 @@ import re
 import sys
 from typing import Any, Sequence
 
-from trace_gym.commands import CONFIG_KEYS
+from trace_gym.commands import CONFIG_KEYS, KEY_NAMES
 from trace_gym.suggest import did_you_mean
 
 #: Every command: name -> "module:add_parser_function" (the order of ``--help``).
@@ -171,6 +171,20 @@ def flag_tokens(leaf: argparse.ArgumentParser, rest: Sequence[str], overrides: d
     return out
 
 
+def flag_hint(flag: str, leaf: argparse.ArgumentParser, parser: argparse.ArgumentParser) -> str:
+    """``"; did you mean --X?"`` for an unknown ``flag`` (the closest flags of the command;
+    for a config command whose key has no flag, ``key=VALUE``), else where the flags are listed."""
+    known = sorted({o for p in (leaf, parser) for a in p._actions for o in a.option_strings if o.startswith("--")})
+    near = did_you_mean(flag, known)
+    if near:
+        return near
+    keys = {k.replace("_", "-"): k for k in leaf.get_default(KEY_NAMES) or ()}
+    key = did_you_mean(flag.lstrip("-"), keys)
+    if key:
+        return "; did you mean " + ", ".join(f"{keys[k]}=VALUE" for k in key[len("; did you mean "):-1].split(", ")) + "?"
+    return f"; `{leaf.prog} --help` lists the flags"
+
+
 def configure_logging(verbose: bool) -> None:
     """Third-party logs at WARNING (INFO with ``--verbose``); :func:`main` calls it first,
     before a plugin or a backend imports anything.
@@ -236,7 +250,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"trace-gym {command}: error: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(rest)
+    args, unknown = parser.parse_known_args(rest)
+    flag = next((t.split("=", 1)[0] for t in unknown if t.startswith("-") and t != "--"), None)
+    if flag is not None:  # a mistyped flag: one line with the closest ones, never argparse's usage block
+        print(f"trace-gym {command}: error: unknown flag {flag}{flag_hint(flag, leaf, parser)}", file=sys.stderr)
+        return 2
+    if unknown:
+        parser.parse_args(rest)  # a stray value: argparse's own message, exit 2
     args.overrides = overrides
     try:
         return int(args.func(args) or 0)

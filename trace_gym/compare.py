@@ -23,7 +23,11 @@ Uncertainty, stated rather than hidden:
   tells two rows of independent seeds nothing).
 
 Runs of different envs or evaluation suites are still tabulated side by side, under a
-one-line warning that their numbers measure different things.
+one-line warning that their numbers measure different things. Rows are labelled by the
+names the user gives (``--names``), else by the folders' names.
+
+Eval output dirs (``trace-gym eval --out DIR``) may be given too: then every folder is one
+or more *arms* paired on their shared tasks (:mod:`trace_gym.compare_arms`).
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ class Run:
     config: dict[str, Any]
     metrics: list[dict[str, Any]]
     evals: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: the label the user gave (``--names``), else the folder's name
+    name: str = ""
 
     @property
     def label(self) -> str:
-        c = self.config
-        return f"{c.get('strategy', '?')} / {c.get('advantage', '?')}"
+        return self.name or self.path.name
 
     def series(self, key: str) -> np.ndarray:
         return np.array([math.nan if m.get(key) is None else float(m[key]) for m in self.metrics])
@@ -73,37 +78,60 @@ class Run:
         return out
 
 
-def load_run(path: str | Path) -> Run:
-    """A run directory as written by ``trace-gym train``; ValueError when it is not one."""
+def load_run(path: str | Path, name: str = "") -> Run:
+    """A run directory as written by ``trace-gym train`` (every file read bounded:
+    :mod:`trace_gym.run_files`); ValueError when it is not one, or when a file in it is
+    too large or of the wrong shape (naming it)."""
     import yaml
+
+    from trace_gym.checkpoint import MAX_CONFIG_BYTES
+    from trace_gym.run_files import read_json_file
 
     rd = RunDir(path)
     if not rd.config_path.exists():
-        raise ValueError(f"{str(path)!r} is not a run directory (no config.yaml)")
+        raise ValueError(f"{str(path)!r} is neither a run directory (no config.yaml) nor an eval output dir "
+                         "(no results.json)")
     metrics = rd.read_metrics()
     if not metrics:
         raise ValueError(f"run {str(path)!r} has no finished step in metrics.jsonl")
     evals = {}
     for f in sorted((rd.path / "evals").glob("step-*.json")) if (rd.path / "evals").exists() else []:
-        evals[int(f.stem.split("-")[1])] = json.loads(f.read_text())
-    return Run(rd.path, yaml.safe_load(rd.config_path.read_text()) or {}, metrics, evals)
+        step = f.stem.split("-")[1]
+        if not step.isdigit() or len(step) > 15:
+            continue  # not a file the run wrote
+        try:
+            ev = read_json_file(f)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"run {str(path)!r}: evals/{f.name} is unreadable ({exc})") from None
+        if type(ev) is not dict or not isinstance(ev.get("accuracy"), (int, float)):
+            raise ValueError(f"run {str(path)!r}: evals/{f.name} is not an evaluation (no numeric accuracy)")
+        evals[int(step)] = ev
+    with open(rd.config_path, "rb") as fh:
+        text = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(f"run {str(path)!r}: config.yaml is more than {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        config = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"run {str(path)!r}: config.yaml is unreadable ({str(exc)[:200]})") from None
+    if type(config) is not dict:
+        raise ValueError(f"run {str(path)!r}: config.yaml is a {type(config).__name__}, expected a mapping")
+    return Run(rd.path, config, metrics, evals, name)
 
 
 def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
     """Runs whose configs differ only in seed and run_dir, under one label (first seen first)."""
-    groups: dict[str, list[Run]] = {}
-    keys: dict[str, str] = {}
+    members: dict[str, list[Run]] = {}
     for run in runs:
         key = json.dumps({k: v for k, v in run.config.items() if k not in ("seed", "run_dir", "progress")},
                          sort_keys=True, default=str)
-        label = keys.get(key)
-        if label is None:
-            label = run.label
-            while label in groups:
-                label += "'"
-            keys[key] = label
-            groups[label] = []
-        groups[label].append(run)
+        members.setdefault(key, []).append(run)
+    groups: dict[str, list[Run]] = {}
+    for group in members.values():
+        label = ", ".join(r.label for r in group)  # the names the user gave, every seed's
+        while label in groups:
+            label += "'"
+        groups[label] = group
     return groups
 
 
@@ -256,11 +284,45 @@ def compare_table(groups: Mapping[str, list[Run]]) -> str:
     return "\n".join(parts)
 
 
+#: Marker and line style per run group, so that groups drawn on the same values stay apart.
+_STYLES = (("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1))), ("P", (0, (3, 1, 1, 1))))
+
+
+def side_offsets(groups: int, span: float, share: float = 0.015) -> np.ndarray:
+    """Sideways shifts of ``groups`` point series on an axis of length ``span``: centred on 0,
+    ``share * span`` apart (so coincident points of different groups are all seen)."""
+    return (np.arange(groups) - (groups - 1) / 2) * share * span
+
+
+def _accuracy_bars(runs: Sequence[Run], steps: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper error-bar lengths of held-out accuracy at ``steps``: over seeds
+    (Student t) with several runs, else over the eval's tasks (Wilson at the effective
+    sample size, from its per-task outcomes; its stored interval for an older eval)."""
+    low, high = [], []
+    for s in steps:
+        evs = [r.evals[s] for r in runs if s in r.evals]
+        mean = float(np.mean([ev["accuracy"] for ev in evs]))
+        if len(evs) > 1:
+            half = report.mean_ci([ev["accuracy"] for ev in evs])[1]
+            lo, hi = max(0.0, mean - half), min(1.0, mean + half)
+        elif evs[0].get("per_task"):
+            lo, hi = report.clustered_wilson_interval([[float(r >= 0.5) for r in rs]
+                                                       for rs in evs[0]["per_task"].values() if rs])
+        else:
+            lo, hi = (evs[0].get("accuracy_ci") or [mean, mean])[:2]
+        low.append(max(0.0, mean - lo))
+        high.append(max(0.0, hi - mean))
+    return np.array(low), np.array(high)
+
+
 def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]:
     """PNG plots: {reward, effective_ratio, accuracy} against {nominal budget, tokens, seconds}.
 
-    A line per run group; with several seeds the mean with a shaded 95 % band (runs aligned
-    by step)."""
+    A line per run group, each with its own marker and line style; with several seeds the
+    mean with a shaded 95 % band (runs aligned by step). Held-out accuracy draws its 95 %
+    interval at every evaluation as an error bar (:func:`_accuracy_bars`), and the groups'
+    points are spread sideways by a small share of the axis, so two groups with the same
+    values are both seen, not one drawn over the other."""
     plt = report._pyplot()
     out = Path(out_dir)
     paths = []
@@ -268,14 +330,16 @@ def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]
     for ykey, ylabel in (("reward", "train reward"), ("effective_ratio", "effective ratio"), ("accuracy", "held-out accuracy")):
         fig, axs = plt.subplots(1, 3, figsize=(13, 3.6))
         for ax, (xlabel, xkey) in zip(axs, axes.items()):
-            for label, runs in groups.items():
-                xs, ys = [], []
+            span = max([float(r.cumulative(xkey)[-1]) for rs in groups.values() for r in rs] + [1e-9])
+            for k, (label, runs) in enumerate(groups.items()):
+                marker, style = _STYLES[k % len(_STYLES)]
+                xs, ys, steps = [], [], []
                 for r in runs:
                     x = np.concatenate([[0.0], r.cumulative(xkey)])
                     if ykey == "accuracy":
-                        steps = sorted(r.evals)
-                        xs.append(np.array([x[s] for s in steps if s < len(x)]))
-                        ys.append(np.array([r.evals[s]["accuracy"] for s in steps if s < len(x)]))
+                        steps = [s for s in sorted(r.evals) if s < len(x)]
+                        xs.append(np.array([x[s] for s in steps]))
+                        ys.append(np.array([r.evals[s]["accuracy"] for s in steps]))
                     else:
                         xs.append(x[1:])
                         ys.append(r.series(ykey))
@@ -285,31 +349,72 @@ def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]
                 x_mean = np.mean([x[:n] for x in xs], axis=0)
                 y_arr = np.array([y[:n] for y in ys])
                 y_mean = np.nanmean(y_arr, axis=0)
-                line, = ax.plot(x_mean, y_mean, marker="o", ms=3, label=f"{label} (n={len(runs)})")
+                name = f"{label} (n={len(runs)})"
+                if ykey == "accuracy":
+                    ax.errorbar(x_mean + side_offsets(len(groups), span)[k], y_mean, yerr=_accuracy_bars(runs, steps[:n]), marker=marker,
+                                linestyle=style, ms=4, capsize=3, label=name)
+                    continue
+                line, = ax.plot(x_mean, y_mean, marker=marker, linestyle=style, ms=3, label=name)
                 if len(runs) > 1:
                     half = np.array([report.mean_ci(y_arr[:, i])[1] for i in range(n)])
                     ax.fill_between(x_mean, y_mean - half, y_mean + half, color=line.get_color(), alpha=0.2)
             ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
+            ax.set_ylabel(ylabel + (" (95 % CI)" if ykey == "accuracy" else ""))
         axs[0].legend(fontsize=8)
         fig.suptitle(f"{ylabel} against budget, tokens and time")
         paths.append(str(report._save(plt, fig, out / f"{ykey}.png")))
     return paths
 
 
-def run_compare(paths: Sequence[str], out_dir: str | None = None, *, out: Any = None) -> str:
-    """Load, group, tabulate and plot; returns the markdown."""
+def arm_names(paths: Sequence[str | Path], names: Sequence[str] | None = None) -> list[str]:
+    """One label per folder: ``names`` as given (one each, distinct), else each folder's
+    name (its path as given where two folders share a name)."""
+    if names:
+        names = [n.strip() for n in names]
+        if len(names) != len(paths) or not all(names) or len(set(names)) != len(names):
+            raise ValueError(f"--names needs {len(paths)} distinct non-empty names (one per folder, in order), "
+                             f"got {','.join(names)!r}")
+        return list(names)
+    base = [Path(p).resolve().name or str(p) for p in paths]
+    return [b if base.count(b) == 1 else str(p) for b, p in zip(base, paths)]
+
+
+def run_compare(paths: Sequence[str], out_dir: str | None = None, *, names: Sequence[str] | None = None,
+                out: Any = None) -> str:
+    """Load, tabulate and plot; returns the markdown.
+
+    Training run dirs get the run table (seeds of one config grouped; every row against
+    the first); when any folder is an eval output dir, every folder becomes one or more
+    arms (:mod:`trace_gym.compare_arms`) paired with the first on the tasks they share.
+    Rows are labelled by ``names`` (default: the folders' names)."""
+    from trace_gym import compare_arms
+    from trace_gym.run_files import atomic_write_text
+
     out = out or sys.stdout
-    runs = [load_run(p) for p in paths]
-    groups = group_runs(runs)
-    text = compare_table(groups)
+    labels = arm_names(paths, names)
+    evals = [compare_arms.is_eval_dir(p) for p in paths]
+    runs = [load_run(p, n) for p, n, e in zip(paths, labels, evals) if not e]
+    parts, plots = [], []
     warning = mixed_warning(runs)
     if warning:
-        text = warning + "\n\n" + text
+        parts.append(warning)
+    if runs and not any(evals):
+        groups = group_runs(runs)
+        parts.append(compare_table(groups))
+        if out_dir:
+            plots = plot_runs(groups, out_dir)
+    else:
+        by_path = {str(r.path): r for r in runs}
+        arms = []
+        for p, n, e in zip(paths, labels, evals):
+            arms += compare_arms.load_eval_arms(p, n) if e else [compare_arms.run_arm(by_path[str(Path(p))], n)]
+        parts.append(compare_arms.paired_table(arms))
+        if out_dir:
+            plots = [str(compare_arms.plot_arms(arms, Path(out_dir) / "accuracy.png"))]
+    text = "\n\n".join(parts)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "compare.md").write_text(text + "\n")
-        plots = plot_runs(groups, out_dir)
+        atomic_write_text(Path(out_dir) / "compare.md", text + "\n")
         text += "\n\nwrote " + ", ".join([str(Path(out_dir) / "compare.md"), *plots])
     print(text, file=out)
     return text

@@ -233,12 +233,19 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice):
     eval_tasks: int = field(default=32, metadata=doc("tasks of the suite evaluated during training"))
     eval_samples: int = field(default=1, metadata=doc("samples per task during training evaluations"))
     checkpoint_every: int = field(default=1, metadata=doc("checkpoint every K steps (and at the last step)"))
-    keep_checkpoints: int = field(default=2, metadata=doc("newest checkpoints kept (0: all)"))
+    keep_checkpoints: int = field(default=2, metadata=doc(
+        "newest checkpoints kept (0: all); only the newest keeps the optimiser state, the others weights only"))
+    keep_final_state: bool = field(default=True, metadata=doc(
+        "keep the last step's optimiser, predictor and RNG state, so a rerun with more steps resumes exactly "
+        "(false: a finished run keeps weights only, a third of the size)"))
     ray: str | None = field(default=None, metadata=doc(
         "run the same loop on Ray actors: null (in process), local (start a local cluster) or a cluster address"))
     ray_options: dict = field(default_factory=dict, metadata=doc(
         "Ray sizing: rollout_workers, env_pools, trainer_workers, ... (docs/distributed.md)"))
-    tensorboard: bool = field(default=False, metadata=doc("also write TensorBoard scalars to run_dir/tb"))
+    report_to: tuple[str, ...] = field(default=(), metadata=doc(
+        "also log each step's scalars to: tensorboard | wandb | mlflow (comma-separated; offline, in run_dir)"))
+    tensorboard: bool = field(default=False, metadata=doc("also write TensorBoard scalars to run_dir/tb "
+                                                          "(= report_to: tensorboard)"))
     progress: bool = field(default=True, metadata=doc("progress bars and a one-line summary per step"))
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata=doc("policy update settings"))
 
@@ -254,6 +261,9 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice):
 
             raise ValueError(f"advantage must be one of {sorted(ESTIMATORS)}, got {self.advantage!r}"
                              f"{did_you_mean(self.advantage, ESTIMATORS)}")
+        from trace_gym.reporters import check_reporter_names
+
+        check_reporter_names(self.report_to)
         if not 0 <= self.heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must lie in [0, 1), got {self.heldout_fraction!r}")
         if self.eval_every < 0 or self.keep_checkpoints < 0:
@@ -271,7 +281,8 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice):
 
 
 #: Keys a rerun may change without starting a new run.
-RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "keep_checkpoints", "eval_every", "steps", "ray", "ray_options"})
+RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "report_to", "keep_checkpoints", "keep_final_state", "eval_every",
+                            "steps", "ray", "ray_options"})
 
 
 # ---------------------------------------------------------------------- bank record

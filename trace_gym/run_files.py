@@ -131,6 +131,44 @@ def write_manifest(folder: Path, step: int) -> None:
     atomic_write_text(folder / MANIFEST, json.dumps({"step": step, "complete": True, "files": files}, indent=1))
 
 
+def drop_checkpoint_files(folder: Path, step: int, patterns: Sequence[str]) -> list[str]:
+    """Make a complete checkpoint weights-only: the listed files matching ``patterns`` leave
+    the manifest (rewritten atomically first, marked ``"resumable": false`` with the names
+    under ``"dropped"``), then the files are deleted. Idempotent; killed between the two, the
+    checkpoint is still complete (a dropped name may remain on disk until the next call).
+    Returns the names dropped (none when nothing matched)."""
+    manifest = read_json_file(folder / MANIFEST)
+    if _manifest_problem(manifest, step):
+        return []
+    files, dropped = dict(manifest["files"]), list(manifest.get("dropped") or [])
+    names = [n for n in files if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if names:
+        manifest = {**manifest, "resumable": False, "files": {n: e for n, e in files.items() if n not in names},
+                    "dropped": sorted(set(dropped) | set(names))}
+        atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1))
+    for name in manifest.get("dropped") or []:
+        if type(name) is str and "/" not in name and name != MANIFEST:
+            (folder / name).unlink(missing_ok=True)
+    return names
+
+
+def is_resumable(folder: Path) -> bool:
+    """Whether a checkpoint still holds its resume state (its manifest is not marked
+    ``"resumable": false`` by :func:`drop_checkpoint_files`)."""
+    try:
+        return read_json_file(folder / MANIFEST).get("resumable", True) is not False
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _dropped(manifest: Mapping[str, Any]) -> list[str]:
+    """The names a weights-only manifest dropped (top-level file names only; else none)."""
+    names = manifest.get("dropped") if manifest.get("resumable") is False else None
+    if type(names) is not list:
+        return []
+    return [n for n in names if type(n) is str and n and "/" not in n and n not in (MANIFEST, ".", "..")]
+
+
 def _plain_files(folder: Path) -> tuple[dict[str, Path], str | None]:
     """``({relative name: path} of the files under folder, None)``, or the reason the folder
     holds something a checkpoint never does (a link, a device, a pipe)."""
@@ -231,11 +269,12 @@ def verify_checkpoint(folder: Path, step: int, *, hashes: bool = True,
     if problem:
         return problem
     files = manifest["files"]
-    unlisted = sorted(set(present) - set(files) - {MANIFEST})
+    dropped = set(_dropped(manifest))  # a weights-only checkpoint: these went on purpose
+    unlisted = sorted(set(present) - set(files) - {MANIFEST} - dropped)
     if unlisted:
         return f"{unlisted[0]} is not listed in {MANIFEST} (a checkpoint holds what its manifest lists, nothing else)"
     for pattern in required:
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in files):
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in [*files, *dropped]):
             return f"{MANIFEST} lists no {pattern} (every checkpoint of this run holds one)"
     for name, entry in files.items():
         path = present.get(name)

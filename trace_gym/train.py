@@ -32,7 +32,13 @@ from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state, 
 from trace_gym.config import flatten, to_yaml
 from trace_gym.driver import forecast_fallback_first
 from trace_gym.entry_configs import RESUMABLE_KEYS, TrainConfig
+from trace_gym.reporters import make_reporters, require_installed, scalars
+from trace_gym.train_metrics import step_record, summary_line
 from trace_gym.types import Task
+
+#: What only a resume reads: dropped from a checkpoint once a newer one is written (and from
+#: the last one with ``keep_final_state: false``); the weights stay.
+RESUME_FILES = ("trainer*.pt", "predictor.pt", "rng.pt")
 
 
 def config_differences(stored_yaml: str, new_yaml: str) -> list[str]:
@@ -104,16 +110,9 @@ class TrainSetup:
     describe: dict[str, str] = field(default_factory=dict)
 
 
-def tensorboard_writer(cfg: TrainConfig, logdir: Path | None) -> Any:
-    """A TensorBoard writer on ``logdir`` when ``cfg.tensorboard`` (``None`` without a
-    ``logdir``: only checks that the package imports), else ``None``."""
-    if not cfg.tensorboard:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise ValueError(f"tensorboard=true needs the tensorboard package (pip install tensorboard): {exc}") from None
-    return SummaryWriter(str(logdir)) if logdir is not None else None
+def report_backends(cfg: TrainConfig) -> list[str]:
+    """The chosen ``report_to`` backends (``tensorboard: true`` included), each once."""
+    return list(dict.fromkeys([*cfg.report_to, *(["tensorboard"] if cfg.tensorboard else [])]))
 
 
 # ---------------------------------------------------------------------- the loop
@@ -123,11 +122,12 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     ``backend`` (a :class:`~trace_gym.backend.TrainBackend`) builds the trainer, the engine
     and each step's agent runner; default: :func:`~trace_gym.backend.backend_for` ``cfg``
     (in process, or on Ray when ``cfg.ray`` is set), built only once there is a step to
-    run. The engine, the backend (a given one too) and the TensorBoard writer are closed
+    run. The engine, the backend (a given one too) and the ``report_to`` backends are closed
     on every way out: a finished run, one with nothing left to do, a refused resume, an
     exception mid-step; one of them failing to close does not keep the others open.
     """
     import contextlib
+    import dataclasses
 
     from tqdm.auto import tqdm
 
@@ -141,6 +141,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     with contextlib.ExitStack() as closing:
         if backend is not None:
             closing.callback(backend.close)
+        require_installed(report_backends(cfg))  # before the run dir is written
         run = RunDir(cfg.run_dir, step_files=checkpoint.TRAINING_STEP_FILES)
         closing.callback(run.close)
         resume = run.start(to_yaml(cfg), compare=config_differences)
@@ -150,6 +151,11 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
         if start >= cfg.steps:
             say(f"{cfg.run_dir}: all {cfg.steps} steps are done")
             return {"run_dir": cfg.run_dir, "steps": start, "metrics": run.read_metrics()}
+        if resume and not resume.resumable:
+            raise ValueError(f"run dir {cfg.run_dir!r}: its newest checkpoint (step {start}) keeps weights only "
+                             "(keep_final_state: false), so it cannot continue exactly; use a new run_dir (policy="
+                             f"{cfg.run_dir}@{start} is not a model folder: eval it, or start from its checkpoint's "
+                             "policy/ folder)")
         tasks = list(setup.load_train_tasks())[: cfg.train_pool]
         base_policy = resolve_model(cfg.policy)
         weights = resume.policy_path if resume else base_policy
@@ -160,15 +166,15 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
                                        device=cfg.device, seed=cfg.seed)
         engine = backend.make_engine(cfg.engine, weights, **cfg.engine_kwargs)
         closing.callback(engine.close)
-        writer = tensorboard_writer(cfg, run.path / "tb")
-        if writer is not None:
-            closing.callback(writer.close)
-        _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, writer, say, out)
+        reporters = make_reporters(report_backends(cfg), run.path, dataclasses.asdict(cfg))
+        for reporter in reporters:
+            closing.callback(reporter.close)
+        _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, reporters, say, out)
     return {"run_dir": cfg.run_dir, "steps": cfg.steps, "metrics": run.read_metrics()}
 
 
 def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: Sequence[Task], base_policy: str,
-          trainer: Any, engine: Any, backend: Any, writer: Any, say: Callable, out: Any) -> None:
+          trainer: Any, engine: Any, backend: Any, reporters: Sequence[Any], say: Callable, out: Any) -> None:
     """Steps ``start + 1 .. cfg.steps``, top to bottom."""
     import torch
     from tqdm.auto import tqdm
@@ -222,10 +228,11 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
         bar.set_postfix_str("checkpoint" if checkpoint else "")
         run.commit(step, record, (lambda folder: _write_checkpoint(folder, step, trainer, predictor, cursor, rng,
                                                                    fallback_first))
-                   if checkpoint else None, keep=cfg.keep_checkpoints)
-        if writer is not None:
-            for key, value in _scalars(record).items():
-                writer.add_scalar(key, value, step)
+                   if checkpoint else None, keep=cfg.keep_checkpoints, drop_superseded=RESUME_FILES)
+        if step == cfg.steps and not cfg.keep_final_state:
+            run.drop_files(step, RESUME_FILES)  # a finished run: the weights stay, the resume state goes
+        for reporter in reporters:
+            reporter.log(scalars(record), step)
         bar.update(1)
         say(summary_line(record, cfg.steps))
     bar.close()
@@ -272,17 +279,6 @@ def policy_step(cfg: TrainConfig, setup: TrainSetup, candidates: Sequence[Task],
     return batch, token_trees, update, sync_seconds
 
 
-def _finite(value: Any) -> Any:
-    """NaN / inf -> None, recursively, so metrics lines are strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _write_checkpoint(folder: Path, step: int, trainer: Any, predictor: Any, cursor: TaskCursor,
                       rng: np.random.Generator, fallback_first: bool = False) -> None:
     import torch
@@ -309,84 +305,3 @@ def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> boo
     np.random.set_state(saved["numpy"])
     torch.set_rng_state(saved["torch"])
     return bool(state.get("fallback_first", False))
-
-
-# ---------------------------------------------------------------------- metrics
-def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_stats: Mapping[str, Any],
-                sync_seconds: float, evaluation: Mapping[str, Any] | None, seconds: float,
-                token_trees: Sequence[Any], eval_seconds: float = 0.0) -> dict[str, Any]:
-    """One ``metrics.jsonl`` line (see ``docs/training.md`` for every field)."""
-    from trace_gym import report
-
-    trees, led = batch.trees, batch.ledger
-    leaves = [leaf for t in trees for leaf in t.leaves()]
-    chosen = np.flatnonzero(batch.root_counts)
-    prompt_rho = report.spearman(batch.values[chosen], [t.targets(outcomes=True).get(0, math.nan) for t in trees]) \
-        if len(trees) > 2 else math.nan
-    pred, emp = [], []
-    for ti, node, value in batch.prefix_predictions:
-        target = trees[ti].targets(outcomes=True).get(node)
-        if target is not None:
-            pred.append(value)
-            emp.append(target)
-    cached = sum(int(n.info.get("cached_tokens") or 0) for t in trees for n in t.nodes[1:])
-    phases = dict(led.seconds)
-    phases["policy_update"] = float(update.get("seconds", 0.0))
-    phases["weight_sync"] = float(sync_seconds)
-    if evaluation is not None:
-        phases["eval"] = float(eval_seconds)
-    nonzero = sum(1 for tt in token_trees for n in tt.nodes if any(a != 0.0 for _, a in n.terms))
-    record: dict[str, Any] = {
-        "step": step,
-        "reward": float(np.mean([leaf.reward for leaf in leaves])) if leaves else math.nan,
-        "accuracy": float(np.mean([leaf.success for leaf in leaves])) if leaves else math.nan,
-        "effective_ratio": report.effective_ratio(trees),
-        "contrast_pairs_by_depth": {str(d): c for d, c in report.contrast_pairs_by_depth(trees).items()},
-        "prompts": len(trees),
-        "rollouts": led.rollouts,
-        "continuations": led.continuations,
-        "nominal_budget": led.nominal,
-        "generated_tokens": led.generated_tokens,
-        "prefill_tokens_uncached": led.prefill_tokens,
-        "prefill_tokens_cached": cached,
-        "env_steps": led.env_steps,
-        "episode_errors": led.errors,
-        "unspent_continuations": led.unspent_continuations,
-        "fallback_first": bool(batch.fallback_first),
-        "prefixes_seen": int(batch.prefixes_seen),
-        "truncations": dict(batch.extras.get("truncations") or {}),
-        "predictor_spearman_prompt": prompt_rho,
-        "predictor_spearman_prefix": report.spearman(pred, emp) if len(pred) > 2 else math.nan,
-        "predictor_loss": float(predictor_stats.get("loss", math.nan)) if predictor_stats else math.nan,
-        "nodes_with_advantage": nonzero,
-        "seconds": phases,
-        "step_seconds": seconds,
-    }
-    record.update({f"policy/{k}": v for k, v in update.items() if k != "seconds"})
-    if evaluation is not None:
-        record["eval"] = {k: v for k, v in evaluation.items() if isinstance(v, (int, float, str))}
-    return _finite(record)
-
-
-def _scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    out = {}
-    for k, v in record.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-            out[k] = float(v)
-        elif isinstance(v, dict):
-            out.update({f"{k}/{kk}": float(vv) for kk, vv in v.items() if isinstance(vv, (int, float))})
-    return out
-
-
-def summary_line(record: Mapping[str, Any], steps: int) -> str:
-    """The one-line per-step summary printed under the progress bar."""
-    s = record["seconds"]
-    predictor = s.get("predictor_scoring", 0.0) + s.get("predictor_update", 0.0)
-    num = lambda key: math.nan if record.get(key) is None else record[key]  # noqa: E731
-    line = (f"step {record['step']}/{steps} | reward {num('reward'):.3f} | effective {num('effective_ratio'):.2f} "
-            f"| {record['rollouts']}+{record['continuations']}/2 = {record['nominal_budget']:g} nominal, "
-            f"{record['generated_tokens']} gen tok | gen {s.get('generation', 0):.0f}s env {s.get('environment', 0):.0f}s "
-            f"pred {predictor:.1f}s update {s['policy_update']:.0f}s sync {s['weight_sync']:.1f}s")
-    if "eval" in record:
-        line += f" | eval acc {record['eval'].get('accuracy') or math.nan:.3f}"
-    return line

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from trace_gym.predictor import predictor_spec, reads_a_model
 from trace_gym.entry_configs import TrainConfig
-from trace_gym.train import TrainSetup, tensorboard_writer
+from trace_gym.predictor import predictor_spec, reads_a_model
+from trace_gym.reporters import require_installed
+from trace_gym.train import TrainSetup, report_backends
 
 
 def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
@@ -40,7 +41,7 @@ def dry_run(cfg: TrainConfig, setup: TrainSetup) -> str:
                 env.close()
     else:
         lines.append("  training prompts: loaded at train time (remote data is not fetched by --dry-run)")
-    tensorboard_writer(cfg, None)
+    require_installed(report_backends(cfg))
     lines.append(f"  steps: {cfg.steps}; checkpoint every {cfg.checkpoint_every}; eval every {cfg.eval_every or '-'}")
     return "\n".join(lines)
 

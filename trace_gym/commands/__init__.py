@@ -10,7 +10,7 @@ command        what it does                                                    i
 ``bank``       rollout banks: ``record`` (its keys), ``stats``, ``list``       ``BankRecordConfig``
 ``train``      one training run (run dir, resume, eval)                         ``TrainConfig``
 ``eval``       checkpoints on suites (cached)                                   ``EvalConfig``
-``compare``    training runs side by side                                       its flags
+``compare``    training runs and eval dirs side by side, paired                 its flags
 ``index``      retrieval indexes: build, serve, recall, info                    its flags
 ``envs`` ...   listings: envs, strategies, estimators, predictors, models       its flags
 =============  ===============================================================  ===================
@@ -30,6 +30,8 @@ from trace_gym.config import config_help, load_config
 
 #: argparse default that marks a parser whose keys are a config dataclass's fields.
 CONFIG_KEYS = "config_keys"
+#: argparse default of a config command: the names of its keys (for did-you-mean).
+KEY_NAMES = "_config_key_names"
 
 
 def _escape(text: str) -> str:
@@ -58,7 +60,7 @@ def add_config_parser(subparsers: argparse._SubParsersAction, name: str, help_te
                               epilog=_escape(epilog_prefix) + config_epilog(*classes),
                               usage=f"trace-gym {name} [--config FILE] [options] [key=value ...]")
     p.add_argument("--config", metavar="FILE", help="YAML file of keys (key=value and flags override it)")
-    p.set_defaults(**{CONFIG_KEYS: True})
+    p.set_defaults(**{CONFIG_KEYS: True, KEY_NAMES: tuple(n for c in classes for n, *_ in config_help(c))})
     if flags:
         add_config_flags(p, {c.__name__: c for c in classes})
     return p

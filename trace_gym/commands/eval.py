@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from trace_gym.commands import add_config_parser, command_config
+from trace_gym.commands import add_config_flags, add_config_parser, command_config
 
 #: The documented CPU-sized BFCL run (docs/evaluation.md): four entries, one per category,
 #: in 2.5 min with SmolLM2-135M on the HF engine on an idle 2-core machine (the prompts
@@ -34,10 +34,12 @@ def add(subparsers: argparse._SubParsersAction) -> None:
               f"(guess_number, ...): the held-out split of its tasks\n      {env_limits}\n\n"
               f"BFCL on a CPU (four entries in a few minutes): --suite bfcl {BFCL_CPU}\n\n")
     p = add_config_parser(subparsers, "eval", "evaluate checkpoints on benchmark suites (cached)", EvalConfig,
-                          epilog_prefix=suites)
+                          epilog_prefix=suites + "Every key is also a --flag (--limit 2 = limit=2, --out DIR = out=DIR)."
+                          "\n\n")
     p.add_argument("--policy", help="model folder | RUN[@STEP] | model name (comma-separated for several); "
                    "= policy=...")
     p.add_argument("--suite", help="NAME[,NAME...] suite names or env ids (default: generated); = suites=...")
     p.add_argument("--dump-episodes", metavar="N", help="write N transcripts per policy and suite into out; "
                    "= dump_episodes=N")
+    add_config_flags(p, {"eval": EvalConfig}, skip=("policy", "dump_episodes"))
     p.set_defaults(func=cmd_eval)

@@ -1,4 +1,4 @@
-"""``trace-gym train``: one training run from a :class:`~trace_gym.train.TrainConfig`.
+"""``trace-gym train``: one training run from a :class:`~trace_gym.entry_configs.TrainConfig`.
 
 The face's half of training: it looks the config's names up (env family, strategy,
 training data, eval suite) into a :class:`~trace_gym.train.TrainSetup`, picks the
