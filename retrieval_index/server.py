@@ -67,7 +67,7 @@ from typing import Any, Iterator
 
 from retrieval_index.batcher import Batcher, QueryFailed, QueueFull  # noqa: F401  (QueueFull, QueryFailed: public here too)
 from retrieval_index.protocol import Searcher
-from trace_gym.textsafe import JSONRefused, clean_text, clean_value, first_unencodable, loads_bounded
+from retrieval_index.textclean import JSONRefused, clean_text, clean_value, first_unencodable, loads_bounded
 
 
 @dataclass(frozen=True)
