@@ -41,9 +41,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from evaluators import choice
-from evaluators.episodes import episode_transcripts, episode_tree, run_episodes  # noqa: F401  (re-exported)
-from evaluators.scoring import (  # noqa: F401  (re-exported)
-    bfcl_entry_result, bfcl_entry_results, bfcl_scores, breakdown_scores, episode_verdict, qa_scores, score_episodes)
+from evaluators.episodes import episode_transcripts, run_episodes
+from evaluators.scoring import score_episodes
 from trace_gym.datafiles import split_tasks
 from trace_gym.types import Task
 

@@ -102,44 +102,15 @@ def build_dense_index(corpus: str | os.PathLike, out_dir: str | os.PathLike, *, 
 
     bar = _bar(count, "encode", progress)
     bar.update(sum(_rows(i, shard_size, count) for i in done))
-    encode_seconds, encoded = 0.0, 0
     try:
-        for i in range(n_shards):
-            if i in done:
-                continue
-            start, stop = i * shard_size, min(count, (i + 1) * shard_size)
-            texts = [contents for _, contents in docs.rows(start, stop)]
-            t0 = time.perf_counter()
-            vectors = encoder.encode_passages(texts, progress=bar.update)
-            encode_seconds += time.perf_counter() - t0
-            encoded += len(texts)
-            tmp = out / "embeddings" / f"partial_{i:05d}.npy"
-            np.save(tmp, vectors)
-            os.replace(tmp, shard_path(out, i))  # a shard exists whole or not at all
+        todo = [i for i in range(n_shards) if i not in done]
+        encode_seconds, encoded = _encode_shards(docs, encoder, out, todo, shard_size, count, bar)
     finally:
         bar.close()
         docs.close()
 
-    factory = factory_string(index_type, encoder.dim, count, fp16)
-    loaders = [lambda i=i: np.load(shard_path(out, i)) for i in range(n_shards)]
-    bar = _bar(count, f"index {factory}", progress)
-    index = build_from_shards(factory, encoder.dim, count, loaders, train_size=train_size, progress=bar.update)
-    bar.close()
-    import faiss
-
-    tmp = out / (INDEX_FILE + ".tmp")
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, out / INDEX_FILE)
-    manifest = {
-        "format": FORMAT,
-        **described,
-        "count": count,
-        "corpus": docs.stats.to_dict(),
-        "index": {"file": INDEX_FILE, "type": index_type, "factory": factory, "metric": "inner_product",
-                  "fp16": fp16},
-        "shard_size": shard_size,
-        "embedding_dtype": "float32",
-    }
+    factory = _write_faiss_index(out, index_type, encoder.dim, count, fp16, n_shards, train_size, progress)
+    manifest = _manifest(described, count, docs.stats.to_dict(), index_type, factory, fp16, shard_size)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     if drop_embeddings:
         shutil.rmtree(out / "embeddings")
@@ -149,6 +120,56 @@ def build_dense_index(corpus: str | os.PathLike, out_dir: str | os.PathLike, *, 
         "seconds": time.perf_counter() - started,
     }
     return manifest
+
+
+def _encode_shards(docs: Corpus, encoder: Any, out: Path, todo: list[int], shard_size: int, count: int,
+                   bar: Any) -> tuple[float, int]:
+    """Encode the shards ``todo`` of ``docs`` and write each atomically. Returns the seconds
+    spent encoding and the passages encoded."""
+    encode_seconds, encoded = 0.0, 0
+    for i in todo:
+        start, stop = i * shard_size, min(count, (i + 1) * shard_size)
+        texts = [contents for _, contents in docs.rows(start, stop)]
+        t0 = time.perf_counter()
+        vectors = encoder.encode_passages(texts, progress=bar.update)
+        encode_seconds += time.perf_counter() - t0
+        encoded += len(texts)
+        tmp = out / "embeddings" / f"partial_{i:05d}.npy"
+        np.save(tmp, vectors)
+        os.replace(tmp, shard_path(out, i))  # a shard exists whole or not at all
+    return encode_seconds, encoded
+
+
+def _write_faiss_index(out: Path, index_type: str, dim: int, count: int, fp16: bool, n_shards: int,
+                       train_size: int, progress: bool) -> str:
+    """Build the FAISS index from the ``n_shards`` shards on disk and write it atomically
+    to ``out/index.faiss``. Returns its factory string."""
+    factory = factory_string(index_type, dim, count, fp16)
+    loaders = [lambda i=i: np.load(shard_path(out, i)) for i in range(n_shards)]
+    bar = _bar(count, f"index {factory}", progress)
+    index = build_from_shards(factory, dim, count, loaders, train_size=train_size, progress=bar.update)
+    bar.close()
+    import faiss
+
+    tmp = out / (INDEX_FILE + ".tmp")
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, out / INDEX_FILE)
+    return factory
+
+
+def _manifest(described: dict[str, Any], count: int, corpus_stats: dict[str, Any], index_type: str,
+              factory: str, fp16: bool, shard_size: int) -> dict[str, Any]:
+    """The manifest of a built index (``described``: the encoder's own description)."""
+    return {
+        "format": FORMAT,
+        **described,
+        "count": count,
+        "corpus": corpus_stats,
+        "index": {"file": INDEX_FILE, "type": index_type, "factory": factory, "metric": "inner_product",
+                  "fp16": fp16},
+        "shard_size": shard_size,
+        "embedding_dtype": "float32",
+    }
 
 
 def load_manifest(index_dir: str | os.PathLike) -> dict[str, Any]:

@@ -15,7 +15,7 @@ Examples::
 
     trace-gym index recall --synthetic --kind both -k 3
 
-Registered by ``trace_gym.cli.SUBCOMMANDS["index"]``; this module imports nothing of the
+Registered by ``trace_gym.cli.COMMANDS["index"]``; this module imports nothing of the
 rest of the project.
 """
 

@@ -85,20 +85,6 @@ def parse_line(raw: bytes | str, where: str) -> tuple[str, str]:
     return str(obj["id"]), obj["contents"]
 
 
-def iter_passages(path: str | os.PathLike, start: int = 0, stop: int | None = None) -> Iterator[tuple[str, str]]:
-    """Stream ``(id, contents)`` of rows ``start <= i < stop`` (skipping blank lines)."""
-    row = 0
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            if stop is not None and row >= stop:
-                return
-            if row >= start:
-                yield parse_line(raw, f"{path}:{lineno}")
-            row += 1
-
-
 def write_jsonl(path: str | os.PathLike, passages: Sequence[tuple[str, str]] | Iterator[tuple[str, str]]) -> int:
     """Write ``(id, contents)`` pairs as a wiki-18 JSONL file (atomically); returns the count."""
     path = Path(path)

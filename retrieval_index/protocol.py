@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from trace_gym.textsafe import first_unencodable
+from retrieval_index.textclean import first_unencodable
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ from typing import Any, Iterator
 
 from retrieval_index.batcher import Batcher, QueryFailed, QueueFull  # noqa: F401  (QueueFull, QueryFailed: public here too)
 from retrieval_index.protocol import Searcher
-from trace_gym.textsafe import JSONRefused, clean_text, clean_value, first_unencodable, loads_bounded
+from retrieval_index.textclean import JSONRefused, clean_text, clean_value, first_unencodable, loads_bounded
 
 
 @dataclass(frozen=True)
@@ -198,16 +198,7 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
-    class SafeJSONResponse(JSONResponse):
-        """Renders any result: text UTF-8 cannot encode (a lone surrogate in a corpus line
-        or an error message) is written as ``\\udXXX``, a non-finite score as ``null``."""
-
-        def render(self, content: Any) -> bytes:
-            try:
-                return super().render(content)
-            except ValueError:  # UnicodeEncodeError, or a NaN/inf float
-                return super().render(_finite(clean_value(content)))
-
+    SafeJSONResponse = _safe_json_response()
     limits = limits or ServerLimits()
     batcher = Batcher(searcher, limits)
 
@@ -227,50 +218,15 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
         return SafeJSONResponse({"error": code, "detail": clean_text(detail)[:1000]}, status_code=status,
                                 headers=headers or None)
 
-    async def read_body(request: Request) -> bytes:
-        """The body, or RequestError 413 as soon as it is known to be over the limit (its
-        rest unread: :func:`drain` reads it)."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and (len(declared) >= 20 or int(declared) > limits.max_body_bytes):
-            raise RequestError(413, "body_too_large", f"request body is {declared} bytes; the limit is "
-                               f"{limits.max_body_bytes} (max_body_bytes)")
-        body = bytearray()
-        while True:  # the ASGI messages themselves: drain() reads on where this stopped
-            message = await request.receive()
-            if message["type"] != "http.request":  # the client went away
-                break
-            body += message.get("body", b"")
-            if len(body) > limits.max_body_bytes:
-                raise RequestError(413, "body_too_large", f"request body exceeds the limit of "
-                                   f"{limits.max_body_bytes} bytes (max_body_bytes)")
-            if not message.get("more_body", False):
-                break
-        return bytes(body)
-
-    async def drain(request: Request, seconds: float) -> None:
-        """Read and drop the rest of a refused body, at most ``max_drain_bytes`` within
-        ``seconds``: the client is still sending, and closing on unread bytes resets the
-        connection (the client would lose the 413 and retry)."""
-        async def rest() -> None:
-            dropped = 0
-            while dropped <= limits.max_drain_bytes:
-                message = await request.receive()
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    return
-                dropped += len(message.get("body", b""))
-
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(rest(), max(seconds, 0.0))
-
     @app.post("/retrieve")
     async def retrieve(request: Request):
         started = time.monotonic()
         try:
-            body = await asyncio.wait_for(read_body(request), limits.body_timeout_s)
+            body = await asyncio.wait_for(_read_body(request, limits), limits.body_timeout_s)
             queries, topk, with_scores = parse_retrieve(body, limits)
         except RequestError as exc:  # a body left unread (413) must not be taken for the next request
             if exc.status == 413 and _declared(request) <= limits.max_drain_bytes:  # else: cut off at once
-                await drain(request, limits.body_timeout_s - (time.monotonic() - started))
+                await _drain(request, limits.body_timeout_s - (time.monotonic() - started), limits)
             return error(exc.status, exc.code, exc.detail, **({"connection": "close"} if exc.status == 413 else {}))
         except asyncio.TimeoutError:  # a slow client: stop reading and close the connection
             return error(408, "body_timeout", f"the request body was not received within {limits.body_timeout_s} s",
@@ -297,6 +253,59 @@ def create_app(searcher: Searcher, limits: ServerLimits | None = None, info: dic
         return {"index": described, "limits": asdict(limits), "batching": batcher.stats()}
 
     return app
+
+
+def _safe_json_response() -> type:
+    """A ``JSONResponse`` class that renders any result: text UTF-8 cannot encode (a lone
+    surrogate in a corpus line or an error message) is written as ``\\udXXX``, a non-finite
+    score as ``null``."""
+    from fastapi.responses import JSONResponse
+
+    class SafeJSONResponse(JSONResponse):
+        def render(self, content: Any) -> bytes:
+            try:
+                return super().render(content)
+            except ValueError:  # UnicodeEncodeError, or a NaN/inf float
+                return super().render(_finite(clean_value(content)))
+
+    return SafeJSONResponse
+
+
+async def _read_body(request: Any, limits: ServerLimits) -> bytes:
+    """The body, or RequestError 413 as soon as it is known to be over the limit (its
+    rest unread: :func:`_drain` reads it)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and (len(declared) >= 20 or int(declared) > limits.max_body_bytes):
+        raise RequestError(413, "body_too_large", f"request body is {declared} bytes; the limit is "
+                           f"{limits.max_body_bytes} (max_body_bytes)")
+    body = bytearray()
+    while True:  # the ASGI messages themselves: _drain() reads on where this stopped
+        message = await request.receive()
+        if message["type"] != "http.request":  # the client went away
+            break
+        body += message.get("body", b"")
+        if len(body) > limits.max_body_bytes:
+            raise RequestError(413, "body_too_large", f"request body exceeds the limit of "
+                               f"{limits.max_body_bytes} bytes (max_body_bytes)")
+        if not message.get("more_body", False):
+            break
+    return bytes(body)
+
+
+async def _drain(request: Any, seconds: float, limits: ServerLimits) -> None:
+    """Read and drop the rest of a refused body, at most ``max_drain_bytes`` within
+    ``seconds``: the client is still sending, and closing on unread bytes resets the
+    connection (the client would lose the 413 and retry)."""
+    async def rest() -> None:
+        dropped = 0
+        while dropped <= limits.max_drain_bytes:
+            message = await request.receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            dropped += len(message.get("body", b""))
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(rest(), max(seconds, 0.0))
 
 
 def _declared(request: Any) -> int:

@@ -260,16 +260,8 @@ def _write_passages(world: World, rng: random.Random) -> None:
 
 
 def _make_questions(world: World, rng: random.Random, per_type: int) -> None:
-    e = world.entities
-    countries, cities, people, unis = e["country"], e["city"], e["person"], e["university"]
-    companies, films = e["company"], e["film"]
-
-    def country_answers(c: dict) -> list[str]:
-        return [c["name"], f"{c['form']} of {c['name']}"]
-
-    def pick(seq: list, k: int) -> list[int]:
-        return rng.sample(range(len(seq)), min(k, len(seq)))
-
+    """The two-hop questions: ``per_type`` of each type, bridge types first, then the
+    comparisons (one ``rng`` in a fixed order, so one seed gives one question set)."""
     qs: list[dict[str, Any]] = []
     numbers: dict[str, int] = {}
 
@@ -279,14 +271,31 @@ def _make_questions(world: World, rng: random.Random, per_type: int) -> None:
                    "question": question, "golden_answers": answers,
                    "metadata": {"type": qtype, "gold_ids": gold, "hop_queries": hops, LABEL: True, **extra}})
 
-    for i in pick(people, per_type):
+    _bridge_questions(world.entities, rng, per_type, add)
+    _comparison_questions(world.entities, rng, per_type, add)
+    world.questions = qs
+
+
+def _country_answers(c: dict) -> list[str]:
+    return [c["name"], f"{c['form']} of {c['name']}"]
+
+
+def _pick(rng: random.Random, seq: list, k: int) -> list[int]:
+    return rng.sample(range(len(seq)), min(k, len(seq)))
+
+
+def _bridge_questions(e: dict[str, list[dict]], rng: random.Random, per_type: int, add: Any) -> None:
+    """Questions whose answer lies one passage past a bridge entity, given to ``add``."""
+    countries, cities, people, unis = e["country"], e["city"], e["person"], e["university"]
+    companies, films = e["company"], e["film"]
+    for i in _pick(rng, people, per_type):
         p = people[i]
         city = cities[p["city"]]
-        add("birth_country", f"In which country was {p['name']} born?", country_answers(countries[city["country"]]),
+        add("birth_country", f"In which country was {p['name']} born?", _country_answers(countries[city["country"]]),
             [p["passages"]["bio"], city["passages"]["intro"]],
             [f"In which country was {p['name']} born?", f"In which country is {city['name']}?"], bridge=city["name"])
     for qtype in ("director_birthplace", "director_birth_year"):
-        for i in pick(films, per_type):
+        for i in _pick(rng, films, per_type):
             f = films[i]
             d = people[f["director"]]
             if qtype == "director_birthplace":
@@ -296,26 +305,31 @@ def _make_questions(world: World, rng: random.Random, per_type: int) -> None:
                 q, ans, hop2 = (f"In what year was the director of {f['name']} born?", [str(d["born"])],
                                 f"When was {d['name']} born?")
             add(qtype, q, ans, [f["passages"]["intro"], d["passages"]["bio"]], [q, hop2], bridge=d["name"])
-    for i in pick(companies, per_type):
+    for i in _pick(rng, companies, per_type):
         c = companies[i]
         founder = people[c["founder"]]
         q = f"Which university did the founder of {c['name']} attend?"
         add("founder_university", q, [unis[founder["university"]]["name"]],
             [c["passages"]["intro"], founder["passages"]["studies"]],
             [q, f"Which university did {founder['name']} attend?"], bridge=founder["name"])
-    for i in pick(companies, per_type):
+    for i in _pick(rng, companies, per_type):
         c = companies[i]
         city = cities[c["city"]]
         q = f"In which country is {c['name']} headquartered?"
-        add("company_country", q, country_answers(countries[city["country"]]),
+        add("company_country", q, _country_answers(countries[city["country"]]),
             [c["passages"]["intro"], city["passages"]["intro"]], [q, f"In which country is {city['name']}?"],
             bridge=city["name"])
-    for i in pick(people, per_type):
+    for i in _pick(rng, people, per_type):
         p = people[i]
         u = unis[p["university"]]
         q = f"In which city is the university that {p['name']} attended?"
         add("university_city", q, [cities[u["city"]]["name"]], [p["passages"]["studies"], u["passages"]["intro"]],
             [q, f"Where is {u['name']} located?"], bridge=u["name"])
+
+
+def _comparison_questions(e: dict[str, list[dict]], rng: random.Random, per_type: int, add: Any) -> None:
+    """Questions that compare two entities (founded first, same director), given to ``add``."""
+    companies, films = e["company"], e["film"]
     made = 0
     while made < per_type:
         a, b = rng.sample(range(len(companies)), 2)
@@ -340,7 +354,6 @@ def _make_questions(world: World, rng: random.Random, per_type: int) -> None:
         add("same_director", f"Were {fa['name']} and {fb['name']} directed by the same person?",
             ["yes" if fa["director"] == fb["director"] else "no"], [fa["passages"]["intro"], fb["passages"]["intro"]],
             [f"Who directed {fa['name']}?", f"Who directed {fb['name']}?"])
-    world.questions = qs
 
 
 def _make_single_hop(world: World, rng: random.Random, per_type: int) -> None:

@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("openenv")
 
 from environments.ecosystems import openenv as adapter  # noqa: E402
+from environments.ecosystems import openenv_server as servers  # noqa: E402
 from registry_fixtures import registries_restored  # noqa: E402
 from trace_gym.api import resolve_env  # noqa: E402
 from trace_gym.env_checks import check_env  # noqa: E402
@@ -48,7 +49,7 @@ def _restore_registries():
 @pytest.fixture(scope="module")
 def counter_url():
     """A counter server started by the test itself (the ``openenv:<URL>`` form)."""
-    port = adapter.free_port()
+    port = servers.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", COUNTER_APP, "--host", "127.0.0.1", "--port", str(port),
                              "--log-level", "warning"], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
                             start_new_session=True)
@@ -79,14 +80,14 @@ def test_guess_env_passes_check_env_on_one_shared_server():
     # env, check_env's second instance and `other` held one session each on one server,
     # which lives while `other` does and plays on; a right guess terminates with reward 1
     pid = other.unwrapped.server_pid
-    assert pid is not None and not gone(pid) and adapter.live_servers() == [pid]
+    assert pid is not None and not gone(pid) and servers.live_servers() == [pid]
     obs, _ = other.reset(options={"task": tasks[1]})
     assert obs == [Message("user", "Guess a number in 1..20. You have 6 tries.")]
     secret = next(n for n in range(1, 21) if "Correct" in _replayed_guess(other, tasks[1], n))
     other.reset(options={"task": tasks[1]})
     assert other.step(str(secret))[1:4] == (1.0, True, False)
     other.close()
-    assert gone(pid) and adapter.live_servers() == []
+    assert gone(pid) and servers.live_servers() == []
 
 
 def _replayed_guess(env, task, n: int) -> str:
@@ -137,13 +138,13 @@ def test_killed_server_truncates_only_its_own_episode(counter_url, caplog):
     assert a.step("three")[0][0].content == "three"
     pid = a.unwrapped.server_pid
     a.close()  # kept: the next instance of this process needs no boot
-    assert adapter.live_servers() == [pid]
+    assert servers.live_servers() == [pid]
     c = fam.make_env()
     t0 = time.monotonic()
     c.reset(options={"task": task})
     assert c.unwrapped.server_pid == pid and time.monotonic() - t0 < 1.0
     c.close()
-    assert adapter.stop_servers() == [pid] and gone(pid) and adapter.live_servers() == []
+    assert servers.stop_servers() == [pid] and gone(pid) and servers.live_servers() == []
 
 
 def test_slow_step_truncates_within_the_read_timeout(counter_url):
@@ -189,12 +190,12 @@ def test_env_failures_and_rejected_actions_truncate_naming_the_cause(counter_url
 
 
 def test_unreachable_url_and_bad_options_are_one_line_errors():
-    url = f"http://127.0.0.1:{adapter.free_port()}"
+    url = f"http://127.0.0.1:{servers.free_port()}"
     env = resolve_env(f"openenv:{url}?retries=1").make_env()
     import openenv.core.generic_client  # noqa: F401  (its import takes seconds; the retries are timed)
 
     t0 = time.monotonic()
-    with pytest.raises(adapter.OpenEnvError) as err:
+    with pytest.raises(servers.OpenEnvError) as err:
         env.reset(seed=0)
     assert time.monotonic() - t0 < 3.0
     assert f"cannot reach the OpenEnv server at {url}" in str(err.value) and "after 2 attempts" in str(err.value)
@@ -203,15 +204,15 @@ def test_unreachable_url_and_bad_options_are_one_line_errors():
         env.unwrapped.step("anything")  # no episode began
     env.close()
     env = resolve_env("openenv:broken", env_kwargs={"server_cmd": "nosuch_module:app"}).make_env()
-    with pytest.raises(adapter.OpenEnvError, match=r"exited with code \d+ before answering GET /health \(its log "
+    with pytest.raises(servers.OpenEnvError, match=r"exited with code \d+ before answering GET /health \(its log "
                                                    r"ends: .*Could not import module \"nosuch_module\""):
         env.reset(seed=0)
     never = ["{python}", "-c", "import time; time.sleep(30)", "{port}"]
     env = resolve_env("openenv:mute", env_kwargs={"server_cmd": never, "start_timeout": 0.5}).make_env()
-    with pytest.raises(adapter.OpenEnvError, match=r"did not answer GET http://127.0.0.1:\d+/health within "
+    with pytest.raises(servers.OpenEnvError, match=r"did not answer GET http://127.0.0.1:\d+/health within "
                                                    r"start_timeout=0.5 s"):
         env.reset(seed=0)
-    assert adapter.live_servers() == []  # both stopped
+    assert servers.live_servers() == []  # both stopped
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['server_cmnd'\]; did you mean server_cmd"):
         resolve_env("openenv:guess", env_kwargs={"server_cmnd": GUESS_APP})
     with pytest.raises(ValueError, match=r"tasks: unknown option\(s\) \['reset_kwarg'\]; did you mean reset_kwargs"):

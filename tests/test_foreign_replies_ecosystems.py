@@ -298,7 +298,8 @@ def openenv_client():
 
 @pytest.mark.parametrize("name", sorted(BAD_RESETS))
 def test_an_openenv_reset_reply_it_cannot_read_is_one_openenv_error(openenv_client, name):
-    from environments.ecosystems.openenv import OpenEnvAdapter, OpenEnvError
+    from environments.ecosystems.openenv import OpenEnvAdapter
+    from environments.ecosystems.openenv_server import OpenEnvError
 
     peer = PlantedPeer({"reset": BAD_RESETS[name]})
     env = OpenEnvAdapter(peer.url, retries=0)

@@ -157,3 +157,17 @@ def test_generated_rejects_bad_difficulty():
         generate_tasks(3, difficulty=5)
     with pytest.raises(ValueError, match="difficulty"):
         generate_tasks(3, difficulty=())
+
+
+def test_both_loaders_keep_array_metadata_as_lists_and_drop_binary_columns():
+    import numpy as np
+
+    from environments.math_python.data import rows_to_tasks
+    from environments.wiki_qa.data import row_to_task
+
+    extra = {"levels": np.array([1, 2]), "image": b"\x89PNG", "note": "kept"}
+    math_task = rows_to_tasks("aime24", [{"problem": "1+1?", "answer": "2", **extra}], DATASETS["aime24"])[0]
+    qa_task = row_to_task({"question": "q", "golden_answers": ["a"], "metadata": extra}, "nq")
+    for task in (math_task, qa_task):
+        assert task.metadata["levels"] == [1, 2] and task.metadata["note"] == "kept"
+        assert "image" not in task.metadata

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,3 +138,71 @@ def test_hit_json_round_trip_and_checks():
         check_queries(["a", 3])
     with pytest.raises(ValueError, match="list of strings"):
         check_queries("a")
+
+
+# ---------------------------------------------------------------- a standalone package
+PROJECT_PACKAGES = ("trace_gym", "environments", "evaluators", "baselines")
+
+
+def project_imports(source: str) -> list[str]:
+    """Every module of the project that ``source`` imports, at any depth (inside functions
+    too), by statement or by ``importlib.import_module`` / ``__import__`` of a literal name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) in
+                   ("import_module", "__import__"))):
+            names = [node.args[0].value]
+        else:
+            continue
+        found += [f"{name} (line {node.lineno})" for name in names if name.split(".")[0] in PROJECT_PACKAGES]
+    return found
+
+
+def test_the_import_checker_finds_planted_imports():
+    planted = ("import os\nfrom retrieval_index.corpus import Corpus\n"
+               "def f():\n    from trace_gym.textsafe import clean_text\n    import evaluators.run as r\n"
+               "    return importlib.import_module('environments.wiki_qa')\n"
+               "class C:\n    def g(self):\n        __import__('baselines')\n")
+    assert project_imports(planted) == ["trace_gym.textsafe (line 4)", "evaluators.run (line 5)",
+                                        "environments.wiki_qa (line 6)", "baselines (line 9)"]
+
+
+def test_retrieval_index_imports_nothing_of_the_project():
+    package = Path(__file__).resolve().parents[1] / "retrieval_index"
+    files = sorted(package.rglob("*.py"))
+    assert len(files) > 10  # the scan reads the package, not an empty folder
+    bad = {str(p.relative_to(package.parent)): found for p in files if (found := project_imports(p.read_text()))}
+    assert bad == {}, f"retrieval_index must stay standalone; it imports {bad}"
+
+
+TEXTS = ["plain", "lone \ud800 surrogate", "\udfff", "", '{"a": [1, 2]}', '[' * 40 + ']' * 40, '{"x": ' + '9' * 200 + '}',
+         '{"unclosed": [1, 2', '{"s": "[[[[ in a string"}', "not json", '{"q": ["a", "\\ud800"]}', b'\xff\xfe{}',
+         b'{"b": "caf\xc3\xa9"}', '"\\"escaped\\" [" ']
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_the_copied_text_cleaning_answers_as_its_source(text):
+    from retrieval_index import textclean
+    from trace_gym import textsafe
+
+    def outcome(module, **bounds):
+        try:
+            return ("value", module.loads_bounded(text, **bounds))
+        except module.JSONRefused as exc:
+            return ("refused", str(exc))
+
+    for bounds in ({}, {"max_depth": 8, "max_digits": 32}):
+        assert outcome(textclean, **bounds) == outcome(textsafe, **bounds)
+    if isinstance(text, str):
+        assert textclean.first_unencodable(text) == textsafe.first_unencodable(text)
+        assert textclean.clean_text(text) == textsafe.clean_text(text)
+        assert textclean.json_problem(text, 8, 32) == textsafe.json_problem(text, 8, 32)
+        value = {text: [text, (text, 1.5)], "n": None}
+        assert textclean.clean_value(value) == textsafe.clean_value(value)
+    assert issubclass(textclean.JSONRefused, ValueError)

@@ -77,6 +77,18 @@ def load_rows(key: str, path: str | None, split: str, hub_id: str, config: str |
     return rows
 
 
+def jsonable(value: Any) -> Any:
+    """A row's field as JSON can hold it (a numpy array from parquet as a list), or ``None``
+    where it cannot (images and other binary columns: the loaders drop those)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
 def split_tasks(tasks: Sequence[Any], split: str, heldout_fraction: float) -> list[Any]:
     """The ``"train"`` or ``"heldout"`` part of ``tasks`` (``Task``s), by a hash of the prompt text.
 

@@ -51,7 +51,7 @@ from trace_gym.types import Message, Task
 #: The snapshot strategies an adapter may use (``check_env`` reports which one it got).
 SNAPSHOT_STRATEGIES = ("native", "copy", "replay")
 
-StepResult = tuple  # (list[Message], float, bool, bool, dict)
+GymStep = tuple[list[Message], float, bool, bool, dict]  # gymnasium's (obs, reward, terminated, truncated, info)
 
 _log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class AdaptedEnv(gymnasium.Env):
         :attr:`inner`; return the first observation and info."""
         raise NotImplementedError
 
-    def _act(self, action: str) -> StepResult:
+    def _act(self, action: str) -> GymStep:
         """Apply one action to the wrapped env: ``(obs, reward, terminated, truncated, info)``."""
         raise NotImplementedError
 
@@ -189,7 +189,7 @@ class AdaptedEnv(gymnasium.Env):
             self._task = None  # no episode began: step() must not act on it
             raise
 
-    def _apply(self, action: str) -> StepResult:
+    def _apply(self, action: str) -> GymStep:
         """One step through the wrapped env: its failures, a reply outside the contract and
         a call past its deadline all end the episode as a truncated turn."""
         try:

@@ -10,19 +10,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from trace_gym.sim import SimState, SimWorld, logit, sigmoid
-
-
-class SimPredictor(Protocol):
-    """The ``SuccessPredictor`` shape, over simulator states."""
-
-    def predict(self, contexts: Sequence[SimState]) -> np.ndarray: ...
-
-    def update(self, contexts: Sequence[SimState], targets: Sequence[float], weights: Sequence[float] | None = None) -> dict[str, float]: ...
 
 
 @dataclass

@@ -96,9 +96,7 @@ from typing import Any, Mapping, Sequence
 from environments.ecosystems.openenv_mapping import (  # noqa: F401  (load_object: public here too)
     action_payload, load_object, render_observation,
 )
-from environments.ecosystems.openenv_server import (  # noqa: F401  (OpenEnvError, free_port, ...: public here too)
-    OpenEnvError, free_port, live_servers, server_command, stop_servers,
-)
+from environments.ecosystems.openenv_server import server_command
 from environments.ecosystems.openenv_session import OpenEnvSession
 from trace_gym.env_adapter import AdaptedEnv, options_of
 from trace_gym.types import Message, Task

@@ -24,13 +24,12 @@ Every other field of a row goes to ``Task.metadata``; the id is the row's ``uniq
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from environments.math_python.generated import generate_tasks
 from trace_gym.textsafe import clean_text
-from trace_gym.datafiles import load_rows
+from trace_gym.datafiles import jsonable, load_rows
 from trace_gym.types import Task
 
 
@@ -89,8 +88,8 @@ def rows_to_tasks(name: str, rows: Iterable[Mapping[str, Any]], spec: DatasetSpe
         if answer is None or answer == [] or answer == "":
             raise ValueError(f"{name} row {i} has an empty {spec.answer_field!r}")
         ident = next((row[f] for f in _ID_FIELDS if row.get(f) is not None), i)
-        metadata = {k: _clean(_jsonable(v)) for k, v in row.items()
-                    if k not in (spec.question_field, spec.answer_field) and _jsonable(v) is not None}
+        metadata = {k: _clean(jsonable(v)) for k, v in row.items()
+                    if k not in (spec.question_field, spec.answer_field) and jsonable(v) is not None}
         tasks.append(Task(id=clean_text(f"{name}/{ident}"), prompt=clean_text(str(row[spec.question_field])),
                           answer=_clean(answer) if isinstance(answer, list) else clean_text(str(answer)), source=name,
                           metadata=metadata))
@@ -105,16 +104,6 @@ def _clean(value: Any) -> Any:
         return [_clean(v) for v in value]
     if isinstance(value, dict):
         return {_clean(k): _clean(v) for k, v in value.items()}
-    return value
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return None  # images and other binary columns are dropped
     return value
 
 

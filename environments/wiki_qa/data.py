@@ -26,14 +26,13 @@ dataset folder holding ``{split}.jsonl``.
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from trace_gym.textsafe import clean_text, clean_value
-from trace_gym.datafiles import load_rows
+from trace_gym.datafiles import jsonable, load_rows
 from trace_gym.types import Task
 
 
@@ -87,7 +86,7 @@ def row_to_task(row: Mapping[str, Any], source: str, index: int = 0) -> Task:
     metadata = row.get("metadata") or {}
     if not isinstance(metadata, Mapping):
         metadata = {"metadata": metadata}
-    metadata = {clean_value(k): clean_value(_jsonable(v)) for k, v in metadata.items() if _jsonable(v) is not None}
+    metadata = {clean_value(k): clean_value(jsonable(v)) for k, v in metadata.items() if jsonable(v) is not None}
     task_id = clean_text(str(ident) if str(ident).startswith(f"{source}/") else f"{source}/{ident}")
     # text that cannot be encoded (a lone surrogate escape in the file) is written as \udXXX
     return Task(id=task_id, prompt=clean_text(question.strip()), answer=[clean_text(str(g)) for g in golds],
@@ -156,13 +155,3 @@ def offline_tasks(n: int | None = None, seed: int | None = 0, *, world_seed: int
             picked.append([rows[int(i)] for i in order])
         rows = [r for group in itertools.zip_longest(*picked) for r in group if r is not None]
     return [row_to_task(r, "synthetic", i) for i, r in enumerate(rows)]
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return None
-    return value

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -52,6 +53,103 @@ def _histogram(rates: Sequence[float]) -> dict[str, int]:
     return out
 
 
+@dataclass
+class _Tally:
+    """Running counts of :func:`bank_stats`'s one pass over a bank."""
+
+    rates: list[float] = field(default_factory=list)  # per prompt with a leaf
+    counts: list[tuple[int, int]] = field(default_factory=list)  # per prompt: (successes, roots with a leaf)
+    flips: dict[int, list[int]] = field(default_factory=dict)  # depth -> [flips, continuations]
+    turns: list[int] = field(default_factory=list)  # turns of each root that has any
+    ends: dict[str, int] = field(default_factory=dict)  # episode end -> episodes
+    prompt_tokens: list[int] = field(default_factory=list)  # per prompt
+    roots: int = 0
+    prefixes: int = 0
+    continuations: int = 0
+    left_out: int = 0  # prefixes left out
+    errors: int = 0  # episodes with an error
+    episodes: int = 0
+    n_turns: int = 0  # over all episodes
+    generated: int = 0  # policy tokens
+    prefill: int = 0  # tokens
+    env_steps: int = 0
+    observation: int = 0  # tokens
+
+    def add_prompt(self, record: BankPrompt) -> None:
+        self.prompt_tokens.append(record.data.get("prompt_tokens", 0))
+        outcomes = record.outcomes()
+        if outcomes:
+            self.rates.append(sum(outcomes) / len(outcomes))
+            self.counts.append((sum(outcomes), len(outcomes)))
+        if len(outcomes) >= 2:  # depth 0: a second root against the first, over all ordered pairs
+            s, n = sum(outcomes), len(outcomes)
+            f = self.flips.setdefault(0, [0, 0])
+            f[0] += 2 * s * (n - s)
+            f[1] += n * (n - 1)
+        for root in record.roots:
+            self.add_root(root)
+
+    def add_root(self, root: Mapping[str, Any]) -> None:
+        self.roots += 1
+        self.left_out += len(root["left_out"])
+        for ep in [root] + [c for p in root["prefixes"] for c in p["continuations"]]:
+            self.add_episode(ep)
+        if root["turns"]:
+            self.turns.append(len(root["turns"]))
+        for p in root["prefixes"]:
+            self.prefixes += 1
+            for c in p["continuations"]:
+                self.continuations += 1
+                if c["turns"] and root["turns"]:  # depth t: a continuation against its own root
+                    f = self.flips.setdefault(p["depth"], [0, 0])
+                    f[0] += c["success"] != root["success"]
+                    f[1] += 1
+
+    def add_episode(self, ep: Mapping[str, Any]) -> None:
+        self.episodes += 1
+        self.errors += ep["error"] is not None
+        self.ends[ep["end"]] = self.ends.get(ep["end"], 0) + 1
+        self.n_turns += len(ep["turns"])
+        self.observation += sum(t["observation_tokens"] for t in ep["turns"])
+        self.generated += sum(t["policy_tokens"] for t in ep["turns"])
+        self.prefill += sum(t["prefill_tokens"] for t in ep["turns"])
+        self.env_steps += sum(t["env_steps"] for t in ep["turns"]) + ep.get("replayed_env_steps", 0)
+
+    def costs(self) -> dict[str, Any]:
+        """Tokens and env steps in all, per episode and per turn."""
+        gen, n_turns = self.generated, self.n_turns
+        return {"episodes": self.episodes, "generated_tokens": gen, "prefill_tokens": self.prefill,
+                "env_steps": self.env_steps, "generated_tokens_per_episode": gen / max(self.episodes, 1),
+                "policy_tokens_per_turn": gen / max(n_turns, 1),
+                "observation_tokens_per_turn": self.observation / max(n_turns, 1),
+                "prompt_tokens": float(np.mean(self.prompt_tokens)) if self.prompt_tokens else math.nan}
+
+
+def _success_rate(rates: Sequence[float]) -> dict[str, Any]:
+    """Mean, histogram and the all-fail / all-success / mixed shares of prompt success rates."""
+    return {"mean": float(np.mean(rates)) if rates else math.nan, "histogram": _histogram(rates),
+            "all_fail": float(np.mean([r == 0 for r in rates])) if rates else math.nan,
+            "all_success": float(np.mean([r == 1 for r in rates])) if rates else math.nan,
+            "mixed": float(np.mean([0 < r < 1 for r in rates])) if rates else math.nan}
+
+
+def _mixed_by_group_size(counts: Sequence[tuple[int, int]], roots_per_prompt: int) -> dict[str, float]:
+    """``{G: mean P(mixed)}`` for G = 2 .. ``roots_per_prompt``, over the prompts with at least G
+    roots with a leaf (a G no prompt reaches is left out)."""
+    mixed_by_g = {}
+    for g in range(2, roots_per_prompt + 1):
+        usable = [(s, n) for s, n in counts if n >= g]
+        if usable:
+            mixed_by_g[str(g)] = float(np.mean([mixed_without_replacement(s, n, g) for s, n in usable]))
+    return mixed_by_g
+
+
+def _turns_summary(turns: Sequence[int]) -> dict[str, Any]:
+    """Mean, min, max and histogram of the roots' turn counts."""
+    return {"mean": float(np.mean(turns)) if turns else math.nan, "min": min(turns, default=0),
+            "max": max(turns, default=0), "histogram": {str(t): turns.count(t) for t in sorted(set(turns))}}
+
+
 def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prompts: int | None = 512,
                batch_prompts: int = 16, verify: bool = True) -> dict[str, Any]:
     """Calibration numbers of a bank (one streaming pass; see the module docstring).
@@ -73,69 +171,21 @@ def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prom
     """
     header = read_header(path)
     manifest = header["manifest"]
-    rates, counts = [], []  # per prompt: rate, (successes, roots with a leaf)
-    flips: dict[int, list[int]] = {}  # depth -> [flips, continuations]
-    n_roots = n_prefixes = n_conts = left_out = errors = 0
-    turns, ends, prompt_tokens = [], {}, []
-    gen = prefill = env = episodes = n_turns = obs = 0
+    tally = _Tally()
     for record in iter_prompts(path, verify=verify):
-        prompt_tokens.append(record.data.get("prompt_tokens", 0))
-        outcomes = record.outcomes()
-        if outcomes:
-            rates.append(sum(outcomes) / len(outcomes))
-            counts.append((sum(outcomes), len(outcomes)))
-        if len(outcomes) >= 2:  # depth 0: a second root against the first, over all ordered pairs
-            s, n = sum(outcomes), len(outcomes)
-            f = flips.setdefault(0, [0, 0])
-            f[0] += 2 * s * (n - s)
-            f[1] += n * (n - 1)
-        for root in record.roots:
-            n_roots += 1
-            left_out += len(root["left_out"])
-            for ep in [root] + [c for p in root["prefixes"] for c in p["continuations"]]:
-                episodes += 1
-                errors += ep["error"] is not None
-                ends[ep["end"]] = ends.get(ep["end"], 0) + 1
-                n_turns += len(ep["turns"])
-                obs += sum(t["observation_tokens"] for t in ep["turns"])
-                gen += sum(t["policy_tokens"] for t in ep["turns"])
-                prefill += sum(t["prefill_tokens"] for t in ep["turns"])
-                env += sum(t["env_steps"] for t in ep["turns"]) + ep.get("replayed_env_steps", 0)
-            if root["turns"]:
-                turns.append(len(root["turns"]))
-            for p in root["prefixes"]:
-                n_prefixes += 1
-                for c in p["continuations"]:
-                    n_conts += 1
-                    if c["turns"] and root["turns"]:
-                        f = flips.setdefault(p["depth"], [0, 0])
-                        f[0] += c["success"] != root["success"]
-                        f[1] += 1
-    roots_per_prompt = int(manifest["roots"])
-    mixed_by_g = {}
-    for g in range(2, roots_per_prompt + 1):
-        usable = [(s, n) for s, n in counts if n >= g]
-        if usable:
-            mixed_by_g[str(g)] = float(np.mean([mixed_without_replacement(s, n, g) for s, n in usable]))
+        tally.add_prompt(record)
     out: dict[str, Any] = {
-        "path": str(path), "manifest": manifest, "prompts": len(rates), "roots": n_roots, "prefixes": n_prefixes,
-        "continuations": n_conts, "left_out_prefixes": left_out, "errors": errors,
-        "success_rate": {"mean": float(np.mean(rates)) if rates else math.nan, "histogram": _histogram(rates),
-                         "all_fail": float(np.mean([r == 0 for r in rates])) if rates else math.nan,
-                         "all_success": float(np.mean([r == 1 for r in rates])) if rates else math.nan,
-                         "mixed": float(np.mean([0 < r < 1 for r in rates])) if rates else math.nan},
-        "mixed_by_group_size": mixed_by_g,
-        "prompt_counts": [[int(s), int(n)] for s, n in counts],
+        "path": str(path), "manifest": manifest, "prompts": len(tally.rates), "roots": tally.roots,
+        "prefixes": tally.prefixes, "continuations": tally.continuations, "left_out_prefixes": tally.left_out,
+        "errors": tally.errors,
+        "success_rate": _success_rate(tally.rates),
+        "mixed_by_group_size": _mixed_by_group_size(tally.counts, int(manifest["roots"])),
+        "prompt_counts": [[int(s), int(n)] for s, n in tally.counts],
         "flip_by_depth": {str(d): {"flip": f / n if n else math.nan, "continuations": n}
-                          for d, (f, n) in sorted(flips.items())},
-        "turns": {"mean": float(np.mean(turns)) if turns else math.nan, "min": min(turns, default=0),
-                  "max": max(turns, default=0),
-                  "histogram": {str(t): turns.count(t) for t in sorted(set(turns))}},
-        "costs": {"episodes": episodes, "generated_tokens": gen, "prefill_tokens": prefill, "env_steps": env,
-                  "generated_tokens_per_episode": gen / max(episodes, 1),
-                  "policy_tokens_per_turn": gen / max(n_turns, 1), "observation_tokens_per_turn": obs / max(n_turns, 1),
-                  "prompt_tokens": float(np.mean(prompt_tokens)) if prompt_tokens else math.nan},
-        "ends": dict(sorted(ends.items())),
+                          for d, (f, n) in sorted(tally.flips.items())},
+        "turns": _turns_summary(tally.turns),
+        "costs": tally.costs(),
+        "ends": dict(sorted(tally.ends.items())),
     }
     if predictor is not None:
         out["predictor"] = predictor_spearman(path, predictor, prompts=predictor_prompts, batch_prompts=batch_prompts)
