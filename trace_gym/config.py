@@ -453,7 +453,7 @@ class EnvBenchConfig:
     env: str = field(default="math_python", metadata=doc("env family short name or registered env id"))
     env_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the env"))
     task_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the task loader"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder"))
+    policy: str = field(default="smollm2-135m", metadata=doc("model name, local HF folder, hub id or RUN[@STEP]"))
     engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
     seeds: int = field(default=1, metadata=doc("independent repetitions (fresh pools each)"))
     candidates: int = field(default=24, metadata=doc("candidate prompts per repetition"))

@@ -43,7 +43,7 @@ class TrainConfig:
     override; the ``trainer`` section (``trainer.lr=...``) holds the policy update's settings."""
 
     run_dir: str = field(default="runs/train", metadata=doc("run directory (config, metrics, checkpoints)"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder of the initial policy"))
+    policy: str = field(default="smollm2-135m", metadata=doc("model name, HF folder, hub id or RUN[@STEP]"))
     engine: str = field(default="hf", metadata=doc("rollout engine: " + " | ".join(["auto", *ENGINES])))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc(
         "keyword arguments of the engine (e.g. {dtype: bfloat16, gpu_memory_utilization: 0.4})"))
@@ -251,6 +251,8 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     with contextlib.ExitStack() as closing:
         if backend is not None:
             closing.callback(backend.close)
+        tasks = list(setup.load_train_tasks())[: cfg.train_pool]  # data and policy before the run dir exists
+        base_policy = resolve_model(cfg.policy)
         run = RunDir(cfg.run_dir, step_files=checkpoint.TRAINING_STEP_FILES)
         closing.callback(run.close)
         resume = run.start(to_yaml(cfg), compare=config_differences)
@@ -260,8 +262,6 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
         if start >= cfg.steps:
             say(f"{cfg.run_dir}: all {cfg.steps} steps are done")
             return {"run_dir": cfg.run_dir, "steps": start, "metrics": run.read_metrics()}
-        tasks = list(setup.load_train_tasks())[: cfg.train_pool]
-        base_policy = resolve_model(cfg.policy)
         weights = resume.policy_path if resume else base_policy
         if backend is None:
             backend = backend_for(cfg)

@@ -33,7 +33,7 @@ class BankRecordConfig:
     data: str = field(default="", metadata=doc("prompts: empty for the env family's own tasks, else a training "
                                                "dataset name (e.g. deepscaler, hotpotqa, bfcl)"))
     data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder"))
+    policy: str = field(default="smollm2-135m", metadata=doc("model name, local HF folder, hub id or RUN[@STEP]"))
     engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
     prompts: int = field(default=256, metadata=doc("P: prompts recorded"))
@@ -118,9 +118,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     from trace_gym.banks import record_bank
     from trace_gym.engines import make_engine
     from trace_gym.models import quiet_third_party, resolve_model
+    from trace_gym.policies import with_policy
     from trace_gym.types import SamplingParams
 
-    cfg = command_config(BankRecordConfig, args)
+    cfg = with_policy(command_config(BankRecordConfig, args))  # a bad policy: one line, before anything is written
     family = resolve_record(cfg)
     if args.dry_run:
         print(dry_run(cfg, family))

@@ -74,6 +74,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if mode == "sim" and cfg.calibrate_from:
         cfg = dataclasses.replace(cfg, calibrate_from=bank_path(cfg.calibrate_from))
     load_plugins(cfg.plugins)
+    if "policy" in {f.name for f in dataclasses.fields(cfg)}:  # a mode that loads a model: checked before it runs
+        from trace_gym.policies import with_policy
+
+        cfg = with_policy(cfg)
     run = mode_runner(mode, args)
     if args.root_budgets:
         return _sweep(args, cfg, run)
