@@ -335,6 +335,7 @@ def check_env(
     gymnasium_checks: bool = True,
     process_timeout: float = 300.0,
     only: Sequence[str] | None = None,
+    on_check: Callable[[str, int | None, CheckReport], None] | None = None,
 ) -> CheckReport:
     """Check that ``env`` honours the agent-environment contract on ``tasks``.
 
@@ -360,6 +361,9 @@ def check_env(
         only: run just these checks (names in ``CHECKS``, run in its order), e.g.
             ``only=("snapshot_roundtrip",)``. A check also runs alone when called:
             ``env_checks.snapshot_roundtrip(CheckRun(env, tasks))``.
+        on_check: called after each check that ran with (its name, the cases it verified
+            or ``None`` when it skipped, the report so far): ``trace-gym check-env``
+            prints each result as it comes.
 
     Returns:
         A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure, and
@@ -377,6 +381,8 @@ def check_env(
                 passed = check(run)
                 if passed is not None:
                     report.ok(name, passed)
+                if on_check is not None:
+                    on_check(name, passed, report)
     finally:
         if "close_idempotent" not in names:  # that check closes the env itself (twice)
             env.close()

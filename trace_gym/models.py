@@ -425,13 +425,16 @@ def tiny_random_model(
 
 
 def quiet_third_party() -> None:
-    """No third-party progress bars (transformers' weight loading / saving): ours only."""
+    """No third-party progress bars (transformers' weight loading / saving, and ``datasets``'
+    ``Map:`` bars once it is imported; the command line turns those off before): ours only."""
     try:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+    if "datasets" in sys.modules:  # never imported just for this (slow)
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def weights_hash(folder: str | os.PathLike) -> str:
