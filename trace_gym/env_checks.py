@@ -339,9 +339,7 @@ def check_env(
 ) -> CheckReport:
     """Check that ``env`` honours the agent-environment contract on ``tasks``.
 
-    Runs the checks of :data:`trace_gym.CHECKS` in order (``gymnasium_api``,
-    ``protocol``, ``message_schema``, ``replay_deterministic``, ``seeded_determinism``, ``snapshot_immutable``,
-    ``snapshot_roundtrip``, ``branch_isolation``, ``snapshot_pickle_process``,
+    Runs the checks of :data:`CHECKS` in its order (``gymnasium_api``, ``protocol``, ...,
     ``close_idempotent``), each over every task (played once, the recordings shared); each
     is a function of its name in :mod:`trace_gym.env_checks`, and the failing one is named
     in :class:`EnvCheckError`.
@@ -361,9 +359,7 @@ def check_env(
         only: run just these checks (names in ``CHECKS``, run in its order), e.g.
             ``only=("snapshot_roundtrip",)``. A check also runs alone when called:
             ``env_checks.snapshot_roundtrip(CheckRun(env, tasks))``.
-        on_check: called after each check that ran with (its name, the cases it verified
-            or ``None`` when it skipped, the report so far): ``trace-gym check-env``
-            prints each result as it comes.
+        on_check: ``(name, cases or None if skipped, report so far)`` after each check (``check-env``).
 
     Returns:
         A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure, and
