@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from trace_gym.config import doc
 from trace_gym.models import weights_hash  # noqa: F401  (re-exported: the one definition is the core's)
+from trace_gym.policies import resolve_policy  # noqa: F401  (the one resolver of every command's policy)
 from trace_gym.run_files import atomic_write_text, iter_json_lines, read_json_file
 
 
@@ -88,37 +89,6 @@ class EvalConfig:
         if self.temperature == 0 and self.samples > 1:
             raise ValueError(f"greedy decoding (temperature 0) gives {self.samples} identical samples; "
                              "set samples=1 or temperature > 0")
-
-
-# ---------------------------------------------------------------------- policies
-def resolve_policy(spec: str) -> tuple[Path, str, bool]:
-    """``(weights folder, label, is_base_model)`` for a model name / folder / ``RUN[@STEP]``.
-
-    Raises:
-        ValueError: a spec that is none of these (one line, with the closest model names).
-    """
-    from trace_gym.checkpoint import RunDir
-    from trace_gym.models import MODELS, resolve_model
-
-    path, _, step = spec.partition("@")
-    run = Path(path)
-    if (run / "config.yaml").exists() and (run / "checkpoints").exists():
-        if step and not step.isdigit():
-            raise ValueError(f"policy {spec!r}: the step after @ must be an integer")
-        ckpt = RunDir(run).checkpoint_path(int(step) if step else None)
-        return ckpt / "policy", f"{run.name}@{ckpt.name.split('-')[1]}", False
-    if step:
-        raise ValueError(f"policy {spec!r}: {path!r} is not a run directory (no config.yaml + checkpoints/)")
-    try:
-        return Path(resolve_model(path)), path, True
-    except FileNotFoundError:
-        from trace_gym.suggest import did_you_mean
-
-        if run.is_dir():
-            raise ValueError(f"policy {spec!r}: the folder is neither a model (no config.json) nor a run dir "
-                             "(no config.yaml + checkpoints/)") from None
-        raise ValueError(f"policy {spec!r} is neither a model folder, a run dir nor a known model name"
-                         f"{did_you_mean(path, sorted(MODELS))}; known: {sorted(MODELS)}") from None
 
 
 def _cache_dir(cfg: EvalConfig) -> Path:

@@ -9,7 +9,8 @@ import pytest
 
 from trace_gym import cli
 
-COMMANDS = {"train", "eval", "compare", "bench", "bank", "index", "envs", "strategies", "estimators", "predictors", "models"}
+COMMANDS = {"train", "eval", "compare", "bench", "bank", "check-env", "index", "envs", "strategies", "estimators",
+            "predictors", "models"}
 
 
 def leaf(parser, *path):

@@ -248,7 +248,7 @@ def test_importing_the_adapter_is_lazy_and_playing_keeps_the_process_rng():
 
 
 def test_hostile_tool_call_blocks_are_skipped_not_raised():
-    from environments.ecosystems.verifiers import hermes_tool_calls
+    from environments.ecosystems.verifiers_rollout import hermes_tool_calls
 
     hostile = ("<tool_call>" + "[" * 100_000 + "</tool_call>"
                "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + "9" * 5000 + "}}</tool_call>"

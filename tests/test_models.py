@@ -80,6 +80,8 @@ def test_resolve_model_paths_and_hub_ids(monkeypatch, tmp_path, tiny_model_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match="'HuggingFaceTB/SmolLM2-135M' looks like a hub id"):
         resolve_model("HuggingFaceTB/SmolLM2-135M")
+    with pytest.raises(ValueError, match="'Qwen/Qwen3-0.6B' looks like a hub id"):  # a dot in a hub id is no path
+        resolve_model("Qwen/Qwen3-0.6B")
 
 
 def test_tiny_random_model_shares_the_tokenizer(tiny_model_path, smollm2_path):

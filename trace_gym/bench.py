@@ -233,7 +233,10 @@ class Repetition(Protocol):
 
 
 class BenchSource(Protocol):
-    """Where a bench's rollouts come from: the simulator, real episodes, a rollout bank."""
+    """Where a bench's rollouts come from: the simulator, real episodes, a rollout bank.
+
+    Optional: ``difficulty_knobs``, the env's own (:class:`~trace_gym.env.DifficultyKnobs`),
+    named by the no-contrast warnings."""
 
     mode: str  # "sim" | "env" | ...
     config: Any  # the bench config (written into the results)
@@ -361,4 +364,4 @@ def _run_arm(source: BenchSource, rep: Any, arm: Arm, target_tokens: list[float]
     row = (tree_metrics(trees, ledger, len(measured)) | {"budget_scale": scale} | pooled_quality(measured)
            | rep.measure(arm, measured) | {"by_step": by_step})
     rep.after_arm(arm, measured)
-    return row, reward_warning(trees)
+    return row, reward_warning(trees, getattr(source, "difficulty_knobs", None))

@@ -275,8 +275,10 @@ def verdict(results: Mapping[str, Any], roles: Roles = Roles()) -> str:
         detail = guard["detail"]
         return detail if detail.startswith("NO VERDICT") else f"NO VERDICT: {detail}"
     if no_contrast({n: rows[n] for n in (method, base)}):
+        from trace_gym.driver import knob_hint
+
         return (f"NO VERDICT: no contrast (neither {method} nor {base} found a mixed prompt; every rollout of a "
-                "prompt agreed)")
+                f"prompt agreed){knob_hint(results.get('difficulty_knobs'))}")
     parts = [paired(rows, method, base, METRICS[k]) for k in ("effective_ratio", "mixed_prompts")]
     if parts[0]["n"] < 2:
         return (f"{method} and {base} cannot be told apart from one repetition (effective ratio "

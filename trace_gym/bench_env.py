@@ -25,6 +25,7 @@ import numpy as np
 from trace_gym.bench import Arm, run_bench
 from trace_gym.bench_modes import BenchMode
 from trace_gym.entry_configs import EnvBenchConfig
+from trace_gym.env import env_difficulty_knobs
 from trace_gym.predictor import PREDICTORS, make_predictor
 from trace_gym.strategy import Strategy
 from trace_gym.transcripts import transcripts
@@ -174,6 +175,7 @@ class EnvSource:
         self.agent_config = cfg.agent_config()
         self.sampling = SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed)
         self.policy_path = None
+        self.difficulty_knobs = env_difficulty_knobs(self.family.make_env)  # named when nothing is mixed
         if "model_path" in PREDICTORS[cfg.predictor].needs:  # a critic built from the policy's own LM
             from trace_gym.models import resolve_model
 
@@ -193,7 +195,8 @@ class EnvSource:
         text = (f"every strategy's predictor starts from one trained on a warm-up batch of {cfg.warmup_budget} "
                 "uniform rollouts of other tasks (per repetition), charged to no arm" if cfg.warmup_budget else
                 "no warm-up: every predictor starts cold")
-        return {"engine": type(self.engine).__name__, "warmup": {"batches": self.warmups, "description": text}}
+        return {"engine": type(self.engine).__name__, "warmup": {"batches": self.warmups, "description": text},
+                "difficulty_knobs": self.difficulty_knobs}
 
 
 def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], family: Any, *,

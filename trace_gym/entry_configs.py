@@ -138,7 +138,7 @@ class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice):
     env: str = field(default="math_python", metadata=doc("env family short name or registered env id"))
     env_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the env"))
     task_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the task loader"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder"))
+    policy: str = field(default="smollm2-135m", metadata=doc("model name, local HF folder, hub id or RUN[@STEP]"))
     engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
     seeds: int = field(default=1, metadata=doc("independent repetitions (fresh pools each)"))
     candidates: int = field(default=24, metadata=doc("candidate prompts per repetition"))
@@ -202,7 +202,7 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice):
     override; the ``trainer`` section (``trainer.lr=...``) holds the policy update's settings."""
 
     run_dir: str = field(default="runs/train", metadata=doc("run directory (config, metrics, checkpoints)"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder of the initial policy"))
+    policy: str = field(default="smollm2-135m", metadata=doc("model name, HF folder, hub id or RUN[@STEP] of the initial policy"))
     engine: str = field(default="hf", metadata=doc("rollout engine: " + " | ".join(["auto", *ENGINES])))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc(
         "keyword arguments of the engine (e.g. {dtype: bfloat16, gpu_memory_utilization: 0.4})"))
@@ -297,7 +297,7 @@ class BankRecordConfig(AgentLimits):
     data: str = field(default="", metadata=doc("prompts: empty for the env family's own tasks, else a training "
                                                "dataset name (e.g. deepscaler, hotpotqa, bfcl)"))
     data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
-    policy: str = field(default="smollm2-135m", metadata=doc("model name or local HF folder"))
+    policy: str = field(default="smollm2-135m", metadata=doc("model name, local HF folder, hub id or RUN[@STEP]"))
     engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
     prompts: int = field(default=256, metadata=doc("P: prompts recorded"))

@@ -263,6 +263,38 @@ def env_stop_strings(make_env: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
+@runtime_checkable
+class DifficultyKnobs(Protocol):
+    """Optional: an env that names its own settings that change how hard its tasks are.
+
+    ``difficulty_knobs`` (a class attribute): setting -> one line on how to set it and what
+    it does (``{"few_shot": "env kwarg few_shot=true: one demonstrated turn first ..."}``).
+    When every rollout of a step or a bench arm has the same outcome, the no-contrast
+    warning and the bench's NO VERDICT line name them (:func:`env_difficulty_knobs`), so a
+    user of an env from another ecosystem finds the setting without reading its docs.
+    """
+
+    difficulty_knobs: ClassVar[Mapping[str, str]]
+
+
+def env_difficulty_knobs(make_env: Any) -> dict[str, str]:
+    """The :class:`DifficultyKnobs` of the env ``make_env`` builds, found without building
+    one; ``{}`` when it declares none or its creator cannot be told (:func:`env_creator`).
+
+    Raises:
+        ValueError: ``difficulty_knobs`` that is not a mapping of non-empty strings.
+    """
+    creator = env_creator(make_env)
+    knobs = getattr(creator, "difficulty_knobs", None) if creator is not None else None
+    if knobs is None:
+        return {}
+    if not isinstance(knobs, Mapping) or not all(isinstance(k, str) and k and isinstance(v, str)
+                                                 for k, v in knobs.items()):
+        raise ValueError(f"{getattr(creator, '__name__', creator)}.difficulty_knobs must map setting names to "
+                         f"one-line descriptions, got {knobs!r:.200}")
+    return dict(knobs)
+
+
 class ReplayDivergence(RuntimeError):
     """Re-applying a snapshot's actions gave a different observation than when it was taken
     (an env snapshotted by deterministic replay that is not deterministic)."""

@@ -41,10 +41,8 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import gymnasium
 
 from trace_gym.env import ReplayDivergence, Snapshot, freeze, task_from_options, thaw
-from trace_gym.env_boundary import (  # noqa: F401  (error_text, MAX_ERROR_CHARS, ForeignEnvError: public here too)
-    MAX_ERROR_CHARS, ForeignBoundary, ForeignEnvError, PrivateRandom, error_text,
-)
-from trace_gym.process_state import process_state_kept, seeded_rng_state  # noqa: F401  (public here too)
+from trace_gym.env_boundary import ForeignBoundary, ForeignEnvError, PrivateRandom, error_text
+from trace_gym.process_state import seeded_rng_state
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 

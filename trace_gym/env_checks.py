@@ -335,12 +335,11 @@ def check_env(
     gymnasium_checks: bool = True,
     process_timeout: float = 300.0,
     only: Sequence[str] | None = None,
+    on_check: Callable[[str, int | None, CheckReport], None] | None = None,
 ) -> CheckReport:
     """Check that ``env`` honours the agent-environment contract on ``tasks``.
 
-    Runs the checks of :data:`trace_gym.CHECKS` in order (``gymnasium_api``,
-    ``protocol``, ``message_schema``, ``replay_deterministic``, ``seeded_determinism``, ``snapshot_immutable``,
-    ``snapshot_roundtrip``, ``branch_isolation``, ``snapshot_pickle_process``,
+    Runs the checks of :data:`CHECKS` in its order (``gymnasium_api``, ``protocol``, ...,
     ``close_idempotent``), each over every task (played once, the recordings shared); each
     is a function of its name in :mod:`trace_gym.env_checks`, and the failing one is named
     in :class:`EnvCheckError`.
@@ -360,6 +359,7 @@ def check_env(
         only: run just these checks (names in ``CHECKS``, run in its order), e.g.
             ``only=("snapshot_roundtrip",)``. A check also runs alone when called:
             ``env_checks.snapshot_roundtrip(CheckRun(env, tasks))``.
+        on_check: ``(name, cases or None if skipped, report so far)`` after each check (``check-env``).
 
     Returns:
         A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure, and
@@ -377,6 +377,8 @@ def check_env(
                 passed = check(run)
                 if passed is not None:
                     report.ok(name, passed)
+                if on_check is not None:
+                    on_check(name, passed, report)
     finally:
         if "close_idempotent" not in names:  # that check closes the env itself (twice)
             env.close()

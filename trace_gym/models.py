@@ -305,6 +305,34 @@ def is_offline() -> bool:
                for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRACE_GYM_OFFLINE"))
 
 
+def locate_model(name_or_path: str | os.PathLike) -> Path | None:
+    """Where a model reference lives, pulling and downloading nothing (the checks of
+    :func:`resolve_model`, for a command to run before it writes anything).
+
+    Returns:
+        A known name's cache folder (pulled or not yet), an existing model folder, or
+        ``None`` for a hub id ``org/name`` (fetched by :func:`resolve_model`; offline
+        too, as ``train --dry-run`` sizes the hub models that shipped configs name).
+
+    Raises:
+        FileNotFoundError: a path-like reference that does not exist or has no config.json.
+    """
+    ref = os.fspath(name_or_path)
+    if ref in MODELS:
+        return model_dir(ref)
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model folder {path} has no config.json")
+        return path
+    from trace_gym.suggest import did_you_mean
+
+    if ref.startswith(("/", ".", "~")) or ref.count("/") != 1:  # not org/name (which may hold dots: Qwen3-0.6B)
+        raise FileNotFoundError(f"model {ref!r} is neither a known name {sorted(MODELS)} nor an existing folder"
+                                f"{did_you_mean(ref, MODELS)}")
+    return None
+
+
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
     """Turn a model reference into a local HF folder.
 
@@ -322,24 +350,14 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     ref = os.fspath(name_or_path)
     if ref in MODELS:
         return pull_model(ref)
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model folder {path} has no config.json")
-        return path
-    looks_like_path = ref.startswith(("/", ".", "~")) or path.suffix or ref.count("/") != 1
-    if looks_like_path:
-        from trace_gym.suggest import did_you_mean
-
-        raise FileNotFoundError(
-            f"model {ref!r} is neither a known name {sorted(MODELS)} nor an existing folder"
-            f"{did_you_mean(ref, MODELS)}"
-        )
-    from trace_gym.suggest import did_you_mean
-
+    folder = locate_model(ref)
+    if folder is not None:
+        return folder
     if is_offline():
         raise ValueError(f"model {ref!r} looks like a hub id, but the hub is off (offline mode)")
     from huggingface_hub import snapshot_download
+
+    from trace_gym.suggest import did_you_mean
 
     try:
         return Path(snapshot_download(ref))
@@ -407,13 +425,16 @@ def tiny_random_model(
 
 
 def quiet_third_party() -> None:
-    """No third-party progress bars (transformers' weight loading / saving): ours only."""
+    """No third-party progress bars (transformers' weight loading / saving, and ``datasets``'
+    ``Map:`` bars once it is imported; the command line turns those off before): ours only."""
     try:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+    if "datasets" in sys.modules:  # never imported just for this (slow)
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def weights_hash(folder: str | os.PathLike) -> str:

@@ -339,6 +339,7 @@ def ecosystem_family(prefix: str, rest: str, env_kwargs: Mapping[str, Any],
     name, _, query = rest.partition("?")
     if not name:
         raise ValueError(f"--env {prefix}: names no env; `trace-gym envs` lists what {prefix} provides")
+    _cwd_on_path()  # `verifiers:MODULE` finds MODULE.py beside the user, as `--plugin MODULE` does
     return ecosystem_module(prefix).family(name, query_kwargs(query), dict(env_kwargs), dict(task_kwargs))
 
 

@@ -82,6 +82,14 @@ class AgentBranchRunner:
         cls = env_class(self.agent.make_env)
         return self.agent.config.max_turns == 1 or bool(getattr(cls, "single_turn", False))
 
+    @property
+    def difficulty_knobs(self) -> dict[str, str]:
+        """The env's own difficulty knobs (:func:`trace_gym.env.env_difficulty_knobs`), for the
+        no-contrast warning."""
+        from trace_gym.env import env_difficulty_knobs
+
+        return env_difficulty_knobs(self.agent.make_env)
+
     def prompt_context(self, candidate: Task) -> Context:
         return Context(candidate.prompt)
 

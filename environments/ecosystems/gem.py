@@ -73,7 +73,11 @@ import inspect
 import re
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import AdaptedEnv, error_text, options_of, process_state_kept
+from trace_gym.env_adapter import AdaptedEnv, options_of
+
+from trace_gym.env_boundary import error_text
+
+from trace_gym.process_state import process_state_kept
 from trace_gym.types import Message, Task
 
 PACKAGE = "gem-llm"
@@ -185,6 +189,15 @@ class GemEnv(AdaptedEnv):
 
     snapshot_strategies = ("copy", "replay")
     global_rng = True
+    #: what makes a GEM game easier or harder for a policy (named by the no-contrast warning)
+    difficulty_knobs = {
+        "few_shot": "env kwarg (--env-kwargs '{\"few_shot\": true}'): one demonstrated turn first; without it "
+                    "SmolLM2-135M never writes GEM's \\boxed{} action and every episode ends at reward -0.1 "
+                    "(with it, 13 of 16 GuessTheNumber-v0-easy tasks were mixed: docs/ecosystem.md)",
+        "the id's level": "GEM registers -easy, -hard and -random variants of a game (trace-gym envs --ecosystem gem)",
+        "make kwargs": "the game's own settings in the id's query, e.g. gem:game:GuessTheNumber-v0-easy?max_number=5 "
+                       "(GuessTheNumber: min_number, max_number, max_turns)",
+    }
 
     def __init__(self, gem_id: str = "game:GuessTheNumber-v0-easy", gem_kwargs: Mapping[str, Any] | None = None, *,
                  snapshot: str | None = None, max_turns: int | None = None, few_shot: bool = False,

@@ -40,7 +40,7 @@ is an error turn); truncated after ``max_turns`` steps, and on any failure of th
 (dead, slow beyond ``read_timeout``, an error in the env's ``step``, a reply it cannot
 read, no reply within ``call_timeout_s``): that turn carries ``info["env_error"]`` and an
 observation the model can read, and only that episode ends. A ``reset`` (or a restore) that
-cannot reach the server, or gets a reply it cannot read, raises :class:`OpenEnvError`, one
+cannot reach the server, or gets a reply it cannot read, raises :class:`~environments.ecosystems.openenv_server.OpenEnvError`, one
 line naming the URL: there is no episode yet to end.
 
 ## Snapshot
@@ -63,7 +63,7 @@ is started on a free loopback port, waited for on ``GET /health`` (``start_timeo
 its process group is terminated when its last instance closes, is garbage collected, or
 the interpreter exits; with ``keep_servers=True`` it stays up, idle, for the next instance
 of this process (the rollout code makes a fresh env per episode and branch, so this spares
-a server boot each) until :func:`stop_servers` or the interpreter exits. A server that
+a server boot each) until :func:`~environments.ecosystems.openenv_server.stop_servers` or the interpreter exits. A server that
 dies is never restarted mid-episode; the next ``reset`` starts a new one (logged as a
 warning). A server at a URL is never started or stopped by the adapter, and must admit
 one session per live instance.

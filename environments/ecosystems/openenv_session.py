@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from environments.ecosystems.openenv_server import _LOCAL, OpenEnvError, _acquire, _release, _SharedServer, _wait_ready
-from trace_gym.env_adapter import error_text
+from trace_gym.env_boundary import error_text
 from trace_gym.textsafe import JSONRefused, clean_text, loads_bounded
 
 #: how OpenEnv's EnvClient reports an error message from the server

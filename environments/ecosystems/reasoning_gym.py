@@ -76,8 +76,9 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import process_state_kept  # the process's logger and RNGs, kept
-from trace_gym.env_adapter import AdaptedEnv, error_text, options_of
+from trace_gym.process_state import process_state_kept
+from trace_gym.env_adapter import AdaptedEnv, options_of
+from trace_gym.env_boundary import error_text
 from trace_gym.types import Message, Task
 
 PACKAGE = "reasoning-gym"
@@ -274,6 +275,14 @@ class ReasoningGymEnv(AdaptedEnv):
     """
 
     snapshot_strategies = ("copy", "replay")
+    #: what makes a dataset easier or harder for a policy (named by the no-contrast warning)
+    difficulty_knobs = {
+        "few_shot": "env kwarg (--env-kwargs '{\"few_shot\": true}'): one solved example first, so a small model "
+                    "sees the <answer> format",
+        "max_attempts": "env kwarg: answers the model may give, with feedback after a wrong one (default 1)",
+        "dataset config": "the dataset's own fields in the id's query, e.g. "
+                          "reasoning_gym:chain_sum?min_terms=2&max_terms=2&max_digits=1",
+    }
 
     def __init__(self, dataset: str = "chain_sum", config: Mapping[str, Any] | None = None, *, max_attempts: int = 1,
                  system_prompt: str | None = "default", few_shot: bool = False, score_timeout_s: float = 5.0,

@@ -69,7 +69,9 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import AdaptedEnv, content_text, options_of, process_state_kept
+from trace_gym.env_adapter import AdaptedEnv, content_text, options_of
+
+from trace_gym.process_state import process_state_kept
 from trace_gym.types import ROLES, Message, Task
 
 PACKAGE = "skyrl-gym"

@@ -86,13 +86,14 @@ import queue
 from typing import Any, Mapping, Sequence
 
 from environments.ecosystems.verifiers_modules import _check_env_args, _load_function, installed_modules
-from environments.ecosystems.verifiers_rollout import (  # noqa: F401  (event_loop, hermes_tool_calls: public here too)
-    MODEL_NAME, _client_class, _deliver, _drive, _Handover, _output_error, event_loop, hermes_tool_calls,
+from environments.ecosystems.verifiers_rollout import (
+    _client_class, _deliver, _drive, _Handover, _output_error, event_loop,
 )
-from environments.ecosystems.verifiers_tasks import (  # noqa: F401  (module_name, load_env, ...: public here too)
+from environments.ecosystems.verifiers_tasks import (
     SPLITS, _is_label, _message, load_env, load_tasks, module_name, tasks_of,
 )
-from trace_gym.env_adapter import AdaptedEnv, error_text, options_of
+from trace_gym.env_adapter import AdaptedEnv, options_of
+from trace_gym.env_boundary import error_text
 from trace_gym.types import Message, Task
 
 PACKAGE = "verifiers"

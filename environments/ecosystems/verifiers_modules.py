@@ -13,7 +13,11 @@ import inspect
 import re
 from typing import Any, Mapping
 
-from trace_gym.env_adapter import error_text, options_of, process_state_kept
+from trace_gym.env_adapter import options_of
+
+from trace_gym.env_boundary import error_text
+
+from trace_gym.process_state import process_state_kept
 
 def _near_modules(module: str) -> list[str]:
     """Names ``module`` may have meant: the installed env modules, and the siblings of a

@@ -19,7 +19,9 @@ import queue
 import threading
 from typing import Any, Mapping
 
-from trace_gym.env_adapter import MAX_ERROR_CHARS, process_state_kept
+from trace_gym.env_boundary import MAX_ERROR_CHARS
+
+from trace_gym.process_state import process_state_kept
 from trace_gym.textsafe import JSONRefused, loads_bounded
 
 #: the model name the env's rollout records

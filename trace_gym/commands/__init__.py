@@ -11,6 +11,7 @@ command        what it does                                                    i
 ``train``      one training run (run dir, resume, eval)                         ``TrainConfig``
 ``eval``       checkpoints on suites (cached)                                   ``EvalConfig``
 ``compare``    training runs and eval dirs side by side, paired                 its flags
+``check-env``  the env conformance kit (``check_env``) on an env id             its flags
 ``index``      retrieval indexes: build, serve, recall, info                    its flags
 ``envs`` ...   listings: envs, strategies, estimators, predictors, models       its flags
 =============  ===============================================================  ===================

@@ -77,9 +77,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     from trace_gym.banks import record_bank
     from trace_gym.engines import make_engine
     from trace_gym.models import quiet_third_party, resolve_model
+    from trace_gym.policies import with_policy
     from trace_gym.types import SamplingParams
 
-    cfg = command_config(BankRecordConfig, args)
+    cfg = with_policy(command_config(BankRecordConfig, args))  # a bad policy: one line, before anything is written
     family = resolve_record(cfg)
     if args.dry_run:
         print(dry_run(cfg, family))

@@ -102,8 +102,12 @@ def mode_runner(mode: str, args: argparse.Namespace):
     def run(cfg: Any) -> dict[str, Any]:
         strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
                                        continuations_per_root=cfg.continuations_per_root)
-        results = entry.run(cfg, strategies, progress=True, say=say, out_dir=args.out,
-                            **{name: RESOURCES[name](cfg) for name in entry.requires})
+        resources = {name: RESOURCES[name](cfg) for name in entry.requires}
+        if "policy" in {f.name for f in dataclasses.fields(cfg)}:  # a mode that loads a model: checked first
+            from trace_gym.policies import with_policy
+
+            cfg = with_policy(cfg)
+        results = entry.run(cfg, strategies, progress=True, say=say, out_dir=args.out, **resources)
         roles = bench_roles(args, results)
         return bench.judge(results, roles) if roles != Roles() else results
 

@@ -109,13 +109,16 @@ def eval_env_warning(cfg: Any) -> str | None:
 def cmd_train(args: argparse.Namespace) -> int:
     import sys
 
+    from trace_gym.policies import with_policy
     from trace_gym.registry import load_plugins
     from trace_gym.entry_configs import TrainConfig
     from trace_gym.train import train
     from trace_gym.train_dry_run import dry_run
 
     load_plugins()  # installed plugins: envs, strategies and estimators named by the config
-    cfg = command_config(TrainConfig, args, {"ray": args.ray})
+    cfg = with_policy(command_config(TrainConfig, args, {"ray": args.ray}))  # before the run dir exists
+    if cfg.critic_model and cfg.predictor == "lm_critic":
+        cfg = with_policy(cfg, key="critic_model")
     setup = resolve_train_setup(cfg)
     warning = eval_env_warning(cfg)
     if warning:  # before anything loads: a long run would report the wrong env's accuracy

@@ -1,0 +1,117 @@
+"""``trace-gym check-env ENV``: the conformance kit (:func:`trace_gym.env_checks.check_env`)
+on any env id, from the command line.
+
+The env is resolved as every command resolves ``--env`` (a family, a registered id, or
+another ecosystem's ``gem:...``, ``verifiers:MODULE``, ...); its first ``tasks`` tasks
+are played with the env's reference actions (else seeded samples). Each check prints
+PASS (with the cases it verified), SKIP (with why) or FAIL (with the env's error) as it
+finishes; the kit stops at the first failure. Exit 0 when nothing failed, 1 when a check
+failed, 2 for a bad env id, check name or option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from trace_gym.suggest import did_you_mean
+
+
+def check_names(only: str | None) -> tuple[str, ...]:
+    """The checks ``only=a,b`` names, in the kit's order (all of them for ``None``).
+
+    Raises:
+        ValueError: a name that is no check (one line, with the closest ones).
+    """
+    from trace_gym.env_checks import CHECKS
+
+    if only is None:
+        return tuple(CHECKS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    for name in names:
+        if name not in CHECKS:
+            raise ValueError(f"only: {name!r} is not a check{did_you_mean(name, CHECKS)}; the checks are "
+                             f"{', '.join(CHECKS)}")
+    if not names:
+        raise ValueError(f"only is empty; name checks among {', '.join(CHECKS)}")
+    return tuple(n for n in CHECKS if n in names)
+
+
+def _json_object(flag: str, text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--{flag} {text!r} is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--{flag} must be a JSON object, got {text!r}")
+    return value
+
+
+def cmd_check_env(args: argparse.Namespace) -> int:
+    from trace_gym.env import EnvCheckError
+    from trace_gym.env_checks import check_env
+    from trace_gym.models import quiet_third_party
+    from trace_gym.registry import load_plugins, resolve_env
+
+    names = check_names(args.only)  # a bad name before anything loads
+    if args.tasks < 1 or args.max_steps < 1:
+        raise ValueError(f"tasks and max_steps must be >= 1, got {args.tasks} and {args.max_steps}")
+    load_plugins()
+    quiet_third_party()
+    family = resolve_env(args.env, _json_object("env-kwargs", args.env_kwargs),
+                         _json_object("task-kwargs", args.task_kwargs))
+    tasks = family.load_tasks(args.tasks, seed=args.seed)
+    env = family.make_env()
+    print(f"check-env {args.env} ({family.env_id}): {len(tasks)} task(s) from seed {args.seed}, "
+          f"{len(names)} of the kit's checks", flush=True)
+    done: list[str] = []
+
+    def said(name: str, passed: int | None, report: Any) -> None:
+        done.append(name)
+        if passed is not None:
+            print(f"  PASS  {name} ({passed} case{'s' if passed != 1 else ''})", flush=True)
+        elif name in report.skipped:
+            print(f"  SKIP  {name}: {report.skipped[name]}", flush=True)
+        else:  # a check that applies to other envs only (replay_deterministic to replayed ones)
+            print(f"  n/a   {name} (not for this env: snapshot strategy {report.snapshot_strategy})", flush=True)
+
+    try:
+        report = check_env(env, tasks, make_env=family.make_env, max_steps=args.max_steps, seed=args.seed,
+                           process_timeout=args.process_timeout, only=names, on_check=said)
+    except Exception as exc:  # noqa: BLE001  (the env under test failing a check, whatever it raised)
+        if args.verbose:
+            raise
+        failed = exc.check if isinstance(exc, EnvCheckError) else next(n for n in names if n not in done)
+        text = str(exc).removeprefix(f"[{failed}] ") if isinstance(exc, EnvCheckError) else \
+            f"{type(exc).__name__}: {exc}"
+        print(f"  FAIL  {failed}: {' '.join(text.split())}")
+        rest = [n for n in names if n not in done and n != failed]
+        if rest:
+            print(f"  not run: {', '.join(rest)} (the kit stops at the first failure; only={','.join(rest)} runs them)")
+        return 1
+    print(f"OK: snapshot strategy {report.snapshot_strategy}; {len(report.passed)} passed, "
+          f"{len(report.skipped)} skipped")
+    return 0
+
+
+def add(subparsers: argparse._SubParsersAction) -> None:
+    from trace_gym.env_checks import CHECKS
+
+    p = subparsers.add_parser(
+        "check-env", help="run the env conformance kit (check_env) on an env id",
+        description=__doc__.split("\n\n", 1)[1].replace("``", "`"),
+        epilog="checks (only=NAME[,NAME...], run in this order): " + ", ".join(CHECKS))
+    p.add_argument("env", metavar="ENV", help="env family, registered id or another ecosystem's id (gem:..., "
+                   "verifiers:MODULE, ...); `trace-gym envs` lists them")
+    p.add_argument("--only", metavar="CHECK[,CHECK...]", help="run just these checks (default: all)")
+    p.add_argument("--tasks", type=int, default=3, help="tasks played (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="task seed and reset seed (default 0)")
+    p.add_argument("--max-steps", type=int, default=12, help="actions per task at most (default 12)")
+    p.add_argument("--process-timeout", type=float, default=300.0,
+                   help="seconds for the cross-process snapshot check (default 300)")
+    p.add_argument("--env-kwargs", metavar="JSON", help="extra env keyword arguments, a JSON object")
+    p.add_argument("--task-kwargs", metavar="JSON", help="extra task-loader keyword arguments, a JSON object")
+    p.set_defaults(func=cmd_check_env)

@@ -1,0 +1,102 @@
+"""The one resolver of ``--policy`` / ``policy=``: a model name, a model folder, a hub id or
+a training run's checkpoint (``RUN[@STEP]``).
+
+Every command that takes a policy (``train`` and ``train --dry-run``, ``bench --env``,
+``bank record``, ``eval``) resolves it through :func:`find_policy` before it writes
+anything or loads a model, so a bad value is one line naming it (exit 2) and leaves no
+run dir or output folder behind. :func:`find_policy` pulls and downloads nothing;
+:meth:`Policy.folder` does, when the weights are needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A resolved policy reference.
+
+    Attributes:
+        spec: the value as the user gave it.
+        ref: what the engines and the trainer load (:func:`trace_gym.models.resolve_model`):
+            ``spec`` itself for a model name, folder or hub id; a run's checkpoint
+            ``policy/`` folder for ``RUN[@STEP]``.
+        label: the name reports show (``RUN@STEP`` for a checkpoint).
+        base: ``True`` for a model (no RL here), ``False`` for a training run's checkpoint.
+    """
+
+    spec: str
+    ref: str
+    label: str
+    base: bool
+
+    def folder(self) -> Path:
+        """The local weights folder (pulls a known model, downloads a hub id; a checkpoint's
+        folder as its run dir's manifest vouches for it)."""
+        from trace_gym.models import resolve_model
+
+        return Path(resolve_model(self.ref)) if self.base else Path(self.ref)
+
+
+def is_run_dir(path: Path) -> bool:
+    """A training run directory: ``config.yaml`` and ``checkpoints/``."""
+    return (path / "config.yaml").exists() and (path / "checkpoints").exists()
+
+
+def find_policy(spec: str, *, key: str = "policy") -> Policy:
+    """The :class:`Policy` of a model name / folder / hub id / ``RUN[@STEP]``, without
+    pulling, downloading or loading anything.
+
+    Raises:
+        ValueError: a spec that is none of these: one line naming ``key`` and the value
+            (with the closest known model names).
+    """
+    from trace_gym.checkpoint import RunDir
+    from trace_gym.suggest import did_you_mean
+    from trace_gym.models import MODELS, locate_model
+
+    spec = str(spec)
+    path, _, step = spec.partition("@")
+    run = Path(path)
+    if is_run_dir(run):
+        if step and not step.isdigit():
+            raise ValueError(f"{key} {spec!r}: the step after @ must be an integer")
+        ckpt = RunDir(run).checkpoint_path(int(step) if step else None)
+        return Policy(spec, str(ckpt / "policy"), f"{run.name}@{ckpt.name.split('-')[1]}", False)
+    if step:
+        raise ValueError(f"{key} {spec!r}: {path!r} is not a run directory (no config.yaml + checkpoints/)")
+    try:
+        locate_model(path)
+    except FileNotFoundError:
+        if run.is_dir():
+            raise ValueError(f"{key} {spec!r}: the folder is neither a model (no config.json) nor a run dir "
+                             "(no config.yaml + checkpoints/)") from None
+        raise ValueError(f"{key} {spec!r} is neither a model folder, a run dir nor a known model name"
+                         f"{did_you_mean(path, sorted(MODELS))}; known: {sorted(MODELS)}") from None
+    return Policy(spec, path, path, True)
+
+
+def resolve_policy(spec: str) -> tuple[Path, str, bool]:
+    """``(weights folder, label, is_base_model)`` of ``spec`` (:func:`find_policy`, then the
+    weights fetched where they are not local yet).
+
+    Raises:
+        ValueError: as :func:`find_policy`, or a hub id that cannot be fetched.
+    """
+    policy = find_policy(spec)
+    return policy.folder(), policy.label, policy.base
+
+
+def with_policy(cfg: Any, *, key: str = "policy") -> Any:
+    """``cfg`` (a config dataclass) with its ``key`` field resolved by :func:`find_policy`:
+    unchanged for a model name, folder or hub id; a run's checkpoint folder for ``RUN[@STEP]``.
+
+    Raises:
+        ValueError: a bad value (one line, see :func:`find_policy`).
+    """
+    policy = find_policy(getattr(cfg, key), key=key)
+    return cfg if policy.ref == getattr(cfg, key) else dataclasses.replace(cfg, **{key: policy.ref})
