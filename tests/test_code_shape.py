@@ -19,7 +19,6 @@ MAX_LINES = 80
 #: is deleted: the set only shrinks. Never add to it.
 KNOWN_LONG = {
     "trace_gym/banks/record.py:record_bank",  # issue 37 item 3: the recorder and driver.run_step
-    "trace_gym/config.py:coerce",  # issue 37 item 1: config as a leaf with sections
 }
 
 

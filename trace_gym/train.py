@@ -141,7 +141,9 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     with contextlib.ExitStack() as closing:
         if backend is not None:
             closing.callback(backend.close)
-        require_installed(report_backends(cfg))  # before the run dir is written
+        require_installed(report_backends(cfg))  # reporters, data and policy before the run dir exists
+        tasks = list(setup.load_train_tasks())[: cfg.train_pool]
+        base_policy = resolve_model(cfg.policy)
         run = RunDir(cfg.run_dir, step_files=checkpoint.TRAINING_STEP_FILES)
         closing.callback(run.close)
         resume = run.start(to_yaml(cfg), compare=config_differences)
@@ -156,8 +158,6 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
                              "(keep_final_state: false), so it cannot continue exactly; use a new run_dir (policy="
                              f"{cfg.run_dir}@{start} is not a model folder: eval it, or start from its checkpoint's "
                              "policy/ folder)")
-        tasks = list(setup.load_train_tasks())[: cfg.train_pool]
-        base_policy = resolve_model(cfg.policy)
         weights = resume.policy_path if resume else base_policy
         if backend is None:
             backend = backend_for(cfg)
