@@ -81,6 +81,24 @@ def test_config_commands_take_key_value_and_flag_aliases(tmp_path, capsys):
     assert list(data["strategies"]) == ["uniform"]
 
 
+def test_every_config_command_takes_each_key_as_a_flag_sections_included():
+    """One key space, two spellings: ``--root-budget 6`` = ``root_budget=6``, ``--trainer.lr`` =
+    ``trainer.lr=``, for train, eval, bench and bank record alike (generated from the config)."""
+    from trace_gym.commands import command_config
+    from trace_gym.entry_configs import BankRecordConfig, TrainConfig
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "--root-budget", "6", "--trainer.lr", "3e-6", "--max-turns", "2"])
+    cfg = command_config(TrainConfig, args)
+    assert (cfg.root_budget, cfg.trainer.lr, cfg.max_turns) == (6, 3e-6, 2)
+    args = parser.parse_args(["bank", "record", "--prompts", "3", "--max-turn-tokens", "12"])
+    cfg = command_config(BankRecordConfig, args)
+    assert (cfg.prompts, cfg.max_turn_tokens) == (3, 12)
+    for command in (["train"], ["eval"], ["bench"], ["bank", "record"]):
+        flags = {o for a in leaf(parser, *command)._actions for o in a.option_strings}
+        assert {"--seed", "--config"} <= flags, command
+
+
 def test_listings(capsys):
     assert cli.main(["estimators"]) == 0
     printed = capsys.readouterr().out

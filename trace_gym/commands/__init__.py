@@ -52,10 +52,11 @@ def config_epilog(*classes: type, title: str = "keys (--config YAML or key=value
 
 def add_config_parser(subparsers: argparse._SubParsersAction, name: str, help_text: str, *classes: type,
                       description: str | None = None, epilog_prefix: str = "",
-                      flags: bool = False) -> argparse.ArgumentParser:
+                      flags: bool = False, skip: Sequence[str] = ()) -> argparse.ArgumentParser:
     """A subcommand whose keys are the fields of ``classes``: ``--config FILE`` plus
     ``key=value`` (collected by :func:`trace_gym.cli.main` into ``args.overrides``), and
-    with ``flags`` a ``--flag`` alias per key (:func:`add_config_flags`)."""
+    with ``flags`` a ``--flag`` alias per key (:func:`add_config_flags`; ``skip``: keys whose
+    flag the command adds itself)."""
     p = subparsers.add_parser(name, help=help_text, description=description or help_text,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog=_escape(epilog_prefix) + config_epilog(*classes),
@@ -63,17 +64,15 @@ def add_config_parser(subparsers: argparse._SubParsersAction, name: str, help_te
     p.add_argument("--config", metavar="FILE", help="YAML file of keys (key=value and flags override it)")
     p.set_defaults(**{CONFIG_KEYS: True, KEY_NAMES: tuple(n for c in classes for n, *_ in config_help(c))})
     if flags:
-        add_config_flags(p, {c.__name__: c for c in classes})
+        add_config_flags(p, {c.__name__: c for c in classes}, skip=skip)
     return p
 
 
 def command_config(cls: type, args: argparse.Namespace, aliases: Mapping[str, Any] | None = None) -> Any:
     """``cls`` from ``--config``, then ``key=value``, then the flags given: every ``--key``
     alias of a field (:func:`add_config_flags`) and the named ``aliases`` (not ``None``)."""
-    import dataclasses
-
     overrides = dict(getattr(args, "overrides", None) or {})
-    registered = set(getattr(args, "_config_flags", ()) or ()) & {f.name for f in dataclasses.fields(cls)}
+    registered = set(getattr(args, "_config_flags", ()) or ()) & {name for name, *_ in config_help(cls)}
     overrides.update({name: getattr(args, name) for name in sorted(registered) if getattr(args, name) is not None})
     overrides.update({k: v for k, v in (aliases or {}).items() if v is not None})
     return load_config(cls, getattr(args, "config", None), overrides)

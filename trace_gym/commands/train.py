@@ -139,7 +139,8 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         f"  {name}: {summary(fn)}"
         for name, fn in ESTIMATORS.items()) + "\n\n"
     p = add_config_parser(subparsers, "train", "train a policy with a rollout strategy (run dir, resume, eval)",
-                          TrainConfig, epilog_prefix=estimators)
+                          TrainConfig, epilog_prefix="Every key is also a --flag (--steps 2 = steps=2, --trainer.lr 1e-5 "
+                          "= trainer.lr=1e-5).\n\n" + estimators, flags=True, skip=("ray",))
     p.add_argument("--dry-run", action="store_true", help="resolve config, data, env and strategy; load no model")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="run on Ray: start a local cluster, or join ADDRESS (auto, host:6379); docs/distributed.md")
