@@ -183,15 +183,13 @@ class ForeignEnv(gymnasium.Env):
 
     def __init__(self, episode: ForeignEpisode, *, snapshot: str | None = None, max_turns: int | None = None,
                  call_timeout_s: float | None = None, max_observation_chars: int | None = None):
-        problems = episode_problems(episode)
-        if problems:
-            raise TypeError(f"{type(episode).__name__} is not a ForeignEpisode: it lacks {', '.join(problems)}")
-        strategies = tuple(episode.snapshot_strategies)
-        strategy = snapshot or strategies[0]
-        if strategy not in strategies:
-            raise ValueError(f"snapshot={strategy!r}: {type(self).__name__} supports {list(strategies)}")
-        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
-            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
+        try:
+            strategy = self._checked(episode, snapshot, max_turns)
+        except (TypeError, ValueError):
+            release = getattr(episode, "close", None)
+            if callable(release):
+                release()  # a driver built for an env that refuses its options is let go of at once
+            raise
         self.episode = episode
         self.snapshot_strategy = strategy
         #: our contract's mode: a replay strategy re-executes, the others restore state
@@ -210,6 +208,20 @@ class ForeignEnv(gymnasium.Env):
         prepare = getattr(episode, "prepare", None)
         if callable(prepare):
             self._foreign("make", prepare, private_rng=True)
+
+    def _checked(self, episode: Any, snapshot: str | None, max_turns: int | None) -> str:
+        """The snapshot strategy to use; one-line errors for a driver that is not a
+        :class:`ForeignEpisode`, a strategy it does not support, a bad ``max_turns``."""
+        problems = episode_problems(episode)
+        if problems:
+            raise TypeError(f"{type(episode).__name__} is not a ForeignEpisode: it lacks {', '.join(problems)}")
+        strategies = tuple(episode.snapshot_strategies)
+        strategy = snapshot or strategies[0]
+        if strategy not in strategies:
+            raise ValueError(f"snapshot={strategy!r}: {type(self).__name__} supports {list(strategies)}")
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
+        return strategy
 
     @property
     def env_key(self) -> str:
@@ -338,11 +350,7 @@ class ForeignEnv(gymnasium.Env):
 
 
 def __getattr__(name: str) -> Any:
-    if name == "AdaptedEnv":  # TEMPORARY while the adapters move over
-        from trace_gym._adapted_legacy import AdaptedEnv
-
-        return AdaptedEnv
-    if name == "AdaptedEnv_gone":
+    if name == "AdaptedEnv":  # the old base class: a one-line way forward instead of a bare ImportError
         raise ImportError("trace_gym.env_adapter.AdaptedEnv is gone (issue 37): write a ForeignEpisode driver "
                           "(begin/act/end/default_tasks/load_task; state/set_state for copy) and wrap it in "
                           "ForeignEnv(driver, snapshot=..., max_turns=...); docs/ecosystem.md shows the migration")
