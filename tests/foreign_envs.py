@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import random
 
-from trace_gym.env_adapter import AdaptedEnv
+from trace_gym.env_adapter import ForeignEnv
 from trace_gym.types import Message, Task
 
 
@@ -38,26 +38,53 @@ class HotColdGame:
         return hint, 0.0, False, self.turn >= self.max_turns, {}
 
 
-class HotColdAdapter(AdaptedEnv):
-    """The adapter of :class:`HotColdGame` (``copy`` by default, ``replay`` on request)."""
+class HotColdEpisode:
+    """The :class:`~trace_gym.env_adapter.ForeignEpisode` driver of :class:`HotColdGame`
+    (``copy`` by default, ``replay`` on request)."""
 
+    snapshot_strategies = ("copy", "replay")
     global_rng = True
+    game_class = HotColdGame
 
-    def __init__(self, snapshot: str | None = None, high: int = 20, max_turns: int | None = None, **boundary):
-        super().__init__(snapshot=snapshot, max_turns=max_turns, **boundary)  # call_timeout_s, max_observation_chars
+    def __init__(self, high: int = 20):
         self.high = high
+        self.env_key = type(self).__name__
+        self.game: HotColdGame | None = None
 
-    def _default_tasks(self):
-        return hot_cold_tasks(4)
-
-    def _begin(self, task, seed):
-        self.inner = HotColdGame(self.high)
-        text, info = self.inner.reset()
+    def begin(self, task, seed):
+        self.game = self.game_class(self.high)
+        text, info = self.game.reset()
         return [Message("user", text)], info
 
-    def _act(self, action):
-        text, reward, terminated, truncated, info = self.inner.step(action)
+    def act(self, action):
+        text, reward, terminated, truncated, info = self.game.step(action)
         return [Message("user", text)], reward, terminated, truncated, info
+
+    def state(self):
+        return self.game
+
+    def set_state(self, state):
+        self.game = state
+
+    def end(self):
+        self.game = None
+
+    def default_tasks(self):
+        return hot_cold_tasks(4)
+
+    def load_task(self, task_id):
+        raise ValueError(f"{self.env_key} cannot load a task by id ({task_id!r}); pass the Task")
+
+
+class HotColdAdapter(ForeignEnv):
+    """:class:`HotColdEpisode` as an env (what ``gymnasium.make`` and ``check_env``'s
+    cross-process worker build by name)."""
+
+    episode_class = HotColdEpisode
+
+    def __init__(self, snapshot: str | None = None, high: int = 20, max_turns: int | None = None, **boundary):
+        # boundary: call_timeout_s, max_observation_chars
+        super().__init__(self.episode_class(high), snapshot=snapshot, max_turns=max_turns, **boundary)
 
 
 class UrandomGame(HotColdGame):
@@ -71,11 +98,12 @@ class UrandomGame(HotColdGame):
         return text, reward, terminated, truncated, info
 
 
+class UrandomEpisode(HotColdEpisode):
+    game_class = UrandomGame
+
+
 class UrandomAdapter(HotColdAdapter):
-    def _begin(self, task, seed):
-        self.inner = UrandomGame(self.high)
-        text, info = self.inner.reset()
-        return [Message("user", text)], info
+    episode_class = UrandomEpisode
 
 
 def hot_cold_tasks(n: int, seed: int = 0) -> list[Task]:
@@ -83,20 +111,28 @@ def hot_cold_tasks(n: int, seed: int = 0) -> list[Task]:
     return [Task(id=f"hotcold/{seed + i}", prompt="", metadata={"seed": seed + i}) for i in range(n)]
 
 
-class PlantedAdapter(HotColdAdapter):
-    """:class:`HotColdAdapter` (a GEM-style game that draws from the global RNG, so its calls
-    take the process-state lock) whose reset and step pass their reply through planted code:
+class PlantedEpisode(HotColdEpisode):
+    """:class:`HotColdEpisode` (a GEM-style game that draws from the global RNG, so its calls
+    take the process-state lock) whose begin and act pass their reply through planted code:
     ``on_reset(obs, info) -> (obs, info)`` and ``on_step(reply) -> reply``, which may also
     raise, hang or change process state, as hostile foreign code does."""
 
-    def __init__(self, on_reset=None, on_step=None, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, on_reset=None, on_step=None, high: int = 20):
+        super().__init__(high)
         self.on_reset, self.on_step = on_reset, on_step
 
-    def _begin(self, task, seed):
-        obs, info = super()._begin(task, seed)
+    def begin(self, task, seed):
+        obs, info = super().begin(task, seed)
         return self.on_reset(obs, info) if self.on_reset else (obs, info)
 
-    def _act(self, action):
-        reply = super()._act(action)
+    def act(self, action):
+        reply = super().act(action)
         return self.on_step(reply) if self.on_step else reply
+
+
+class PlantedAdapter(ForeignEnv):
+    """:class:`PlantedEpisode` as an env."""
+
+    def __init__(self, on_reset=None, on_step=None, snapshot: str | None = None, high: int = 20,
+                 max_turns: int | None = None, **boundary):
+        super().__init__(PlantedEpisode(on_reset, on_step, high), snapshot=snapshot, max_turns=max_turns, **boundary)

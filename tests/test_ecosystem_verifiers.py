@@ -38,7 +38,7 @@ def _restore_registries():
 
 
 def _task_with_answer(env, answer):
-    return next(t for t in env._default_tasks() if t.answer == answer)
+    return next(t for t in env.episode.default_tasks() if t.answer == answer)
 
 
 @pytest.mark.parametrize("name, actions, snapshots", [(QA, ["<answer>8</answer>"], 3), (VAULT, VAULT_ACTIONS, 12)])
@@ -76,7 +76,7 @@ def test_single_turn_reward_is_the_rubrics_score(answer, expected, exact):
     if expected is not None:
         assert reward == pytest.approx(expected)
     assert info["metrics"]["exact_match"] == exact
-    assert reward == pytest.approx(_rubric_score(env.vf_env, task.metadata["row"], answer))
+    assert reward == pytest.approx(_rubric_score(env.episode.vf_env, task.metadata["row"], answer))
     assert (terminated, truncated, info["stop_condition"]) == (True, False, "max_turns_reached")
     assert task.source == "exact-qa"  # the row's plain-string task label
 
@@ -170,7 +170,7 @@ def test_an_env_that_raises_becomes_a_truncated_step_with_env_error():
 
 def test_a_rollout_that_fails_before_the_first_reply_is_reported_on_reset_and_ends_truncated():
     env = resolve_env(VAULT + "?offline=true").make_env().unwrapped
-    obs, info = env.reset(options={"task": env._default_tasks()[0]})
+    obs, info = env.reset(options={"task": env.episode.default_tasks()[0]})
     assert obs[-1].content.startswith("Open vault") and "the vault service is offline" in info["env_error"]
     _, reward, terminated, truncated, info = env.step("<code>3</code>")
     assert (reward, terminated, truncated) == (0.0, False, True)

@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from foreign_envs import HotColdAdapter, UrandomAdapter, hot_cold_tasks
+from foreign_envs import HotColdAdapter, HotColdEpisode, UrandomAdapter, hot_cold_tasks
 from trace_gym.env import EnvCheckError
 from trace_gym.env_checks import check_env
 from trace_gym.env import ReplayDivergence
-from trace_gym.env_adapter import query_kwargs
+from trace_gym.env_adapter import ForeignEnv, query_kwargs
 from trace_gym.types import Message
 
 # random guesses reach deep turns of a 20-number game; "7" repeats make hints matter
@@ -41,21 +41,26 @@ def test_non_deterministic_env_is_refused_under_replay_naming_the_turn():
     assert "not deterministic under replay" in str(err.value) and "turn " in str(err.value)
 
 
-class _ThirdEpisodeLies(HotColdAdapter):
+class _ThirdEpisodeLiesEpisode(HotColdEpisode):
     """Deterministic for the first two episodes of each task, then its first reply changes:
     check_env records (episode 1), replays to the last snapshot (2), then replays again to
     play the episode's final turn by hand (3), so only that second replay can catch it."""
 
-    def _begin(self, task, seed):
+    def begin(self, task, seed):
         self.begun = getattr(self, "begun", {})
         self.begun[task.id] = self.begun.get(task.id, 0) + 1
-        return super()._begin(task, seed)
+        self.task_id = task.id
+        return super().begin(task, seed)
 
-    def _act(self, action):
-        obs, reward, terminated, truncated, info = super()._act(action)
-        if self.begun[self._task.id] >= 3 and self.inner.turn == 1:
+    def act(self, action):
+        obs, reward, terminated, truncated, info = super().act(action)
+        if self.begun[self.task_id] >= 3 and self.game.turn == 1:
             obs = [Message("user", "something else")]
         return obs, reward, terminated, truncated, info
+
+
+class _ThirdEpisodeLies(HotColdAdapter):
+    episode_class = _ThirdEpisodeLiesEpisode
 
 
 def test_a_divergence_on_the_second_replay_of_a_finished_episode_is_an_env_check_error():
@@ -143,11 +148,11 @@ def test_query_kwargs_reads_yaml_scalars_and_names_a_bad_part():
 
 
 def test_a_failed_begin_leaves_no_episode_to_step():
-    class Unreachable(HotColdAdapter):
-        def _begin(self, task, seed):
+    class Unreachable(HotColdEpisode):
+        def begin(self, task, seed):
             raise ConnectionError("server down")
 
-    env = Unreachable()
+    env = ForeignEnv(Unreachable())
     with pytest.raises(ConnectionError):
         env.reset(options={"task": hot_cold_tasks(1)[0]})
     with pytest.raises(RuntimeError, match="call reset"):

@@ -224,7 +224,7 @@ def test_a_verifiers_env_that_exits_ends_its_episode_and_not_the_shared_loop():
     healthy.reset(options={"task": tasks[1]})
     # the vault env's env_response reads the guess; a planted guess_of raises SystemExit in it. Patch the
     # globals the loaded env's methods read (an earlier test may have imported the module afresh since)
-    scope = type(exiting.unwrapped.vf_env).env_response.__globals__
+    scope = type(exiting.unwrapped.episode.vf_env).env_response.__globals__
     original = scope["guess_of"]
 
     def guess_of(message):

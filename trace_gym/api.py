@@ -8,7 +8,9 @@ Contracts:
     ``AgentEnv``, ``Snapshot``, ``freeze``/``thaw``, ``rng_state``/``rng_from_state``,
     ``task_from_options``, ``check_env``, ``EnvCheckError``; ``Task``, ``Message``;
     ``TextAction``, ``ChatObservation`` (spaces); the optional env Protocols
-    ``ReferenceActions``, ``ReplayCost``, ``StopStrings``.
+    ``ReferenceActions``, ``ReplayCost``, ``StopStrings``; another framework's env under
+    the contract: ``ForeignEnv`` around a ``ForeignEpisode`` driver (``CopyState`` /
+    ``NativeState`` for the copy and native snapshot strategies).
 Strategies:
     ``Strategy``; the allocator Protocols ``RootAllocator``, ``PrefixAllocator``,
     ``GroupSized``; ``fixed_groups(order, budget, group_size, n)`` (groups of G in a
@@ -57,6 +59,7 @@ from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
 from trace_gym.budget import BudgetLedger
 from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
+from trace_gym.env_adapter import CopyState, ForeignEnv, ForeignEpisode, NativeState
 from trace_gym.env_checks import check_env
 from trace_gym.env import (
     AgentEnv,
@@ -111,6 +114,6 @@ __all__ = [
     "RootAllocator", "STRATEGIES", "SimBenchConfig", "Snapshot", "StopStrings", "Strategy", "Task", "TextAction", "TracePrefixAllocator", "TraceRootAllocator",
     "UniformRootAllocator", "check_env", "fixed_groups", "format_bench", "freeze", "register_env",
     "register_strategy", "register_suite", "resolve_env", "rng_from_state", "rng_state", "run_env_bench", "run_sim_bench",
-    "shaped_strategies",
+    "shaped_strategies", "CopyState", "ForeignEnv", "ForeignEpisode", "NativeState",
     "solve_prefix", "solve_root", "task_from_options", "thaw",
 ]

@@ -2,17 +2,22 @@
 
 The environments of other ecosystems (GEM, verifiers, OpenEnv, skyrl-gym, reasoning-gym;
 ``environments/ecosystems``) cannot snapshot an episode mid-way, yet prefix replay needs
-exactly that. :class:`AdaptedEnv` is the base of their adapters: a subclass says how to
-begin an episode of the wrapped env and how to apply one action, and the base supplies
-our :class:`~trace_gym.env.AgentEnv` (text actions, ``list[Message]`` observations,
-``snapshot``/``restore``) with one of three snapshot strategies:
+exactly that. Two parts, joined by composition:
+
+* a :class:`ForeignEpisode`, what an ecosystem supplies: a plain class that says how to
+  begin an episode of the wrapped env and how to apply one action (and, optionally, how
+  to copy its state), knowing nothing of snapshots, deadlines or our message contract;
+* :class:`ForeignEnv`, one generic ``gymnasium.Env`` that holds an episode driver and a
+  :class:`~trace_gym.env_boundary.ForeignBoundary` and supplies our
+  :class:`~trace_gym.env.AgentEnv` (text actions, ``list[Message]`` observations,
+  ``snapshot``/``restore``) with one of three snapshot strategies:
 
 ``native``
-    the wrapped env offers its own state capture (``_native_snapshot``/``_native_restore``).
+    the wrapped env offers its own state capture (:class:`NativeState`).
 ``copy``
-    the wrapped env's state is plain Python: the snapshot is a pickled deep copy of it
-    (``_state``/``_set_state``, by default the ``inner`` object itself), with the
-    private random state of envs that draw from the process-global ``random`` module.
+    the wrapped env's state is plain Python: the snapshot is a pickled deep copy of what
+    the driver's ``state()`` returns (:class:`CopyState`), with the private random state
+    of envs that draw from the process-global ``random`` module.
 ``replay``
     anything else, as long as it is deterministic: the snapshot is the task, the episode
     seed and the actions taken; ``restore`` begins a fresh episode with that seed and
@@ -21,14 +26,20 @@ our :class:`~trace_gym.env.AgentEnv` (text actions, ``list[Message]`` observatio
     non-deterministic env is caught (:class:`ReplayDivergence`, naming the turn) rather
     than silently branching from a different state; ``check_env`` refuses such an env.
 
-Every call into the wrapped env (begin, act, the copy and native snapshot hooks, end) goes
-through the instance's :class:`~trace_gym.env_boundary.ForeignBoundary` (:attr:`AdaptedEnv.boundary`):
-a deadline per call, foreign ``BaseException`` s contained, the process state put back, the
-private global-RNG state swapped in, and every reply checked and bounded. A wrapped env that
-raises on an action (malformed model output, a dead server), replies outside the contract
-(a flag that is not a bool) or gives no reply in time ends that episode as truncated, with
-``info["env_error"]`` and an observation the model can read; it never raises into the
-rollout batch.
+Every call into the driver (begin, act, the copy and native snapshot hooks, end, prepare)
+goes through the instance's :class:`~trace_gym.env_boundary.ForeignBoundary`
+(:attr:`ForeignEnv.boundary`): a deadline per call, foreign ``BaseException`` s contained,
+the process state put back, the private global-RNG state swapped in, and every reply
+checked and bounded. A wrapped env that raises on an action (malformed model output, a
+dead server), replies outside the contract (a flag that is not a bool) or gives no reply
+in time ends that episode as truncated, with ``info["env_error"]`` and an observation the
+model can read; it never raises into the rollout batch.
+
+The five adapters each pair a driver (``GemEpisode``, ...) with a thin named
+:class:`ForeignEnv` subclass (``GemEnv``, ...) that only builds the driver from its
+keyword arguments, so ``gymnasium.make`` and ``env_difficulty_knobs`` can name a class.
+(Until issue 37, ``AdaptedEnv`` was a base class adapters overrode ``_begin``/``_act`` of;
+docs/ecosystem.md has the one-to-one migration.)
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import gymnasium
 
@@ -54,6 +65,79 @@ GymStep = tuple[list[Message], float, bool, bool, dict]  # gymnasium's (obs, rew
 _log = logging.getLogger(__name__)
 
 
+@runtime_checkable
+class ForeignEpisode(Protocol):
+    """What an ecosystem supplies to :class:`ForeignEnv`: episodes of its wrapped env.
+
+    A driver holds the wrapped env of the current episode itself; :class:`ForeignEnv`
+    calls every method below through its boundary (so a driver may raise, hang or reply
+    loosely: flags and rewards are checked there), never two at once.
+
+    Attributes:
+        snapshot_strategies: the strategies the driver supports; the first is the default.
+            ``copy`` needs :class:`CopyState`, ``native`` :class:`NativeState`.
+        global_rng: the wrapped env draws from the ``random``/``numpy.random`` globals;
+            each env then owns a private copy of that state, swapped in around every
+            begin, act and prepare (seeded from the episode seed at ``reset``), so envs
+            never perturb each other and ``copy``/``replay`` snapshots stay exact. Read at
+            every call: an instance may set its own before its first reset (an I/O-bound
+            env that draws no randomness can skip the lock it costs).
+        env_key: what a snapshot records as its maker (checked by ``restore``).
+
+    Optional methods, looked up by name: ``prepare()`` (called once through the boundary,
+    under the private RNG, when the env is built: make the wrapped env once so that a
+    configuration it refuses fails then, not at the first reset) and ``close()`` (release
+    what outlives episodes, a server session; called outside the boundary by
+    :meth:`ForeignEnv.close`, after :meth:`end`).
+    """
+
+    snapshot_strategies: tuple[str, ...]
+    global_rng: bool
+    env_key: str
+
+    def begin(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
+        """Start a fresh episode of the wrapped env on ``task`` with ``seed``: the first
+        observation and info."""
+
+    def act(self, action: str) -> GymStep:
+        """Apply one action: ``(obs, reward, terminated, truncated, info)``."""
+
+    def end(self) -> None:
+        """Release the wrapped env of the current episode (before a new one, and at close)."""
+
+    def default_tasks(self) -> Sequence[Task]:
+        """Tasks a ``reset()`` without ``options["task"]`` draws from (may be empty)."""
+
+    def load_task(self, task_id: str) -> Task:
+        """The task of ``task_id``; ``ValueError`` (one line) for an id it cannot load."""
+
+
+@runtime_checkable
+class CopyState(Protocol):
+    """A driver whose episode state is plain Python (the ``copy`` strategy)."""
+
+    def state(self) -> Any:
+        """What a snapshot deep-copies, by pickling (the wrapped env, or the driver's record)."""
+
+    def set_state(self, state: Any) -> None:
+        """Install a fresh copy made from :meth:`state`'s value (release the current one)."""
+
+
+@runtime_checkable
+class NativeState(Protocol):
+    """A driver whose wrapped env captures its own state (the ``native`` strategy)."""
+
+    def native_snapshot(self) -> Any:
+        """The wrapped env's state capture; picklable."""
+
+    def native_restore(self, payload: Any) -> None:
+        """Put the wrapped env back to ``payload``."""
+
+
+#: the protocol each snapshot strategy needs of a driver, beyond :class:`ForeignEpisode`
+STRATEGY_NEEDS: dict[str, type | None] = {"copy": CopyState, "native": NativeState, "replay": None}
+
+
 def _digest(obs: Sequence[Message], reward: float | None = None, terminated: bool = False,
             truncated: bool = False) -> str:
     """A short fingerprint of one turn's outcome, kept in replay snapshots."""
@@ -61,107 +145,94 @@ def _digest(obs: Sequence[Message], reward: float | None = None, terminated: boo
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
-class AdaptedEnv(gymnasium.Env):
-    """Base of the ecosystem adapters (see the module docstring).
+def episode_problems(episode: Any) -> list[str]:
+    """What ``episode`` lacks of :class:`ForeignEpisode` (and of the protocol each of its
+    declared strategies needs), as member names; ``[]`` when it has it all."""
+    missing = [name for name in ("snapshot_strategies", "global_rng", "env_key") if not hasattr(episode, name)]
+    missing += [name for name in ("begin", "act", "end", "default_tasks", "load_task")
+                if not callable(getattr(episode, name, None))]
+    strategies = tuple(getattr(episode, "snapshot_strategies", ()) or ())
+    if hasattr(episode, "snapshot_strategies") and (not strategies or not set(strategies) <= set(SNAPSHOT_STRATEGIES)):
+        missing.append(f"snapshot_strategies drawn from {list(SNAPSHOT_STRATEGIES)} (it has {list(strategies)})")
+    for strategy in strategies:
+        need = STRATEGY_NEEDS.get(strategy)
+        if need is not None:
+            missing += [f"{name} (for {strategy!r})" for name in ("state", "set_state", "native_snapshot",
+                                                                 "native_restore")
+                        if hasattr(need, name) and not callable(getattr(episode, name, None))]
+    return missing
 
-    Subclasses implement :meth:`_begin` and :meth:`_act`, and may override
-    :meth:`_state`/:meth:`_set_state` (copy), :meth:`_native_snapshot`/
-    :meth:`_native_restore` (native), :meth:`_end` (release the wrapped env),
-    :meth:`_default_tasks` (the pool of a reset without a task) and :meth:`_load_task`
-    (a task by id).
 
-    Class attributes:
-        snapshot_strategies: the strategies the adapter supports; the first is its default.
-        global_rng: the wrapped env draws from ``random``/``numpy.random`` globals; each
-            instance then owns a private copy of that state, swapped in around every begin
-            and act (seeded from the episode seed at :meth:`reset`), so envs never perturb
-            each other and ``copy``/``replay`` snapshots stay exact. An instance may set its
-            own ``self.global_rng`` before its first reset (an I/O-bound env that draws no
-            randomness can skip the lock it costs).
+class ForeignEnv(gymnasium.Env):
+    """Our :class:`~trace_gym.env.AgentEnv` around a :class:`ForeignEpisode` driver (see
+    the module docstring): reset, step, the three snapshot strategies, replay and close,
+    every call into the driver through :attr:`boundary`.
 
     Args:
-        snapshot: one of :attr:`snapshot_strategies` (default: the first).
+        episode: the driver (checked against :class:`ForeignEpisode` and the protocol of
+            each strategy it declares: one ``TypeError`` naming what it lacks).
+        snapshot: one of the driver's ``snapshot_strategies`` (default: its first).
         max_turns: truncate after this many steps (``None``: the wrapped env decides).
-        call_timeout_s: seconds one call into the wrapped env may take (``None``: the
+        call_timeout_s: seconds one call into the driver may take (``None``: the
             boundary's default, :data:`~trace_gym.env_boundary.DEFAULT_CALL_TIMEOUT_S`).
         max_observation_chars: longest observation of one turn, in characters (``None``:
             :data:`~trace_gym.env_boundary.MAX_OBSERVATION_CHARS`).
     """
 
     metadata = {"render_modes": []}
-    snapshot_strategies: ClassVar[tuple[str, ...]] = ("copy", "replay")
-    global_rng: ClassVar[bool] = False
 
-    def __init__(self, *, snapshot: str | None = None, max_turns: int | None = None,
+    def __init__(self, episode: ForeignEpisode, *, snapshot: str | None = None, max_turns: int | None = None,
                  call_timeout_s: float | None = None, max_observation_chars: int | None = None):
-        strategy = snapshot or self.snapshot_strategies[0]
-        if strategy not in self.snapshot_strategies:
-            raise ValueError(f"snapshot={strategy!r}: {type(self).__name__} supports {list(self.snapshot_strategies)}")
-        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
-            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
+        try:
+            strategy = self._checked(episode, snapshot, max_turns)
+        except (TypeError, ValueError):
+            release = getattr(episode, "close", None)
+            if callable(release):
+                release()  # a driver built for an env that refuses its options is let go of at once
+            raise
+        self.episode = episode
         self.snapshot_strategy = strategy
         #: our contract's mode: a replay strategy re-executes, the others restore state
         self.snapshot_mode = "replay" if strategy == "replay" else "state"
         self.max_turns = max_turns
         self.action_space = TextAction(max_length=1 << 16)
         self.observation_space = ChatObservation()
-        self.inner: Any = None  # the wrapped env (set by _begin)
         self._task: Task | None = None
         self._seed = 0
         self._actions: list[str] = []
         self._digests: list[str] = []
         self._done = False
-        #: every call into the wrapped env, and every reply, passes through it
+        #: every call into the driver, and every reply, passes through it
         self.boundary = ForeignBoundary(call_timeout_s=call_timeout_s, max_observation_chars=max_observation_chars)
         self._random = PrivateRandom()  # the private (random, numpy.random) state when global_rng
+        prepare = getattr(episode, "prepare", None)
+        if callable(prepare):
+            self._foreign("make", prepare, private_rng=True)
 
-    # -- what a subclass implements ------------------------------------------------
-    def _begin(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
-        """Start a fresh episode of the wrapped env on ``task`` with ``seed``; set
-        :attr:`inner`; return the first observation and info."""
-        raise NotImplementedError
+    def _checked(self, episode: Any, snapshot: str | None, max_turns: int | None) -> str:
+        """The snapshot strategy to use; one-line errors for a driver that is not a
+        :class:`ForeignEpisode`, a strategy it does not support, a bad ``max_turns``."""
+        problems = episode_problems(episode)
+        if problems:
+            raise TypeError(f"{type(episode).__name__} is not a ForeignEpisode: it lacks {', '.join(problems)}")
+        strategies = tuple(episode.snapshot_strategies)
+        strategy = snapshot or strategies[0]
+        if strategy not in strategies:
+            raise ValueError(f"snapshot={strategy!r}: {type(self).__name__} supports {list(strategies)}")
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
+        return strategy
 
-    def _act(self, action: str) -> GymStep:
-        """Apply one action to the wrapped env: ``(obs, reward, terminated, truncated, info)``."""
-        raise NotImplementedError
-
-    def _state(self) -> Any:
-        """What the ``copy`` strategy deep-copies (by pickling): by default :attr:`inner`."""
-        return self.inner
-
-    def _set_state(self, state: Any) -> None:
-        """Install a fresh copy made from :meth:`_state`'s value."""
-        self._end()
-        self.inner = state
-
-    def _native_snapshot(self) -> Any:
-        """The wrapped env's own state capture (``native`` strategy); picklable."""
-        raise NotImplementedError
-
-    def _native_restore(self, payload: Any) -> None:
-        raise NotImplementedError
-
-    def _end(self) -> None:
-        """Release the wrapped env of the current episode (called before a new one)."""
-
-    def _default_tasks(self) -> Sequence[Task]:
-        """Tasks a ``reset()`` without ``options["task"]`` draws from."""
-        return ()
-
-    def _load_task(self, task_id: str) -> Task:
-        raise ValueError(f"{type(self).__name__} cannot load a task by id ({task_id!r}); pass the Task")
-
-    # -- the contract ----------------------------------------------------------------
     @property
     def env_key(self) -> str:
-        """What a snapshot records as its maker (checked by ``restore``)."""
-        return type(self).__name__
+        """What a snapshot records as its maker (the driver's ``env_key``; checked by ``restore``)."""
+        return self.episode.env_key
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         given = options is not None and (options.get("task") is not None or options.get("task_id") is not None)
-        pool = () if given else list(self._default_tasks())  # the pool only when it is drawn from
-        task = task_from_options(options, pool, self.np_random, self._load_task)
+        pool = () if given else list(self.episode.default_tasks())  # the pool only when it is drawn from
+        task = task_from_options(options, pool, self.np_random, self.episode.load_task)
         episode_seed = task.metadata.get("seed") if isinstance(task.metadata.get("seed"), int) else None
         if episode_seed is None:
             episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
@@ -171,27 +242,26 @@ class AdaptedEnv(gymnasium.Env):
 
     def _foreign(self, what: str, fn: Callable[..., Any], *args: Any, private_rng: bool = False) -> Any:
         """``fn(*args)`` through :attr:`boundary`; with ``private_rng`` (begin, act, make) under
-        this instance's private global-RNG state when :attr:`global_rng` is set."""
-        rng = self._random if private_rng and self.global_rng else None
+        this instance's private global-RNG state when the driver's ``global_rng`` is set."""
+        rng = self._random if private_rng and self.episode.global_rng else None
         return self.boundary.call(what, fn, *args, where=self.env_key, rng=rng)
 
     def _start(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
-        self._foreign("close", self._end)
-        self.inner = None
+        self._foreign("close", self.episode.end)
         self._task, self._seed, self._actions, self._done = task, seed, [], False
         try:
-            if self.global_rng:
+            if self.episode.global_rng:
                 self._random.state = seeded_rng_state(seed)
-            return self.boundary.reset_reply(self._foreign("reset", self._begin, task, seed, private_rng=True))
+            return self.boundary.reset_reply(self._foreign("reset", self.episode.begin, task, seed, private_rng=True))
         except BaseException:
             self._task = None  # no episode began: step() must not act on it
             raise
 
     def _apply(self, action: str) -> GymStep:
-        """One step through the wrapped env: its failures, a reply outside the contract and
-        a call past its deadline all end the episode as a truncated turn."""
+        """One step through the driver: its failures, a reply outside the contract and a
+        call past its deadline all end the episode as a truncated turn."""
         try:
-            reply = self._foreign("step", self._act, action, private_rng=True)
+            reply = self._foreign("step", self.episode.act, action, private_rng=True)
             obs, reward, terminated, truncated, info = self.boundary.step_reply(reply)
         except Exception as exc:  # noqa: BLE001  (foreign code on model output; a BaseException arrives wrapped)
             obs, reward, terminated, truncated, info = self.boundary.error_turn(exc)
@@ -226,11 +296,11 @@ class AdaptedEnv(gymnasium.Env):
                 raise TypeError(f"{self.env_key}: the copy snapshot strategy cannot copy the wrapped env "
                                 f"({error_text(exc)}); use snapshot='replay'") from exc
         else:
-            body = (self._foreign("snapshot", self._native_snapshot), self._random.state)
+            body = (self._foreign("snapshot", self.episode.native_snapshot), self._random.state)
         return Snapshot(self.env_key, self.snapshot_mode, len(self._actions), freeze((head, body)))
 
     def _pickled_state(self) -> bytes:
-        return pickle.dumps(self._state(), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(self.episode.state(), protocol=pickle.HIGHEST_PROTOCOL)
 
     def restore(self, snapshot: Snapshot) -> None:
         if snapshot.env_id != self.env_key:
@@ -242,9 +312,9 @@ class AdaptedEnv(gymnasium.Env):
             blob, rng = body
             self._task, self._seed, self._actions, self._done = task, seed, list(actions), done
             if self.snapshot_strategy == "copy":
-                self._foreign("restore", lambda: self._set_state(pickle.loads(blob)))
+                self._foreign("restore", lambda: self.episode.set_state(pickle.loads(blob)))
             else:
-                self._foreign("restore", self._native_restore, blob)
+                self._foreign("restore", self.episode.native_restore, blob)
             self._random.state = rng
         self._done = done
 
@@ -272,9 +342,19 @@ class AdaptedEnv(gymnasium.Env):
                 _log.warning("%s: closed without ending the wrapped env (a call given up still runs on it)",
                              self.env_key)
             else:
-                self._foreign("close", self._end)
+                self._foreign("close", self.episode.end)
         finally:
-            self.inner = None
+            release = getattr(self.episode, "close", None)
+            if callable(release):
+                release()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AdaptedEnv":  # the old base class: a one-line way forward instead of a bare ImportError
+        raise ImportError("trace_gym.env_adapter.AdaptedEnv is gone (issue 37): write a ForeignEpisode driver "
+                          "(begin/act/end/default_tasks/load_task; state/set_state for copy) and wrap it in "
+                          "ForeignEnv(driver, snapshot=..., max_turns=...); docs/ecosystem.md shows the migration")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def content_text(content: Any, *, sep: str = "") -> str:

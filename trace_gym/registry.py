@@ -35,7 +35,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 NAMESPACE = "trace_gym"
 ENTRY_POINT_GROUP = "trace_gym.envs"
@@ -115,11 +115,42 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
                          description="multi-hop QA over the synthetic offline Wikipedia-style corpus (retrieval)"),
 }
 
-#: Other ecosystems' envs, by id prefix (``--env gem:game:GuessTheNumber-v0-easy``):
-#: ``"module"`` of an adapter in ``environments/ecosystems`` (imported only when an id
-#: with its prefix is named), offering ``family(name, options, env_kwargs, task_kwargs)
-#: -> EnvFamily`` for the rest of the id (``options`` from an ``?a=1&b=x`` tail),
-#: ``available() -> list[str]`` (what the installed package provides) and ``PACKAGE``.
+
+
+@runtime_checkable
+class EcosystemModule(Protocol):
+    """What an adapter module of :data:`ECOSYSTEMS` offers the face (``environments/ecosystems/gem.py``
+    and its siblings; docs/ecosystem.md). A module, not a class: :func:`ecosystem_module`
+    checks it with :func:`module_problems` when it imports it.
+
+    Attributes:
+        PACKAGE: the distribution it wraps (named when it is missing or lists nothing).
+        PREFIX: the id prefix it serves (its key in :data:`ECOSYSTEMS`).
+        ENTRY_POINT: ``"module:Class"`` of its env (a :class:`~trace_gym.env_adapter.ForeignEnv`).
+    """
+
+    PACKAGE: str
+    PREFIX: str
+    ENTRY_POINT: str
+
+    def family(self, name: str, options: dict, env_kwargs: dict, task_kwargs: dict) -> EnvFamily:
+        """The :class:`EnvFamily` of ``<PREFIX>:<name>`` (``options`` from an ``?a=1&b=x``
+        tail); one-line ``ValueError`` s for what it does not take (:func:`adapter_family`
+        builds the answer)."""
+
+    def available(self) -> list[str]:
+        """The ids (``<PREFIX>:...``) the installed package provides; may be empty."""
+
+
+def module_problems(module: Any) -> list[str]:
+    """The :class:`EcosystemModule` members ``module`` lacks (``[]``: none)."""
+    missing = [name for name in ("PACKAGE", "PREFIX", "ENTRY_POINT") if not isinstance(getattr(module, name, None), str)]
+    return missing + [name for name in ("family", "available") if not callable(getattr(module, name, None))]
+
+
+#: Other ecosystems' envs, by id prefix (``--env gem:game:GuessTheNumber-v0-easy``): the
+#: :class:`EcosystemModule` of each, in ``environments/ecosystems`` (imported only when an
+#: id with its prefix is named).
 ECOSYSTEMS: dict[str, str] = {
     "gem": "environments.ecosystems.gem",
     "skyrl": "environments.ecosystems.skyrl",
@@ -321,14 +352,24 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
     return EnvFamily(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs)
 
 
-def ecosystem_module(prefix: str) -> Any:
+def ecosystem_module(prefix: str) -> EcosystemModule:
     """The adapter module of an ecosystem prefix; one line naming the package to install
-    when that package is missing."""
+    when that package is missing.
+
+    Raises:
+        ValueError: its package is not installed.
+        TypeError: the module is not an :class:`EcosystemModule` (naming what it lacks).
+    """
     try:
-        return importlib.import_module(ECOSYSTEMS[prefix])
+        module = importlib.import_module(ECOSYSTEMS[prefix])
     except ImportError as exc:
         raise ValueError(f"--env {prefix}:...: the adapter cannot import its package ({exc}); "
                          "`make install` installs every ecosystem package") from None
+    missing = module_problems(module)
+    if missing:
+        raise TypeError(f"{ECOSYSTEMS[prefix]} (ecosystem {prefix!r}) is not an EcosystemModule: it lacks "
+                        f"{', '.join(missing)}")
+    return module
 
 
 def ecosystem_family(prefix: str, rest: str, env_kwargs: Mapping[str, Any],

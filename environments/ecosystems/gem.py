@@ -73,7 +73,7 @@ import inspect
 import re
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import AdaptedEnv, options_of
+from trace_gym.env_adapter import ForeignEnv, options_of
 
 from trace_gym.env_boundary import error_text
 
@@ -166,8 +166,97 @@ def _observation(obs: Any, info: Mapping[str, Any]) -> list[Message]:
     return [Message("user", text)]
 
 
-class GemEnv(AdaptedEnv):
-    """A GEM env under our contract (see the module docstring).
+class GemEpisode:
+    """Episodes of one GEM env (a :class:`~trace_gym.env_adapter.ForeignEpisode`): a fresh
+    ``gem.make`` per episode, reset with the episode seed; its state, the GEM env object,
+    is plain Python (``copy``). Arguments as :class:`GemEnv`'s.
+
+    Raises:
+        ValueError: ``gem_kwargs`` that is not a mapping.
+    """
+
+    snapshot_strategies = ("copy", "replay")
+    global_rng = True
+
+    def __init__(self, gem_id: str = "game:GuessTheNumber-v0-easy", gem_kwargs: Mapping[str, Any] | None = None, *,
+                 few_shot: bool = False):
+        self.few_shot = bool(few_shot)
+        self._demo: list[Message] | None = None
+        if gem_kwargs is not None and not isinstance(gem_kwargs, Mapping):
+            raise ValueError(f"{_where(gem_id)}: gem_kwargs must be a mapping, got {gem_kwargs!r:.100}")
+        self.gem_id, self.gem_kwargs = gem_id, dict(gem_kwargs or {})
+        self._pool: list[Task] | None = None
+        self.game: Any = None  # the GEM env of the current episode
+
+    @property
+    def env_key(self) -> str:
+        query = "&".join(f"{k}={v!r}" for k, v in sorted(self.gem_kwargs.items()))
+        return f"{PREFIX}:{self.gem_id}" + (f"?{query}" if query else "")
+
+    def prepare(self) -> None:
+        """Made once when the env is built, so an env GEM cannot make fails then (under the
+        private RNG: a GEM constructor draws from the global RNG, it calls reset())."""
+        self._make()
+
+    def _make(self) -> Any:
+        gem = _gem()
+        _spec(self.gem_id)
+        try:
+            return gem.make(self.gem_id, **self.gem_kwargs)  # in a boundary call: logging etc. put back after it
+        except Exception as exc:  # noqa: BLE001  (a dataset or word list GEM cannot fetch, a bad kwarg)
+            raise ValueError(f"{_where(self.gem_id)}: GEM could not make this env ({_one_line(exc)}); the games "
+                             "without a word list run offline, the dataset envs need the network") from None
+
+    def default_tasks(self) -> Sequence[Task]:
+        # without prompts: asked for at every reset without a task
+        if self._pool is None:
+            self._pool = [_seed_task(self.gem_id, s) for s in range(DEFAULT_POOL)]
+        return self._pool
+
+    def load_task(self, task_id: str) -> Task:
+        head, sep, seed = task_id.rpartition("/seed")
+        if head != self.gem_id or not sep or not seed.isdigit():
+            raise ValueError(f"task id {task_id!r} is not one of {self.gem_id}'s ('{self.gem_id}/seed<N>')")
+        return load_tasks(1, int(seed), gem_id=self.gem_id, gem_kwargs=self.gem_kwargs)[0]
+
+    def begin(self, task: Task, seed: int):
+        # made afresh under the seeded private RNG: whatever a GEM constructor draws is
+        # then a function of the seed too; GEM's reset(seed) seeds random and numpy
+        demo = self._demonstration() if self.few_shot else []
+        self.game = self._make()
+        obs, info = self.game.reset(seed=seed % 2**32)
+        info = dict(info or {})
+        return [*demo, *_observation(obs, info)], info
+
+    def _demonstration(self) -> list[Message]:
+        """The ``few_shot`` turn (made once per instance; a function of the fixed seed)."""
+        if self._demo is None:
+            game = self._make()
+            obs, info = game.reset(seed=FEW_SHOT_SEED)
+            action = str(game.sample_random_action())
+            after, _reward, _terminated, _truncated, after_info = game.step(action)
+            self._demo = [*_observation(obs, dict(info or {})), Message("assistant", action),
+                          *_observation(after, dict(after_info or {}))]
+        return list(self._demo)
+
+    def act(self, action: str):
+        obs, reward, terminated, truncated, info = self.game.step(action)
+        info = dict(info or {})
+        return _observation(obs, info), reward, terminated, truncated, info  # flags and reward checked by the boundary
+
+    def state(self) -> Any:
+        return self.game
+
+    def set_state(self, state: Any) -> None:
+        self.game = state
+
+    def end(self) -> None:
+        self.game = None
+
+
+class GemEnv(ForeignEnv):
+    """A GEM env under our contract (see the module docstring): a
+    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`GemEpisode`.
 
     Args:
         gem_id: an id of GEM's ``ENV_REGISTRY``.
@@ -187,8 +276,6 @@ class GemEnv(AdaptedEnv):
             word list it cannot fetch offline, a bad kwarg value).
     """
 
-    snapshot_strategies = ("copy", "replay")
-    global_rng = True
     #: what makes a GEM game easier or harder for a policy (named by the no-contrast warning)
     difficulty_knobs = {
         "few_shot": "env kwarg (--env-kwargs '{\"few_shot\": true}'): one demonstrated turn first; without it "
@@ -202,68 +289,8 @@ class GemEnv(AdaptedEnv):
     def __init__(self, gem_id: str = "game:GuessTheNumber-v0-easy", gem_kwargs: Mapping[str, Any] | None = None, *,
                  snapshot: str | None = None, max_turns: int | None = None, few_shot: bool = False,
                  call_timeout_s: float | None = None, max_observation_chars: int | None = None):
-        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
-                         max_observation_chars=max_observation_chars)
-        self.few_shot = bool(few_shot)
-        self._demo: list[Message] | None = None
-        if gem_kwargs is not None and not isinstance(gem_kwargs, Mapping):
-            raise ValueError(f"{_where(gem_id)}: gem_kwargs must be a mapping, got {gem_kwargs!r:.100}")
-        self.gem_id, self.gem_kwargs = gem_id, dict(gem_kwargs or {})
-        self._pool: list[Task] | None = None
-        # made once here so an env GEM cannot make fails at make time; under the private RNG
-        # (a GEM constructor draws from the global RNG: it calls reset())
-        self._foreign("make", self._make, private_rng=True)
-
-    @property
-    def env_key(self) -> str:
-        query = "&".join(f"{k}={v!r}" for k, v in sorted(self.gem_kwargs.items()))
-        return f"{PREFIX}:{self.gem_id}" + (f"?{query}" if query else "")
-
-    def _make(self) -> Any:
-        gem = _gem()
-        _spec(self.gem_id)
-        try:
-            return gem.make(self.gem_id, **self.gem_kwargs)  # in a boundary call: logging etc. put back after it
-        except Exception as exc:  # noqa: BLE001  (a dataset or word list GEM cannot fetch, a bad kwarg)
-            raise ValueError(f"{_where(self.gem_id)}: GEM could not make this env ({_one_line(exc)}); the games "
-                             "without a word list run offline, the dataset envs need the network") from None
-
-    def _default_tasks(self) -> Sequence[Task]:
-        # without prompts: the base asks for the pool at every reset, even one given a task
-        if self._pool is None:
-            self._pool = [_seed_task(self.gem_id, s) for s in range(DEFAULT_POOL)]
-        return self._pool
-
-    def _load_task(self, task_id: str) -> Task:
-        head, sep, seed = task_id.rpartition("/seed")
-        if head != self.gem_id or not sep or not seed.isdigit():
-            raise ValueError(f"task id {task_id!r} is not one of {self.gem_id}'s ('{self.gem_id}/seed<N>')")
-        return load_tasks(1, int(seed), gem_id=self.gem_id, gem_kwargs=self.gem_kwargs)[0]
-
-    def _begin(self, task: Task, seed: int):
-        # made afresh under the seeded private RNG: whatever a GEM constructor draws is
-        # then a function of the seed too; GEM's reset(seed) seeds random and numpy
-        demo = self._demonstration() if self.few_shot else []
-        self.inner = self._make()
-        obs, info = self.inner.reset(seed=seed % 2**32)
-        info = dict(info or {})
-        return [*demo, *_observation(obs, info)], info
-
-    def _demonstration(self) -> list[Message]:
-        """The ``few_shot`` turn (made once per instance; a function of the fixed seed)."""
-        if self._demo is None:
-            game = self._make()
-            obs, info = game.reset(seed=FEW_SHOT_SEED)
-            action = str(game.sample_random_action())
-            after, _reward, _terminated, _truncated, after_info = game.step(action)
-            self._demo = [*_observation(obs, dict(info or {})), Message("assistant", action),
-                          *_observation(after, dict(after_info or {}))]
-        return list(self._demo)
-
-    def _act(self, action: str):
-        obs, reward, terminated, truncated, info = self.inner.step(action)
-        info = dict(info or {})
-        return _observation(obs, info), reward, terminated, truncated, info  # flags and reward checked by the boundary
+        super().__init__(GemEpisode(gem_id, gem_kwargs, few_shot=few_shot), snapshot=snapshot, max_turns=max_turns,
+                         call_timeout_s=call_timeout_s, max_observation_chars=max_observation_chars)
 
 
 def _seed_task(gem_id: str, seed: int) -> Task:

@@ -98,11 +98,12 @@ from environments.ecosystems.openenv_mapping import (  # noqa: F401  (load_objec
 )
 from environments.ecosystems.openenv_server import server_command
 from environments.ecosystems.openenv_session import OpenEnvSession
-from trace_gym.env_adapter import AdaptedEnv, options_of
+from trace_gym.env_adapter import ForeignEnv, options_of
 from trace_gym.types import Message, Task
 
 PACKAGE = "openenv-core"
-ADAPTER = "environments.ecosystems.openenv:OpenEnvAdapter"
+PREFIX = "openenv"
+ENTRY_POINT = "environments.ecosystems.openenv:OpenEnvAdapter"
 TASK_LOADER = "environments.ecosystems.openenv:load_tasks"
 #: keyword arguments of :class:`OpenEnvAdapter` an id may set (``name`` comes from the id)
 ENV_OPTIONS = ("server_cmd", "server_env", "sessions_per_server", "keep_servers", "action_field",
@@ -117,39 +118,24 @@ DEFAULT_POOL = 100
 # --- the adapter ----------------------------------------------------------------------
 
 
-class OpenEnvAdapter(AdaptedEnv):
-    """An OpenEnv env server as an :class:`~trace_gym.env.AgentEnv` (see the module docstring).
+class OpenEnvEpisode:
+    """Episodes of one OpenEnv env server (a :class:`~trace_gym.env_adapter.ForeignEpisode`):
+    a reset with the episode seed and steps on one websocket session, kept across
+    episodes and closed with the env; ``replay`` only. Arguments as :class:`OpenEnvAdapter`'s.
 
-    Args:
-        name: the id after ``openenv:``: a URL of a running server, or a label (the name
-            of an installed env package when ``server_cmd`` is not given).
-        server_cmd: how to start the server (:func:`server_command`); not with a URL.
-        server_env: extra environment variables of a started server.
-        sessions_per_server: instances of this process that may share one started server.
-        keep_servers: a started server outlives its last instance, for the next one.
-        action_field, action_parser: how the model's text becomes the Action JSON
-            (:func:`action_payload`; the parser as ``"module:function"``).
-        observation_field: the observation field shown to the model (:func:`render_observation`).
-        connect_timeout, read_timeout, start_timeout: seconds (module docstring).
-        retries: extra attempts after a connection failure (module docstring).
-        max_turns: truncate after this many steps.
-        snapshot: ``"replay"``, the only strategy.
-        call_timeout_s: seconds one reset or step may take, retries included (default:
-            :func:`default_call_timeout`, so the inner timeouts speak first).
-        max_observation_chars: bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+    Raises:
+        ValueError: a bad option (one line naming it).
     """
 
     snapshot_strategies = ("replay",)
+    global_rng = False
 
     def __init__(self, name: str, *, server_cmd: str | Sequence[str] | None = None,
                  server_env: Mapping[str, str] | None = None, sessions_per_server: int = 1,
                  keep_servers: bool = False,
                  action_field: str = "message", action_parser: str | None = None,
                  observation_field: str | None = None, connect_timeout: float = 5.0, read_timeout: float = 60.0,
-                 start_timeout: float = 60.0, retries: int = 2, max_turns: int | None = None,
-                 snapshot: str | None = None, call_timeout_s: float | None = None,
-                 max_observation_chars: int | None = None):
+                 start_timeout: float = 60.0, retries: int = 2):
         where = f"openenv:{name}"
         self.name, self.where = name, where
         self.url = name.rstrip("/") if is_url(name) else None
@@ -166,10 +152,6 @@ class OpenEnvAdapter(AdaptedEnv):
         for key, value, low in (("retries", retries, 0), ("sessions_per_server", sessions_per_server, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{where}: {key} must be an int >= {low}, got {value!r}")
-        if call_timeout_s is None:
-            call_timeout_s = default_call_timeout(connect_timeout, read_timeout, start_timeout, retries)
-        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
-                         max_observation_chars=max_observation_chars)
         if not isinstance(action_field, str) or not action_field:
             raise ValueError(f"{where}: action_field must be a non-empty str, got {action_field!r}")
         if observation_field is not None and not isinstance(observation_field, str):
@@ -192,48 +174,92 @@ class OpenEnvAdapter(AdaptedEnv):
             start_timeout=self.start_timeout, retries=retries)
         self._pool: list[Task] | None = None
 
-    # -- AdaptedEnv -------------------------------------------------------------------
     @property
     def env_key(self) -> str:
-        return f"{type(self).__name__}:{self.name}"
+        return f"OpenEnvAdapter:{self.name}"  # the env class's name, as snapshots have always recorded it
 
     @property
     def server_pid(self) -> int | None:
         """The pid of the server this instance started or shares (``None`` for a URL)."""
         return self._session.server_pid
 
-    def _default_tasks(self) -> Sequence[Task]:
+    def default_tasks(self) -> Sequence[Task]:
         if self._pool is None:
             self._pool = load_tasks(DEFAULT_POOL, name=self.name)
         return self._pool
 
-    def _load_task(self, task_id: str) -> Task:
+    def load_task(self, task_id: str) -> Task:
         found = re.fullmatch(r".+/seed(\d+)", task_id)
         if found is None:
             raise ValueError(f"{self.where}: task id {task_id!r} is not '<name>/seed<N>'")
         return Task(id=task_id, prompt="", source="openenv", metadata={"seed": int(found.group(1))})
 
-    def _begin(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
+    def begin(self, task: Task, seed: int) -> tuple[list[Message], dict[str, Any]]:
         kwargs = dict(task.metadata.get("reset_kwargs") or {})
-        try:
-            answer = self._session.reset(seed, kwargs)
-            text = render_observation(answer[0], self.observation_field)
-        except BaseException:
-            self._task = None  # no episode began: step() asks for a reset
-            raise
-        self.inner = self._session.client
+        answer = self._session.reset(seed, kwargs)  # a failure leaves no episode: step() asks for a reset
+        text = render_observation(answer[0], self.observation_field)
         return [Message("user", text)], {"openenv_url": self._session.base_url()}
 
-    def _act(self, action: str):
+    def act(self, action: str):
         payload = action_payload(action, self.action_field, self.parser)
         answer, reconnects = self._session.step(payload)
         observation, reward, done = answer  # done and reward as the server sent them: the boundary checks them
         info = {"env_reconnects": reconnects} if reconnects else {}
         return [Message("user", render_observation(observation, self.observation_field))], reward, done, False, info
 
+    def end(self) -> None:
+        """Nothing: the session outlives episodes (a reset starts the next on it)."""
+
     def close(self) -> None:
-        super().close()
         self._session.close()  # its server is let go of also if the instance is collected unclosed
+
+
+class OpenEnvAdapter(ForeignEnv):
+    """An OpenEnv env server as an :class:`~trace_gym.env.AgentEnv` (see the module docstring):
+    a :class:`~trace_gym.env_adapter.ForeignEnv` around an :class:`OpenEnvEpisode`.
+
+    Args:
+        name: the id after ``openenv:``: a URL of a running server, or a label (the name
+            of an installed env package when ``server_cmd`` is not given).
+        server_cmd: how to start the server (:func:`server_command`); not with a URL.
+        server_env: extra environment variables of a started server.
+        sessions_per_server: instances of this process that may share one started server.
+        keep_servers: a started server outlives its last instance, for the next one.
+        action_field, action_parser: how the model's text becomes the Action JSON
+            (:func:`action_payload`; the parser as ``"module:function"``).
+        observation_field: the observation field shown to the model (:func:`render_observation`).
+        connect_timeout, read_timeout, start_timeout: seconds (module docstring).
+        retries: extra attempts after a connection failure (module docstring).
+        max_turns: truncate after this many steps.
+        snapshot: ``"replay"``, the only strategy.
+        call_timeout_s: seconds one reset or step may take, retries included (default:
+            :func:`default_call_timeout`, so the inner timeouts speak first).
+        max_observation_chars: bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+    """
+
+    def __init__(self, name: str, *, server_cmd: str | Sequence[str] | None = None,
+                 server_env: Mapping[str, str] | None = None, sessions_per_server: int = 1,
+                 keep_servers: bool = False,
+                 action_field: str = "message", action_parser: str | None = None,
+                 observation_field: str | None = None, connect_timeout: float = 5.0, read_timeout: float = 60.0,
+                 start_timeout: float = 60.0, retries: int = 2, max_turns: int | None = None,
+                 snapshot: str | None = None, call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
+        episode = OpenEnvEpisode(name, server_cmd=server_cmd, server_env=server_env,
+                                 sessions_per_server=sessions_per_server, keep_servers=keep_servers,
+                                 action_field=action_field, action_parser=action_parser,
+                                 observation_field=observation_field, connect_timeout=connect_timeout,
+                                 read_timeout=read_timeout, start_timeout=start_timeout, retries=retries)
+        if call_timeout_s is None:
+            call_timeout_s = default_call_timeout(connect_timeout, read_timeout, start_timeout, retries)
+        super().__init__(episode, snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
+                         max_observation_chars=max_observation_chars)
+
+    @property
+    def server_pid(self) -> int | None:
+        """The pid of the server this instance started or shares (``None`` for a URL)."""
+        return self.episode.server_pid
 
 
 def default_call_timeout(connect_timeout: float, read_timeout: float, start_timeout: float, retries: int) -> float:
@@ -317,5 +343,5 @@ def family(name: str, options: Mapping[str, Any], env_kwargs: Mapping[str, Any],
     OpenEnvAdapter(name, **env).close()  # every option checked now, in one line; starts nothing
     load_tasks(1, name=name, **tasks)
     how = "the server at that URL" if is_url(name) else f"a server started from {env['server_cmd']!r}"
-    return adapter_family("openenv", name, ADAPTER, env_kwargs={"name": name, **env}, task_loader=TASK_LOADER,
+    return adapter_family(PREFIX, name, ENTRY_POINT, env_kwargs={"name": name, **env}, task_loader=TASK_LOADER,
                           loader_kwargs={"name": name, **tasks}, description=f"OpenEnv env {name}: {how}")

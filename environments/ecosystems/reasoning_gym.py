@@ -77,7 +77,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from trace_gym.process_state import process_state_kept
-from trace_gym.env_adapter import AdaptedEnv, options_of
+from trace_gym.env_adapter import ForeignEnv, options_of
 from trace_gym.env_boundary import error_text
 from trace_gym.types import Message, Task
 
@@ -256,40 +256,22 @@ class Episode:
     attempts: int = 0
 
 
-class ReasoningGymEnv(AdaptedEnv):
-    """A reasoning-gym dataset as a question-answer env (see the module docstring).
+class ReasoningGymEpisode:
+    """Episodes of one reasoning-gym dataset (a :class:`~trace_gym.env_adapter.ForeignEpisode`):
+    an entry's question, then the dataset's own score of each answer; the state, an
+    :class:`Episode`, is plain Python (``copy``). Arguments as :class:`ReasoningGymEnv`'s.
 
-    Args:
-        dataset: a name of ``reasoning_gym.factory.DATASETS``.
-        config: the dataset's config (:func:`config_fields`).
-        max_attempts: answers the model may give; a wrong one before the last gets
-            :data:`FEEDBACK` (default 1: one turn).
-        system_prompt: a key of reasoning-gym's ``SYSTEM_PROMPTS``, or ``None`` for none.
-        few_shot: show one solved example of the dataset first (module docstring).
-        score_timeout_s: seconds one score may take in the sandbox.
-        snapshot: ``copy`` (default) or ``replay``.
-        max_turns: truncate after this many steps.
-        call_timeout_s, max_observation_chars: the boundary's deadline per call into the
-            env (seconds) and bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+    Raises:
+        ValueError: an unknown dataset, config or system prompt, or a bad ``max_attempts``
+            or ``score_timeout_s`` (one line each).
     """
 
     snapshot_strategies = ("copy", "replay")
-    #: what makes a dataset easier or harder for a policy (named by the no-contrast warning)
-    difficulty_knobs = {
-        "few_shot": "env kwarg (--env-kwargs '{\"few_shot\": true}'): one solved example first, so a small model "
-                    "sees the <answer> format",
-        "max_attempts": "env kwarg: answers the model may give, with feedback after a wrong one (default 1)",
-        "dataset config": "the dataset's own fields in the id's query, e.g. "
-                          "reasoning_gym:chain_sum?min_terms=2&max_terms=2&max_digits=1",
-    }
+    global_rng = False
 
     def __init__(self, dataset: str = "chain_sum", config: Mapping[str, Any] | None = None, *, max_attempts: int = 1,
-                 system_prompt: str | None = "default", few_shot: bool = False, score_timeout_s: float = 5.0,
-                 snapshot: str | None = None, max_turns: int | None = None, call_timeout_s: float | None = None,
-                 max_observation_chars: int | None = None):
-        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
-                         max_observation_chars=max_observation_chars)
+                 system_prompt: str | None = "default", few_shot: bool = False, score_timeout_s: float = 5.0):
+        self.current: Episode | None = None  # the episode under way
         if not isinstance(score_timeout_s, (int, float)) or isinstance(score_timeout_s, bool) or score_timeout_s <= 0:
             raise ValueError(f"{_where(dataset)}: score_timeout_s must be a positive number, got {score_timeout_s!r}")
         self.few_shot, self.score_timeout_s = bool(few_shot), float(score_timeout_s)
@@ -311,10 +293,10 @@ class ReasoningGymEnv(AdaptedEnv):
     def env_key(self) -> str:
         return f"{PREFIX}:{_tag(self.dataset, self.config)}"
 
-    def _default_tasks(self) -> Sequence[Task]:
+    def default_tasks(self) -> Sequence[Task]:
         return _pool(self.dataset, self._config_key)
 
-    def _begin(self, task: Task, seed: int):
+    def begin(self, task: Task, seed: int):
         meta = task.metadata
         if meta.get("dataset") != self.dataset or "entry" not in meta:
             raise ValueError(f"task {task.id!r} is not a reasoning-gym {self.dataset!r} task (its metadata names "
@@ -322,12 +304,12 @@ class ReasoningGymEnv(AdaptedEnv):
         if "config" in meta and _config_key(meta["config"]) != self._config_key:
             raise ValueError(f"task {task.id!r} was made with config {dict(meta['config'])}, this env scores "
                              f"{self.dataset} with {self.config}")
-        self.inner = Episode(entry=from_json(meta["entry"]))
+        self.current = Episode(entry=from_json(meta["entry"]))
         obs = [] if self.system_prompt is None else [Message("system", self.system_prompt)]
         if self.few_shot:
             example = _example(self.dataset, self._config_key)
             obs += [Message("user", str(example["question"])), Message("assistant", f"<answer>{example['answer']}</answer>")]
-        return [*obs, Message("user", str(self.inner.entry["question"]))], {}
+        return [*obs, Message("user", str(self.current.entry["question"]))], {}
 
     def _score(self, answer: str | None) -> tuple[float, str | None]:
         """The dataset's score of ``answer``, computed in the sandbox, or 0 and why when it
@@ -341,12 +323,12 @@ class ReasoningGymEnv(AdaptedEnv):
                              "evaluates text (code in answers is refused)")
         scorer = shared_scorer()
         scorer.timeout_s = self.score_timeout_s
-        return scorer.score(self.dataset, json.loads(self._config_key), answer, to_json(self.inner.entry))
+        return scorer.score(self.dataset, json.loads(self._config_key), answer, to_json(self.current.entry))
 
-    def _act(self, action: str):
+    def act(self, action: str):
         from reasoning_gym.utils import extract_answer
 
-        episode = self.inner
+        episode = self.current
         episode.attempts += 1
         answer = extract_answer(action[-MAX_SCAN_CHARS:])
         score, error = self._score(answer)
@@ -356,6 +338,56 @@ class ReasoningGymEnv(AdaptedEnv):
         if score >= 1.0 or episode.attempts >= self.max_attempts:
             return [], score, True, False, info
         return [Message("user", FEEDBACK.format(left=self.max_attempts - episode.attempts))], 0.0, False, False, info
+
+    def load_task(self, task_id: str) -> Task:
+        raise ValueError(f"{self.env_key} cannot load a task by id ({task_id!r}); pass the Task")
+
+    def state(self) -> Episode | None:
+        return self.current
+
+    def set_state(self, state: Episode) -> None:
+        self.current = state
+
+    def end(self) -> None:
+        self.current = None
+
+
+class ReasoningGymEnv(ForeignEnv):
+    """A reasoning-gym dataset as a question-answer env (see the module docstring): a
+    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`ReasoningGymEpisode`.
+
+    Args:
+        dataset: a name of ``reasoning_gym.factory.DATASETS``.
+        config: the dataset's config (:func:`config_fields`).
+        max_attempts: answers the model may give; a wrong one before the last gets
+            :data:`FEEDBACK` (default 1: one turn).
+        system_prompt: a key of reasoning-gym's ``SYSTEM_PROMPTS``, or ``None`` for none.
+        few_shot: show one solved example of the dataset first (module docstring).
+        score_timeout_s: seconds one score may take in the sandbox.
+        snapshot: ``copy`` (default) or ``replay``.
+        max_turns: truncate after this many steps.
+        call_timeout_s, max_observation_chars: the boundary's deadline per call into the
+            env (seconds) and bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+    """
+
+    #: what makes a dataset easier or harder for a policy (named by the no-contrast warning)
+    difficulty_knobs = {
+        "few_shot": "env kwarg (--env-kwargs '{\"few_shot\": true}'): one solved example first, so a small model "
+                    "sees the <answer> format",
+        "max_attempts": "env kwarg: answers the model may give, with feedback after a wrong one (default 1)",
+        "dataset config": "the dataset's own fields in the id's query, e.g. "
+                          "reasoning_gym:chain_sum?min_terms=2&max_terms=2&max_digits=1",
+    }
+
+    def __init__(self, dataset: str = "chain_sum", config: Mapping[str, Any] | None = None, *, max_attempts: int = 1,
+                 system_prompt: str | None = "default", few_shot: bool = False, score_timeout_s: float = 5.0,
+                 snapshot: str | None = None, max_turns: int | None = None, call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
+        super().__init__(ReasoningGymEpisode(dataset, config, max_attempts=max_attempts, system_prompt=system_prompt,
+                                             few_shot=few_shot, score_timeout_s=score_timeout_s),
+                         snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
+                         max_observation_chars=max_observation_chars)
 
 
 # --- the face ------------------------------------------------------------------------------------------

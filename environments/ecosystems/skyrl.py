@@ -69,7 +69,7 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import AdaptedEnv, content_text, options_of
+from trace_gym.env_adapter import ForeignEnv, content_text, options_of
 
 from trace_gym.process_state import process_state_kept
 from trace_gym.types import ROLES, Message, Task
@@ -219,50 +219,43 @@ def _env_bytes(env: Any) -> bytes:
     return buffer.getvalue()
 
 
-class SkyRLEnv(AdaptedEnv):
-    """A skyrl-gym env class under our contract (see the module docstring).
+class SkyRLEpisode:
+    """Episodes of one skyrl-gym env class (a :class:`~trace_gym.env_adapter.ForeignEpisode`):
+    a fresh env per sample, as SkyRL's generator builds it; its state, the env object, is
+    plain Python (``copy``, pickled with ``ToolGroup`` s rebuilt). Arguments as
+    :class:`SkyRLEnv`'s (``max_turns`` goes to the env as ``extras["max_turns"]``).
 
-    Args:
-        env_class: the skyrl-gym registry id.
-        entry_point: ``"pkg.mod:Cls"`` to register ``env_class`` with where this process has
-            not (a worker that never imported the user's plugin); its module is imported
-            first, so a module that registers itself on import does so.
-        path: the dataset ``reset()`` without a task draws from.
-        env_config: the env's config section (made an OmegaConf ``DictConfig``, as SkyRL hands it).
-        max_turns: truncate after this many steps; also ``extras["max_turns"]``.
-        snapshot: ``copy`` (default) or ``replay``.
-        private_rng: give the env its own global-RNG state (see the module docstring).
-        call_timeout_s, max_observation_chars: the boundary's deadline per call into the
-            env (seconds) and bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+    Raises:
+        ValueError: ``env_config`` that is not a mapping.
     """
 
     snapshot_strategies = ("copy", "replay")
-    global_rng = True
 
     def __init__(self, env_class: str, *, entry_point: str | None = None, path: str | Sequence[str] | None = None,
                  env_config: Mapping[str, Any] | None = None, max_turns: int | None = None,
-                 snapshot: str | None = None, private_rng: bool = True, call_timeout_s: float | None = None,
-                 max_observation_chars: int | None = None):
-        super().__init__(snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
-                         max_observation_chars=max_observation_chars)
+                 private_rng: bool = True):
         if env_config is not None and not isinstance(env_config, Mapping):
             raise ValueError(f"skyrl:{env_class}: env_config must be a mapping, got {env_config!r:.100}")
         self.env_class, self.entry_point, self.path = env_class, entry_point, path
         self.env_config = dict(env_config or {})
-        self.global_rng = bool(private_rng)  # per instance: the base reads self.global_rng
+        self.max_turns = max_turns
+        self.global_rng = bool(private_rng)  # per instance: the env reads it at every call
         self._pool: list[Task] | None = None
+        self.env: Any = None  # the skyrl env of the current episode
 
     @property
     def env_key(self) -> str:
         return f"{PREFIX}:{self.env_class}"
 
-    def _default_tasks(self) -> Sequence[Task]:
+    def default_tasks(self) -> Sequence[Task]:
         if self.path is None:
             return ()
         if self._pool is None:
             self._pool = read_tasks(self.path, self.env_class)
         return self._pool
+
+    def load_task(self, task_id: str) -> Task:
+        raise ValueError(f"{self.env_key} cannot load a task by id ({task_id!r}); pass the Task")
 
     def _spec(self) -> Any:
         import skyrl_gym
@@ -275,7 +268,7 @@ class SkyRLEnv(AdaptedEnv):
                     skyrl_gym.register(id=self.env_class, entry_point=self.entry_point)
         return skyrl_gym.spec(self.env_class)
 
-    def _begin(self, task: Task, seed: int):
+    def begin(self, task: Task, seed: int):
         import skyrl_gym
         from omegaconf import OmegaConf
 
@@ -292,12 +285,12 @@ class SkyRLEnv(AdaptedEnv):
         extras.setdefault("extra_info", {})
         if self.max_turns is not None:
             extras["max_turns"] = self.max_turns  # as SkyRL's generator sets it
-        self.inner = skyrl_gym.make(self._spec(), env_config=OmegaConf.create(self.env_config), extras=extras)
-        messages, info = self.inner.init(copy.deepcopy(list(prompt)))
+        self.env = skyrl_gym.make(self._spec(), env_config=OmegaConf.create(self.env_config), extras=extras)
+        messages, info = self.env.init(copy.deepcopy(list(prompt)))
         return [_message(m) for m in messages], dict(info or {})
 
-    def _act(self, action: str):
-        out = self.inner.step(action)
+    def act(self, action: str):
+        out = self.env.step(action)
         info: dict[str, Any] = {"metadata": dict(out.get("metadata") or {})}
         if out.get("postprocessed_action") is not None:
             info["postprocessed_action"] = out["postprocessed_action"]
@@ -305,16 +298,46 @@ class SkyRLEnv(AdaptedEnv):
         reward = out.get("reward")  # it and done as the env gave them: the boundary checks them
         return obs, 0.0 if reward is None else reward, out.get("done"), False, info
 
-    def _state(self) -> bytes:
-        return _env_bytes(self.inner)
+    def state(self) -> bytes:
+        return _env_bytes(self.env)
 
-    def _set_state(self, state: bytes) -> None:
-        self._end()
-        self.inner = pickle.loads(state)
+    def set_state(self, state: bytes) -> None:
+        self.end()
+        self.env = pickle.loads(state)
 
-    def _end(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
+    def end(self) -> None:
+        env, self.env = self.env, None
+        if env is not None:
+            env.close()
+
+
+class SkyRLEnv(ForeignEnv):
+    """A skyrl-gym env class under our contract (see the module docstring): a
+    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`SkyRLEpisode`.
+
+    Args:
+        env_class: the skyrl-gym registry id.
+        entry_point: ``"pkg.mod:Cls"`` to register ``env_class`` with where this process has
+            not (a worker that never imported the user's plugin); its module is imported
+            first, so a module that registers itself on import does so.
+        path: the dataset ``reset()`` without a task draws from.
+        env_config: the env's config section (made an OmegaConf ``DictConfig``, as SkyRL hands it).
+        max_turns: truncate after this many steps; also ``extras["max_turns"]``.
+        snapshot: ``copy`` (default) or ``replay``.
+        private_rng: give the env its own global-RNG state (see the module docstring).
+        call_timeout_s, max_observation_chars: the boundary's deadline per call into the
+            env (seconds) and bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+    """
+
+    def __init__(self, env_class: str, *, entry_point: str | None = None, path: str | Sequence[str] | None = None,
+                 env_config: Mapping[str, Any] | None = None, max_turns: int | None = None,
+                 snapshot: str | None = None, private_rng: bool = True, call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
+        episode = SkyRLEpisode(env_class, entry_point=entry_point, path=path, env_config=env_config,
+                               max_turns=max_turns, private_rng=private_rng)
+        super().__init__(episode, snapshot=snapshot, max_turns=max_turns, call_timeout_s=call_timeout_s,
+                         max_observation_chars=max_observation_chars)
 
 
 # --- the face ---------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ from environments.ecosystems.verifiers_rollout import (
 from environments.ecosystems.verifiers_tasks import (
     SPLITS, _is_label, _message, load_env, load_tasks, module_name, tasks_of,
 )
-from trace_gym.env_adapter import AdaptedEnv, options_of
+from trace_gym.env_adapter import ForeignEnv, options_of
 from trace_gym.env_boundary import error_text
 from trace_gym.types import Message, Task
 
@@ -112,33 +112,24 @@ CALL_MARGIN_S = 60.0
 # --- the adapter ---------------------------------------------------------------------------------
 
 
-class VerifiersEnv(AdaptedEnv):
-    """A verifiers env module under our contract (see the module docstring).
+class VerifiersEpisode:
+    """Episodes of one verifiers env module (a :class:`~trace_gym.env_adapter.ForeignEpisode`):
+    each runs the env's own rollout on the shared event loop, with a client that hands the
+    model's turns in; ``replay`` only. Arguments as :class:`VerifiersEnv`'s.
 
-    Args:
-        module: the module with ``load_environment``.
-        env_args: its keyword arguments.
-        split: the dataset ``reset()`` without a task draws from (``train`` or ``eval``).
-        max_turns: truncate after this many steps (the rollout is still scored).
-        snapshot: ``replay`` (the only strategy).
-        step_timeout: seconds a step waits for the env's next turn before it fails (truncated).
-        tool_calls: ``hermes`` (read ``<tool_call>`` blocks of envs with tools) or ``none``.
-        call_timeout_s: seconds one call into the env may take, waiting included (default:
-            ``step_timeout`` + :data:`CALL_MARGIN_S`, so the step's own timeout speaks first).
-        max_observation_chars: bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+    Raises:
+        ValueError: a bad ``step_timeout``, ``split`` or ``tool_calls``, or a rubric with
+            group-level reward functions (one line each).
     """
 
     snapshot_strategies = ("replay",)
+    global_rng = False
 
     def __init__(self, module: str, *, env_args: Mapping[str, Any] | None = None, split: str = "train",
-                 max_turns: int | None = None, snapshot: str | None = None, step_timeout: float = 600.0,
-                 tool_calls: str = "hermes", call_timeout_s: float | None = None,
-                 max_observation_chars: int | None = None):
+                 max_turns: int | None = None, step_timeout: float = 600.0, tool_calls: str = "hermes"):
         if not (isinstance(step_timeout, (int, float)) and step_timeout > 0):
             raise ValueError(f"verifiers:{module}: step_timeout must be positive seconds, got {step_timeout!r}")
-        super().__init__(snapshot=snapshot, max_turns=max_turns, max_observation_chars=max_observation_chars,
-                         call_timeout_s=step_timeout + CALL_MARGIN_S if call_timeout_s is None else call_timeout_s)
+        self.max_turns = max_turns
         if split not in SPLITS:
             raise ValueError(f"verifiers:{module}: split must be one of {SPLITS}, got {split!r}")
         if tool_calls not in TOOL_CALL_FORMATS:
@@ -159,7 +150,7 @@ class VerifiersEnv(AdaptedEnv):
     def env_key(self) -> str:
         return f"{PREFIX}:{self.module}"
 
-    def _default_tasks(self) -> Sequence[Task]:
+    def default_tasks(self) -> Sequence[Task]:
         if self._pool is None:
             self._pool = tasks_of(self.vf_env, self.module, self.split)
         return self._pool
@@ -170,7 +161,7 @@ class VerifiersEnv(AdaptedEnv):
         except queue.Empty:
             raise TimeoutError(f"verifiers:{self.module} gave no next turn within {self.step_timeout:g} s") from None
 
-    def _begin(self, task: Task, seed: int):
+    def begin(self, task: Task, seed: int):
         row = dict(task.metadata.get("row") or {})
         if not row:  # a Task written by hand: its prompt as the one user message
             row = {"prompt": [{"role": "user", "content": task.prompt}], "answer": task.answer or "",
@@ -208,7 +199,7 @@ class VerifiersEnv(AdaptedEnv):
         self._seen = pairs
         return new, info
 
-    def _act(self, action: str):
+    def act(self, action: str):
         if self._early_end is not None:
             return self._finish(self._early_end)
         pending, self._handover.pending = self._handover.pending, None
@@ -243,11 +234,42 @@ class VerifiersEnv(AdaptedEnv):
     def _conversation(output: Mapping[str, Any]) -> list:
         return [*(output.get("prompt") or []), *(output.get("completion") or [])]
 
-    def _end(self) -> None:
+    def end(self) -> None:
         if self._run is not None and not self._run.done():
             self._run.cancel()  # the rollout's own finally (cleanup handlers) runs on the loop
         self._run = None
         self._handover, self._early_end = None, None
+
+    def load_task(self, task_id: str) -> Task:
+        raise ValueError(f"{self.env_key} cannot load a task by id ({task_id!r}); pass the Task")
+
+
+class VerifiersEnv(ForeignEnv):
+    """A verifiers env module under our contract (see the module docstring): a
+    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`VerifiersEpisode`.
+
+    Args:
+        module: the module with ``load_environment``.
+        env_args: its keyword arguments.
+        split: the dataset ``reset()`` without a task draws from (``train`` or ``eval``).
+        max_turns: truncate after this many steps (the rollout is still scored).
+        snapshot: ``replay`` (the only strategy).
+        step_timeout: seconds a step waits for the env's next turn before it fails (truncated).
+        tool_calls: ``hermes`` (read ``<tool_call>`` blocks of envs with tools) or ``none``.
+        call_timeout_s: seconds one call into the env may take, waiting included (default:
+            ``step_timeout`` + :data:`CALL_MARGIN_S`, so the step's own timeout speaks first).
+        max_observation_chars: bound on an observation (characters); see
+            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+    """
+
+    def __init__(self, module: str, *, env_args: Mapping[str, Any] | None = None, split: str = "train",
+                 max_turns: int | None = None, snapshot: str | None = None, step_timeout: float = 600.0,
+                 tool_calls: str = "hermes", call_timeout_s: float | None = None,
+                 max_observation_chars: int | None = None):
+        episode = VerifiersEpisode(module, env_args=env_args, split=split, max_turns=max_turns,
+                                   step_timeout=step_timeout, tool_calls=tool_calls)
+        super().__init__(episode, snapshot=snapshot, max_turns=max_turns, max_observation_chars=max_observation_chars,
+                         call_timeout_s=episode.step_timeout + CALL_MARGIN_S if call_timeout_s is None else call_timeout_s)
 
 
 # --- the face --------------------------------------------------------------------------------------
