@@ -4,7 +4,7 @@ and text that always encodes to UTF-8.
 A deliberate copy of the few functions of :mod:`trace_gym.textsafe` the index needs
 (``json_problem``, ``loads_bounded``, ``JSONRefused``, ``first_unencodable``,
 ``clean_text``, ``clean_value``), so that ``retrieval_index`` stays a standalone package
-that imports nothing of the project (``tests/test_retrieval_units.py`` holds both: no
+that imports nothing of the project (``tests/retrieval/test_retrieval_units.py`` holds both: no
 such import, and the same answers as the source). A fix there is made here too.
 
 Why bounds before ``json.loads``: deep nesting raises ``RecursionError`` and a number of

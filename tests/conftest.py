@@ -4,6 +4,13 @@ They live in this conftest so that pytest builds each once: a fixture imported i
 several test modules is a separate fixture in each (the vLLM engine was started once per
 module that imported it, and the engines lived side by side until the session ended).
 Tests that change an engine's weights restore them before they return.
+
+The tests live in folders by subject (``core``, ``envs``, ``engines``, ``trainer``,
+``bench``, ``banks``, ``eval``, ``retrieval``, ``ecosystem``, ``security``); the modules
+they share (scripted policies, planted envs, other ecosystems' example envs, hostile
+corpora) live in ``tests/fixtures``, which this conftest puts on ``sys.path`` so a test, a
+subprocess it starts and an env id such as ``verifiers:ecosystem_envs_verifiers.exact_qa``
+name them the same way.
 ``smollm2_path`` pulls SmolLM2-135M once per machine (``pull_model`` is idempotent and
 the cache persists across runs: ~1 min the first time, ~1 s after).
 """
@@ -11,8 +18,14 @@ the cache persists across runs: ~1 min the first time, ~1 s after).
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+if str(FIXTURES) not in sys.path:
+    sys.path.insert(0, str(FIXTURES))
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ truncation rules and turn records -- with two things moved out of the process:
 So :func:`trace_gym.rollout.collect` / :func:`trace_gym.driver.run_step` over a
 :class:`RayBranchRunner` (an :class:`~trace_gym.rollout.AgentBranchRunner` over a
 :class:`RayAgentRunner`) runs the very same step as in process: same trees, same
-ledger, for the same seeds (``tests/test_distributed.py``), plus the work re-done after
+ledger, for the same seeds (``tests/trainer/test_distributed.py``), plus the work re-done after
 an actor died, booked apart (``recovered_episodes``, ``redone_env_steps``,
 ``reissued_completions``).
 """

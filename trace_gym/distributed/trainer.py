@@ -14,7 +14,7 @@ single-process step, split by rows:
    that no rank's rows reached keeps ``grad = None``, as in one process); every rank then
    clips the same global gradient and takes the same AdamW step, so the replicas stay
    equal, to each other bit for bit and to the single-process update up to float32
-   summation order (``tests/test_distributed_trainer.py`` states the tolerance).
+   summation order (``tests/trainer/test_distributed_trainer.py`` states the tolerance).
 
 This is DDP's arithmetic with one all-reduce per optimizer step instead of per bucket
 during backward. :class:`ShardedTrainer` is the memory-saving variant for 8B+ policies:
