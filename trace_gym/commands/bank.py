@@ -207,7 +207,6 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="bank_command", required=True, metavar="{record,stats,list}")
     record = add_config_parser(sub, "record", "record a rollout bank from a real policy (resumable)",
                                BankRecordConfig, flags=True)
-    record.prog = "trace-gym bank record"
     record.add_argument("--dry-run", action="store_true", help="resolve the config, env and prompts; load no model")
     record.set_defaults(func=cmd_record)
     stats = sub.add_parser("stats", help="a bank's calibration numbers (success rates, flips by depth, Spearman)")
