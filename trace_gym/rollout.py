@@ -51,6 +51,12 @@ def node_context(tree: RolloutTree, node_id: int, prompt: str) -> Context:
     return Context(prompt, history_text(tree, node_id), tree.nodes[node_id].depth)
 
 
+def env_seed(seed: int, prompt: int, root: int) -> int:
+    """The env seed of root rollout ``root`` of candidate ``prompt``: ``seed + 1000 * prompt + root``
+    (the live runner's and the bank recorder's rule, so a recorded root is one training would reset)."""
+    return seed + 1000 * prompt + root
+
+
 class AgentBranchRunner:
     """The :class:`~trace_gym.driver.BranchRunner` of real rollouts (one per step).
 
@@ -97,7 +103,7 @@ class AgentBranchRunner:
     def start_roots(self, key: int, count: int, ledger: BudgetLedger) -> None:
         j0 = self._roots_started[key]
         self._roots_started[key] += count
-        jobs = [(self._tasks[key], self.seed + 1000 * int(key) + j0 + j) for j in range(count)]
+        jobs = [(self._tasks[key], env_seed(self.seed, int(key), j0 + j)) for j in range(count)]
         self._track(self.agent.start_many(jobs, anchor=(key, ROOT), ledger=ledger))
 
     def start_continuations(self, key: Hashable, node_id: int, count: int, ledger: BudgetLedger) -> None:
@@ -183,7 +189,7 @@ def collect(
             M + C / 2 <= B.
         rng: randomness for stochastic allocators.
         seed: base env seed; root rollout j of candidate i resets with
-            ``seed + 1000 * i + j``.
+            ``seed + 1000 * i + j`` (:func:`env_seed`).
         learn, prefix_share, fallback_first: as :func:`trace_gym.driver.run_step`.
 
     Returns:

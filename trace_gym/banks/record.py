@@ -16,8 +16,14 @@ left out). With R roots, T turns and K continuations, a prompt costs about
 R (1 + min(T - 1, cap) K (1 - t/T)) rollouts; the cap is what keeps long episodes
 (BFCL, 10+ turns) within a recording budget.
 
-Durability: prompts are recorded in batches of ``batch_prompts`` (memory: one batch of
-episodes and snapshots, never the bank) and each is written the moment its last
+Scheduling: ``batch_prompts`` prompts are in flight at once (memory: that many prompts'
+episodes and snapshots, never the bank), all their roots and branches in the same
+generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.AgentRunner`);
+the moment a prompt is written the next one's roots start (``schedule="rolling"``), so
+the rounds stay wide to the end. The recorder reports prompts per minute and an ETA
+after each prompt.
+
+Durability: each prompt is written the moment its last
 branch returns, as one fsync'd line (:class:`~trace_gym.banks.format.BankWriter`). A
 killed recording keeps every prompt it wrote; rerunning the same call cuts a partial
 last line (or, when the recording was killed while writing its header, starts afresh),
@@ -28,6 +34,7 @@ footer (count + checksum) is written when every prompt is in.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -103,16 +110,28 @@ class _Prompt:
     prefixes: dict = field(default_factory=dict)  # root j -> [(depth, [Episode], replayed steps each)]
 
 
-def _record_batch(agent: Any, batch: Sequence[tuple[int, Any]], cfg: dict[str, Any], ledger: BudgetLedger):
-    """Yield each prompt's record as soon as its last branch is back."""
+def _record_stream(agent: Any, todo: Sequence[tuple[int, Any]], cfg: dict[str, Any], ledger: BudgetLedger,
+                   window: int, schedule: str = "rolling"):
+    """Yield each prompt's record as soon as its last branch is back, with at most
+    ``window`` prompts in flight. ``rolling``: the next prompt's roots start the moment a
+    prompt is written, so every generation round stays as wide as the window allows;
+    ``batches`` (the recorder before): the next ``window`` prompts start once the whole
+    batch is written, and a batch's last prompts generate alone."""
+    from trace_gym.rollout import env_seed
+
     roots, k, cap, seed = cfg["roots"], cfg["continuations"], cfg["max_prefixes_per_root"], cfg["seed"]
     state: dict[int, _Prompt] = {}
-    for p, task in batch:
-        st = state[p] = _Prompt(p, task)
-        st.roots = agent.start_many([(task, seed + 1000 * p + j) for j in range(roots)], anchor=(p, -1, 0),
-                                    ledger=ledger)
-        st.live = roots
-    while agent.live:
+    pending = iter(todo)
+
+    def refill() -> None:
+        for p, task in itertools.islice(pending, window - len(state)):
+            st = state[p] = _Prompt(p, task)
+            st.roots = agent.start_many([(task, env_seed(seed, p, j)) for j in range(roots)], anchor=(p, -1, 0),
+                                        ledger=ledger)
+            st.live = roots
+
+    refill()
+    while state:
         for ep in agent.advance():
             p, j, _ = ep.anchor
             st = state[p]
@@ -123,6 +142,23 @@ def _record_batch(agent: Any, batch: Sequence[tuple[int, Any]], cfg: dict[str, A
                     _expand(agent, st, k, cap, ledger)
             if st.live == 0:
                 yield _prompt_record(state.pop(p))
+                if schedule == "rolling":
+                    refill()
+        if not state:
+            refill()
+
+
+def rate_text(recorded: int, remaining: int, seconds: float) -> str:
+    """Prompts per minute of this run and the time left at that rate.
+
+    >>> rate_text(4, 12, 120.0)
+    '2.0 prompts/min, ETA 6.0 min'
+    """
+    if recorded <= 0 or seconds <= 0:
+        return "rate: measuring"
+    per_min = recorded / seconds * 60
+    eta = remaining / per_min
+    return f"{per_min:.1f} prompts/min, ETA " + (f"{eta:.1f} min" if eta < 120 else f"{eta / 60:.1f} h")
 
 
 def _expand(agent: Any, st: _Prompt, k: int, cap: int | None, ledger: BudgetLedger) -> None:
@@ -168,6 +204,7 @@ def record_bank(
     agent_config: Any = None,
     seed: int = 0,
     batch_prompts: int = 8,
+    schedule: str = "rolling",
     policy: str = "",
     policy_path: str | None = None,
     command: Sequence[str] | None = None,
@@ -191,13 +228,18 @@ def record_bank(
         seed: task seed, and base of the env seeds (root j of task p resets with
             ``seed + 1000 p + j``, as :class:`~trace_gym.rollout.AgentBranchRunner` does).
         batch_prompts: prompts in flight at once (memory: one batch).
+        schedule: ``"rolling"`` (a new prompt starts the moment one is written: the engine's
+            batch stays full) or ``"batches"`` (the recorder before: each batch of
+            ``batch_prompts`` waits for its last prompt; ``benchmarks/bench_bank_record.py``).
         policy: the policy's name, for the manifest; ``policy_path``: its folder (weights hashed).
         command: the command line for the manifest (default ``sys.argv``).
-        progress: a progress bar over prompts, with ETA.
-        say: receives one line after each prompt is durably written, and the resume notes.
+        progress: a progress bar over prompts, with prompts per minute and ETA.
+        say: receives one line after each prompt is durably written (``prompt n/P written: id;
+            r prompts/min, ETA m min``), and the resume notes.
 
     Returns:
-        ``{"path", "prompts", "recorded", "skipped", "truncated_bytes", "seconds", "complete"}``.
+        ``{"path", "prompts", "recorded", "skipped", "truncated_bytes", "seconds", "complete"}``
+        and, after a recording, ``prompts_per_minute`` (this run's prompts over its recording time).
     """
     from tqdm.auto import tqdm
 
@@ -205,6 +247,8 @@ def record_bank(
     from trace_gym.types import SamplingParams
 
     say = say or (lambda msg: None)
+    if schedule not in ("rolling", "batches"):
+        raise ValueError(f"schedule must be 'rolling' or 'batches', got {schedule!r}")
     if prompts < 1 or roots < 1 or continuations < 0 or batch_prompts < 1:
         raise ValueError(f"need prompts >= 1, roots >= 1, continuations >= 0, batch_prompts >= 1; got "
                          f"{prompts}, {roots}, {continuations}, {batch_prompts}")
@@ -254,19 +298,22 @@ def record_bank(
     agent = AgentRunner(engine, engine.tokenizer, family.make_env, sampling, agent_config)
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="bank record", unit="prompt",
                disable=not progress, dynamic_ncols=True)
+    t_run = time.perf_counter()
     try:
-        for start in range(0, len(todo), batch_prompts):
-            for record in _record_batch(agent, todo[start:start + batch_prompts], cfg, ledger):
-                writer.add(record | {"run": run, "written_at": time.time()})
-                summary["recorded"] += 1
-                bar.update(1)
-                say(f"prompt {len(writer.present)}/{len(tasks)} written: {record['task']['id']}")
+        for record in _record_stream(agent, todo, cfg, ledger, batch_prompts, schedule):
+            writer.add(record | {"run": run, "written_at": time.time()})
+            summary["recorded"] += 1
+            rate = rate_text(summary["recorded"], len(todo) - summary["recorded"], time.perf_counter() - t_run)
+            bar.set_postfix_str(rate.split(",")[0], refresh=False)
+            bar.update(1)
+            say(f"prompt {len(writer.present)}/{len(tasks)} written: {record['task']['id']}; {rate}")
     finally:
         agent.close()
         bar.close()
     footer = writer.finish(tasks=len(tasks), last_run={"generated_tokens": ledger.generated_tokens,
                                                        "prefill_tokens": ledger.prefill_tokens,
                                                        "env_steps": ledger.env_steps, "errors": ledger.errors})
-    summary.update(prompts=footer["prompts"], seconds=time.perf_counter() - t0, complete=True)
+    summary.update(prompts=footer["prompts"], seconds=time.perf_counter() - t0, complete=True,
+                   prompts_per_minute=summary["recorded"] / max(time.perf_counter() - t_run, 1e-9) * 60)
     say(f"{out}: complete, {footer['prompts']} prompts ({footer['seconds']:.0f} s over {footer['runs']} run(s))")
     return summary

@@ -47,7 +47,8 @@ class BankRecordConfig:
     temperature: float = field(default=1.0, metadata=doc("sampling temperature"))
     seed: int = field(default=0, metadata=doc("task seed and base of the env and sampling seeds"))
     batch_prompts: int = field(default=8, metadata=doc("prompts in flight at once (memory: one batch)"))
-    progress: bool = field(default=True, metadata=doc("progress bar with ETA"))
+    progress: bool = field(default=True, metadata=doc("progress bar with prompts/min and ETA (false: a line per "
+                                                        "prompt written)"))
 
     def __post_init__(self) -> None:
         for name in ("prompts", "roots", "max_turns", "max_turn_tokens", "max_episode_tokens", "batch_prompts"):
@@ -136,13 +137,26 @@ def cmd_record(args: argparse.Namespace) -> int:
             agent_config=AgentConfig(max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
                                      max_turns=cfg.max_turns),
             seed=cfg.seed, batch_prompts=cfg.batch_prompts, policy=cfg.policy, policy_path=str(policy_path),
-            progress=cfg.progress, say=lambda msg: None)
+            progress=cfg.progress, say=_say(cfg.progress))
     finally:
         engine.close()
     state = "complete" if summary["complete"] else "incomplete"
+    rate = f", {summary['prompts_per_minute']:.1f} prompts/min" if summary.get("prompts_per_minute") else ""
     print(f"wrote {summary['path']}: {summary['prompts']} prompts ({summary['recorded']} recorded now, "
-          f"{summary['skipped']} already there; {state}; {summary['seconds']:.0f} s)")
+          f"{summary['skipped']} already there; {state}; {summary['seconds']:.0f} s{rate})")
     return 0
+
+
+def _say(progress: bool) -> Any:
+    """The recorder's notes on stderr: the resume notes always, the line per prompt written
+    (prompts/min, ETA) only without the progress bar (which shows both)."""
+    from tqdm.auto import tqdm
+
+    def say(msg: str) -> None:
+        if not (progress and msg.startswith("prompt ")):
+            tqdm.write(msg, file=sys.stderr)
+
+    return say
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
