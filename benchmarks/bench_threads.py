@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = {key: sorted(rs, key=lambda r: r["tokens_per_s"])[len(rs) // 2] for key, rs in runs.items()}
     print(f"SmolLM2-135M, HF engine, {args.prompts}x{args.samples}x{args.tokens} tokens; {os.cpu_count()} CPUs"
           + (" (planted: old-threads)" if args.plant else ""))
-    print("| policy | machine | threads | OMP wait | tok/s (median) | each run | load 1m |\n|---|---|---:|---|---:|---|---|")
+    print("| policy | machine | threads | OMP wait | tok/s (median) | each run | load 1m |")
+    print("|---|---|---:|---|---:|---|---|")
     for (arm, where), r in rows.items():
         each = ", ".join(f"{x['tokens_per_s']:.1f}" for x in runs[(arm, where)])
         loads = ", ".join(f"{x['load_1m']:.2f}" for x in runs[(arm, where)])
