@@ -226,7 +226,7 @@ def record_bank(
         sampling: :class:`~trace_gym.types.SamplingParams` (``max_tokens`` comes from ``agent_config``).
         agent_config: :class:`~trace_gym.agent.AgentConfig` (turn/episode limits).
         seed: task seed, and base of the env seeds (root j of task p resets with
-            ``seed + 1000 p + j``, as :class:`~trace_gym.rollout.AgentBranchRunner` does).
+            ``seed + 1000 p + j``, :func:`trace_gym.rollout.env_seed`, as the live runner does).
         batch_prompts: prompts in flight at once (memory: one batch).
         schedule: ``"rolling"`` (a new prompt starts the moment one is written: the engine's
             batch stays full) or ``"batches"`` (the recorder before: each batch of
