@@ -10,6 +10,10 @@ command takes ``--config FILE`` and ``key=value`` overrides:
 - any other command's keys are its flags' names: the YAML file and the ``key=value``
   tokens become flags before argparse reads the line (a flag on the line wins).
 
+Every command first sizes its CPU threads to what the machine can give it and keeps idle
+OpenMP workers from spinning (:func:`trace_gym.threads.apply_thread_policy`;
+``TRACE_GYM_THREADS=N`` overrides).
+
 Errors of input (a bad key or value, a missing file) print one line and exit 2; a
 traceback only with ``--verbose`` and only for a bug.
 """
@@ -235,8 +239,12 @@ def split_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from trace_gym.threads import apply_thread_policy
+
+    threads = apply_thread_policy()  # before anything loads torch: OpenMP reads the env once
     modules, argv = split_plugins(list(sys.argv[1:] if argv is None else argv))
     configure_logging("--verbose" in argv[: argv.index("--") if "--" in argv else len(argv)])
+    logging.getLogger("trace_gym.threads").info("%s", threads.describe())
     if modules:  # before the parser: what the plugins register shows up in --help too
         from trace_gym.registry import load_plugins
 

@@ -308,7 +308,8 @@ class BankRecordConfig(AgentLimits):
     max_turn_tokens: int = section_default(AgentLimits, "max_turn_tokens", 96)
     seed: int = field(default=0, metadata=doc("task seed and base of the env and sampling seeds"))
     batch_prompts: int = field(default=8, metadata=doc("prompts in flight at once (memory: one batch)"))
-    progress: bool = field(default=True, metadata=doc("progress bar with ETA"))
+    progress: bool = field(default=True, metadata=doc("progress bar with prompts/min and ETA (false: a line per "
+                                                        "prompt written)"))
 
     def __post_init__(self) -> None:
         check_sections(self)

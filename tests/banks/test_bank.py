@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -234,6 +235,41 @@ def test_record_with_the_tiny_model_end_to_end(tiny_engine, tiny_model_path, tmp
             assert all(len(p["continuations"]) == 1 for p in root["prefixes"])
             assert root["reward"] is not None and root["end"] in ("terminated", "truncated", "max_turns")
     assert sorted(e.task_id for e in bank.entries) == ["guess/0", "guess/1"]
+
+
+class CountingPolicy(ScriptedPolicy):
+    """The scripted engine, counting the rows of each generate call (one call = one round)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rounds: list[int] = []
+
+    def generate(self, prefixes, n, sampling):
+        self.rounds.append(sum(n))
+        return super().generate(prefixes, n, sampling)
+
+
+def test_the_rolling_schedule_records_the_same_prompts_in_fewer_wider_rounds(tmp_path):
+    """A prompt starts the moment another is written: the same records (the scripted engine
+    answers by prefix), in fewer generation rounds than waiting for each batch's last prompt."""
+    kw = dict(family=small_family(), prompts=7, roots=2, continuations=1, batch_prompts=3,
+              agent_config=AgentConfig(max_turn_tokens=16, max_episode_tokens=512))
+    records, rounds, lines = {}, {}, []
+    for schedule in ("batches", "rolling"):
+        engine = CountingPolicy()
+        out = record_bank(str(tmp_path / f"{schedule}.jsonl.gz"), engine=engine, schedule=schedule,
+                          say=lines.append, **kw)
+        assert out["complete"] and out["recorded"] == 7 and out["prompts_per_minute"] > 0
+        bank = open_bank(tmp_path / f"{schedule}.jsonl.gz")
+        records[schedule] = {e.task_id: bank.prompt(i).roots for i, e in enumerate(bank.entries)}
+        rounds[schedule] = engine.rounds
+    assert records["rolling"] == records["batches"] and len(records["rolling"]) == 7
+    assert len(rounds["rolling"]) < len(rounds["batches"]), rounds
+    assert sum(rounds["rolling"]) == sum(rounds["batches"])  # the same episodes, packed tighter
+    assert all(re.search(r"^prompt \d/7 written: guess/\d; [\d.]+ prompts/min, ETA [\d.]+ (min|h)$", m)
+               for m in lines if m.startswith("prompt ")), lines
+    with pytest.raises(ValueError, match="schedule must be"):
+        record_bank(str(tmp_path / "x.jsonl.gz"), engine=CountingPolicy(), schedule="serial", **kw)
 
 
 RECORD_AND_DIE = textwrap.dedent("""

@@ -117,6 +117,29 @@ def test_help_of_config_commands_lists_keys_from_the_dataclasses():
     assert "root_budget (int" in leaf(parser, "bench").format_help()
 
 
+def _leaf_paths(parser, path):
+    """(command path, parser) of every leaf below ``parser``, by each subcommand's own name."""
+    sub = cli._subparsers(parser)
+    if sub is None:
+        return [(path, parser)]
+    out = []
+    for action in sub._choices_actions:  # one per subcommand (aliases share it)
+        out += _leaf_paths(sub.choices[action.dest], [*path, action.dest])
+    return out
+
+
+def test_every_leafs_help_names_its_full_command_path():
+    leaves = _leaf_paths(cli.build_parser(), ["trace-gym"])
+    assert len(leaves) == len(cli._leaves(cli.build_parser())) >= len(COMMANDS)
+    assert ["trace-gym", "bank", "record"] in [p for p, _ in leaves]
+    for path, parser in leaves:
+        full = " ".join(path)
+        assert parser.prog == full
+        usage = parser.format_usage()
+        assert usage.startswith(f"usage: {full} ") or usage.strip() == f"usage: {full}", (full, usage)
+        assert parser.format_help().startswith(f"usage: {full}")
+
+
 BANK_CONFIGS = sorted((__import__("pathlib").Path(__file__).resolve().parents[2] / "configs" / "banks").glob("*.yaml"))
 
 

@@ -69,3 +69,72 @@ def test_the_update_runs_on_the_trainers_count_and_gives_the_engines_back(tiny_m
     assert seen == [2] and torch.get_num_threads() == 1 and out["trained_tokens"] > 0 and out["seconds"] > 0
     with pytest.raises(ValueError, match="trainer.cpu_threads"):
         TrainerConfig(cpu_threads=-2)
+
+
+# ------------------------------------------------------------------ the process budget
+from trace_gym import threads as T  # noqa: E402
+
+
+def test_cgroup_quotas_parse_to_cores():
+    assert T.parse_cpu_max("max 100000\n") is None
+    assert T.parse_cpu_max("150000 100000\n") == 1.5
+    assert T.parse_cpu_max("200000") == 2.0  # period defaults to 100 ms
+    assert T.parse_cpu_max("") is None and T.parse_cpu_max("junk 1") is None
+    assert T.parse_cfs_quota("-1\n", "100000\n") is None
+    assert T.parse_cfs_quota("50000", "100000") == 0.5
+    assert T.parse_cfs_quota("x", "100000") is None
+
+
+def test_cpu_quota_reads_v2_then_v1(tmp_path):
+    assert T.cpu_quota(str(tmp_path)) is None
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert T.cpu_quota(str(tmp_path)) == 3.0
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    assert T.cpu_quota(str(tmp_path)) == 1.0
+
+
+def test_budget_follows_cores_quota_and_the_others_load():
+    assert T.thread_budget(2, None, 0.0) == 2  # idle box: every core
+    assert T.thread_budget(2, None, 0.4) == 2
+    assert T.thread_budget(2, None, 0.6) == 1  # a neighbour on about one core
+    assert T.thread_budget(2, None, 2.0) == 1  # a busy neighbour on both: still one, never zero
+    assert T.thread_budget(2, None, 7.5) == 1
+    assert T.thread_budget(16, 4.0, 1.0) == 3  # the quota caps before the load is taken off
+    assert T.thread_budget(16, 0.5, 0.0) == 1  # a fractional quota still runs one
+    assert T.thread_budget(16, 2.9, 0.0) == 2
+
+
+def test_own_share_is_taken_off_the_load_and_the_sample_wins_when_larger():
+    # a process that ran one busy thread for its whole minute made ~0.63 of the 1-min average
+    share = T.own_load_share(cpu_seconds=60.0, age_seconds=60.0)
+    assert share == pytest.approx(1 - __import__("math").exp(-1))
+    assert T.own_load_share(0.0, 0.0) == 0.0
+    assert T.own_load_share(1.0, 1.0) < 0.02  # a fresh process is hardly in the average yet
+    assert T.others_load(2.0, share, None, 0.0) == pytest.approx(2.0 - share)
+    assert T.others_load(0.1, 0.0, 1.8, 0.0) == pytest.approx(1.8)  # a neighbour that just started
+    assert T.others_load(0.1, 0.0, 1.8, 0.9) == pytest.approx(0.9)  # our own busy core is not the others'
+    assert T.others_load(None, 0.0, None, 0.0) == 0.0
+
+
+def test_busy_cores_from_proc_stat_samples():
+    before = [[100, 0, 50, 1000, 10, 0, 0, 0], [0, 0, 0, 1000, 0, 0, 0, 0]]
+    after = [[175, 0, 75, 1000, 10, 0, 0, 0], [10, 0, 0, 1090, 0, 0, 0, 0]]  # cpu0 all busy, cpu1 10 %
+    assert T.busy_cores(before, after) == pytest.approx(1.1)
+    assert T.busy_cores(before, before) == 0.0
+
+
+def test_overrides_win_and_the_policy_sets_passive_waiting(monkeypatch):
+    env = {"TRACE_GYM_THREADS": "3", "OMP_NUM_THREADS": "1"}
+    d = T.apply_thread_policy(env)
+    assert (d.threads, d.source) == (3, "TRACE_GYM_THREADS") and env["OMP_NUM_THREADS"] == "3"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    env = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "ACTIVE"}  # the user's word stays
+    d = T.apply_thread_policy(env)
+    assert (d.threads, d.source, env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == (1, "OMP_NUM_THREADS", "1",
+                                                                                     "ACTIVE")
+    env = {}
+    d = T.apply_thread_policy(env)  # measured on this machine: within [1, cores], and written for OpenMP
+    assert d.source == "measured" and 1 <= d.threads <= T.available_cores() and d.others >= 0
+    assert env["OMP_NUM_THREADS"] == str(d.threads) and "thread(s) of" in d.describe()

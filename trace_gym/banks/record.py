@@ -16,8 +16,14 @@ left out). With R roots, T turns and K continuations, a prompt costs about
 R (1 + min(T - 1, cap) K (1 - t/T)) rollouts; the cap is what keeps long episodes
 (BFCL, 10+ turns) within a recording budget.
 
-Durability: prompts are recorded in batches of ``batch_prompts`` (memory: one batch of
-episodes and snapshots, never the bank) and each is written the moment its last
+Scheduling: ``batch_prompts`` prompts are in flight at once (memory: that many prompts'
+episodes and snapshots, never the bank), all their roots and branches in the same
+generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.AgentRunner`);
+the moment a prompt is written the next one's roots start (``schedule="rolling"``), so
+the rounds stay wide to the end. The recorder reports prompts per minute and an ETA
+after each prompt.
+
+Durability: each prompt is written the moment its last
 branch returns, as one fsync'd line (:class:`~trace_gym.banks.format.BankWriter`). A
 killed recording keeps every prompt it wrote; rerunning the same call cuts a partial
 last line (or, when the recording was killed while writing its header, starts afresh),
@@ -28,10 +34,11 @@ footer (count + checksum) is written when every prompt is in.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -103,16 +110,28 @@ class _Prompt:
     prefixes: dict = field(default_factory=dict)  # root j -> [(depth, [Episode], replayed steps each)]
 
 
-def _record_batch(agent: Any, batch: Sequence[tuple[int, Any]], cfg: dict[str, Any], ledger: BudgetLedger):
-    """Yield each prompt's record as soon as its last branch is back."""
+def _record_stream(agent: Any, todo: Sequence[tuple[int, Any]], cfg: dict[str, Any], ledger: BudgetLedger,
+                   window: int, schedule: str = "rolling"):
+    """Yield each prompt's record as soon as its last branch is back, with at most
+    ``window`` prompts in flight. ``rolling``: the next prompt's roots start the moment a
+    prompt is written, so every generation round stays as wide as the window allows;
+    ``batches`` (the recorder before): the next ``window`` prompts start once the whole
+    batch is written, and a batch's last prompts generate alone."""
+    from trace_gym.types import env_seed
+
     roots, k, cap, seed = cfg["roots"], cfg["continuations"], cfg["max_prefixes_per_root"], cfg["seed"]
     state: dict[int, _Prompt] = {}
-    for p, task in batch:
-        st = state[p] = _Prompt(p, task)
-        st.roots = agent.start_many([(task, seed + 1000 * p + j) for j in range(roots)], anchor=(p, -1, 0),
-                                    ledger=ledger)
-        st.live = roots
-    while agent.live:
+    pending = iter(todo)
+
+    def refill() -> None:
+        for p, task in itertools.islice(pending, window - len(state)):
+            st = state[p] = _Prompt(p, task)
+            st.roots = agent.start_many([(task, env_seed(seed, p, j)) for j in range(roots)], anchor=(p, -1, 0),
+                                        ledger=ledger)
+            st.live = roots
+
+    refill()
+    while state:
         for ep in agent.advance():
             p, j, _ = ep.anchor
             st = state[p]
@@ -123,6 +142,23 @@ def _record_batch(agent: Any, batch: Sequence[tuple[int, Any]], cfg: dict[str, A
                     _expand(agent, st, k, cap, ledger)
             if st.live == 0:
                 yield _prompt_record(state.pop(p))
+                if schedule == "rolling":
+                    refill()
+        if not state:
+            refill()
+
+
+def rate_text(recorded: int, remaining: int, seconds: float) -> str:
+    """Prompts per minute of this run and the time left at that rate.
+
+    >>> rate_text(4, 12, 120.0)
+    '2.0 prompts/min, ETA 6.0 min'
+    """
+    if recorded <= 0 or seconds <= 0:
+        return "rate: measuring"
+    per_min = recorded / seconds * 60
+    eta = remaining / per_min
+    return f"{per_min:.1f} prompts/min, ETA " + (f"{eta:.1f} min" if eta < 120 else f"{eta / 60:.1f} h")
 
 
 def _expand(agent: Any, st: _Prompt, k: int, cap: int | None, ledger: BudgetLedger) -> None:
@@ -155,25 +191,80 @@ def _prompt_record(st: _Prompt) -> dict[str, Any]:
     return {"task": st.task.to_dict(), "task_index": st.index, "prompt_tokens": prompt_tokens, "roots": roots}
 
 
-def record_bank(
-    out: str,
-    *,
-    engine: Any,
-    family: Any,
-    prompts: int,
-    roots: int,
-    continuations: int,
-    max_prefixes_per_root: int | None = None,
-    sampling: Any = None,
-    agent_config: Any = None,
-    seed: int = 0,
-    batch_prompts: int = 8,
-    policy: str = "",
-    policy_path: str | None = None,
-    command: Sequence[str] | None = None,
-    progress: bool = False,
-    say: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+def _check_record_args(schedule: str, prompts: int, roots: int, continuations: int, batch_prompts: int,
+                       max_prefixes_per_root: int | None) -> None:
+    """``ValueError`` naming the first bad argument of :func:`record_bank`."""
+    if schedule not in ("rolling", "batches"):
+        raise ValueError(f"schedule must be 'rolling' or 'batches', got {schedule!r}")
+    if prompts < 1 or roots < 1 or continuations < 0 or batch_prompts < 1:
+        raise ValueError(f"need prompts >= 1, roots >= 1, continuations >= 0, batch_prompts >= 1; got "
+                         f"{prompts}, {roots}, {continuations}, {batch_prompts}")
+    if max_prefixes_per_root is not None and max_prefixes_per_root < 1:
+        raise ValueError(f"max_prefixes_per_root must be >= 1 or None, got {max_prefixes_per_root!r}")
+
+
+def _open_writer(out: str, manifest: dict[str, Any], say: Callable[[str], None]) -> BankWriter:
+    """The bank's writer (resuming an existing file), saying what a killed recording left."""
+    writer = BankWriter(out, manifest, resume=True)
+    if writer.torn_header:
+        say(f"{out}: held only {writer.truncated_bytes} bytes of a header (a recording killed as it started); "
+            "started afresh")
+    elif writer.truncated_bytes:
+        say(f"{out}: cut {writer.truncated_bytes} bytes of a partial last line (a killed recording)")
+    return writer
+
+
+def _bank_tasks(family: Any, prompts: int, seed: int, present: set, out: str) -> list:
+    """The ``prompts`` tasks of ``family`` (unique ids, a superset of what ``out`` already holds)."""
+    tasks = list(family.load_tasks(prompts, seed=seed))
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"the task loader returned duplicate task ids (e.g. {twice!r}); a bank keys prompts by id")
+    stray = sorted(set(present) - set(ids))
+    if stray:
+        raise ValueError(f"{out} holds prompts the task loader no longer returns ({stray[:3]}...); "
+                         "record into another file")
+    return tasks
+
+
+def _write_records(writer: BankWriter, records: Iterable[dict], run: int, total: int, todo: int, progress: bool,
+                   say: Callable[[str], None]) -> int:
+    """Write each prompt's record the moment it is finished, with a bar (prompts/min, ETA) and a
+    line per prompt; returns how many were written."""
+    from tqdm.auto import tqdm
+
+    written, t0 = 0, time.perf_counter()
+    with tqdm(total=total, initial=total - todo, desc="bank record", unit="prompt", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for record in records:
+            writer.add(record | {"run": run, "written_at": time.time()})
+            written += 1
+            rate = rate_text(written, todo - written, time.perf_counter() - t0)
+            bar.set_postfix_str(rate.split(",")[0], refresh=False)
+            bar.update(1)
+            say(f"prompt {len(writer.present)}/{total} written: {record['task']['id']}; {rate}")
+    return written
+
+
+def _env_fields(family: Any) -> dict[str, Any]:
+    """The manifest's record of the env family: its id, env and task-loader keyword arguments."""
+    return {"env_id": getattr(family, "env_id", type(family).__name__),
+            "env_kwargs": dict(getattr(family, "env_kwargs", {})),
+            "task_loader_kwargs": dict(getattr(family, "loader_kwargs", {}))}
+
+
+def _ledger_fields(ledger: BudgetLedger) -> dict[str, int]:
+    """The footer's record of one run's exact costs."""
+    return {"generated_tokens": ledger.generated_tokens, "prefill_tokens": ledger.prefill_tokens,
+            "env_steps": ledger.env_steps, "errors": ledger.errors}
+
+
+def record_bank(out: str, *, engine: Any, family: Any, prompts: int, roots: int, continuations: int,
+                max_prefixes_per_root: int | None = None, sampling: Any = None, agent_config: Any = None,
+                seed: int = 0, batch_prompts: int = 8, schedule: str = "rolling", policy: str = "",
+                policy_path: str | None = None, command: Sequence[str] | None = None, progress: bool = False,
+                say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Record (or finish recording) a bank into ``out``; returns a summary.
 
     Args:
@@ -189,61 +280,44 @@ def record_bank(
         sampling: :class:`~trace_gym.types.SamplingParams` (``max_tokens`` comes from ``agent_config``).
         agent_config: :class:`~trace_gym.agent.AgentConfig` (turn/episode limits).
         seed: task seed, and base of the env seeds (root j of task p resets with
-            ``seed + 1000 p + j``, as :class:`~trace_gym.rollout.AgentBranchRunner` does).
+            ``seed + 1000 p + j``, :func:`trace_gym.types.env_seed`, as the live runner does).
         batch_prompts: prompts in flight at once (memory: one batch).
+        schedule: ``"rolling"`` (a new prompt starts the moment one is written: the engine's
+            batch stays full) or ``"batches"`` (the recorder before: each batch of
+            ``batch_prompts`` waits for its last prompt; ``benchmarks/bench_bank_record.py``).
         policy: the policy's name, for the manifest; ``policy_path``: its folder (weights hashed).
         command: the command line for the manifest (default ``sys.argv``).
-        progress: a progress bar over prompts, with ETA.
-        say: receives one line after each prompt is durably written, and the resume notes.
+        progress: a progress bar over prompts, with prompts per minute and ETA.
+        say: receives one line after each prompt is durably written (``prompt n/P written: id;
+            r prompts/min, ETA m min``), and the resume notes.
 
     Returns:
-        ``{"path", "prompts", "recorded", "skipped", "truncated_bytes", "seconds", "complete"}``.
+        ``{"path", "prompts", "recorded", "skipped", "truncated_bytes", "seconds", "complete"}``
+        and, after a recording, ``prompts_per_minute`` (this run's prompts over its recording time).
     """
-    from tqdm.auto import tqdm
-
     from trace_gym.agent import AgentConfig, AgentRunner
     from trace_gym.types import SamplingParams
 
     say = say or (lambda msg: None)
-    if prompts < 1 or roots < 1 or continuations < 0 or batch_prompts < 1:
-        raise ValueError(f"need prompts >= 1, roots >= 1, continuations >= 0, batch_prompts >= 1; got "
-                         f"{prompts}, {roots}, {continuations}, {batch_prompts}")
-    if max_prefixes_per_root is not None and max_prefixes_per_root < 1:
-        raise ValueError(f"max_prefixes_per_root must be >= 1 or None, got {max_prefixes_per_root!r}")
+    _check_record_args(schedule, prompts, roots, continuations, batch_prompts, max_prefixes_per_root)
     sampling = sampling or SamplingParams()
     agent_config = agent_config or AgentConfig()
     t0 = time.perf_counter()
     manifest = {
         "policy": policy, "policy_path": None if policy_path is None else str(policy_path),
-        "weights_sha256": weights_hash(policy_path), "engine": type(engine).__name__,
-        "env_id": getattr(family, "env_id", type(family).__name__),
-        "env_kwargs": dict(getattr(family, "env_kwargs", {})),
-        "task_loader_kwargs": dict(getattr(family, "loader_kwargs", {})),
+        "weights_sha256": weights_hash(policy_path), "engine": type(engine).__name__, **_env_fields(family),
         "sampling": dataclasses.asdict(sampling), "agent": dataclasses.asdict(agent_config), "seed": seed,
         "prompts": prompts, "roots": roots, "continuations": continuations,
         "max_prefixes_per_root": max_prefixes_per_root,
         "command": list(sys.argv if command is None else command), "created_at": time.time(),
     }
-    writer = BankWriter(out, manifest, resume=True)
-    if writer.torn_header:
-        say(f"{out}: held only {writer.truncated_bytes} bytes of a header (a recording killed as it started); "
-            "started afresh")
-    elif writer.truncated_bytes:
-        say(f"{out}: cut {writer.truncated_bytes} bytes of a partial last line (a killed recording)")
+    writer = _open_writer(out, manifest, say)
     summary = {"path": str(out), "prompts": len(writer.present), "recorded": 0, "skipped": len(writer.present),
                "truncated_bytes": writer.truncated_bytes, "seconds": 0.0, "complete": writer.complete}
     if writer.complete:
         say(f"{out} is complete ({len(writer.present)} prompts); nothing to record")
         return summary
-    tasks = list(family.load_tasks(prompts, seed=seed))
-    ids = [t.id for t in tasks]
-    if len(set(ids)) != len(ids):
-        twice = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"the task loader returned duplicate task ids (e.g. {twice!r}); a bank keys prompts by id")
-    stray = sorted(writer.present - set(ids))
-    if stray:
-        raise ValueError(f"{out} holds prompts the task loader no longer returns ({stray[:3]}...); "
-                         "record into another file")
+    tasks = _bank_tasks(family, prompts, seed, writer.present, out)
     todo = [(p, t) for p, t in enumerate(tasks) if t.id not in writer.present]
     if writer.present:
         say(f"{out}: resuming, {len(writer.present)} prompts already recorded, {len(todo)} to go")
@@ -252,21 +326,14 @@ def record_bank(
            "seed": seed}
     ledger = BudgetLedger()
     agent = AgentRunner(engine, engine.tokenizer, family.make_env, sampling, agent_config)
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="bank record", unit="prompt",
-               disable=not progress, dynamic_ncols=True)
+    t_run = time.perf_counter()
     try:
-        for start in range(0, len(todo), batch_prompts):
-            for record in _record_batch(agent, todo[start:start + batch_prompts], cfg, ledger):
-                writer.add(record | {"run": run, "written_at": time.time()})
-                summary["recorded"] += 1
-                bar.update(1)
-                say(f"prompt {len(writer.present)}/{len(tasks)} written: {record['task']['id']}")
+        summary["recorded"] = _write_records(writer, _record_stream(agent, todo, cfg, ledger, batch_prompts, schedule),
+                                             run, len(tasks), len(todo), progress, say)
     finally:
         agent.close()
-        bar.close()
-    footer = writer.finish(tasks=len(tasks), last_run={"generated_tokens": ledger.generated_tokens,
-                                                       "prefill_tokens": ledger.prefill_tokens,
-                                                       "env_steps": ledger.env_steps, "errors": ledger.errors})
-    summary.update(prompts=footer["prompts"], seconds=time.perf_counter() - t0, complete=True)
+    footer = writer.finish(tasks=len(tasks), last_run=_ledger_fields(ledger))
+    summary.update(prompts=footer["prompts"], seconds=time.perf_counter() - t0, complete=True,
+                   prompts_per_minute=summary["recorded"] / max(time.perf_counter() - t_run, 1e-9) * 60)
     say(f"{out}: complete, {footer['prompts']} prompts ({footer['seconds']:.0f} s over {footer['runs']} run(s))")
     return summary

@@ -56,11 +56,12 @@ def add_config_parser(subparsers: argparse._SubParsersAction, name: str, help_te
     """A subcommand whose keys are the fields of ``classes``: ``--config FILE`` plus
     ``key=value`` (collected by :func:`trace_gym.cli.main` into ``args.overrides``), and
     with ``flags`` a ``--flag`` alias per key (:func:`add_config_flags`; ``skip``: keys whose
-    flag the command adds itself)."""
+    flag the command adds itself). The usage line names the full command path (``trace-gym
+    bank record``): argparse fills ``%(prog)s`` from the parent parser's prog."""
     p = subparsers.add_parser(name, help=help_text, description=description or help_text,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog=_escape(epilog_prefix) + config_epilog(*classes),
-                              usage=f"trace-gym {name} [--config FILE] [options] [key=value ...]")
+                              usage="%(prog)s [--config FILE] [options] [key=value ...]")
     p.add_argument("--config", metavar="FILE", help="YAML file of keys (key=value and flags override it)")
     p.set_defaults(**{CONFIG_KEYS: True, KEY_NAMES: tuple(n for c in classes for n, *_ in config_help(c))})
     if flags:

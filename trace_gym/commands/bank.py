@@ -95,13 +95,26 @@ def cmd_record(args: argparse.Namespace) -> int:
             sampling=SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed),
             agent_config=cfg.agent_config(),
             seed=cfg.seed, batch_prompts=cfg.batch_prompts, policy=cfg.policy, policy_path=str(policy_path),
-            progress=cfg.progress, say=lambda msg: None)
+            progress=cfg.progress, say=_say(cfg.progress))
     finally:
         engine.close()
     state = "complete" if summary["complete"] else "incomplete"
+    rate = f", {summary['prompts_per_minute']:.1f} prompts/min" if summary.get("prompts_per_minute") else ""
     print(f"wrote {summary['path']}: {summary['prompts']} prompts ({summary['recorded']} recorded now, "
-          f"{summary['skipped']} already there; {state}; {summary['seconds']:.0f} s)")
+          f"{summary['skipped']} already there; {state}; {summary['seconds']:.0f} s{rate})")
     return 0
+
+
+def _say(progress: bool) -> Any:
+    """The recorder's notes on stderr: the resume notes always, the line per prompt written
+    (prompts/min, ETA) only without the progress bar (which shows both)."""
+    from tqdm.auto import tqdm
+
+    def say(msg: str) -> None:
+        if not (progress and msg.startswith("prompt ")):
+            tqdm.write(msg, file=sys.stderr)
+
+    return say
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -166,7 +179,6 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="bank_command", required=True, metavar="{record,stats,list}")
     record = add_config_parser(sub, "record", "record a rollout bank from a real policy (resumable)",
                                BankRecordConfig, flags=True)
-    record.prog = "trace-gym bank record"
     record.add_argument("--dry-run", action="store_true", help="resolve the config, env and prompts; load no model")
     record.set_defaults(func=cmd_record)
     stats = sub.add_parser("stats", help="a bank's calibration numbers (success rates, flips by depth, Spearman)")
