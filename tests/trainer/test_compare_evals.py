@@ -111,7 +111,7 @@ def test_bad_eval_dirs_and_names_are_one_line(tmp_path, capsys, monkeypatch):
     (["eval", "--out-dir", "x"], "unknown flag --out-dir; did you mean --data-dir, --out"),
     (["bench", "--bank", "math_python_smollm2", "--stratgies", "uniform,trace"],
      "unknown flag --stratgies; did you mean --strategies"),
-    (["train", "--stps", "3"], "unknown flag --stps; did you mean steps=VALUE?"),
+    (["train", "--stps", "3"], "unknown flag --stps; did you mean --steps"),
     (["compare", "a", "b", "--nmes", "x,y"], "unknown flag --nmes; did you mean --names?"),
 ])
 def test_a_mistyped_flag_is_one_did_you_mean_line(argv, want, capsys):
