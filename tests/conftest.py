@@ -8,9 +8,9 @@ Tests that change an engine's weights restore them before they return.
 The tests live in folders by subject (``core``, ``envs``, ``engines``, ``trainer``,
 ``bench``, ``banks``, ``eval``, ``retrieval``, ``ecosystem``, ``security``); the modules
 they share (scripted policies, planted envs, other ecosystems' example envs, hostile
-corpora) live in ``tests/fixtures``, which this conftest puts on ``sys.path`` so a test, a
-subprocess it starts and an env id such as ``verifiers:ecosystem_envs_verifiers.exact_qa``
-name them the same way.
+corpora) live in ``tests/fixtures``, which pytest puts on ``sys.path`` (``pythonpath`` in
+pyproject.toml) so a test, a subprocess it starts and an env id such as
+``verifiers:ecosystem_envs_verifiers.exact_qa`` name them the same way.
 ``smollm2_path`` pulls SmolLM2-135M once per machine (``pull_model`` is idempotent and
 the cache persists across runs: ~1 min the first time, ~1 s after).
 """
@@ -18,14 +18,8 @@ the cache persists across runs: ~1 min the first time, ~1 s after).
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-if str(FIXTURES) not in sys.path:
-    sys.path.insert(0, str(FIXTURES))
 
 
 @pytest.fixture(scope="session")
