@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_gym.config import doc
-from trace_gym.models import weights_hash  # noqa: F401  (re-exported: the one definition is the core's)
-from trace_gym.policies import resolve_policy  # noqa: F401  (the one resolver of every command's policy)
+from trace_gym.models import weights_hash
+from trace_gym.policies import resolve_policy
 from trace_gym.run_files import atomic_write_text, iter_json_lines, read_json_file
 
 

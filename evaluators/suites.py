@@ -251,6 +251,25 @@ TRAIN_DATA: dict[str, TrainData] = {
 }
 
 
+def get_train_data(name: str) -> TrainData:
+    """The training set called ``name`` (``ValueError`` naming the closest names)."""
+    if name not in TRAIN_DATA:
+        from trace_gym.suggest import did_you_mean
+
+        raise ValueError(f"unknown training data {name!r}{did_you_mean(name, list(TRAIN_DATA))}; "
+                         f"known: {sorted(TRAIN_DATA)} (empty: the env family's own tasks)")
+    return TRAIN_DATA[name]
+
+
+def load_train_data(name: str, n: int, seed: int, path: str | None) -> list:
+    """``n`` tasks of the training set ``name`` (``path``: a local copy); a missing local
+    file is one ``ValueError`` naming ``data_path``."""
+    try:
+        return list(get_train_data(name).load(n, seed=seed, path=path or None))
+    except FileNotFoundError as exc:  # a user's path: one line, naming the key
+        raise ValueError(f"data_path={path!r} for data={name}: {exc}") from None
+
+
 def _qa_train(name: str, path: str | None) -> list[Task]:
     from environments.wiki_qa.data import load_tasks
 

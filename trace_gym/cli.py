@@ -47,8 +47,8 @@ COMMANDS: dict[str, str] = {
 _KEY_VALUE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.\-]*)=(.*)$", re.S)
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The one parser of every command (``argv`` is accepted for compatibility and unused)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The one parser of every command (:data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(
         prog="trace-gym", description="Agent environments with snapshot/restore and the TRACE rollout-allocation "
         "harness: benchmark strategies, train, evaluate. Every command takes --config FILE and key=value.")

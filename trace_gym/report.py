@@ -269,14 +269,6 @@ def paired_proportion_difference(a: Sequence[float], b: Sequence[float],
     return float(d.mean()), max(-1.0, centre - half), min(1.0, centre + half), n
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and population std over seeds, ignoring NaN; (NaN, NaN) when nothing is left."""
-    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
-    if arr.size == 0:
-        return math.nan, math.nan
-    return float(arr.mean()), float(arr.std())
-
-
 # ---------------------------------------------------------------------- tables
 def _cell(x: Any) -> str:
     if isinstance(x, float):

@@ -7,12 +7,12 @@ import itertools
 import json
 import math
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from evaluators.run import EvalConfig, resolve_policy, run_eval, weights_hash
+from evaluators.run import EvalConfig, run_eval
+from trace_gym.models import weights_hash
+from trace_gym.policies import resolve_policy
 from evaluators.math.metrics import avg_at_k, mean_interval, pass_at_k, wilson_interval
 from evaluators.suites import SUITES, TRAIN_DATA, generated_heldout, generated_train
 

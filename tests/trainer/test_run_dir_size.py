@@ -31,7 +31,7 @@ def manifest(folder):
 
 
 def test_only_the_newest_checkpoint_keeps_the_resume_state(tmp_path, tiny_model_path, capsys):
-    from evaluators.run import resolve_policy
+    from trace_gym.policies import resolve_policy
     from trace_gym.checkpoint import TRAINING_STEP_FILES, RunDir
     from trace_gym.run_files import verify_checkpoint
 

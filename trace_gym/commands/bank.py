@@ -24,16 +24,20 @@ SHIPPED = Path(__file__).resolve().parents[1] / "banks" / "data"
 class _DataFamily:
     """An env family whose prompts come from a training dataset (``data``)."""
 
-    def __init__(self, family: Any, source: Any, path: str | None):
-        self.family, self.source, self.path = family, source, path
+    def __init__(self, family: Any, data: str, path: str | None):
+        from evaluators import suites
+
+        self.family, self.data, self.path = family, data, path
         self.env_id, self.env_kwargs = family.env_id, family.env_kwargs
-        self.loader_kwargs = {"data": getattr(source, "description", ""), "path": path}
+        self.loader_kwargs = {"data": suites.get_train_data(data).description, "path": path}
 
     def make_env(self) -> Any:
         return self.family.make_env()
 
     def load_tasks(self, n: int, seed: int = 0) -> list:
-        return list(self.source.load(n, seed=seed, path=self.path))
+        from evaluators import suites
+
+        return suites.load_train_data(self.data, n, seed, self.path)
 
 
 def resolve_record(cfg: BankRecordConfig) -> Any:
@@ -44,9 +48,8 @@ def resolve_record(cfg: BankRecordConfig) -> Any:
     family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
     if not cfg.data:
         return family
-    if cfg.data not in suites.TRAIN_DATA:
-        raise ValueError(f"unknown data {cfg.data!r}; known: {sorted(suites.TRAIN_DATA)} (empty: the env's own tasks)")
-    return _DataFamily(family, suites.TRAIN_DATA[cfg.data], cfg.data_path or None)
+    suites.get_train_data(cfg.data)  # an unknown name: one line, before anything loads
+    return _DataFamily(family, cfg.data, cfg.data_path or None)
 
 
 def dry_run(cfg: BankRecordConfig, family: Any) -> str:
@@ -64,7 +67,7 @@ def dry_run(cfg: BankRecordConfig, family: Any) -> str:
              f"{cfg.prompts * per_prompt:,} in all",
              f"  limits: {cfg.max_turns} turns x {cfg.max_turn_tokens} tokens, context {cfg.max_episode_tokens}, "
              f"temperature {cfg.temperature:g}, seed {cfg.seed}"]
-    offline = not cfg.data or suites.TRAIN_DATA[cfg.data].offline or bool(cfg.data_path)
+    offline = not cfg.data or suites.get_train_data(cfg.data).offline or bool(cfg.data_path)
     if offline:
         tasks = family.load_tasks(min(cfg.prompts, 4), seed=cfg.seed)
         lines.append(f"  prompts load: OK (first: {tasks[0].id if tasks else '-'})")

@@ -30,20 +30,14 @@ def resolve_train_setup(cfg: Any) -> Any:
     if cfg.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {cfg.strategy!r}{did_you_mean(cfg.strategy, list(STRATEGIES))}; "
                          f"known: {sorted(STRATEGIES)}")
-    if cfg.data and cfg.data not in suites.TRAIN_DATA:
-        raise ValueError(f"unknown training data {cfg.data!r}{did_you_mean(cfg.data, list(suites.TRAIN_DATA))}; "
-                         f"known: {sorted(suites.TRAIN_DATA)} (empty: the env family's own tasks)")
+    source = suites.get_train_data(cfg.data) if cfg.data else None
     if cfg.eval_every:
         suites.get_suite(cfg.eval_suite)
     strategy = shaped_strategies([cfg.strategy], group_size=cfg.group_size,
                                  continuations_per_root=cfg.continuations_per_root)[cfg.strategy]
-    if cfg.data:
-        source = suites.TRAIN_DATA[cfg.data]
+    if source is not None:
         def load():
-            try:
-                return source.load(cfg.train_pool, seed=cfg.seed, path=cfg.data_path or None)
-            except FileNotFoundError as exc:  # a user's path: one line, naming the key
-                raise ValueError(f"data_path={cfg.data_path!r} for data={cfg.data}: {exc}") from None
+            return suites.load_train_data(cfg.data, cfg.train_pool, cfg.seed, cfg.data_path)
         offline = source.offline or bool(cfg.data_path)
         data_line = f"{cfg.data} ({cfg.data_path or source.description})"
     else:
