@@ -18,9 +18,9 @@ worker replaces ``torch.set_num_threads`` with a warning no-op once it starts.
 the machine can give it. ``$TRACE_GYM_THREADS``, else ``$OMP_NUM_THREADS``, is the user's
 word; without either the budget is :func:`thread_budget` of the cores it may run on, the
 CPU quota of its cgroup (:func:`cpu_quota`) and the load of the *other* processes
-(:func:`others_load`: the 1-minute load average less this process's own measured share,
-and the CPU time the other processes used over a short sample of ``/proc/stat``,
-whichever is larger). The budget becomes ``$OMP_NUM_THREADS`` (torch's default count,
+(:func:`others_load`: the CPU time the other processes used over a short sample of
+``/proc/stat``; the 1-minute load average less this process's own measured share only where
+no sample can be read, because the average lags a finished neighbour by a minute). The budget becomes ``$OMP_NUM_THREADS`` (torch's default count,
 inherited by child processes), so every component that takes the default (the trainer's
 ``cpu_threads=0``, the HF engine's ``num_threads=None``, the predictor) runs on it, while
 an explicit per-component key (``trainer.cpu_threads=2``) stays the user's word. It also
@@ -168,13 +168,17 @@ def busy_cores(before: Sequence[Sequence[int]], after: Sequence[Sequence[int]]) 
 
 
 def others_load(load_1m: float | None, own_share: float, sampled_busy: float | None, own_busy: float) -> float:
-    """Cores the other processes keep busy: the 1-minute load average less this process's
-    share of it, or the cores busy in a short sample less this process's own, whichever
-    is larger (the average lags a neighbour that just started; a sample misses one that
-    just paused). ``None`` for a figure that could not be read."""
-    from_load = max(0.0, load_1m - own_share) if load_1m is not None else 0.0
-    from_sample = max(0.0, sampled_busy - own_busy) if sampled_busy is not None else 0.0
-    return max(from_load, from_sample)
+    """Cores the other processes keep busy now: the cores busy in a short sample of
+    ``/proc/stat`` less this process's own; without a sample, the 1-minute load average
+    less this process's share of it. The sample wins where both exist: the average lags by
+    a minute both ways, so after a neighbour ends (the previous phase of ``make demo``, the
+    previous arm of a benchmark) it still counts it, and a command on an idle box ran on one
+    core of two (HF generation 119 vs 180 tokens/s, ``benchmarks/bench_threads.py``). A
+    sample misses a neighbour that paused in that instant; with passive OpenMP waits the
+    extra thread then costs little. ``None`` for a figure that could not be read."""
+    if sampled_busy is not None:
+        return max(0.0, sampled_busy - own_busy)
+    return max(0.0, load_1m - own_share) if load_1m is not None else 0.0
 
 
 def thread_budget(cores: int, quota: float | None, others: float) -> int:

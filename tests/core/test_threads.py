@@ -106,7 +106,7 @@ def test_budget_follows_cores_quota_and_the_others_load():
     assert T.thread_budget(16, 2.9, 0.0) == 2
 
 
-def test_own_share_is_taken_off_the_load_and_the_sample_wins_when_larger():
+def test_own_share_is_taken_off_the_load_and_the_sample_wins_where_there_is_one():
     # a process that ran one busy thread for its whole minute made ~0.63 of the 1-min average
     share = T.own_load_share(cpu_seconds=60.0, age_seconds=60.0)
     assert share == pytest.approx(1 - __import__("math").exp(-1))
@@ -116,6 +116,9 @@ def test_own_share_is_taken_off_the_load_and_the_sample_wins_when_larger():
     assert T.others_load(0.1, 0.0, 1.8, 0.0) == pytest.approx(1.8)  # a neighbour that just started
     assert T.others_load(0.1, 0.0, 1.8, 0.9) == pytest.approx(0.9)  # our own busy core is not the others'
     assert T.others_load(None, 0.0, None, 0.0) == 0.0
+    # a neighbour that just ended: the load average still counts it, the sample does not
+    assert T.others_load(1.5, 0.0, 0.05, 0.0) == pytest.approx(0.05)
+    assert T.thread_budget(2, None, T.others_load(1.5, 0.0, 0.05, 0.0)) == 2
 
 
 def test_busy_cores_from_proc_stat_samples():
