@@ -23,10 +23,12 @@ CPU quota of its cgroup (:func:`cpu_quota`) and the load of the *other* processe
 no sample can be read, because the average lags a finished neighbour by a minute). The budget becomes ``$OMP_NUM_THREADS`` (torch's default count,
 inherited by child processes), so every component that takes the default (the trainer's
 ``cpu_threads=0``, the HF engine's ``num_threads=None``, the predictor) runs on it, while
-an explicit per-component key (``trainer.cpu_threads=2``) stays the user's word. It also
-sets ``OMP_WAIT_POLICY=PASSIVE`` unless the user set it: idle OpenMP workers sleep
-instead of spinning, so two processes on two cores do not burn each other's time
-(``benchmarks/bench_threads.py`` measures both settings idle and beside a busy process).
+an explicit per-component key (``trainer.cpu_threads=2``) stays the user's word. Where the
+budget is below the cores (the machine is shared) it also sets ``OMP_WAIT_POLICY=PASSIVE``
+unless the user set it: idle OpenMP workers sleep instead of spinning, so two processes on
+two cores do not burn each other's time; on an idle machine OpenMP's default stays, because
+passive waits slow small-op generation there (:func:`wait_policy`;
+``benchmarks/bench_threads.py`` measures both settings idle and beside a busy process).
 The budget is decided once, at start; a neighbour that comes or goes later is not seen.
 """
 
@@ -269,16 +271,33 @@ def decide_threads(env: Mapping[str, str] | None = None, sample_seconds: float =
 _DECISION: ThreadDecision | None = None
 
 
+def wait_policy(threads: int, cores: int) -> str | None:
+    """``"PASSIVE"`` (idle OpenMP workers sleep) when the process runs on fewer threads than
+    the cores it may use, i.e. it shares the machine; else ``None`` (OpenMP's default, brief
+    spinning). Measured with ``benchmarks/bench_threads.py``: on an idle 2-core box passive
+    waits cut HF generation on 2 threads from 178 to 106 tokens/s (many small parallel
+    regions, each waking sleeping workers), while beside a busy process the gain is all in
+    the thread count (1 thread: 109 vs 2 spinning threads: 10 tokens/s).
+
+    >>> wait_policy(1, 2), wait_policy(2, 2)
+    ('PASSIVE', None)
+    """
+    return "PASSIVE" if threads < cores else None
+
+
 def apply_thread_policy(env: MutableMapping[str, str] | None = None) -> ThreadDecision:
     """Decide the process budget (:func:`decide_threads`) once per process and put it
     where every component finds it: ``OMP_NUM_THREADS`` (unless the user set it), and
-    ``OMP_WAIT_POLICY=PASSIVE`` (unless the user set it). Call it before torch is
+    ``OMP_WAIT_POLICY=PASSIVE`` where it shares the machine (:func:`wait_policy`; unless the
+    user set it). Call it before torch is
     imported: OpenMP reads both when it loads."""
     global _DECISION
     env = os.environ if env is None else env
     if _DECISION is None or env is not os.environ:
         decision = decide_threads(env)
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        policy = wait_policy(decision.threads, available_cores())
+        if policy is not None:
+            env.setdefault("OMP_WAIT_POLICY", policy)
         if decision.source != "OMP_NUM_THREADS":
             env["OMP_NUM_THREADS"] = str(decision.threads)
         if env is not os.environ:

@@ -128,11 +128,16 @@ def test_busy_cores_from_proc_stat_samples():
     assert T.busy_cores(before, before) == 0.0
 
 
-def test_overrides_win_and_the_policy_sets_passive_waiting(monkeypatch):
+def test_overrides_win_and_a_shared_machine_gets_passive_waiting(monkeypatch):
+    monkeypatch.setattr(T, "available_cores", lambda: 4)
     env = {"TRACE_GYM_THREADS": "3", "OMP_NUM_THREADS": "1"}
     d = T.apply_thread_policy(env)
     assert (d.threads, d.source) == (3, "TRACE_GYM_THREADS") and env["OMP_NUM_THREADS"] == "3"
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # 3 of 4 cores: shared
+    env = {"TRACE_GYM_THREADS": "4"}
+    T.apply_thread_policy(env)
+    assert "OMP_WAIT_POLICY" not in env  # every core ours: OpenMP's default (passive waits slow it idle)
+    assert T.wait_policy(1, 2) == "PASSIVE" and T.wait_policy(2, 2) is None
     env = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "ACTIVE"}  # the user's word stays
     d = T.apply_thread_policy(env)
     assert (d.threads, d.source, env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == (1, "OMP_NUM_THREADS", "1",
