@@ -160,10 +160,10 @@ def _task_scores(ev: Mapping[str, Any]) -> dict[str, float]:
 
 def _over_tasks(a: Mapping[str, float], b: Mapping[str, float], words: tuple[str, str]) -> str:
     """``a - b`` paired over their shared tasks, Agresti-Min interval; ``words`` = (told apart, not)."""
-    shared = sorted(set(a) & set(b))
-    if not shared:
+    paired = report.paired_over_shared(a, b)
+    if paired is None:
         return "no shared eval tasks"
-    diff, lo, hi, n = report.paired_proportion_difference([a[t] for t in shared], [b[t] for t in shared])
+    diff, lo, hi, n = paired
     verdict = words[0] if lo > 0 or hi < 0 else words[1]
     return f"{100 * diff:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (paired over {n} tasks): {verdict}"
 

@@ -143,17 +143,15 @@ def _accuracy(arm: Arm, suite: str) -> str:
     return "-" if math.isnan(acc) else f"{100 * acc:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
-def paired_difference(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[str, dict[str, Any] | None]:
-    """``a - b`` over their shared tasks: (the table cell, the numbers or ``None`` when they
-    share no task). The interval is Agresti-Min's; the verdict says "distinguishable" only
-    when it excludes 0."""
-    shared = sorted(set(a) & set(b))
-    if not shared:
-        return "no shared tasks", None
-    diff, lo, hi, n = report.paired_proportion_difference([a[t] for t in shared], [b[t] for t in shared])
+def versus_text(a: Mapping[str, float], b: Mapping[str, float]) -> str:
+    """``a - b`` over their shared tasks, as a table cell (:func:`trace_gym.report.paired_over_shared`:
+    Agresti-Min); the verdict says "distinguishable" only when the interval excludes 0."""
+    paired = report.paired_over_shared(a, b)
+    if paired is None:
+        return "no shared tasks"
+    diff, lo, hi, n = paired
     verdict = "distinguishable" if lo > 0 or hi < 0 else "cannot be told apart"
-    text = f"{100 * diff:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (paired over {n} shared tasks): {verdict}"
-    return text, {"difference": diff, "lower": lo, "upper": hi, "tasks": n, "distinguishable": lo > 0 or hi < 0}
+    return f"{100 * diff:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (paired over {n} shared tasks): {verdict}"
 
 
 def paired_table(arms: Sequence[Arm]) -> str:
@@ -172,7 +170,7 @@ def paired_table(arms: Sequence[Arm]) -> str:
             elif suite not in ref.suites:
                 versus = f"no shared tasks ({ref.name} did not evaluate {suite})"
             else:
-                versus = paired_difference(mine, ref.outcomes(suite))[0]
+                versus = versus_text(mine, ref.outcomes(suite))
             rows.append([arm.name, suite, len(mine), _accuracy(arm, suite), versus])
     head = [f"Held-out accuracy per suite, each policy paired with {ref.name} on the tasks both evaluated:", ""]
     return "\n".join(head) + "\n" + report.markdown_table(

@@ -269,6 +269,16 @@ def paired_proportion_difference(a: Sequence[float], b: Sequence[float],
     return float(d.mean()), max(-1.0, centre - half), min(1.0, centre + half), n
 
 
+
+def paired_over_shared(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[float, float, float, int] | None:
+    """``a - b`` over the keys (task ids) both have, by :func:`paired_proportion_difference`:
+    ``(difference, lower, upper, n)``, or ``None`` when they share no key."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        return None
+    return paired_proportion_difference([a[t] for t in shared], [b[t] for t in shared])
+
+
 # ---------------------------------------------------------------------- tables
 def _cell(x: Any) -> str:
     if isinstance(x, float):

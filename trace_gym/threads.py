@@ -295,7 +295,7 @@ def apply_thread_policy(env: MutableMapping[str, str] | None = None) -> ThreadDe
     env = os.environ if env is None else env
     if _DECISION is None or env is not os.environ:
         decision = decide_threads(env)
-        policy = wait_policy(decision.threads, available_cores())
+        policy = wait_policy(decision.threads, decision.cores)
         if policy is not None:
             env.setdefault("OMP_WAIT_POLICY", policy)
         if decision.source != "OMP_NUM_THREADS":
