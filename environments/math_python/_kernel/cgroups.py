@@ -63,13 +63,18 @@ def _is_zygote(pid):
 
 def _sweep(path):
     """Remove the groups that killed zygotes left in ``path`` (a zygote removes its own on
-    exit); a kernel that outlived its zygote keeps its directory until a later sweep."""
+    exit); a kernel that outlived its zygote keeps its directory until a later sweep.
+    Best effort, never raising: a group may vanish while it is swept."""
     for entry in os.listdir(path):
         pid = entry[len("trace_gym_"):]
         if not (entry.startswith("trace_gym_") and pid.isdigit()) or _is_zygote(int(pid)):
             continue
         group = os.path.join(path, entry)
-        for name in [n for n in os.listdir(group) if n[:1] == "k" and n[1:].isdigit()] + [None]:
+        try:  # its owner may be removing it right now: an exiting zygote's cmdline is empty
+            names = [n for n in os.listdir(group) if n[:1] == "k" and n[1:].isdigit()]
+        except OSError:
+            continue
+        for name in names + [None]:
             try:
                 os.rmdir(group if name is None else os.path.join(group, name))
             except OSError:
