@@ -28,7 +28,7 @@ import re
 import sys
 from typing import Any, Sequence
 
-from trace_gym.commands import CONFIG_KEYS, KEY_NAMES
+from trace_gym.commands import CONFIG_KEYS
 from trace_gym.suggest import did_you_mean
 
 #: Every command: name -> "module:add_parser_function" (the order of ``--help``).
@@ -177,17 +177,10 @@ def flag_tokens(leaf: argparse.ArgumentParser, rest: Sequence[str], overrides: d
 
 
 def flag_hint(flag: str, leaf: argparse.ArgumentParser, parser: argparse.ArgumentParser) -> str:
-    """``"; did you mean --X?"`` for an unknown ``flag`` (the closest flags of the command;
-    for a config command whose key has no flag, ``key=VALUE``), else where the flags are listed."""
+    """``"; did you mean --X?"`` for an unknown ``flag`` (the closest flags of the command,
+    whose config keys are all flags too), else where the flags are listed."""
     known = sorted({o for p in (leaf, parser) for a in p._actions for o in a.option_strings if o.startswith("--")})
-    near = did_you_mean(flag, known)
-    if near:
-        return near
-    keys = {k.replace("_", "-"): k for k in leaf.get_default(KEY_NAMES) or ()}
-    key = did_you_mean(flag.lstrip("-"), keys)
-    if key:
-        return "; did you mean " + ", ".join(f"{keys[k]}=VALUE" for k in key[len("; did you mean "):-1].split(", ")) + "?"
-    return f"; `{leaf.prog} --help` lists the flags"
+    return did_you_mean(flag, known) or f"; `{leaf.prog} --help` lists the flags"
 
 
 def configure_logging(verbose: bool) -> None:

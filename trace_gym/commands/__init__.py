@@ -31,8 +31,6 @@ from trace_gym.config import config_help, load_config
 
 #: argparse default that marks a parser whose keys are a config dataclass's fields.
 CONFIG_KEYS = "config_keys"
-#: argparse default of a config command: the names of its keys (for did-you-mean).
-KEY_NAMES = "_config_key_names"
 
 
 def _escape(text: str) -> str:
@@ -63,7 +61,7 @@ def add_config_parser(subparsers: argparse._SubParsersAction, name: str, help_te
                               epilog=_escape(epilog_prefix) + config_epilog(*classes),
                               usage="%(prog)s [--config FILE] [options] [key=value ...]")
     p.add_argument("--config", metavar="FILE", help="YAML file of keys (key=value and flags override it)")
-    p.set_defaults(**{CONFIG_KEYS: True, KEY_NAMES: tuple(n for c in classes for n, *_ in config_help(c))})
+    p.set_defaults(**{CONFIG_KEYS: True})
     if flags:
         add_config_flags(p, {c.__name__: c for c in classes}, skip=skip)
     return p
