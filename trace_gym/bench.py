@@ -53,7 +53,7 @@ import numpy as np
 
 from trace_gym.bench_checks import Roles, bench_checks, paired_table, verdict
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import StepResult, reward_warning
+from trace_gym.driver import StepResult, brief_repeats, reward_warning
 from trace_gym.strategy import group_sized
 
 if TYPE_CHECKING:
@@ -317,7 +317,7 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
             if warning:
                 warnings.append(f"{rep.label}, {name}: {warning}")
                 if say is not None:
-                    say(f"WARNING: {warnings[-1]}")
+                    say(f"WARNING: {brief_repeats(warnings)[-1]}")
             per_rep[name].append(row)
             bar.update(1)
     bar.close()

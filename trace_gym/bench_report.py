@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from trace_gym.bench_checks import HEADLINE, interval_text
 from trace_gym.bench_modes import bench_mode
+from trace_gym.driver import brief_repeats
 from trace_gym.predictor_quality import QUALITY_KEYS
 
 _COLUMNS: list[tuple[str, str]] = [
@@ -150,7 +151,7 @@ def format_bench(results: Mapping[str, Any]) -> str:
         part = section(results)
         lines += part + ([""] if part else [])
     if results.get("warnings"):
-        lines += ["### Warnings", "", *[f"- {w}" for w in results["warnings"]], ""]
+        lines += ["### Warnings", "", *[f"- {w}" for w in brief_repeats(results["warnings"])], ""]
     lines += ["### Checks", ""]
     lines += [f"{c['status']}: {c['name']} ({c['detail']})" for c in results["checks"]]
     for section in (_depth_section, _truncations, _target_study, _root_demo):

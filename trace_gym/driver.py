@@ -395,9 +395,29 @@ def reward_warning(trees: Sequence[RolloutTree], knobs: Mapping[str, str] | None
     outcome = (f"failed ({seen}, below the success threshold {SUCCESS_THRESHOLD:g})" if wins == 0
                else f"succeeded ({seen})")
     return (f"every one of the {len(rewards)} rollouts {outcome}: no prompt is mixed, so there is no "
-            "contrast to find and a group-relative update learns nothing; make the tasks "
+            f"contrast to find and a group-relative update learns nothing{_ADVICE}"
             + ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder")
             + knob_hint(knobs))
+
+
+#: where a no-contrast warning's advice (what to change, the env's knobs) starts
+_ADVICE = "; make the tasks "
+
+
+def brief_repeats(warnings: Sequence[str]) -> list[str]:
+    """``warnings`` (of :func:`reward_warning`, each maybe prefixed with where it arose)
+    with the advice of every repeat cut to "as above": the first one with a given advice
+    keeps it whole, so a run whose every arm or step found no contrast says the advice once."""
+    seen: set[str] = set()
+    out = []
+    for line in warnings:
+        head, sep, advice = line.partition(_ADVICE)
+        if sep and advice in seen:
+            out.append(f"{head}; what to change: as above")
+        else:
+            seen.add(advice)
+            out.append(line)
+    return out
 
 
 def update_predictor(step: StepResult, predictor: SuccessPredictor, runner: BranchRunner, prefix_share: float,

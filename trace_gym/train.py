@@ -30,7 +30,7 @@ import numpy as np
 from trace_gym.advantages import get_estimator
 from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state, require_predictor_state
 from trace_gym.config import flatten, to_yaml
-from trace_gym.driver import forecast_fallback_first
+from trace_gym.driver import brief_repeats, forecast_fallback_first
 from trace_gym.entry_configs import RESUMABLE_KEYS, TrainConfig
 from trace_gym.reporters import make_reporters, require_installed, scalars
 from trace_gym.train_metrics import step_record, summary_line
@@ -200,6 +200,7 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
         (run.path / "evals").mkdir(exist_ok=True)
         (run.path / "evals" / "step-0.json").write_text(json.dumps(evaluation, default=str))
         say(f"step 0 (initial policy): held-out accuracy {evaluation.get('accuracy', math.nan):.3f}")
+    said: list[str] = []  # the no-contrast warnings so far: each one's advice once
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.strategy}", disable=not cfg.progress,
                dynamic_ncols=True, file=out)
     for step in range(start + 1, cfg.steps + 1):
@@ -211,7 +212,8 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
             fallback_first=fallback_first)
         fallback_first = forecast_fallback_first(batch)
         if batch.learning.warning:  # all 0 or all 1: no contrast, nothing to learn
-            tqdm.write(f"WARNING: step {step}: {batch.learning.warning}", file=sys.stderr)
+            said.append(f"step {step}: {batch.learning.warning}")
+            tqdm.write(f"WARNING: {brief_repeats(said)[-1]}", file=sys.stderr)
         # 7. evaluate every K steps (and at the end)
         evaluation, eval_seconds = None, 0.0
         if setup.evaluate is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):

@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from trace_gym.driver import reward_warning
+from trace_gym.driver import brief_repeats, reward_warning
 from trace_gym.env import env_difficulty_knobs
 from trace_gym.tree import ROOT, RolloutTree
 
@@ -59,5 +59,25 @@ def test_a_gem_bench_without_contrast_names_few_shot_in_its_warnings_and_verdict
                          predictor="constant", strategies=("uniform", "trace"))
     table = shaped_strategies(cfg.strategies, group_size=2, continuations_per_root=1)
     res = run_env_bench(cfg, table, resolve_env(env), engine=tiny_engine)
-    assert res["warnings"] and all("difficulty knobs: few_shot: env kwarg" in w for w in res["warnings"])
+    assert len(res["warnings"]) == 2 and all("difficulty knobs: few_shot: env kwarg" in w for w in res["warnings"])
     assert res["verdict"].startswith("NO VERDICT: no contrast") and "few_shot" in res["verdict"]
+    from trace_gym.bench_report import format_bench
+
+    report = format_bench(res)  # the results keep every warning whole; the report says the advice once
+    assert report.count("difficulty knobs: few_shot") == 2, report  # one warning, one verdict
+    assert "trace: every one of the" in report and "what to change: as above" in report
+
+
+def test_repeated_advice_is_said_once_and_different_advice_whole():
+    knobs = env_difficulty_knobs(_KnobbedEnv)
+    failed = reward_warning([_failed_tree()], knobs)
+    won = reward_warning([_failed_tree(reward=1.0)], knobs)
+    lines = [f"step 1: {failed}", f"step 2: {failed}", f"step 3: {won}", f"step 4: {failed}", "an unrelated line"]
+    brief = brief_repeats(lines)
+    assert brief[0] == lines[0] and brief[2] == lines[2] and brief[4] == lines[4]
+    for i in (1, 3):
+        assert brief[i] == (f"step {i + 1}: every one of the 2 rollouts failed (reward -0.1, below the success "
+                            "threshold 0.5): no prompt is mixed, so there is no contrast to find and a "
+                            "group-relative update learns nothing; what to change: as above")
+    other = reward_warning([_failed_tree()], {"levels": "another text"})
+    assert brief_repeats([failed, other])[1] == other  # other knobs: other advice, whole

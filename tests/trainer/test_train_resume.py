@@ -97,10 +97,12 @@ def test_sigkill_mid_step_then_rerun_logs_every_step_once(tmp_path, tiny_model_p
 @pytest.mark.slow  # ~10 s; reward_warning itself is unit-tested in test_plugins.py
 def test_train_warns_when_every_reward_is_the_same(tmp_path, tiny_model_path):  # noqa: F811
     """A tiny random policy never finds the secret: the step's rewards are all 0 and the
-    trainer says what that means for contrast (through `trace-gym train`)."""
+    trainer says what that means for contrast (through `trace-gym train`), its advice once."""
     cmd = [sys.executable, "-m", "trace_gym.cli", "train", *command(tmp_path / "run", tiny_model_path)[4:]]
-    cmd = [c if not c.startswith("steps=") else "steps=1" for c in cmd]
+    cmd = [c if not c.startswith("steps=") else "steps=2" for c in cmd]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "WARNING: step 1: every one of the" in out.stderr and "no prompt is mixed" in out.stderr
+    step2 = next(line for line in out.stderr.splitlines() if line.startswith("WARNING: step 2:"))
+    assert step2.endswith("learns nothing; what to change: as above"), step2  # the advice once per run
