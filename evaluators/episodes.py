@@ -18,7 +18,7 @@ from evaluators.scoring import episode_verdict
 from trace_gym.types import Task, env_seed
 
 if TYPE_CHECKING:
-    from evaluators.suites import Suite
+    from evaluators.suite import Suite
 
 
 def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: int, temperature: float, seed: int,

@@ -16,7 +16,7 @@ from evaluators.math.metrics import accuracy_summary, avg_at_k
 from trace_gym.types import Task
 
 if TYPE_CHECKING:
-    from evaluators.suites import Suite
+    from evaluators.suite import Suite
 
 
 def score_episodes(suite: Suite, tasks: Sequence[Task], episodes: Sequence[Sequence[Any]],

@@ -1,7 +1,7 @@
 """The retrieval server's batcher: a fair queue of search requests, batched for the searcher.
 
 A batch takes one query from each waiting request per round, up to the limits of
-:class:`~retrieval_index.server.ServerLimits` (queries and characters per batch, a
+:class:`~retrieval_index.limits.ServerLimits` (queries and characters per batch, a
 request's share of one batch); a request with queries left goes to the back of the
 queue, so one big request cannot starve small ones. A batch the searcher fails on is
 bisected until the failing queries stand alone (:class:`QueryFailed` for their own
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from retrieval_index.protocol import Hit, Searcher
 
 if TYPE_CHECKING:
-    from retrieval_index.server import ServerLimits
+    from retrieval_index.limits import ServerLimits
 
 
 class QueueFull(Exception):

@@ -76,6 +76,7 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
+from environments.ecosystems.entry_json import from_json, to_json
 from trace_gym.process_state import process_state_kept
 from trace_gym.env_adapter import ForeignEnv, options_of
 from trace_gym.env_boundary import error_text
@@ -99,54 +100,6 @@ FEEDBACK = ("Your answer is incorrect, try again ({left} attempt(s) left). "
             "Give only the final answer inside <answer></answer>.")
 #: tasks a ``reset()`` without ``options["task"]`` draws from
 DEFAULT_POOL = 8
-#: the tags of :func:`to_json` (a tuple; a dict whose keys are not all strings)
-TUPLE_TAG, ITEMS_TAG = "__tuple__", "__items__"
-
-
-# --- entries as JSON ---------------------------------------------------------------------------
-
-
-def to_json(obj: Any, where: str = "entry") -> Any:
-    """A JSON-serialisable form of a dataset entry that :func:`from_json` turns back into
-    an equal object: tuples as ``{"__tuple__": [...]}``, dicts with non-string keys as
-    ``{"__items__": [[k, v], ...]}``, numpy scalars as Python ones.
-
-    Raises:
-        TypeError: a value with no JSON form (a set, an array, an object), naming where.
-    """
-    import numpy as np
-
-    if obj is None:
-        return None
-    for kind in (str, bool, int, float):  # bool before int; subclasses (np.str_, np.float64) as the base
-        if isinstance(obj, kind):
-            return kind(obj)
-    if isinstance(obj, np.generic):
-        return to_json(obj.item(), where)
-    if isinstance(obj, list):
-        return [to_json(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        return {TUPLE_TAG: [to_json(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
-    if isinstance(obj, dict):
-        if all(isinstance(k, str) for k in obj) and not (len(obj) == 1 and next(iter(obj)) in (TUPLE_TAG, ITEMS_TAG)):
-            return {str(k): to_json(v, f"{where}[{k!r}]") for k, v in obj.items()}
-        return {ITEMS_TAG: [[to_json(k, f"{where} key"), to_json(v, f"{where}[{k!r}]")] for k, v in obj.items()]}
-    raise TypeError(f"{where} is a {type(obj).__name__}, which has no JSON form here")
-
-
-def from_json(obj: Any) -> Any:
-    """The inverse of :func:`to_json` (a fresh object: nothing is shared with ``obj``)."""
-    if isinstance(obj, list):
-        return [from_json(v) for v in obj]
-    if isinstance(obj, Mapping):
-        if len(obj) == 1 and TUPLE_TAG in obj:
-            return tuple(from_json(v) for v in obj[TUPLE_TAG])
-        if len(obj) == 1 and ITEMS_TAG in obj:
-            return {from_json(k): from_json(v) for k, v in obj[ITEMS_TAG]}
-        return {k: from_json(v) for k, v in obj.items()}
-    return obj
-
-
 # --- the dataset -------------------------------------------------------------------------------------
 
 

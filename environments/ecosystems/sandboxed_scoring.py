@@ -46,7 +46,7 @@ CODE_NAMES = re.compile(
     r"f_back|f_locals|f_globals|f_code|f_builtins|gi_frame|gi_code|cr_frame|ag_frame|tb_frame|tb_next|co_\w+|"
     r"func_globals|sys|os|subprocess|builtins|mro|subclasses)\b")
 
-#: the kernel side: defines ``_trace_gym_score`` (``from_json`` comes from the adapter, :func:`_setup_cell`); a score forks a child per call
+#: the kernel side: defines ``_trace_gym_score`` (``from_json`` comes from :mod:`.entry_json`, :func:`_setup_cell`); a score forks a child per call
 _SETUP = r'''
 import ctypes as _ctypes, json as _json, os as _os, select as _select, signal as _signal, time as _time
 _os.environ["MPLCONFIGDIR"] = _os.getcwd()
@@ -102,10 +102,10 @@ def _trace_gym_score(request):
 def _setup_cell() -> str:
     """:data:`_SETUP` with the adapter's own entry decoder (its source: the kernel cannot
     import the project, which its root hides)."""
-    from environments.ecosystems import reasoning_gym as adapter
+    from environments.ecosystems import entry_json
 
-    decoder = (f"from collections.abc import Mapping\nfrom typing import Any\nTUPLE_TAG, ITEMS_TAG = {adapter.TUPLE_TAG!r}, "
-               f"{adapter.ITEMS_TAG!r}\n" + inspect.getsource(adapter.from_json))
+    decoder = (f"from collections.abc import Mapping\nfrom typing import Any\nTUPLE_TAG, ITEMS_TAG = "
+               f"{entry_json.TUPLE_TAG!r}, {entry_json.ITEMS_TAG!r}\n" + inspect.getsource(entry_json.from_json))
     return _SETUP + "\n" + decoder
 
 
