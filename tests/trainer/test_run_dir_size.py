@@ -101,6 +101,18 @@ def test_tensorboard_when_installed(tmp_path, tiny_model_path):
     pytest.importorskip("tensorboard")
     assert main(argv(tmp_path / "tb", tiny_model_path, "steps=1", "report_to=tensorboard")) == 0
     assert list((tmp_path / "tb" / "tb").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trace_gym.reporters import scalars
+
+    events = EventAccumulator(str(tmp_path / "tb" / "tb"))
+    events.Reload()
+    record = json.loads((tmp_path / "tb" / "metrics.jsonl").read_text().splitlines()[0])
+    want = scalars(record)  # every number of the step's metrics line, at its step
+    assert set(events.Tags()["scalars"]) == set(want)
+    for tag in ("reward", "prompts", "generated_tokens", "seconds/generation"):
+        (event,) = events.Scalars(tag)
+        assert event.step == record["step"] == 1 and event.value == pytest.approx(want[tag], rel=1e-6), tag
 
 
 def test_dropping_is_crash_safe_and_tolerates_only_what_it_dropped(tmp_path):
