@@ -31,6 +31,9 @@ never raises.
    ``,`` ``;`` ``/`` ``&`` ``+`` ``|``) and fillers (``option``, ``maybe`` ...); a letter
    reached that way is named when it stands alone at the end of the span or before more
    punctuation (``A B``, ``(A)(B)``, ``A|B``, ``\\text{A}\\text{B}``, ``answer is (A) (B)``),
+   or, right after the last letter, when it starts a run of capitals that ends there or at a
+   joining word (``A B C D``, ``A B or C``; LaTeX's line break ``\\\\`` joins too:
+   ``A\\\\B``),
    or, after a joining word, when it is a capital or a lone lower-case letter (``A or B
    is right``, ``A, or C``). Reading stops at the first other word, so the option's own
    text never adds a letter (``C. Vitamin A``, ``C, because D fails``, ``C. B is
@@ -68,6 +71,7 @@ _TOKEN = re.compile(r"[A-Za-z0-9]+|\S")
 _OPENERS = frozenset("([<\"'`*")
 _CLOSERS = frozenset(")]>\"'`*")
 _COMMAND = re.compile(r"\\[A-Za-z]+")  # any other LaTeX command (\quad, \lor, \vee): a space
+_LINE_BREAK = re.compile(r"\\\\")  # LaTeX's line break (A\\B): a joiner, not the command \B
 _JOINERS = frozenset({",", ";", "/", "&", "+", "|", "and", "or", "nor", "vs", "versus"})
 _LEAD_WORDS = frozenset({"option", "choice", "letter", ":"})
 #: words skipped between two listed letters ("A or maybe option B")
@@ -124,7 +128,7 @@ def _last_phrase(text: str) -> str | None:
 def letters_in_span(span: str, letters: str = LETTERS) -> tuple[str, ...]:
     """The distinct option letters (of ``letters``) that ``span`` names (rules 3 and 3a of
     the module docstring)."""
-    span = _CONTROL.sub(" ", _COMMAND.sub(" ", _WRAPPER.sub(" ", span)))
+    span = _CONTROL.sub(" ", _COMMAND.sub(" ", _WRAPPER.sub(" ", _LINE_BREAK.sub(" / ", span))))
     toks = _TOKEN.findall(span)
     i = 0
     while i < len(toks) and (toks[i] in _OPENERS or toks[i].lower() in _LEAD_WORDS):
@@ -141,6 +145,15 @@ def letters_in_span(span: str, letters: str = LETTERS) -> tuple[str, ...]:
     def lone(j: int) -> bool:  # ... a capital, or alone (a lower-case "a" followed by a word is an article)
         return letter(j) and (toks[j].isupper() or alone(j))
 
+    def listed(j: int, right_after: bool) -> bool:
+        """... alone, or, right after the last letter, the first of capitals that end at
+        punctuation or a joiner ("A B C D", "A B or C"; not "D. A and B are wrong")."""
+        k = j
+        while k < len(toks) and letter(k) and toks[k].isupper():
+            k += 1
+        return alone(j) or (right_after and k > j and (k == len(toks) or not toks[k][0].isalnum()
+                                                       or toks[k].lower() in _JOINERS))
+
     first = toks[i]
     if len(first) > 1 and first.isalpha() and first.isupper() and set(first) <= set(letters) \
             and all(not t[0].isalnum() for t in toks[i + 1:]):
@@ -149,11 +162,11 @@ def letters_in_span(span: str, letters: str = LETTERS) -> tuple[str, ...]:
         return ()
     found, j = [first.upper()], i + 1
     while True:  # rule 3a: read on through punctuation, joiners and fillers to the next letter
-        joined = False
+        joined, after = False, j
         while j < len(toks) and (not toks[j][0].isalnum() or toks[j].lower() in _JOINERS | _FILLERS):
             joined = joined or toks[j].lower() in _JOINERS
             j += 1
-        if j >= len(toks) or not (lone(j) if joined else alone(j)):
+        if j >= len(toks) or not (lone(j) if joined else listed(j, j == after)):
             break
         found.append(toks[j].upper())
         j += 1

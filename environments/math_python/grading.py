@@ -76,19 +76,29 @@ _PERCENT = re.compile(r"(?:\\(?:text|textrm|textnormal|mathrm|mbox|operatorname)
 MAX_ANSWER_CHARS = 1000
 
 
+def _closing_braces(text: str) -> dict[int, int]:
+    """``{position of a "{": position of its "}"}`` for every balanced pair, in one pass."""
+    closing, open_ = {}, []
+    for i, ch in enumerate(text):
+        if ch == "{":
+            open_.append(i)
+        elif ch == "}" and open_:
+            closing[open_.pop()] = i
+    return closing
+
+
 def extract_boxed_answer(text: str) -> str | None:
-    """The content of the last ``\\boxed{}`` / ``\\fbox{}`` in ``text`` (``None`` if none)."""
-    answer = None
+    """The content of the last ``\\boxed{}`` / ``\\fbox{}`` in ``text`` whose braces close
+    (``None`` if none). Linear in ``len(text)``: the braces are matched once, not per box."""
+    answer, closing = None, None
     for m in _BOX.finditer(text):
         if m.group(2) is not None:
             answer = m.group(2).rstrip(".,;:")  # "\boxed 7." ends a sentence
             continue
-        depth, i = 1, m.end(1)
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            answer = text[m.end(1): i - 1]
+        closing = _closing_braces(text) if closing is None else closing
+        end = closing.get(m.end(1) - 1)
+        if end is not None:
+            answer = text[m.end(1): end]
     return None if answer is None else answer.strip()
 
 

@@ -108,6 +108,42 @@ def test_extract_boxed_answer():
     assert extract_boxed_answer("nothing") is None
 
 
+def _boxed_by_walking(text):
+    """The reference: from each box's brace, walk forward counting depth (quadratic)."""
+    from environments.math_python.grading import _BOX
+
+    answer = None
+    for m in _BOX.finditer(text):
+        if m.group(2) is not None:
+            answer = m.group(2).rstrip(".,;:")
+            continue
+        depth, i = 1, m.end(1)
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            answer = text[m.end(1): i - 1]
+    return None if answer is None else answer.strip()
+
+
+def test_extract_boxed_answer_matches_the_walking_reference_on_random_text():
+    import random
+
+    rng = random.Random(0)
+    pieces = ["\\boxed{", "\\fbox {", "\\boxed 7.", "{", "}", "}", "1", " ", "x", "$"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        assert extract_boxed_answer(text) == _boxed_by_walking(text), text
+
+
+@pytest.mark.timeout(30)  # the walk took 43 s on this input (64 KB, the env's response cap): now one pass
+def test_extract_boxed_answer_of_unclosed_boxes_at_the_response_cap():
+    assert extract_boxed_answer("\\boxed{" * (65536 // 7)) is None
+    assert extract_boxed_answer("\\fbox{" * (65536 // 6) + "\\boxed{2}") == "2"
+    n = 4600
+    assert extract_boxed_answer("\\boxed{" * n + "1" + "}" * n) == "1"  # the innermost box is the last one
+
+
 def test_normalize_answer():
     assert normalize_answer("$\\frac12$") == "\\frac12"
     assert normalize_answer("\\(x\\)") == "x"

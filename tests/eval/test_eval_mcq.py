@@ -41,6 +41,11 @@ CASES = [
     ("answer: A or B", "A", "several_letters", "A or B"),                      # several letters, in prose
     ("\\boxed{AC}", "C", "several_letters", "AC"),
     ("\\boxed{A \\text{ and } C}", "C", "several_letters", "A \\text{ and } C"),
+    ("\\boxed{A B C D}", "A", "several_letters", "A B C D"),                 # every option listed: a hedge
+    ("The answer is A B C", "A", "several_letters", "A B C"),
+    ("The answer is A B or C", "A", "several_letters", "A B or C"),
+    ("\\boxed{A\\\\B\\\\C\\\\D}", "A", "several_letters", "A\\\\B\\\\C\\\\D"),  # LaTeX line breaks join
+    ("The answer is A I guess", "A", "correct", "A"),                          # a capital before a word: prose
     ("\\boxed{c}", "C", "correct", "C"),                                      # lower case
     ("So the answer is b.", "B", "correct", "B"),
     ("I think B is wrong, the answer is C", "C", "correct", "C"),              # a letter inside prose
