@@ -12,6 +12,10 @@ One definition, used by the env's reward and by ``evaluators/qa``:
 * **yes/no/noanswer rule** (HotpotQA): when either normalised string is ``yes``,
   ``no`` or ``noanswer`` and the two differ, F1, precision and recall are all 0 (so
   "no" earns nothing against "no way", although they share a token).
+* **A gold with nothing left after normalisation** (only articles and punctuation: the
+  band "The The"): both strings are compared lower-cased, punctuation and articles kept.
+  The official script would pay such a gold for any answer that normalises to nothing
+  ("", "the", "!!!") and give the right answer F1 0; here "the the" matches it and "" does not.
 * **Aliases**: with several gold answers (FlashRAG's ``golden_answers``), each metric
   is the maximum over them, as Search-R1 and FlashRAG score.
 
@@ -46,14 +50,26 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def _compared(prediction: str, gold: str) -> tuple[str, str]:
+    """The two strings EM and F1 compare: both normalised, or, for a gold that normalises
+    to nothing (the band "The The", an answer "A"), both only lower-cased with whitespace
+    collapsed: the official script would give such a gold to every empty-normalising
+    answer ("", "the", "!!!") and refuse the right one F1."""
+    ref = normalize_answer(gold)
+    if ref:
+        return normalize_answer(prediction), ref
+    return " ".join(prediction.lower().split()), " ".join(gold.lower().split())
+
+
 def exact_match(prediction: str, gold: str) -> float:
-    """1.0 when the normalised strings are equal, else 0.0."""
-    return float(normalize_answer(prediction) == normalize_answer(gold))
+    """1.0 when the compared strings are equal (:func:`_compared`), else 0.0."""
+    pred, ref = _compared(prediction, gold)
+    return float(pred == ref)
 
 
 def f1_precision_recall(prediction: str, gold: str) -> tuple[float, float, float]:
     """Token ``(F1, precision, recall)`` of one prediction against one gold answer."""
-    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    pred, ref = _compared(prediction, gold)
     if (pred in _SPECIAL or ref in _SPECIAL) and pred != ref:
         return 0.0, 0.0, 0.0
     pred_tokens, ref_tokens = pred.split(), ref.split()

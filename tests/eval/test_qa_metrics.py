@@ -44,7 +44,7 @@ CASES = [
     ("3.5", "35", 1, 1.0),  # punctuation is deleted, digits join (the official quirk)
     ("New York City", "New York", 0, 0.8),
     ("York New", "New York", 0, 1.0),  # F1 is a bag of tokens
-    ("the", "a", 1, 0.0),  # both normalise to "": equal, but no token in common
+    ("the", "a", 0, 0.0),  # both normalise to "": the gold is compared raw (the official script says EM 1)
     ("", "Paris", 0, 0.0),
     ("Barack Obama", "Obama", 0, TWO_THIRDS_F1),
     ("Obama", "Barack Obama", 0, TWO_THIRDS_F1),
@@ -96,3 +96,18 @@ def test_gold_answers_are_checked():
         best_exact_match("x", [])
     with pytest.raises(TypeError, match="must be strings"):
         best_f1("x", [1992])
+
+
+@pytest.mark.parametrize("prediction,gold,em,f1", [
+    ("", "The The", 0.0, 0.0),        # the official script: EM 1 (both normalise to "")
+    ("the", "The The", 0.0, 2 / 3),   # one of the band's two tokens
+    ("!!!", "A", 0.0, 0.0),
+    ("The The", "The The", 1.0, 1.0),  # the official script: F1 0
+    ("the the.", "The The", 0.0, 0.5),  # punctuation is kept for such a gold: "the." is another token
+    ("Paris.", "paris", 1.0, 1.0),     # a gold with words left is normalised as before
+])
+def test_a_gold_that_normalises_to_nothing_is_compared_raw(prediction, gold, em, f1):
+    from environments.wiki_qa.metrics import best_exact_match, best_f1
+
+    assert best_exact_match(prediction, [gold]) == em
+    assert best_f1(prediction, [gold]) == pytest.approx(f1)
