@@ -14,9 +14,8 @@ from typing import Any, Mapping
 
 from environments.bfcl.calls import (MAX_INT_BITS, MAX_INT_DIGITS, MAX_NESTING, Call, DecodeError, NotLiteral,
                                      is_plain, literal_value, too_big_int, too_deep)
-from trace_gym.textsafe import UNCLOSED, json_problem
+from trace_gym.textsafe import UNCLOSED, json_problem, tagged_blocks
 
-_TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -60,7 +59,7 @@ def decode_tool_calls(text: str) -> list[Call]:
     """The calls of one ``tool_call``-format response (reasoning already stripped); raises
     DecodeError when a block is not a call object or is over a bound."""
     items = []
-    for block in _TOOL_CALL.findall(text):
+    for _, block in tagged_blocks(text, "<tool_call>\n", "\n</tool_call>"):
         item = _loads(block, "a <tool_call> block")
         if item is not _NOT_JSON:  # bfcl-eval skips blocks that are not JSON
             items.append(item)

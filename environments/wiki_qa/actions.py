@@ -27,11 +27,10 @@ at most :data:`MAX_TOOL_CALL_DEPTH` levels of nesting, no number of more than
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from dataclasses import dataclass
 
-from trace_gym.textsafe import JSONRefused, drop_unencodable, loads_bounded
+from trace_gym.textsafe import JSONRefused, drop_unencodable, first_tagged, loads_bounded, tagged_blocks
 
 PROTOCOLS = ("tags", "tool_call")
 #: Deepest nesting of a tool-call block (``{"name", "arguments": {...}}`` is 2 levels).
@@ -56,8 +55,6 @@ QUERY_TOO_LONG = "Invalid search: the query has {chars} characters; the limit is
 BAD_TOOL_CALL = "Invalid tool call: {problem}"
 QUERY_REFUSED = "Invalid search: the search engine cannot search this query ({reason}). Nothing was searched."
 
-_TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 #: JSON schemas of the two tools (``info["tool_schemas"]``), OpenAI style.
 TOOL_SCHEMAS = (
@@ -109,15 +106,15 @@ def parse_action(text: object, protocol: str = "tags", *, max_action_chars: int 
     if len(text) > max_action_chars:
         return Action("invalid", ACTION_TOO_LONG.format(chars=len(text), limit=max_action_chars), "action_too_long")
     if protocol == "tags":
-        m = _TAG.search(text)
-        if m is None:
+        found = first_tagged(text, ("search", "answer"))
+        if found is None:
             return Action("invalid", INVALID_ACTION, "no_action")
-        kind, body = m.group(1), m.group(2)
+        kind, body = found
     else:
-        m = _TOOL_CALL.search(text)
-        if m is None:
+        block = next(tagged_blocks(text, "<tool_call>", "</tool_call>"), None)
+        if block is None:
             return Action("invalid", INVALID_TOOL_ACTION, "no_action")
-        parsed = _parse_tool_call(m.group(1))
+        parsed = _parse_tool_call(block[1])
         if isinstance(parsed, Action):
             return parsed
         kind, body = parsed
