@@ -148,10 +148,9 @@ def _nodes(tree: ast.AST, allowed: tuple[type, ...], rule: Callable[[ast.AST], N
 
 def check_literal(text: str) -> None:
     """The :data:`LITERAL` grammar (module docstring). Raises ``_Refused``."""
-    for variant in {text, text.lstrip(" \t")}:  # what we were given, and what eval() strips
-        tree = parse(variant)
-        if tree is not None:
-            _nodes(tree, _LITERAL_NODES)
+    tree = parse(text)
+    if tree is not None:
+        _nodes(tree, _LITERAL_NODES)
 
 
 def _strict_tree(text: str, allowed: tuple[type, ...], rule: Callable[[ast.AST], None] | None = None) -> list[ast.AST]:
