@@ -61,7 +61,9 @@ Several scorers evaluate the answer text as code (``eval``, sympy's ``parse_expr
 some run for tens of seconds on hostile numbers. Every score therefore runs in a forked
 child of a sandboxed kernel of the math env, is killed after ``score_timeout_s``
 (default 5 s; the answer then scores 0 with ``info["env_error"]``), and, for a dataset
-whose scorer evaluates text, an answer holding code-reaching names scores 0 unscored
+whose scorer evaluates text, an answer outside its dataset's allow-list grammar
+(:mod:`environments.ecosystems.answer_grammar`) or holding code-reaching names scores 0
+unscored, with ``info["env_error"]`` naming the rule
 (:mod:`environments.ecosystems.sandboxed_scoring`).
 
 ## Version History
@@ -264,16 +266,35 @@ class ReasoningGymEpisode:
             obs += [Message("user", str(example["question"])), Message("assistant", f"<answer>{example['answer']}</answer>")]
         return [*obs, Message("user", str(self.current.entry["question"]))], {}
 
+    def _refusal(self, answer: str | None) -> str | None:
+        """Why ``answer`` is refused unscored, or ``None``: for a scorer that evaluates text,
+        a code-reaching name (:data:`~.sandboxed_scoring.CODE_NAMES`), then an answer
+        outside its dataset's grammar (:func:`~.answer_grammar.refusal`, the gate)."""
+        from environments.ecosystems.answer_grammar import refusal
+        from environments.ecosystems.sandboxed_scoring import CODE_NAMES, evaluates_text
+
+        if answer is None:
+            return None
+        metadata = self.current.entry.get("metadata") or {}
+        name, evaluates = self.dataset, evaluates_text(type(self._data))
+        if name == "composite":  # scored by its source dataset's scorer
+            name = str(metadata.get("source_dataset", name))
+            inner = getattr(self._data, "datasets", {}).get(name)
+            evaluates = True if inner is None else evaluates_text(type(inner))
+        found = CODE_NAMES.search(answer) if evaluates else None
+        if found is not None:
+            return (f"answer not scored: it holds {found.group(0)!r}, and the {self.dataset} scorer "
+                    "evaluates text (code in answers is refused)")
+        return refusal(name, answer, metadata, evaluates=evaluates)
+
     def _score(self, answer: str | None) -> tuple[float, str | None]:
         """The dataset's score of ``answer``, computed in the sandbox, or 0 and why when it
-        failed, ran out of time, or was refused (code in an answer to an evaluating scorer)."""
-        from environments.ecosystems.sandboxed_scoring import CODE_NAMES, evaluates_text, shared_scorer
+        failed, ran out of time, or was refused (:meth:`_refusal`)."""
+        from environments.ecosystems.sandboxed_scoring import shared_scorer
 
-        if answer is not None and evaluates_text(type(self._data)):
-            found = CODE_NAMES.search(answer)
-            if found is not None:
-                return 0.0, (f"answer not scored: it holds {found.group(0)!r}, and the {self.dataset} scorer "
-                             "evaluates text (code in answers is refused)")
+        refused = self._refusal(answer)
+        if refused is not None:
+            return 0.0, refused
         scorer = shared_scorer()
         scorer.timeout_s = self.score_timeout_s
         return scorer.score(self.dataset, json.loads(self._config_key), answer, to_json(self.current.entry))

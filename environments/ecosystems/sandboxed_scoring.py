@@ -16,11 +16,16 @@ a read-only root without the project, a memory cgroup, a seccomp filter, rlimits
   cannot patch the scorer for later answers; its stdout/stderr go to ``/dev/null`` and
   the score comes back on a pipe the kernel reads, so printed text cannot pose as one;
   the kernel makes itself non-dumpable, so the child cannot ptrace it.
-* **no code in answers to evaluating scorers**: for a dataset whose module evaluates
-  text (found by reading its source for ``eval(``, ``exec(``, ``sympify``,
-  ``parse_expr``), an answer holding a dunder or a name that reaches frames, builtins or
-  the import system (:data:`CODE_NAMES`) scores 0 without being scored: an evaluated
-  answer could otherwise read the gold answer from the scorer's frame.
+* **no code in answers to evaluating scorers** (checked by the adapter, host-side, before
+  a score is asked for): for a dataset whose module evaluates text (found by reading its
+  source for ``eval(``, ``exec(``, ``sympify``, ``parse_expr``: :func:`evaluates_text`),
+  the answer must fit its dataset's allow-list grammar
+  (:mod:`environments.ecosystems.answer_grammar`: literals only by default, integer
+  arithmetic over the puzzle's numbers for ``countdown``/``puzzle24``, elementary sympy
+  expressions for the integration and polynomial datasets), or it scores 0 unscored: an
+  evaluated answer could otherwise compute its score (``Integral(...)``) or read the gold
+  answer from the scorer's frame. :data:`CODE_NAMES`, a deny-list of dunders and names
+  that reach frames, builtins or the import system, is checked first, as a second line.
 
 Costs: the first score of a process starts a kernel and imports reasoning-gym in it
 (about 1-2 s); each score then forks (a few ms).
