@@ -145,7 +145,6 @@ def echo_plugin(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(site))
     with registries_restored(lambda name, module: name.split(".")[0] == "echo_local"):
         yield "echo_local"
-    suites.SUITES.pop("echo_suite", None)
 
 
 def test_a_plugin_env_id_is_a_suite_end_to_end(tmp_path, tiny_model_path, echo_plugin):  # noqa: F811
