@@ -179,7 +179,9 @@ def loads_record(data: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_bytes: int
         raise JSONRefused(f"is not valid JSON ({exc.msg} at character {exc.pos})") from None
     except UnicodeDecodeError as exc:
         raise JSONRefused(f"is not UTF-8 (byte {exc.start})") from None
-    except (ValueError, RecursionError, MemoryError) as exc:  # a number past the digit limit; the rest a net
+    except MemoryError:
+        raise JSONRefused(f"is too large to parse ({len(data):,} bytes: out of memory)") from None
+    except (ValueError, RecursionError) as exc:  # a number past the digit limit; the rest a net
         raise JSONRefused(f"is not valid JSON ({type(exc).__name__}: {clean_text(str(exc)[:120])})") from None
 
 

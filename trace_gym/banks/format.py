@@ -36,23 +36,23 @@ bounds and schema, so it never writes a line a reader refuses.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Mapping
 
-from trace_gym.banks.lines import (MAX_LINE_BYTES, MAX_LINE_DEPTH, check_line, check_line_bytes, compress_line,
-                                   encode_line, iter_members, open_file, parse_line)
+from trace_gym.banks.lines import (MAX_LINE_BYTES, MAX_LINE_DEPTH, MAX_LINE_VALUES, check_line, check_line_bytes,
+                                   compress_line, encode_line, iter_members, open_file, parse_line, parsed_weight)
 from trace_gym.banks.schema import TURN_KEYS, BankError, check_footer, check_prompt_record, show
 from trace_gym.textsafe import loads_record
 from trace_gym.tree import SUCCESS_THRESHOLD
 
 # re-exported: the line layer (trace_gym.banks.lines) and the schema (trace_gym.banks.schema)
-__all__ = ["MAX_LINE_BYTES", "MAX_LINE_DEPTH", "TURN_KEYS", "BankError", "check_line_bytes", "check_prompt_record",
-           "compress_line", "encode_line", "iter_members", "parse_line"]
+__all__ = ["MAX_LINE_BYTES", "MAX_LINE_DEPTH", "MAX_LINE_VALUES", "TURN_KEYS", "BankError", "check_line_bytes",
+           "check_prompt_record", "compress_line", "encode_line", "iter_members", "parse_line"]
 
 FORMAT = "trace_gym.bank"
 VERSION = 1
@@ -61,6 +61,8 @@ SUPPORTED_VERSIONS = (1,)
 #: Manifest keys that may differ between a recording and its resume (the weights are named by
 #: their hash, so the policy may sit in another folder on the resuming machine).
 RUN_KEYS = ("command", "created_at", "policy_path")
+#: Default budget of :class:`Bank`'s prompt cache (parsed weight, :func:`~trace_gym.banks.lines.parsed_weight`).
+CACHE_BYTES = 256 << 20
 
 
 # ---------------------------------------------------------------------- one prompt
@@ -99,12 +101,14 @@ class BankPrompt:
         wins = self.outcomes()
         return sum(wins) / len(wins) if wins else 0.5
 
+    @cached_property
+    def _prefixes(self) -> list[dict[int, dict[str, Any]]]:
+        """Per root, its recorded prefixes by depth (built once: a replay looks them up per node)."""
+        return [{p["depth"]: p for p in root["prefixes"]} for root in self.roots]
+
     def prefix(self, root: int, depth: int) -> dict[str, Any] | None:
         """The recorded prefix of root ``root`` after ``depth`` turns, or ``None`` when it was left out."""
-        for p in self.roots[root]["prefixes"]:
-            if p["depth"] == depth:
-                return p
-        return None
+        return self._prefixes[root].get(depth)
 
     def prefix_rate(self, root: int, depth: int) -> float | None:
         """Mean success over the recorded continuations of a prefix that reached a leaf, or ``None``
@@ -134,6 +138,8 @@ def success(reward: float | None) -> bool | None:
 class PromptEntry:
     """Where one prompt lies in the file, and what the bench needs without reading it again.
 
+    Not the prompt's text (a prompt may be megabytes; :meth:`Bank.prompt` reads it back).
+
     Attributes:
         line: its line number in the file (from 1: the header).
         digest: BLAKE2b-128 of its line as checked, so :meth:`Bank.prompt` knows it reads back those bytes.
@@ -143,7 +149,6 @@ class PromptEntry:
     offset: int
     length: int
     task_id: str
-    prompt: str
     outcomes: list[bool]
     run: int
     line: int = 0
@@ -244,8 +249,8 @@ def scan_bank(path: str | os.PathLike, *, lenient: bool = False) -> BankScan:
             else:
                 digest.update(line)
                 outcomes = [r["success"] for r in obj["roots"] if r["turns"]]
-                prompts.append(PromptEntry(len(prompts), offset, stop - offset, obj["task"]["id"], obj["task"]["prompt"],
-                                           outcomes, obj.get("run", 0), number,
+                prompts.append(PromptEntry(len(prompts), offset, stop - offset, obj["task"]["id"], outcomes,
+                                           obj.get("run", 0), number,
                                            hashlib.blake2b(line, digest_size=16).digest()))
             end = stop
     return BankScan(path, header, runs, prompts, footer, digest.hexdigest(), end, partial)
@@ -254,7 +259,7 @@ def scan_bank(path: str | os.PathLike, *, lenient: bool = False) -> BankScan:
 def _check_header(obj: dict[str, Any], path: Path, number: int = 1) -> dict[str, Any]:
     if obj.get("kind") != "header" or obj.get("format") != FORMAT:
         raise BankError(f"{path}: not a bank (its first line is not a {FORMAT} header)")
-    if obj.get("version") not in SUPPORTED_VERSIONS:
+    if type(obj.get("version")) is not int or obj["version"] not in SUPPORTED_VERSIONS:
         raise BankError(f"{path}: bank format version {show(obj.get('version'))}; this trace_gym reads "
                         f"{', '.join(map(str, SUPPORTED_VERSIONS))}")
     check_line(obj, path, number, None)
@@ -311,19 +316,24 @@ class Bank:
 
     Opening scans the file once (checking every line and, with ``verify``, the checksum,
     with a clear error naming the file); only the index stays in memory, and
-    :meth:`prompt` reads one prompt back from its byte offset (an LRU cache of
-    ``cache_prompts`` keeps the recent ones), so a bank larger than memory can be replayed.
+    :meth:`prompt` reads one prompt back from its byte offset (an LRU cache keeps the
+    recent ones: at most ``cache_prompts`` of them, weighing at most ``cache_bytes`` in all,
+    each weighed by :func:`~trace_gym.banks.lines.parsed_weight`; the last one read is
+    always kept), so a bank larger than memory can be replayed.
     """
 
-    def __init__(self, path: str | os.PathLike, *, verify: bool = True, cache_prompts: int = 1024):
+    def __init__(self, path: str | os.PathLike, *, verify: bool = True, cache_prompts: int = 1024,
+                 cache_bytes: int = CACHE_BYTES):
         self.scan = scan_bank(path)
         if verify:
             verify_scan(self.scan)
         self.path = self.scan.path
         self.manifest = self.scan.manifest
         self.entries = self.scan.prompts
-        self._cache: OrderedDict[int, BankPrompt] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[BankPrompt, int]] = OrderedDict()
         self._cache_prompts = max(int(cache_prompts), 1)
+        self._cache_bytes = int(cache_bytes)
+        self._cache_used = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -343,7 +353,7 @@ class Bank:
         checked (its digest), else ``BankError`` (the file changed since it was opened)."""
         if index in self._cache:
             self._cache.move_to_end(index)
-            return self._cache[index]
+            return self._cache[index][0]
         e = self.entries[index]
         with open_file(self.path) as f:
             f.seek(e.offset)
@@ -356,19 +366,22 @@ class Bank:
         if not d.eof or hashlib.blake2b(line, digest_size=16).digest() != e.digest:
             raise BankError(f"{self.path}: line {e.line} (prompt {e.task_id!r}) changed since the bank was opened; "
                             "open it again")
-        record = BankPrompt(index, json.loads(line))
-        self._cache[index] = record
-        while len(self._cache) > self._cache_prompts:
-            self._cache.popitem(last=False)
+        record = BankPrompt(index, parse_line(line, self.path, e.line, e.offset))
+        weight = parsed_weight(line)
+        self._cache[index] = (record, weight)
+        self._cache_used += weight
+        while len(self._cache) > 1 and (len(self._cache) > self._cache_prompts or self._cache_used > self._cache_bytes):
+            self._cache_used -= self._cache.popitem(last=False)[1][1]
         return record
 
     def __iter__(self) -> Iterator[BankPrompt]:
         return iter_prompts(self.path, verify=False)
 
 
-def open_bank(path: str | os.PathLike, *, verify: bool = True, cache_prompts: int = 1024) -> Bank:
+def open_bank(path: str | os.PathLike, *, verify: bool = True, cache_prompts: int = 1024,
+              cache_bytes: int = CACHE_BYTES) -> Bank:
     """Open a bank for replay (see :class:`Bank`)."""
-    return Bank(path, verify=verify, cache_prompts=cache_prompts)
+    return Bank(path, verify=verify, cache_prompts=cache_prompts, cache_bytes=cache_bytes)
 
 
 def read_header(path: str | os.PathLike) -> dict[str, Any]:

@@ -9,7 +9,8 @@ accept without guarding:
 
 - types: every documented field present with its type (an object where an object
   belongs, a string, an integer that is not a bool, a list);
-- ranges: counts (tokens, env steps, R, K, indices) are integers in 0..2**53, a reward is
+- ranges: counts (tokens, env steps, indices) are integers in 0..2**53 (R and K at most
+  1024, an episode's last depth at most the manifest's ``agent.max_turns`` or 256), a reward is
   a finite number, an episode's ``end`` one of :data:`ENDS`;
 - consistency: an episode has a reward exactly when it has turns, and ``success`` is
   ``reward >= SUCCESS_THRESHOLD``; turn depths count up from the anchor (a root's first
@@ -31,10 +32,18 @@ import operator
 import re
 from typing import Any, Mapping, Sequence
 
+from trace_gym.textsafe import first_unencodable
 from trace_gym.tree import SUCCESS_THRESHOLD
 
-#: Largest count a bank may hold (tokens, env steps, R, K, indices): exact as a float.
+#: Largest count a bank may hold (tokens, env steps, indices): exact as a float.
 MAX_COUNT = 2**53
+#: Largest R (roots per prompt) and K (continuations per prefix) a manifest may declare.
+MAX_ROOTS = MAX_CONTINUATIONS = 1024
+#: Most turns an episode may reach (its last depth) when the manifest names no ``agent.max_turns``,
+#: and the most that one may name: replaying a root costs about the square of its turns.
+MAX_TURNS = 256
+#: Longest task id (characters): the index keeps every prompt's id in memory.
+MAX_TASK_ID_CHARS = 1024
 #: How an episode may end (``trace_gym.banks.record.episode_end``): ``error`` exactly when it has no turn.
 ENDS = ("terminated", "truncated", "max_turns", "episode_tokens", "env_error", "cut", "error")
 #: Keys of every recorded turn (a tree node): what predictors read, and its exact costs.
@@ -83,6 +92,10 @@ def _is_count(value: Any) -> bool:
     return type(value) is int and 0 <= value <= MAX_COUNT
 
 
+def _is_integer(value: Any) -> bool:
+    return type(value) is int and -MAX_COUNT <= value <= MAX_COUNT
+
+
 def _is_number(value: Any) -> bool:
     if type(value) is float:
         return math.isfinite(value)
@@ -110,22 +123,53 @@ def _check_optional(obj: Mapping[str, Any], where: str, counts: Sequence[str] = 
             _refuse(f"{where}{key}", obj[key], "a list")
 
 
+def check_encodable(value: Any, where: str = "") -> None:
+    """``BankError`` naming the first string of a parsed line (a value or an object key) that
+    UTF-8 cannot encode (a lone surrogate, from a JSON escape such as ``\\ud800``): a tokenizer,
+    an embedder or an HTTP client downstream would raise on it."""
+    if type(value) is str:
+        at = first_unencodable(value)
+        if at is not None:
+            raise BankError(f"{where or 'the line'} holds a lone surrogate (U+{ord(value[at]):04X}) at character "
+                            f"{at}, which UTF-8 cannot encode")
+    elif type(value) is list:
+        for n, item in enumerate(value):
+            check_encodable(item, f"{where}[{n}]")
+    elif type(value) is dict:
+        for key, item in value.items():
+            name = f"{where}.{key}" if where else str(key)
+            if first_unencodable(key) is not None:
+                check_encodable(key, f"a key in {where or 'the line'}")
+            check_encodable(item, name)
+
+
 # ---------------------------------------------------------------------- header, run, footer
 def check_manifest(manifest: Any) -> None:
     """``BankError`` unless ``manifest`` is a header's manifest: ``roots`` (R >= 1) and
     ``continuations`` (K >= 0) integers, ``max_prefixes_per_root`` null or >= 1, and every
     other documented key absent or of its type."""
     _need(manifest, ("roots", "continuations"), "manifest")
-    if not _is_count(manifest["roots"]) or manifest["roots"] < 1:
-        _refuse("manifest.roots", manifest["roots"], f"an integer in 1..{MAX_COUNT}")
-    if not _is_count(manifest["continuations"]):
-        _refuse("manifest.continuations", manifest["continuations"], _COUNT)
+    if not _is_count(manifest["roots"]) or not 1 <= manifest["roots"] <= MAX_ROOTS:
+        _refuse("manifest.roots", manifest["roots"], f"an integer in 1..{MAX_ROOTS}")
+    if not _is_count(manifest["continuations"]) or manifest["continuations"] > MAX_CONTINUATIONS:
+        _refuse("manifest.continuations", manifest["continuations"], f"an integer in 0..{MAX_CONTINUATIONS}")
     cap = manifest.get("max_prefixes_per_root")
     if cap is not None and (not _is_count(cap) or cap < 1):
         _refuse("manifest.max_prefixes_per_root", cap, f"null or an integer in 1..{MAX_COUNT}")
     _check_optional(manifest, "manifest.", counts=("prompts",), numbers=("seed", "created_at"),
                     texts=("policy", "policy_path", "weights_sha256", "engine", "env_id"),
                     objects=("env_kwargs", "task_loader_kwargs", "sampling", "agent"), lists=("command",))
+    limit = manifest.get("agent", {}).get("max_turns")
+    if limit is not None and (not _is_count(limit) or not 1 <= limit <= MAX_TURNS):
+        _refuse("manifest.agent.max_turns", limit, f"an integer in 1..{MAX_TURNS}")
+
+
+def max_turns(manifest: Mapping[str, Any]) -> tuple[int, str]:
+    """The last depth an episode of a bank with ``manifest`` may reach, and how to name that bound."""
+    limit = (manifest.get("agent") or {}).get("max_turns")
+    if limit is None:
+        return MAX_TURNS, f"{MAX_TURNS} (the most a bank may hold)"
+    return limit, f"the manifest's agent.max_turns = {limit}"
 
 
 def check_run(line: Mapping[str, Any], position: int | None = None) -> None:
@@ -157,8 +201,8 @@ def check_prompt_record(record: Any, manifest: Mapping[str, Any]) -> None:
     _need(record, ("task", "roots"), "the prompt line")
     task = record["task"]
     _need(task, ("id", "prompt"), "task")
-    if type(task["id"]) is not str or not task["id"]:
-        _refuse("task.id", task["id"], "a non-empty string")
+    if type(task["id"]) is not str or not 0 < len(task["id"]) <= MAX_TASK_ID_CHARS:
+        _refuse("task.id", task["id"], f"a non-empty string of at most {MAX_TASK_ID_CHARS} characters")
     if type(task["prompt"]) is not str:
         _refuse("task.prompt", task["prompt"], "a string")
     _check_optional(record, "", counts=("task_index", "prompt_tokens", "run"), numbers=("written_at",))
@@ -166,18 +210,21 @@ def check_prompt_record(record: Any, manifest: Mapping[str, Any]) -> None:
     if type(roots) is not list:
         _refuse("roots", roots, "a list of episodes")
     k, cap = manifest["continuations"], manifest.get("max_prefixes_per_root")
+    limit = max_turns(manifest)
     for j, root in enumerate(roots):
-        _check_root(root, f"roots[{j}]", k, cap)
+        _check_root(root, f"roots[{j}]", k, cap, limit)
     if len(roots) != manifest["roots"]:
         raise BankError(f"roots holds {len(roots)} episodes, the manifest says R = {manifest['roots']}")
 
 
-def _check_root(root: Any, where: str, k: int, cap: int | None) -> None:
+def _check_root(root: Any, where: str, k: int, cap: int | None, limit: tuple[int, str]) -> None:
     _episode(root, where, 0)
     turns = len(root["turns"])
+    if turns > limit[0]:
+        raise BankError(f"{where}.turns holds {turns} turns, more than {limit[1]}")
     _need(root, ("prefixes", "left_out"), where)
-    if "seed" in root and not _is_number(root["seed"]):
-        _refuse(f"{where}.seed", root["seed"], "an integer")
+    if "seed" in root and not _is_integer(root["seed"]):
+        _refuse(f"{where}.seed", root["seed"], f"an integer in -{MAX_COUNT}..{MAX_COUNT}")
     prefixes = root["prefixes"]
     if type(prefixes) is not list:
         _refuse(f"{where}.prefixes", prefixes, "a list")
@@ -196,6 +243,9 @@ def _check_root(root: Any, where: str, k: int, cap: int | None) -> None:
         for c, cont in enumerate(continuations):
             if not _episode_ok(cont, depth):
                 _episode(cont, f"{at}.continuations[{c}]", depth)
+            if depth + len(cont["turns"]) > limit[0]:
+                raise BankError(f"{at}.continuations[{c}].turns ends at depth {depth + len(cont['turns'])}, more "
+                                f"than {limit[1]}")
             if "replayed_env_steps" in cont and not _is_count(cont["replayed_env_steps"]):
                 _refuse(f"{at}.continuations[{c}].replayed_env_steps", cont["replayed_env_steps"], _COUNT)
         if len(continuations) != k:

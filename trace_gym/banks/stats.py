@@ -29,6 +29,8 @@ from trace_gym.tree import ROOT
 
 #: Bin edges of the success-rate histogram (the first and last bins are exactly 0 and 1).
 RATE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+#: Largest group size G of ``mixed_by_group_size`` (GRPO groups are 2-64).
+MAX_GROUP = 64
 
 
 def mixed_without_replacement(successes: int, recorded: int, group: int) -> float:
@@ -134,13 +136,18 @@ def _success_rate(rates: Sequence[float]) -> dict[str, Any]:
 
 
 def _mixed_by_group_size(counts: Sequence[tuple[int, int]], roots_per_prompt: int) -> dict[str, float]:
-    """``{G: mean P(mixed)}`` for G = 2 .. ``roots_per_prompt``, over the prompts with at least G
-    roots with a leaf (a G no prompt reaches is left out)."""
+    """``{G: mean P(mixed)}`` for G = 2 .. the most roots with a leaf any prompt has (at most
+    ``roots_per_prompt`` and :data:`MAX_GROUP`), over the prompts with at least G roots with a
+    leaf (a G no prompt reaches is left out). Each distinct (successes, roots) is computed once."""
+    top = min(max((n for _, n in counts), default=0), int(roots_per_prompt), MAX_GROUP)
     mixed_by_g = {}
-    for g in range(2, roots_per_prompt + 1):
+    for g in range(2, top + 1):
+        memo: dict[tuple[int, int], float] = {}
         usable = [(s, n) for s, n in counts if n >= g]
         if usable:
-            mixed_by_g[str(g)] = float(np.mean([mixed_without_replacement(s, n, g) for s, n in usable]))
+            mixed_by_g[str(g)] = float(np.mean([memo[(s, n)] if (s, n) in memo else
+                                                memo.setdefault((s, n), mixed_without_replacement(s, n, g))
+                                                for s, n in usable]))
     return mixed_by_g
 
 

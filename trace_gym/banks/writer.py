@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 
 from trace_gym.banks.format import (FORMAT, RUN_KEYS, VERSION, BankError, check_line_bytes, compress_line,
                                     encode_line, iter_members, parse_line, scan_bank)
-from trace_gym.banks.schema import check_manifest, check_prompt_record
+from trace_gym.banks.lines import open_file
+from trace_gym.banks.schema import check_encodable, check_manifest, check_prompt_record
 
 #: A header line's first bytes (gzip member header, then the JSON up to the format), for
 #: recognising a header that a killed recorder left half-written.
@@ -125,7 +126,9 @@ class BankWriter:
             raise BankError(f"{self.path} is complete; cannot add prompts")
         record = {"kind": "prompt", **record}
         try:
-            check_prompt_record(_normal(record), self.manifest)
+            normal = _normal(record)
+            check_prompt_record(normal, self.manifest)
+            check_encodable(normal)
         except BankError as exc:
             raise BankError(f"{self.path}: refused a prompt line: {exc}") from None
         task_id = record["task"]["id"]
@@ -156,8 +159,8 @@ def torn_header(path: str | os.PathLike, limit: int = 1 << 20) -> int | None:
     or a prefix of one gzip member that starts as :func:`compress_line` starts every
     member and whose text so far is a prefix of a header's (a recorder killed while it
     wrote the header); else ``None`` (a complete first line, corrupt data, another file).
-    Reads at most ``limit`` bytes."""
-    with open(path, "rb") as f:
+    Reads at most ``limit`` bytes; ``BankError`` for a path that is no regular file (a FIFO would hang)."""
+    with open_file(Path(path)) as f:
         data = f.read(limit + 1)
     if len(data) > limit or data[:4] != _HEADER_MEMBER_START[:len(data)]:
         return None
