@@ -299,10 +299,10 @@ class ReplayDivergence(RuntimeError):
     """Re-applying a snapshot's actions gave a different observation than when it was taken
     (an env snapshotted by deterministic replay that is not deterministic)."""
 
-    def __init__(self, turn: int, detail: str = ""):
+    def __init__(self, turn: int, detail: str = "", copy_possible: bool = True):
         super().__init__(f"replaying the snapshot's actions diverged at turn {turn}{detail}: the env is not "
-                         "deterministic under replay (seed its randomness from the episode seed, or use "
-                         "snapshot='copy')")
+                         "deterministic under replay (seed its randomness from the episode seed"
+                         + (", or use snapshot='copy')" if copy_possible else ")"))
         self.turn = turn
 
 

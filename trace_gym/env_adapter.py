@@ -22,9 +22,13 @@ exactly that. Two parts, joined by composition:
     anything else, as long as it is deterministic: the snapshot is the task, the episode
     seed and the actions taken; ``restore`` begins a fresh episode with that seed and
     re-applies the actions (counted as exact cost, :class:`~trace_gym.env.ReplayCost`).
-    Every replayed observation is checked against a digest kept in the snapshot, so a
-    non-deterministic env is caught (:class:`ReplayDivergence`, naming the turn) rather
-    than silently branching from a different state; ``check_env`` refuses such an env.
+    Every replayed turn is checked against a digest kept in the snapshot (each observation
+    whole, before it is cut to ``max_observation_chars``, with its reward and flags), so
+    a non-deterministic env whose difference shows in what it returns is caught
+    (:class:`ReplayDivergence`, naming the turn) rather than silently branching from a
+    different state; ``check_env`` refuses such an env. Randomness that stays hidden in
+    the env's state through every replayed turn is not seen: the branches after the
+    restore then differ from the original's future without an error.
 
 Every call into the driver (begin, act, the copy and native snapshot hooks, end, prepare)
 goes through the instance's :class:`~trace_gym.env_boundary.ForeignBoundary`
@@ -138,10 +142,12 @@ class NativeState(Protocol):
 STRATEGY_NEEDS: dict[str, type | None] = {"copy": CopyState, "native": NativeState, "replay": None}
 
 
-def _digest(obs: Sequence[Message], reward: float | None = None, terminated: bool = False,
+def _digest(obs: Sequence[Message] | str, reward: float | None = None, terminated: bool = False,
             truncated: bool = False) -> str:
-    """A short fingerprint of one turn's outcome, kept in replay snapshots."""
-    text = repr(([(m.role, m.content) for m in obs], reward, bool(terminated), bool(truncated)))
+    """A short fingerprint of one turn's outcome, kept in replay snapshots; ``obs``: the
+    observation, or the boundary's fingerprint of it whole (before any cut)."""
+    shown = obs if isinstance(obs, str) else [(m.role, m.content) for m in obs]
+    text = repr((shown, reward, bool(terminated), bool(truncated)))
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
@@ -201,6 +207,7 @@ class ForeignEnv(gymnasium.Env):
         self._seed = 0
         self._actions: list[str] = []
         self._digests: list[str] = []
+        self._whole: Any = ""  # the last turn's observation as digested (the boundary's fingerprint of it whole)
         self._done = False
         #: every call into the driver, and every reply, passes through it
         self.boundary = ForeignBoundary(call_timeout_s=call_timeout_s, max_observation_chars=max_observation_chars)
@@ -237,7 +244,7 @@ class ForeignEnv(gymnasium.Env):
         if episode_seed is None:
             episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
         obs, info = self._start(task, episode_seed)
-        self._digests = [_digest(obs)]
+        self._digests = [_digest(self._whole)]
         return obs, {"task_id": task.id, **info}
 
     def _foreign(self, what: str, fn: Callable[..., Any], *args: Any, private_rng: bool = False) -> Any:
@@ -252,7 +259,9 @@ class ForeignEnv(gymnasium.Env):
         try:
             if self.episode.global_rng:
                 self._random.state = seeded_rng_state(seed)
-            return self.boundary.reset_reply(self._foreign("reset", self.episode.begin, task, seed, private_rng=True))
+            reply = self.boundary.reset_reply(self._foreign("reset", self.episode.begin, task, seed, private_rng=True))
+            self._whole = self.boundary.fingerprint
+            return reply
         except BaseException:
             self._task = None  # no episode began: step() must not act on it
             raise
@@ -263,8 +272,10 @@ class ForeignEnv(gymnasium.Env):
         try:
             reply = self._foreign("step", self.episode.act, action, private_rng=True)
             obs, reward, terminated, truncated, info = self.boundary.step_reply(reply)
+            self._whole = self.boundary.fingerprint
         except Exception as exc:  # noqa: BLE001  (foreign code on model output; a BaseException arrives wrapped)
             obs, reward, terminated, truncated, info = self.boundary.error_turn(exc)
+            self._whole = obs
         self._actions.append(action)
         if self.max_turns is not None and len(self._actions) >= self.max_turns and not terminated:
             truncated = True
@@ -278,7 +289,7 @@ class ForeignEnv(gymnasium.Env):
             return [Message("user", "The episode is over.")], 0.0, True, False, {"error": "episode_over"}
         text = action if isinstance(action, str) else ""
         obs, reward, terminated, truncated, info = self._apply(text)
-        self._digests.append(_digest(obs, reward, terminated, truncated))
+        self._digests.append(_digest(self._whole, reward, terminated, truncated))
         return obs, reward, terminated, truncated, info
 
     def snapshot(self) -> Snapshot:
@@ -319,17 +330,21 @@ class ForeignEnv(gymnasium.Env):
         self._done = done
 
     def _replay(self, task: Task, seed: int, actions: Sequence[str], digests: Sequence[str]) -> None:
-        obs, _info = self._start(task, seed)
-        if _digest(obs) != digests[0]:
-            raise ReplayDivergence(0, " (the first observation)")
+        self._start(task, seed)
+        if _digest(self._whole) != digests[0]:
+            raise ReplayDivergence(0, " (the first observation)", self._copy_possible())
         self._digests = [digests[0]]
         for turn, action in enumerate(actions, start=1):
             obs, reward, terminated, truncated, _info = self._apply(action)
-            got = _digest(obs, reward, terminated, truncated)
+            got = _digest(self._whole, reward, terminated, truncated)
             if got != digests[turn]:
                 text = " ".join(m.content for m in obs)
-                raise ReplayDivergence(turn, f" (now: {text[:200]!r})")
+                raise ReplayDivergence(turn, f" (now: {text[:200]!r})", self._copy_possible())
             self._digests.append(got)
+
+    def _copy_possible(self) -> bool:
+        """Whether the driver offers snapshot='copy' (verifiers and OpenEnv episodes replay only)."""
+        return "copy" in self.episode.snapshot_strategies
 
     def replay_steps(self, snapshot: Snapshot) -> int:
         """Env steps a :meth:`restore` of ``snapshot`` re-runs (:class:`~trace_gym.env.ReplayCost`):

@@ -9,7 +9,8 @@ code through, and what it checks each reply with. It guarantees:
   state it held are released and put back at once, so other envs waiting for the RNG
   lock go on (a call's own deadline starts once it has that lock), and the helper is sent
   an exception so that a pure-Python loop stops. An instance whose call is still
-  running takes no further call (:class:`ForeignEnvError`; make a new env).
+  running :data:`GIVE_UP_GRACE_S` later takes no further call (:class:`ForeignEnvError`;
+  make a new env).
 * **exceptions contained**: an ``Exception`` of the foreign code reaches the adapter as it
   was raised; any other ``BaseException`` it raises (``SystemExit``, ``KeyboardInterrupt``,
   ``GeneratorExit``, its own) becomes a :class:`ForeignEnvError`, so it ends that episode
@@ -25,9 +26,12 @@ code through, and what it checks each reply with. It guarantees:
   cleaned (:func:`~trace_gym.textsafe.clean_text`: lone surrogates written as ``\\udXXX``)
   and bounded like a native observation (``max_observation_chars`` over at most
   :data:`MAX_OBSERVATION_MESSAGES` messages, with a visible note where cut and
-  ``info["obs_truncated"]``); ``terminated``/``truncated`` only ``True``/``False`` and the
-  reward only a finite real number, else :class:`ForeignReplyError`, which the adapter
-  turns into a readable observation that ends the episode as truncated.
+  ``info["obs_truncated"]``); ``terminated``/``truncated`` only ``True``/``False``, the
+  reward only a finite real number within :data:`MAX_ABS_REWARD`, ``info`` a dict without
+  reference cycles of at most :data:`MAX_INFO_CHARS` characters as JSON, else
+  :class:`ForeignReplyError`, which the adapter turns into a readable observation that
+  ends the episode as truncated. :attr:`ForeignBoundary.fingerprint` digests the last
+  observation whole, before any cut, for replay's divergence check.
 
 What an in-process boundary cannot contain (a worker process would): ``os._exit``, a
 crash in C, memory exhaustion, a C loop that never returns to Python (its thread stays).
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import contextvars
 import ctypes
+import hashlib
 import json
 import logging
 import math
@@ -64,6 +69,15 @@ MIN_MESSAGE_CHARS = 256
 MAX_FIELD_CHARS = 256
 #: Longest error text put into an observation or ``info["env_error"]`` (characters).
 MAX_ERROR_CHARS = 2000
+#: Largest reward magnitude a foreign env may return (a group's normalisation squares
+#: rewards: 1e300 overflows, and a few 1e308 sum to inf).
+MAX_ABS_REWARD = 1e6
+#: Longest ``info`` of one reply, in characters of its JSON (values that are not JSON as
+#: their type's name).
+MAX_INFO_CHARS = 1 << 20
+#: Seconds a call given up has to stop (the exception sent to its thread) before its env
+#: is declared stuck and takes no further call.
+GIVE_UP_GRACE_S = 1.0
 #: Written where an observation was cut (``{omitted}``: characters).
 TRUNCATION_NOTE = "\n[... observation truncated: {omitted} characters omitted ...]\n"
 #: Written after the last kept message but one when messages were left out.
@@ -166,6 +180,7 @@ class ForeignBoundary:
         self._stuck: threading.Thread | None = None  # the helper of a call given up, while it lives
         self._stuck_what = ""
         self._reported: set[str] = set()  # process state items already logged as changed
+        self.fingerprint = ""  # of the last observation checked, before any cut (:func:`observation_fingerprint`)
 
     @property
     def stuck(self) -> bool:
@@ -199,7 +214,9 @@ class ForeignBoundary:
             _wait(call.done, self.call_timeout_s)
         finally:  # the deadline passed, or the caller was interrupted (a real Ctrl-C)
             if not call.done.is_set() and self._give_up(call, helper):
-                self._stuck, self._stuck_what = helper, what
+                helper.join(GIVE_UP_GRACE_S)  # a pure-Python loop stops at the exception sent to it
+                if helper.is_alive():
+                    self._stuck, self._stuck_what = helper, what
         if call.given_up:
             raise ForeignEnvError(f"{where}: the env's {what} gave no reply within call_timeout_s="
                                   f"{self.call_timeout_s:g} s; given up")
@@ -302,6 +319,7 @@ class ForeignBoundary:
         for index, message in enumerate(items):
             if not isinstance(message, Message) or not isinstance(message.content, str):
                 raise ForeignReplyError(f"observation item {index} is {shown(message)}, not a Message")
+        self.fingerprint = observation_fingerprint(items)
         omitted = max(len(items) - MAX_OBSERVATION_MESSAGES, 0)
         if omitted:
             items = items[: MAX_OBSERVATION_MESSAGES - 1] + items[-1:]
@@ -361,6 +379,12 @@ class ForeignBoundary:
             info = {}
         if not isinstance(info, Mapping):
             raise ForeignReplyError(f"info must be a dict, got {shown(info)}")
+        try:
+            size = len(json.dumps(info, skipkeys=True, default=lambda value: type(value).__name__))
+        except (ValueError, TypeError, RecursionError) as exc:  # a reference cycle, keys that are not strings...
+            raise ForeignReplyError(f"info cannot be written as JSON ({error_text(exc)})") from None
+        if size > MAX_INFO_CHARS:
+            raise ForeignReplyError(f"info is {size} characters of JSON, over {MAX_INFO_CHARS}")
         info = dict(info)
         if "env_error" in info:
             error = info["env_error"]
@@ -386,6 +410,16 @@ class ForeignBoundary:
             raise ForeignReplyError(f"info['tools'] {exc}") from None
 
 
+def observation_fingerprint(messages: list[Message]) -> str:
+    """A digest of a whole observation, before any cut: every message's role and full text
+    (a difference in the middle of a long observation changes it)."""
+    digest = hashlib.blake2b(digest_size=12)
+    for message in messages:
+        digest.update(repr((message.role, len(message.content))).encode())
+        digest.update(str.__str__(message.content).encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
 def _field(value: str | None) -> str | None:
     return None if value is None else cap_text(str(value), MAX_FIELD_CHARS)
 
@@ -399,8 +433,12 @@ def _flag(name: str, value: Any) -> bool:
 def _reward(value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ForeignReplyError(f"the env returned reward={shown(value)}; a reward must be a real number")
-    reward = float(value)
-    if not math.isfinite(reward):
-        raise ValueError(f"the wrapped env returned a non-finite reward {reward!r}")
+    try:
+        reward = float(value)
+    except (OverflowError, ValueError):  # an int of 10**400
+        reward = math.inf
+    if not math.isfinite(reward) or abs(reward) > MAX_ABS_REWARD:
+        raise ForeignReplyError(f"the env returned reward={shown(value)}; a reward must be finite and within "
+                                f"+-{MAX_ABS_REWARD:g} (larger ones overflow group normalisation)")
     return reward
 

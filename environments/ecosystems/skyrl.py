@@ -182,6 +182,14 @@ def _content(content: Any) -> str:
     return content_text(content, sep="")
 
 
+def _messages(raw: Any, what: str) -> list[Message]:
+    """A skyrl conversation (a list of message dicts) as :class:`Message` s; anything else,
+    a generator included (it could run without end before any bound applies), is refused."""
+    if not isinstance(raw, (list, tuple)):
+        raise TypeError(f"skyrl {what} must be a list of {{'role', 'content'}} dicts, got {type(raw).__name__}")
+    return [_message(m) for m in raw]
+
+
 def _message(raw: Any) -> Message:
     """One skyrl ``{"role", "content"}`` dict as a :class:`Message` (role kept)."""
     if not isinstance(raw, Mapping):
@@ -287,14 +295,14 @@ class SkyRLEpisode:
             extras["max_turns"] = self.max_turns  # as SkyRL's generator sets it
         self.env = skyrl_gym.make(self._spec(), env_config=OmegaConf.create(self.env_config), extras=extras)
         messages, info = self.env.init(copy.deepcopy(list(prompt)))
-        return [_message(m) for m in messages], dict(info or {})
+        return _messages(messages, "init's messages"), dict(info or {})
 
     def act(self, action: str):
         out = self.env.step(action)
         info: dict[str, Any] = {"metadata": dict(out.get("metadata") or {})}
         if out.get("postprocessed_action") is not None:
             info["postprocessed_action"] = out["postprocessed_action"]
-        obs = [_message(m) for m in (out.get("observations") or [])]
+        obs = _messages(out.get("observations") or [], "step observations")
         reward = out.get("reward")  # it and done as the env gave them: the boundary checks them
         return obs, 0.0 if reward is None else reward, out.get("done"), False, info
 

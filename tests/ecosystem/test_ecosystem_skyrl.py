@@ -222,3 +222,12 @@ def test_importing_the_adapter_imports_no_skyrl_gym():
     code = ("import sys, environments.ecosystems.skyrl as m; assert m.PACKAGE == 'skyrl-gym'; "
             "assert 'skyrl_gym' not in sys.modules and 'pandas' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_conversation_that_is_not_a_list_is_refused_before_it_is_read():
+    from environments.ecosystems.skyrl import _messages
+
+    endless = ({"role": "user", "content": str(i)} for i in range(10**12))  # read to the end, it would never stop
+    with pytest.raises(TypeError, match="step observations must be a list .* got generator"):
+        _messages(endless, "step observations")
+    assert [m.content for m in _messages(({"role": "user", "content": "a"},), "x")] == ["a"]

@@ -143,7 +143,7 @@ def test_cap_text_keeps_three_quarters_head_and_a_quarter_tail_around_the_note()
 
 BAD_VALUES = [("terminated", "False"), ("terminated", "false"), ("truncated", "0"), ("terminated", 1),
               ("truncated", None), ("terminated", [False]), ("reward", "1.0"), ("reward", True), ("reward", None),
-              ("reward", float("nan")), ("reward", 1 + 2j)]
+              ("reward", float("nan")), ("reward", 1 + 2j), ("reward", 1e300), ("reward", 10**400), ("reward", -2e6)]
 SLOTS = {"reward": 1, "terminated": 2, "truncated": 3}
 
 
@@ -159,6 +159,30 @@ def test_a_value_outside_the_contract_ends_the_episode_as_a_readable_truncated_t
     assert (reward, terminated, truncated) == (0.0, False, True)
     assert field in info["env_error"] and "could not process" in obs[0].content
     assert env.step("6")[4] == {"error": "episode_over"}
+
+
+def test_a_reward_at_the_bound_passes_and_one_past_it_names_the_bound():
+    from trace_gym.env_boundary import MAX_ABS_REWARD
+
+    assert started(PlantedAdapter(on_step=lambda r: (r[0], -MAX_ABS_REWARD, *r[2:]))).step("5")[1] == -MAX_ABS_REWARD
+    info = started(PlantedAdapter(on_step=lambda r: (r[0], 1e300, *r[2:]))).step("5")[4]
+    assert "reward=1e+300" in info["env_error"] and "within +-1e+06" in info["env_error"]
+
+
+def _cyclic():
+    d = {"a": 1}
+    d["self"] = d
+    return d
+
+
+@pytest.mark.parametrize("info,says", [(_cyclic(), "Circular reference"), ({"blob": "x" * (1 << 21)}, "characters of JSON"),
+                                       ({"deep": [[[[[[]]]]]] * 3, (1, 2): "tuple key", "obj": object()}, None)])
+def test_a_step_info_with_a_cycle_or_over_the_size_bound_is_an_error_turn(info, says):
+    _obs, reward, _terminated, truncated, got = started(PlantedAdapter(on_step=lambda r: (*r[:4], info))).step("5")
+    if says is None:  # JSON-sizeable (values that are not JSON count as their type's name): passed on as given
+        assert "env_error" not in got and got["obj"] is info["obj"]
+    else:
+        assert (reward, truncated) == (0.0, True) and "info" in got["env_error"] and says in got["env_error"]
 
 
 def test_numpy_booleans_and_numbers_are_real_values():
@@ -286,10 +310,8 @@ def test_a_busy_python_loop_is_stopped_and_a_hung_reset_is_one_error():
 
     env = started(PlantedAdapter(on_step=spin, call_timeout_s=0.5))
     assert "gave no reply" in env.step("5")[4]["env_error"]
-    deadline = time.monotonic() + 30
-    while env.boundary.stuck and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not env.boundary.stuck  # the exception sent to the helper stopped the loop
+    assert not env.boundary.stuck  # the exception sent to the helper stopped the loop within the grace
+    env.reset(options={"task": TASK})  # so the env takes the next call at once
     with pytest.raises(ForeignEnvError, match="reset gave no reply within call_timeout_s=0.5 s"):
         PlantedAdapter(on_reset=spin, call_timeout_s=0.5).reset(options={"task": TASK})
 
@@ -397,3 +419,35 @@ def test_the_agent_runner_survives_every_class_in_one_batch(policy):
         assert ep.error is None and ep.turns
         utf8(ep.messages)
     assert eps[6].error is None and eps[6].turns
+
+
+# --- replay sees the whole observation ---------------------------------------------------------
+
+
+def test_replay_catches_a_difference_in_the_middle_of_a_long_observation():
+    from trace_gym.env import ReplayDivergence
+
+    calls = iter(range(10**6))
+
+    def long_middle(reply):  # 60,000 characters, cut to 32,768 for the model: the middle differs per call
+        return ([Message("user", "a" * 30000 + str(next(calls)) + "b" * 30000)], *reply[1:])
+
+    env = started(PlantedAdapter(on_step=long_middle, snapshot="replay"))
+    obs = env.step("5")[0]
+    assert TRUNCATION_NOTE.split("{")[0] in obs[0].content  # the model saw a cut observation
+    snap = env.snapshot()
+    env.step("6")
+    with pytest.raises(ReplayDivergence, match="turn 1.*seed its randomness from the episode seed, or use "
+                                               "snapshot='copy'"):
+        env.restore(snap)
+
+
+def test_a_deterministic_long_observation_replays_and_replay_only_drivers_get_no_copy_advice():
+    from trace_gym.env import ReplayDivergence
+
+    env = started(PlantedAdapter(on_step=lambda r: ([Message("user", "a" * 60000)], *r[1:]), snapshot="replay"))
+    env.step("5")
+    snap = env.snapshot()
+    env.step("6")
+    env.restore(snap)  # the same whole observation: no divergence
+    assert "copy" not in str(ReplayDivergence(2, copy_possible=False))
