@@ -9,7 +9,9 @@ us: every model call hands its prompt to ``step``'s caller and waits for the nex
 All episodes of a process share that one loop and one ``Environment`` per id, as a
 verifiers evaluation does, so an async rubric (a judge call, a sleep) of one episode never
 holds up another episode stepping from another thread (blocking synchronous code in an env
-holds up the loop, as it would in verifiers). Building an ``Environment`` registers signal
+holds up the loop, as it would in verifiers; a step past ``step_timeout`` then probes the
+loop, and a loop that does not answer within a second is left to the code that blocks it:
+the error names that env, and later episodes run on a fresh loop). Building an ``Environment`` registers signal
 handlers, so the first env of an id is made on the main thread; the host's own SIGINT and
 SIGTERM handlers are put back after it (verifiers' teardown still runs at exit).
 
@@ -87,7 +89,7 @@ from typing import Any, Mapping, Sequence
 
 from environments.ecosystems.verifiers_modules import _check_env_args, _load_function, installed_modules
 from environments.ecosystems.verifiers_rollout import (
-    _client_class, _deliver, _drive, _Handover, _output_error, event_loop,
+    _client_class, _deliver, _drive, _Handover, _output_error, event_loop, replace_if_blocked,
 )
 from environments.ecosystems.verifiers_tasks import (
     SPLITS, _is_label, _message, load_env, load_tasks, module_name, tasks_of,
@@ -143,6 +145,7 @@ class VerifiersEpisode:
         self._pool: list[Task] | None = None
         self._handover: _Handover | None = None
         self._run: Any = None  # the concurrent.futures.Future of the rollout
+        self._loop: Any = None  # the event loop the rollout runs on (:func:`event_loop` when it began)
         self._seen: list[tuple[str, str]] = []  # (role, content) of the conversation so far
         self._early_end: tuple | None = None  # a rollout that ended before the model spoke
 
@@ -159,7 +162,10 @@ class VerifiersEpisode:
         try:
             return self._handover.events.get(timeout=self.step_timeout)
         except queue.Empty:
-            raise TimeoutError(f"verifiers:{self.module} gave no next turn within {self.step_timeout:g} s") from None
+            blocked = replace_if_blocked(self._loop)
+            raise TimeoutError(f"verifiers:{self.module} gave no next turn within {self.step_timeout:g} s"
+                               + ("; it blocked the shared event loop (blocking code in an async env), so later "
+                                  "verifiers episodes run on a fresh loop" if blocked else "")) from None
 
     def begin(self, task: Task, seed: int):
         row = dict(task.metadata.get("row") or {})
@@ -171,8 +177,9 @@ class VerifiersEpisode:
         self._handover, self._seen = _Handover(self.max_turns, self.tool_calls), []
         client = _client_class()(self._handover)
         sampling_args = copy.deepcopy(self.vf_env.sampling_args)  # the env's own; our client ignores them
+        self._loop = event_loop()
         self._run = asyncio.run_coroutine_threadsafe(
-            _drive(self.vf_env, copy.deepcopy(row), client, sampling_args, self._handover.events), event_loop())
+            _drive(self.vf_env, copy.deepcopy(row), client, sampling_args, self._handover.events), self._loop)
         event = self._next_event()
         if event[0] != "prompt":  # ended (or failed) before the first model call
             self._early_end = event
@@ -203,7 +210,7 @@ class VerifiersEpisode:
         if self._early_end is not None:
             return self._finish(self._early_end)
         pending, self._handover.pending = self._handover.pending, None
-        event_loop().call_soon_threadsafe(_deliver, pending, action)
+        self._loop.call_soon_threadsafe(_deliver, pending, action)
         self._seen.append(("assistant", action))
         event = self._next_event()
         if event[0] == "prompt":

@@ -44,6 +44,21 @@ def event_loop() -> asyncio.AbstractEventLoop:
         return _LOOP[1]
 
 
+def replace_if_blocked(loop: asyncio.AbstractEventLoop, wait_s: float = 1.0) -> bool:
+    """Whether ``loop`` failed to run a no-op within ``wait_s`` seconds (an env's blocking
+    code holds its thread); if so, :func:`event_loop` starts a fresh loop for later
+    episodes (the blocked thread is a daemon and is left to its code)."""
+    global _LOOP
+    try:
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=wait_s)
+        return False
+    except Exception:  # noqa: BLE001  (a timeout, or a loop that is closed: either way not usable)
+        with _LOOP_LOCK:
+            if _LOOP is not None and _LOOP[1] is loop:
+                _LOOP = None
+        return True
+
+
 class _Handover:
     """One rollout's meeting point: the env's loop posts events (``("prompt", messages,
     tools)``, ``("done", output)``, ``("error", exc)``) to :attr:`events`; the adapter answers

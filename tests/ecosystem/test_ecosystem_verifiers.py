@@ -254,3 +254,20 @@ def test_hostile_tool_call_blocks_are_skipped_not_raised():
                "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + "9" * 5000 + "}}</tool_call>"
                "<tool_call>{\"name\": \"ok\", \"arguments\": {}}</tool_call>")
     assert [c["name"] for c in hermes_tool_calls(hostile, 0)] == ["ok"]
+
+
+@pytest.mark.timeout(120)
+def test_an_env_that_blocks_the_shared_loop_is_named_and_later_episodes_get_a_fresh_loop():
+    """All verifiers episodes share one event loop; an env whose step blocks it (6 s here,
+    past its 2 s step_timeout) once held up every verifiers env of the process after it."""
+    blocking = resolve_env(f"{VAULT}?block_s=6", {"step_timeout": 2}).make_env()
+    blocking.reset(seed=0)
+    _obs, _reward, _terminated, truncated, info = blocking.step("<code>10</code>")
+    assert truncated and "blocked the shared event loop" in info["env_error"], info
+    healthy = resolve_env(VAULT, {"step_timeout": 2}).make_env()
+    t0 = time.monotonic()
+    healthy.reset(seed=0)  # on a fresh loop, while the old one is still blocked
+    obs, _reward, _terminated, truncated, info = healthy.step("<code>10</code>")
+    assert time.monotonic() - t0 < 2 and not truncated and obs[0].content in ("higher", "lower"), info
+    blocking.close()
+    healthy.close()
