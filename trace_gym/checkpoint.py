@@ -350,3 +350,25 @@ def load_predictor_state(predictor: Any, state: dict[str, Any]) -> None:
         return
     for name, value in state.items():
         getattr(predictor, name).load_state_dict(value)
+
+
+def load_state_file(path: str | Path, map_location: Any = None) -> Any:
+    """A ``.pt`` file of a run dir (``rng.pt``, ``predictor.pt``, a shard's optimiser state),
+    read with ``torch.load(weights_only=True)``: tensors, numbers, strings and containers,
+    plus numpy arrays (the RNG states hold them), and nothing that runs code when unpickled
+    (a run dir may have been edited by anyone: its manifest is no signature).
+
+    Raises:
+        ValueError: the file cannot be read that way (tampered, or not a state file), naming it.
+    """
+    import numpy as np
+    import torch
+    from numpy._core.multiarray import _reconstruct
+
+    dtype_classes = [c for c in vars(np.dtypes).values() if isinstance(c, type) and issubclass(c, np.dtype)]
+    try:
+        with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, *dtype_classes]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001  (UnpicklingError, a torn zip, EOF, ...: every one is a bad file)
+        raise ValueError(f"{path} is not a state file trace_gym wrote, or was changed: it is read only as tensors, "
+                         f"numbers and arrays ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})") from None

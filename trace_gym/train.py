@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_gym.advantages import get_estimator
-from trace_gym.checkpoint import RunDir, load_predictor_state, predictor_state, require_predictor_state
+from trace_gym.checkpoint import (RunDir, load_predictor_state, load_state_file, predictor_state,
+                                  require_predictor_state)
 from trace_gym.config import flatten, to_yaml
 from trace_gym.driver import brief_repeats, forecast_fallback_first
 from trace_gym.entry_configs import RESUMABLE_KEYS, TrainConfig
@@ -176,7 +177,6 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
 def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: Sequence[Task], base_policy: str,
           trainer: Any, engine: Any, backend: Any, reporters: Sequence[Any], say: Callable, out: Any) -> None:
     """Steps ``start + 1 .. cfg.steps``, top to bottom."""
-    import torch
     from tqdm.auto import tqdm
 
     from trace_gym.models import resolve_model
@@ -191,7 +191,7 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
     fallback_first = False  # the single-turn forecast (driver.forecast_fallback_first), kept in state.json
     if resume:
         trainer.load_state(resume.path)
-        load_predictor_state(predictor, torch.load(resume.path / "predictor.pt", weights_only=False))
+        _load_predictor(predictor, resume.path / "predictor.pt")
         fallback_first = _load_rng(resume.path, cursor, rng)
         trainer.sync_weights(engine, version=start)  # the engine serves the checkpoint's weights
         say(f"resuming {cfg.run_dir} after step {start}")
@@ -301,9 +301,23 @@ def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> boo
 
     state = read_state(folder, int(folder.name.split("-")[1]))  # bounded and checked (verified at start too)
     cursor.load(state["cursor"])
-    saved = torch.load(folder / "rng.pt", weights_only=False)
-    rng.bit_generator.state = saved["generator"]
-    random.setstate(saved["python"])
-    np.random.set_state(saved["numpy"])
-    torch.set_rng_state(saved["torch"])
+    saved = load_state_file(folder / "rng.pt")
+    try:
+        rng.bit_generator.state = saved["generator"]
+        random.setstate(saved["python"])
+        np.random.set_state(saved["numpy"])
+        torch.set_rng_state(saved["torch"])
+    except Exception as exc:  # noqa: BLE001  (a file of the wrong shape: KeyError, TypeError, ValueError...)
+        raise ValueError(f"{folder / 'rng.pt'} does not hold the RNG states a checkpoint saves "
+                         f"({type(exc).__name__}: {str(exc)[:200]})") from None
     return bool(state.get("fallback_first", False))
+
+
+def _load_predictor(predictor: Any, path: Path) -> None:
+    """Restore ``predictor`` from a checkpoint's ``predictor.pt`` (read without running code)."""
+    state = load_state_file(path)
+    try:
+        load_predictor_state(predictor, state)
+    except Exception as exc:  # noqa: BLE001  (a file of the wrong shape)
+        raise ValueError(f"{path} does not hold this predictor's state ({type(exc).__name__}: {str(exc)[:200]})") \
+            from None

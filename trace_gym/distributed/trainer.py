@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from trace_gym.batches import TokenTree
+from trace_gym.checkpoint import load_state_file
 from trace_gym.trainer import PolicyTrainer, TrainerConfig
 from trace_gym.update_stats import UpdateStats
 
@@ -272,13 +273,11 @@ class ShardedTrainer(DataParallelTrainer):
         torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, self._shard_file(folder))
 
     def load_state(self, folder: str | Path) -> None:
-        import torch
-
         path = self._shard_file(Path(folder))
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist: a sharded run resumes from a checkpoint of a sharded "
                                     f"run with {self.world_size} ranks")
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        state = load_state_file(path, map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
         self._set_lr()

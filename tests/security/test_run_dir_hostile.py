@@ -1,0 +1,81 @@
+"""A run dir is input too: anyone may have edited it, and its manifest is no signature.
+Resume reads ``rng.pt`` and ``predictor.pt`` without unpickling code (a tampered file
+could otherwise run any command), and a state file of the wrong shape is one ValueError
+naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from trace_gym.checkpoint import TRAINING_STEP_FILES, RunDir, load_state_file
+from trace_gym.run_files import write_manifest
+from trace_gym.train import TaskCursor, _load_predictor, _load_rng
+
+
+class _Planted:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling it would create the marker file
+        return (open, (self.marker, "w"))
+
+
+def _files(folder, step):
+    (folder / "policy").mkdir()
+    (folder / "policy" / "config.json").write_text("{}")
+    (folder / "policy" / "model.safetensors").write_bytes(b"w" * 64)
+    for name in ("trainer.pt", "predictor.pt", "rng.pt"):
+        (folder / name).write_bytes(b"t" * 16)
+    (folder / "state.json").write_text(json.dumps({"step": step, "cursor": {"epoch": 0, "position": step}}))
+
+
+def _run_with(tmp_path, name, payload):
+    run = RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES)
+    run.start("a: 1\n")
+    run.commit(1, {"step": 1, "reward": 0.1}, lambda folder: _files(folder, 1), keep=0)
+    run.close()
+    folder = tmp_path / "run" / "checkpoints" / "step-1"
+    torch.save(payload, folder / name)
+    (folder / "manifest.json").unlink()
+    write_manifest(folder, 1)  # the tamperer rewrites the manifest too
+    return folder
+
+
+@pytest.mark.parametrize("name", ["rng.pt", "predictor.pt"])
+def test_a_state_file_that_would_run_code_is_refused_and_runs_nothing(tmp_path, name):
+    marker = tmp_path / "ran"
+    folder = _run_with(tmp_path, name, {"generator": _Planted(str(marker)), "state_dict": _Planted(str(marker))})
+    with pytest.raises(ValueError, match=f"{name} is not a state file trace_gym wrote"):
+        if name == "rng.pt":
+            _load_rng(folder, TaskCursor(10, 0), np.random.default_rng(0))
+        else:
+            _load_predictor(object(), folder / name)
+    assert not marker.exists()
+
+
+def test_the_rng_states_a_checkpoint_saves_load_back(tmp_path):
+    rng = np.random.default_rng(5)
+    saved = {"generator": rng.bit_generator.state, "python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    torch.save(saved, tmp_path / "rng.pt")
+    back = load_state_file(tmp_path / "rng.pt")  # numpy arrays included, without unpickling code
+    assert back["generator"] == saved["generator"] and np.array_equal(back["numpy"][1], saved["numpy"][1])
+
+
+@pytest.mark.parametrize("payload", [{"generator": 1}, [1, 2], {"python": None}])
+def test_an_rng_file_of_the_wrong_shape_is_one_error_naming_it(tmp_path, payload):
+    folder = _run_with(tmp_path, "rng.pt", payload)
+    with pytest.raises(ValueError, match="rng.pt does not hold the RNG states"):
+        _load_rng(folder, TaskCursor(10, 0), np.random.default_rng(0))
+
+
+def test_garbage_is_one_error_naming_the_file(tmp_path):
+    (tmp_path / "predictor.pt").write_bytes(os.urandom(64))
+    with pytest.raises(ValueError, match="predictor.pt is not a state file"):
+        load_state_file(tmp_path / "predictor.pt")
