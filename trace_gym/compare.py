@@ -85,6 +85,7 @@ def load_run(path: str | Path, name: str = "") -> Run:
     import yaml
 
     from trace_gym.checkpoint import MAX_CONFIG_BYTES
+    from trace_gym.config import load_yaml
     from trace_gym.run_files import read_json_file
 
     rd = RunDir(path)
@@ -111,8 +112,8 @@ def load_run(path: str | Path, name: str = "") -> Run:
     if len(text) > MAX_CONFIG_BYTES:
         raise ValueError(f"run {str(path)!r}: config.yaml is more than {MAX_CONFIG_BYTES:,} bytes")
     try:
-        config = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+        config = load_yaml(text) or {}
+    except (yaml.YAMLError, RecursionError) as exc:
         raise ValueError(f"run {str(path)!r}: config.yaml is unreadable ({str(exc)[:200]})") from None
     if type(config) is not dict:
         raise ValueError(f"run {str(path)!r}: config.yaml is a {type(config).__name__}, expected a mapping")

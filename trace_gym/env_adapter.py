@@ -400,13 +400,15 @@ def query_kwargs(query: str) -> dict[str, Any]:
     """
     import yaml
 
+    from trace_gym.config import load_yaml
+
     out: dict[str, Any] = {}
     for part in filter(None, query.split("&")):
         key, sep, value = part.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"env id options must be key=value joined by '&', got {part!r}")
         try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+            out[key.strip()] = load_yaml(value) if value.strip() else ""
         except yaml.YAMLError:
             out[key.strip()] = value
     return out

@@ -30,7 +30,7 @@ import numpy as np
 from trace_gym.advantages import get_estimator
 from trace_gym.checkpoint import (RunDir, load_predictor_state, load_state_file, predictor_state,
                                   require_predictor_state)
-from trace_gym.config import flatten, to_yaml
+from trace_gym.config import flatten, load_yaml, to_yaml
 from trace_gym.driver import brief_repeats, forecast_fallback_first
 from trace_gym.entry_configs import RESUMABLE_KEYS, TrainConfig
 from trace_gym.reporters import make_reporters, require_installed, scalars
@@ -48,10 +48,9 @@ def config_differences(stored_yaml: str, new_yaml: str) -> list[str]:
     A key one side lacks (a run written before the key existed) counts as its default, so
     a run resumes under a newer version as long as it leaves the new keys at their defaults.
     """
-    import yaml
 
     def flat(text: str) -> dict:
-        return flatten(TrainConfig, yaml.safe_load(text) or {})
+        return flatten(TrainConfig, load_yaml(text) or {})
 
     defaults = flat(to_yaml(TrainConfig()))
     flat_a, flat_b = {**defaults, **flat(stored_yaml)}, {**defaults, **flat(new_yaml)}

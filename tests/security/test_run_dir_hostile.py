@@ -79,3 +79,29 @@ def test_garbage_is_one_error_naming_the_file(tmp_path):
     (tmp_path / "predictor.pt").write_bytes(os.urandom(64))
     with pytest.raises(ValueError, match="predictor.pt is not a state file"):
         load_state_file(tmp_path / "predictor.pt")
+
+
+def _billion_laughs() -> str:
+    text, previous = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n', "a"
+    for name in "bcdefghi":
+        text += f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]\n"
+        previous = name
+    return text  # 342 bytes; with its aliases expanded, about 4e8 strings
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
+    import yaml
+
+    from trace_gym.config import load_yaml
+
+    assert load_yaml("a: 1\nb: [x, y]\nc: {d: e}\n") == {"a": 1, "b": ["x", "y"], "c": {"d": "e"}}
+    with pytest.raises(yaml.YAMLError, match=r"alias \(\*a\).*not allowed"):
+        load_yaml(_billion_laughs())
+    run = RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES)  # a run dir whose config.yaml was replaced
+    run.start("a: 1\n")
+    run.close()
+    (tmp_path / "run" / "config.yaml").write_text(_billion_laughs())
+    from trace_gym.train import config_differences
+
+    with pytest.raises(ValueError, match="config.yaml is unreadable.*alias"):
+        RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES).start("a: 1\n", compare=config_differences)
