@@ -306,16 +306,20 @@ class RunDir:
         return drop_checkpoint_files(folder, step, patterns)
 
     def checkpoint_path(self, step: int | None = None) -> Path:
-        """``checkpoints/step-N`` (the latest when ``step`` is None); ValueError when absent."""
+        """``checkpoints/step-N`` (the latest when ``step`` is None), its files checked
+        against its manifest by content (SHA-256: a policy is loaded from it, and a
+        same-size edit must not pass); ValueError when absent or changed."""
         if step is None:
             last = self.last_checkpoint()
             if last is None:
                 raise ValueError(f"run dir {str(self.path)!r} has no checkpoint")
-            return last.path
-        path = self.checkpoints / f"step-{step}"
-        if not path.exists():
-            raise ValueError(f"run dir {str(self.path)!r} has no checkpoint for step {step}; it has {sorted(self._steps())}")
-        reason = verify_checkpoint(path, step, hashes=False, required=self.step_files)
+            path, step = last.path, last.step
+        else:
+            path = self.checkpoints / f"step-{step}"
+            if not path.exists():
+                raise ValueError(f"run dir {str(self.path)!r} has no checkpoint for step {step}; it has "
+                                 f"{sorted(self._steps())}")
+        reason = verify_checkpoint(path, step, hashes=True, required=self.step_files)
         if reason is not None:
             raise ValueError(f"{path} is not a complete checkpoint: {reason}")
         return path

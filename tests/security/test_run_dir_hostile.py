@@ -105,3 +105,15 @@ def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
 
     with pytest.raises(ValueError, match="config.yaml is unreadable.*alias"):
         RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES).start("a: 1\n", compare=config_differences)
+
+
+@pytest.mark.parametrize("spec", ["{run}@1", "{run}"])
+def test_a_policy_from_a_checkpoint_whose_weights_changed_at_the_same_size_is_refused(tmp_path, spec):
+    from trace_gym.policies import find_policy
+
+    folder = _run_with(tmp_path, "rng.pt", {"generator": 1})  # a complete step-1, manifest rewritten
+    run = tmp_path / "run"
+    assert find_policy(spec.format(run=run)) is not None  # as written: accepted
+    (folder / "policy" / "model.safetensors").write_bytes(b"X" * 64)  # same size, other bytes
+    with pytest.raises(ValueError, match="model.safetensors.*SHA-256|SHA-256.*model.safetensors"):
+        find_policy(spec.format(run=run))
