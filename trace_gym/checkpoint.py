@@ -63,7 +63,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trace_gym.run_files import (MANIFEST, atomic_write_text, drop_checkpoint_files, is_resumable, is_step,
-                                 iter_json_lines, link_outside, read_json_file, verify_checkpoint, write_manifest)
+                                 iter_json_lines, link_outside, open_regular, read_json_file, verify_checkpoint,
+                                 write_manifest)
 
 __all__ = ["MANIFEST", "atomic_write_text", "verify_checkpoint", "write_manifest"]  # re-exported from run_files
 
@@ -214,7 +215,7 @@ class RunDir:
         ``ValueError`` naming the file when it cannot be read or compared."""
         import yaml
 
-        with open(self.config_path, "rb") as f:
+        with open_regular(self.config_path) as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
         try:
             if len(data) > MAX_CONFIG_BYTES:

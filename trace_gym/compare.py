@@ -86,7 +86,7 @@ def load_run(path: str | Path, name: str = "") -> Run:
 
     from trace_gym.checkpoint import MAX_CONFIG_BYTES
     from trace_gym.config import load_yaml
-    from trace_gym.run_files import read_json_file
+    from trace_gym.run_files import open_regular, read_json_file
 
     rd = RunDir(path)
     if not rd.config_path.exists():
@@ -107,7 +107,7 @@ def load_run(path: str | Path, name: str = "") -> Run:
         if type(ev) is not dict or not isinstance(ev.get("accuracy"), (int, float)):
             raise ValueError(f"run {str(path)!r}: evals/{f.name} is not an evaluation (no numeric accuracy)")
         evals[int(step)] = ev
-    with open(rd.config_path, "rb") as fh:
+    with open_regular(rd.config_path) as fh:
         text = fh.read(MAX_CONFIG_BYTES + 1)
     if len(text) > MAX_CONFIG_BYTES:
         raise ValueError(f"run {str(path)!r}: config.yaml is more than {MAX_CONFIG_BYTES:,} bytes")

@@ -30,7 +30,7 @@ import re
 import secrets
 import stat
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Iterator, Mapping, Sequence
 
 from trace_gym.textsafe import JSONRefused, loads_record
 
@@ -66,13 +66,31 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 # ---------------------------------------------------------------------- reading
+def open_regular(path: str | Path) -> BinaryIO:
+    """``path`` opened to read bytes, refused unless it is a regular file: a FIFO would
+    block its reader for ever and ``/dev/zero`` never ends (``ValueError`` naming it;
+    ``OSError`` when it cannot be opened). Links are followed (a run dir's own checks say
+    where they may lead)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO does not wait for a writer
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
+            raise ValueError(f"{path} is not a regular file ({kind})")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_json_file(path: str | Path, *, max_bytes: int = MAX_JSON_FILE_BYTES,
                    max_depth: int = MAX_RUN_JSON_DEPTH) -> Any:
     """The JSON value of ``path``, read to at most ``max_bytes`` and parsed within
     ``max_depth``; ``ValueError`` naming the file and why (too large, too deep, not UTF-8,
     not JSON, a number past Python's digit limit). ``OSError`` when it cannot be read."""
     path = Path(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path.name} is more than {max_bytes:,} bytes long")
@@ -86,8 +104,9 @@ def iter_json_lines(path: str | Path, *, max_line_bytes: int = MAX_JSON_LINE_BYT
                     max_depth: int = MAX_RUN_JSON_DEPTH) -> Iterator[Any]:
     """The parsed lines of a JSON-lines file, one in memory at a time; a line that is
     longer than ``max_line_bytes``, deeper than ``max_depth`` or not JSON (a torn last
-    line, an interleaved write, an edit) is skipped."""
-    with open(path, "rb") as f:
+    line, an interleaved write, an edit) is skipped; ``ValueError`` when ``path`` is not a
+    regular file (:func:`open_regular`)."""
+    with open_regular(path) as f:
         while line := f.readline(max_line_bytes + 1):
             if len(line) > max_line_bytes and not line.endswith(b"\n"):
                 while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):

@@ -117,3 +117,24 @@ def test_a_policy_from_a_checkpoint_whose_weights_changed_at_the_same_size_is_re
     (folder / "policy" / "model.safetensors").write_bytes(b"X" * 64)  # same size, other bytes
     with pytest.raises(ValueError, match="model.safetensors.*SHA-256|SHA-256.*model.safetensors"):
         find_policy(spec.format(run=run))
+
+
+@pytest.mark.timeout(60)  # a FIFO blocked its reader for ever; /dev/zero never ended
+@pytest.mark.parametrize("name,kind", [("config.yaml", "fifo"), ("metrics.jsonl", "fifo"), ("metrics.jsonl", "zero"),
+                                       ("config.yaml", "folder")])
+def test_a_run_file_that_is_not_a_regular_file_is_one_error_in_resume_and_compare(tmp_path, name, kind):
+    from trace_gym.compare import load_run
+
+    _run_with(tmp_path, "rng.pt", {"generator": 1})
+    target = tmp_path / "run" / name
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "zero":
+        os.symlink("/dev/zero", target)
+    else:
+        target.mkdir()
+    with pytest.raises(ValueError, match=f"{name}.*(is not a regular file|unreadable)"):
+        load_run(tmp_path / "run")
+    with pytest.raises(ValueError, match=f"{name}.*(is not a regular file|unreadable|outside)"):
+        RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES).start("a: 1\n")
