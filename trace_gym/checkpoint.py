@@ -68,7 +68,7 @@ from trace_gym.run_files import (MANIFEST, atomic_write_text, drop_checkpoint_fi
 
 __all__ = ["MANIFEST", "atomic_write_text", "verify_checkpoint", "write_manifest"]  # re-exported from run_files
 
-CHECKPOINT = re.compile(r"^step-(\d+)$")
+CHECKPOINT = re.compile(r"step-(0|[1-9][0-9]{0,14})\Z")  # the names the run writes: "step-007", "step-4\n" are not
 LOCK = ".lock"
 #: The files every checkpoint of a training step holds (``trace_gym.train`` writes them;
 #: patterns relative to the step folder; the sharded trainer writes ``trainer-rank*.pt``).

@@ -98,7 +98,7 @@ def load_run(path: str | Path, name: str = "") -> Run:
     evals = {}
     for f in sorted((rd.path / "evals").glob("step-*.json")) if (rd.path / "evals").exists() else []:
         step = f.stem.split("-")[1]
-        if not step.isdigit() or len(step) > 15:
+        if not (step.isascii() and step.isdigit()) or len(step) > 15:  # "step-٣" is not step 3
             continue  # not a file the run wrote
         try:
             ev = read_json_file(f)

@@ -63,8 +63,8 @@ def find_policy(spec: str, *, key: str = "policy") -> Policy:
     path, _, step = spec.partition("@")
     run = Path(path)
     if is_run_dir(run):
-        if step and not step.isdigit():
-            raise ValueError(f"{key} {spec!r}: the step after @ must be an integer")
+        if step and not (step.isascii() and step.isdigit() and len(step) <= 15):
+            raise ValueError(f"{key} {spec[:200]!r}: the step after @ must be an integer of at most 15 digits")
         ckpt = RunDir(run).checkpoint_path(int(step) if step else None)
         return Policy(spec, str(ckpt / "policy"), f"{run.name}@{ckpt.name.split('-')[1]}", False)
     if step:

@@ -138,3 +138,21 @@ def test_a_run_file_that_is_not_a_regular_file_is_one_error_in_resume_and_compar
         load_run(tmp_path / "run")
     with pytest.raises(ValueError, match=f"{name}.*(is not a regular file|unreadable|outside)"):
         RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES).start("a: 1\n")
+
+
+@pytest.mark.parametrize("odd", ["step-007", "step-1\n", "step-" + "9" * 250, "step-٣"])
+def test_a_step_folder_the_run_never_writes_is_ignored_by_resume(tmp_path, odd):
+    _run_with(tmp_path, "rng.pt", {"generator": 1})
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (checkpoints / odd).mkdir()
+    resume = RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES).start("a: 1\n")
+    assert resume is not None and resume.step == 1 and (checkpoints / odd).is_dir()
+
+
+@pytest.mark.parametrize("step", ["9" * 300, "²", "1" * 5000])
+def test_a_policy_step_that_is_not_a_short_integer_is_one_line(tmp_path, step):
+    from trace_gym.policies import find_policy
+
+    _run_with(tmp_path, "rng.pt", {"generator": 1})
+    with pytest.raises(ValueError, match="the step after @ must be an integer of at most 15 digits"):
+        find_policy(f"{tmp_path / 'run'}@{step}")
