@@ -66,17 +66,27 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 # ---------------------------------------------------------------------- reading
+class NotRegularFile(ValueError):
+    """:func:`open_regular`'s refusal; ``is_dir`` tells a folder from a FIFO, socket or device."""
+
+    def __init__(self, path: str | Path, is_dir: bool):
+        super().__init__(f"{path} is not a regular file ({'a folder' if is_dir else 'a FIFO, socket or device'})")
+        self.is_dir = is_dir
+
+
 def open_regular(path: str | Path) -> BinaryIO:
     """``path`` opened to read bytes, refused unless it is a regular file: a FIFO would
-    block its reader for ever and ``/dev/zero`` never ends (``ValueError`` naming it;
-    ``OSError`` when it cannot be opened). Links are followed (a run dir's own checks say
-    where they may lead)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO does not wait for a writer
+    block its reader for ever and ``/dev/zero`` never ends (:class:`NotRegularFile`, a
+    ``ValueError`` naming it; ``OSError`` when it cannot be opened). Links are followed (a
+    run dir's own checks say where they may lead); the run dirs and the banks read through it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO does not wait for a writer
+    except IsADirectoryError:  # where a folder cannot be opened at all
+        raise NotRegularFile(path, is_dir=True) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
-            raise ValueError(f"{path} is not a regular file ({kind})")
+            raise NotRegularFile(path, is_dir=stat.S_ISDIR(mode))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
-import stat
 import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Mapping
 
 from trace_gym.banks.schema import (BankError, check_encodable, check_footer, check_manifest, check_prompt_record,
                                     check_run)
+from trace_gym.run_files import NotRegularFile, open_regular
 from trace_gym.textsafe import JSONRefused, loads_record, nesting_problem
 
 #: Longest line (decompressed bytes, newline included) a bank may hold; a member inflating
@@ -179,25 +178,18 @@ def check_line_bytes(line: bytes) -> None:
 
 
 def open_file(path: Path) -> BinaryIO:
-    """``path`` opened for reading, or a ``BankError`` naming why not (a directory, no file, no
-    permission, not a regular file). Opened without blocking and checked with ``fstat``, so a
-    FIFO or a device named like a bank is refused instead of hanging the reader."""
+    """``path`` opened for reading (:func:`~trace_gym.run_files.open_regular`: without
+    blocking, checked with ``fstat``, so a FIFO or a device named like a bank is refused
+    instead of hanging the reader), or a ``BankError`` naming why not (a directory, no
+    file, no permission, not a regular file)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        return open_regular(path)  # the caller closes it
     except FileNotFoundError:
         raise BankError(f"no bank file at {path}") from None
-    except IsADirectoryError:
-        fd = None
+    except NotRegularFile as exc:
+        if exc.is_dir:
+            raise BankError(f"{path} is a directory, not a bank file (`trace-gym bank list {path}` lists the banks "
+                            "in it)") from None
+        raise BankError(f"{path} is not a regular file (a FIFO, a socket or a device), not a bank file") from None
     except OSError as exc:
         raise BankError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    mode = os.stat(path).st_mode if fd is None else os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        if fd is not None:
-            os.close(fd)
-        if stat.S_ISDIR(mode):
-            raise BankError(f"{path} is a directory, not a bank file (`trace-gym bank list {path}` lists the banks "
-                            "in it)")
-        raise BankError(f"{path} is not a regular file (a FIFO, a socket or a device), not a bank file")
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")  # the caller closes it
