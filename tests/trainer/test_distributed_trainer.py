@@ -20,7 +20,9 @@ from trace_gym.trainer import TrainerConfig
 
 PARAM_ATOL = 1e-5
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-7
-CONFIG = TrainerConfig(lr=1e-3, micro_batch_tokens=64, max_grad_norm=1.0)
+# one thread on every side (the single process and each rank), pinned here, not by the caller's
+# OMP_NUM_THREADS: another thread count changes float reductions (8e-5 apart against PARAM_ATOL)
+CONFIG = TrainerConfig(lr=1e-3, micro_batch_tokens=64, max_grad_norm=1.0, cpu_threads=1)
 
 
 def test_deal_rows_by_hand():

@@ -235,6 +235,9 @@ def test_concurrent_cache_writers_never_share_a_temp_file(tmp_path, monkeypatch)
     cfg, folder = _cache_setup(tmp_path, monkeypatch, calls)
     cfg = type(cfg)(**{**cfg.__dict__, "cache": False})  # every call evaluates and writes the entry
     errors, seen = [], []
+    # the order is forced, not hoped for: the reader starts once an entry exists and reads
+    # until every writer is done (one last pass after), so it always races live writers
+    written, writers_done = threading.Event(), threading.Event()
 
     def writer():
         for _ in range(40):
@@ -242,21 +245,31 @@ def test_concurrent_cache_writers_never_share_a_temp_file(tmp_path, monkeypatch)
                 evaluate_cached(cfg, folder, "aime24", engine=object())
             except Exception as exc:  # noqa: BLE001  (what a shared temp file raises: the test's finding)
                 errors.append(repr(exc))
+            written.set()
+
+    def read_once():
+        for path in (tmp_path / "cache").glob("*.json"):
+            if path.name != "file_hashes.json":
+                try:
+                    seen.append(hashlib.sha256(path.read_bytes()).hexdigest())
+                    json.loads(path.read_text())
+                except FileNotFoundError:
+                    pass
+                except ValueError as exc:
+                    errors.append(f"a reader saw a torn entry: {exc}")
 
     def reader():
-        for _ in range(400):
-            for path in (tmp_path / "cache").glob("*.json"):
-                if path.name != "file_hashes.json":
-                    try:
-                        seen.append(hashlib.sha256(path.read_bytes()).hexdigest())
-                        json.loads(path.read_text())
-                    except FileNotFoundError:
-                        pass
-                    except ValueError as exc:
-                        errors.append(f"a reader saw a torn entry: {exc}")
-    threads = [threading.Thread(target=writer) for _ in range(4)] + [threading.Thread(target=reader)]
+        written.wait()
+        while not writers_done.is_set():
+            read_once()
+        read_once()
+    writers = [threading.Thread(target=writer) for _ in range(4)]
+    threads = writers + [threading.Thread(target=reader)]
     for t in threads:
         t.start()
+    for t in writers:
+        t.join()
+    writers_done.set()
     for t in threads:
         t.join()
     assert not errors, errors[:3]
