@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from trace_gym.weights import weights_hash  # noqa: F401  (re-exported: its home was here)
-
 MANIFEST = "trace_gym_manifest.json"
 _MANIFEST_VERSION = 1
 

@@ -9,8 +9,11 @@ and the next ``train`` moved the trained weights aside). The memo lives in the c
     $TRACE_GYM_CACHE/weights_hashes/<blake2b of the folder's real path>.json
 
 keyed by each file's device, inode, size, mtime and ctime (``ctime`` cannot be set back by
-a user, so an edit that restores size and mtime still misses). A cache that cannot be read
-or written is a miss, never an error.
+a user, so an edit that restores size and mtime still misses). Timestamps are coarse (a
+kernel tick; a second on some filesystems), so a file changed within
+:data:`RACY_SECONDS` of its hashing is not memoised: an edit in the same tick would keep
+its ctime (git's "racily clean" entries). A cache that cannot be read or written is a
+miss, never an error.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Mapping
 
@@ -25,6 +29,8 @@ from trace_gym.run_files import atomic_write_text, read_json_file, sha256_file
 
 #: Memo format version (2 was the memo inside the model folder, keyed by size and mtime).
 _MEMO_VERSION = 3
+#: A file whose ctime is this close to (or after) the start of its hashing is not memoised, seconds.
+RACY_SECONDS = 2.0
 #: The manifest a pulled model carries (:data:`trace_gym.models.MANIFEST`; named here so
 #: this module need not import the model cache).
 _PULL_MANIFEST = "trace_gym_manifest.json"
@@ -60,10 +66,12 @@ def weights_hash(folder: str | os.PathLike, *, known: Mapping[str, str] | None =
         if isinstance(kept, dict) and all(isinstance(kept.get(f.name), str) for f in rest):
             hashes.update({f.name: kept[f.name] for f in rest})
         else:
+            started = time.time_ns()
             fresh = {f.name: sha256_file(f) for f in rest}
             hashes.update(fresh)
-            _write_memo(memo, {"version": _MEMO_VERSION, "folder": str(folder.resolve()), "stamp": stamp,
-                               "files": fresh})
+            if all(key[5] < started - RACY_SECONDS * 1e9 for key in stamp):  # else an edit could keep the stamp
+                _write_memo(memo, {"version": _MEMO_VERSION, "folder": str(folder.resolve()), "stamp": stamp,
+                                   "files": fresh})
     digest = hashlib.sha256()
     for f in files:
         digest.update(f"{f.name}:{hashes[f.name]}\n".encode())
@@ -73,7 +81,7 @@ def weights_hash(folder: str | os.PathLike, *, known: Mapping[str, str] | None =
 def memo_path(folder: str | os.PathLike) -> Path:
     """Where :func:`weights_hash` memoises ``folder``'s file hashes: a file in the trace_gym
     cache (``$TRACE_GYM_CACHE/weights_hashes/``) named by the folder's real path."""
-    from trace_gym.models import cache_root  # the cache's one definition (models imports this module)
+    from trace_gym.models import cache_root  # the cache's one definition
 
     key = hashlib.blake2b(os.path.realpath(folder).encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
     return cache_root() / "weights_hashes" / f"{key}.json"
