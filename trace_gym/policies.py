@@ -103,9 +103,10 @@ def checkpoint_of(path: Path) -> tuple[Path, str] | None:
     folder = Path(os.path.abspath(path))  # "step-2/policy/." and "step-2/policy/../policy" spelled out
     folder = folder.parent if folder.name == "policy" else folder
     match = CHECKPOINT.match(folder.name)
-    if match is None or folder.parent.name != "checkpoints" or not is_run_dir(folder.parent.parent):
+    run = folder.parent.parent
+    if match is None or folder.parent.name != "checkpoints" or not is_run_dir(run):
         return None
-    return folder.parent.parent, match.group(1)
+    return (run if path.is_absolute() else Path(os.path.relpath(run))), match.group(1)  # the ref as the user spelt it
 
 
 def _checkpoint_policy(spec: str, run: Path, step: int | None) -> Policy:

@@ -44,6 +44,9 @@ MAX_RUN_JSON_DEPTH = 64
 #: Largest step number a run file may name (a count, exact as a float).
 MAX_STEP = 2**53
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: What ``eval`` wrote into a checkpoint's ``policy/`` before issue 41 (the memo now lives in
+#: the cache: :mod:`trace_gym.weights`); a run dir evaluated then still holds it.
+OLD_EVAL_MEMO = ".trace_gym_weights_hash.json"
 
 
 # ---------------------------------------------------------------------- writing
@@ -309,7 +312,10 @@ def verify_checkpoint(folder: Path, step: int, *, hashes: bool = True,
     dropped = set(_dropped(manifest))  # a weights-only checkpoint: these went on purpose
     unlisted = sorted(set(present) - set(files) - {MANIFEST} - dropped)
     if unlisted:
-        return f"{_shown(unlisted[0])} is not listed in {MANIFEST} (a checkpoint holds what its manifest lists, nothing else)"
+        old_memo = " (the weights-hash memo eval wrote there before issue 41: safe to remove)" \
+            if unlisted[0].rpartition("/")[2] == OLD_EVAL_MEMO else ""
+        return f"{_shown(unlisted[0])} is not listed in {MANIFEST}{old_memo} (a checkpoint holds what its manifest " \
+               "lists, nothing else)"
     for pattern in required:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in [*files, *dropped]):
             return f"{MANIFEST} lists no {pattern} (every checkpoint of this run holds one)"

@@ -180,6 +180,19 @@ def test_resume_refuses_a_touched_newest_checkpoint_moves_nothing_and_goes_on_on
     assert [r["step"] for r in again.read_metrics()] == list(range(1, expected + 1))
 
 
+def test_a_run_dir_an_older_eval_wrote_into_is_refused_with_what_to_remove_then_resumes(tmp_path):
+    """The run dirs of issue 41: eval's old memo in step-2/policy/ (its resume moved step-2 aside)."""
+    run = _checkpointed_run(tmp_path / "run", 2)
+    memo = run.checkpoints / "step-2" / "policy" / ".trace_gym_weights_hash.json"
+    memo.write_text('{"version": 2, "stamp": [], "sha256": "0"}')
+    again = RunDir(tmp_path / "run")
+    assert_refused_untouched(again.path, 2, "policy/.trace_gym_weights_hash.json is not listed in manifest.json (the "
+                             "weights-hash memo eval wrote there before issue 41: safe to remove)",
+                             lambda: again.start("a: 1\n"), then="step-1 is then the newest")
+    memo.unlink()
+    assert again.start("a: 1\n").step == 2
+
+
 def test_a_touched_only_checkpoint_is_refused_too_naming_a_fresh_start(tmp_path):
     run = _checkpointed_run(tmp_path / "run", 1)
     (run.checkpoints / "step-1" / "policy" / "notes.txt").write_text("mine")
