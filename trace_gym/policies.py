@@ -1,5 +1,6 @@
 """The one resolver of ``--policy`` / ``policy=``: a model name, a model folder, a hub id or
-a training run's checkpoint (``RUN[@STEP]``).
+a training run's checkpoint (``RUN[@STEP]``, or the checkpoint's own folder
+``RUN/checkpoints/step-N[/policy]``, which is ``RUN@N``).
 
 Every command that takes a policy (``train`` and ``train --dry-run``, ``bench --env``,
 ``bank record``, ``eval``) resolves it through :func:`find_policy` before it writes
@@ -60,12 +61,14 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_policy(spec: str, *, key: str = "policy") -> Policy:
-    """The :class:`Policy` of a model name / folder / hub id / ``RUN[@STEP]``, without
-    pulling, downloading or loading anything.
+    """The :class:`Policy` of a model name / folder / hub id / ``RUN[@STEP]`` / a checkpoint's
+    folder, without pulling, downloading, loading or writing anything (a checkpoint's files
+    are read once, to check them against its manifest by SHA-256).
 
     Raises:
-        ValueError: a spec that is none of these: one line naming ``key`` and the value
-            (with the closest known model names).
+        ValueError: a spec that is none of these (``org/name`` whose ``org/`` is a folder
+            here is a missing path, not a hub id), or a checkpoint that is not as its run
+            wrote it: one line naming ``key`` and the value (with the closest names).
     """
     from trace_gym.suggest import did_you_mean
     from trace_gym.models import MODELS, locate_model, missing_local_path
