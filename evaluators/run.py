@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_gym.config import doc
-from trace_gym.models import weights_hash
-from trace_gym.policies import resolve_policy
+from trace_gym.policies import find_policy
 from trace_gym.run_files import atomic_write_text, iter_json_lines, read_json_file
+from trace_gym.weights import weights_hash
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,9 @@ class EvalConfig:
 
 
 def _cache_dir(cfg: EvalConfig) -> Path:
-    if cfg.cache_dir:
-        return Path(cfg.cache_dir)
-    return Path(os.environ.get("TRACE_GYM_CACHE", Path.home() / ".cache" / "trace_gym")) / "eval"
+    from trace_gym.models import cache_root
+
+    return Path(cfg.cache_dir) if cfg.cache_dir else cache_root() / "eval"
 
 
 def data_path(cfg: EvalConfig, suite: str) -> str | None:
@@ -142,8 +142,8 @@ def content_hashes(paths: Sequence[str | os.PathLike], memo_file: Path | None = 
     """``{path: sha256}`` of each file's bytes, or of a folder's files (sha256 over every
     ``relative/name:sha256`` line, sorted by name), for the eval cache keys.
 
-    As in :func:`trace_gym.models.weights_hash`, per-file hashes are memoised by size and
-    mtime, here in ``memo_file`` (JSON; skipped where it cannot be written), so a large
+    Per-file hashes are memoised by size and mtime in ``memo_file`` (in the cache folder,
+    never beside the files) (JSON; skipped where it cannot be written), so a large
     index is read once until it changes.
     """
     memo: dict[str, list] = {}
@@ -210,12 +210,15 @@ def cache_key(cfg: EvalConfig, digest: str, suite: str, tasks_digest: str | None
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = None) -> tuple[dict[str, Any], Any]:
+def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = None, *,
+                    digest: str | None = None) -> tuple[dict[str, Any], Any]:
     """One suite's result for the weights in ``folder``: from the cache when the same weights
     and settings were evaluated before, else run (on ``engine``, built when ``None``) and
     stored. Returns ``(result, engine or None)``; with ``cfg.dump_episodes`` the result's
     ``"transcripts"`` holds that many (kept beside the cached result, so a cached repeat
-    has them too; a cache entry without enough of them is recomputed)."""
+    has them too; a cache entry without enough of them is recomputed). ``digest``: the
+    weights hash when the caller has it (:meth:`trace_gym.policies.Policy.weights_hash`),
+    else :func:`~trace_gym.weights.weights_hash` of ``folder``. Writes nothing into ``folder``."""
     from evaluators import suites
     from trace_gym.engines import make_engine
 
@@ -223,7 +226,7 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     path = data_path(cfg, suite)
     limit = cfg.limit or None
     tasks = suites.load_suite_tasks(spec, limit, path, cfg.heldout_fraction) if spec.hash_tasks else None
-    key = cache_key(cfg, weights_hash(folder), suite, tasks_hash(tasks) if tasks is not None else None)
+    key = cache_key(cfg, digest or weights_hash(folder), suite, tasks_hash(tasks) if tasks is not None else None)
     cached = _cache_dir(cfg) / f"{key}.json"
     episodes_file = cached.with_suffix(".episodes.jsonl")
     result = read_cached(cached) if cfg.cache else None
@@ -290,21 +293,23 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
         data_path(cfg, suite)
     quiet_third_party()
     out = out or sys.stdout
-    resolved = [(spec, *resolve_policy(spec)) for spec in cfg.policy]
+    policies = [find_policy(spec) for spec in cfg.policy]  # every spec checked before any download
+    resolved = [(policy, policy.folder()) for policy in policies]
     rows = []
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    for spec, folder, label, base in resolved:
+    for policy, folder in resolved:
+        digest = policy.weights_hash()  # a checkpoint's from its verified manifest: no second read
         engine = None
         try:
             for suite in cfg.suites:
-                result, engine = evaluate_cached(cfg, folder, suite, engine)
+                result, engine = evaluate_cached(cfg, folder, suite, engine, digest=digest)
                 transcripts = result.pop("transcripts", None)
                 if transcripts is not None:
-                    dump = Path(cfg.out) / f"episodes-{_file_label(spec)}-{_file_label(suite)}.jsonl"
+                    dump = Path(cfg.out) / f"episodes-{_file_label(policy.spec)}-{_file_label(suite)}.jsonl"
                     _write_jsonl(dump, transcripts)
                     result["episode_file"] = str(dump)
-                result.update(policy=spec, label=("ReAct (no RL): " if base else "") + label,
-                              weights_sha256=weights_hash(folder))
+                result.update(policy=policy.spec, label=("ReAct (no RL): " if policy.base else "") + policy.label,
+                              weights_sha256=digest)
                 rows.append(result)
         finally:
             if engine is not None:

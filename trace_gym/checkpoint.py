@@ -23,10 +23,13 @@ Crash safety (SIGKILL at any instant):
   nothing else, at least the files every step of the run writes (``step_files``: a
   manifest listing ``"files": {}`` does not make an empty step complete), each with its
   size and SHA-256, no link anywhere, and ``state.json`` / ``metrics.json`` of its step.
-  Resume takes the newest complete one, and a folder that is not (empty, a truncated
-  weight file, a garbage ``state.json``, a planted unlisted file) is moved aside to
-  ``checkpoints/.invalid-step-N-<time>`` (kept, not deleted) and named, with the reason,
-  in :attr:`RunDir.skipped`;
+  Since a checkpoint is renamed into place whole, a ``step-N`` that fails its manifest
+  was changed by something else (an editor, another tool, a bad copy); resume (and
+  ``eval --policy RUN``) then refuses in one line naming the step, the reason and how to go
+  on, and moves nothing: a run's trained state is the most expensive thing its user has;
+- a checkpoint is read-only to every reader (resume, ``eval``, ``compare``, ``bench``,
+  ``bank record``): nothing but its run writes into it, and readers' caches live in the
+  trace_gym cache (the weights hash: :mod:`trace_gym.weights`);
 - one run at a time: :meth:`RunDir.start` takes an exclusive lock on ``.lock`` (released
   when the process ends, however it ends); a second run on the same directory is refused
   in one line naming the holder's pid, host and start time;
@@ -119,8 +122,6 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
         self.config_path = self.path / "config.yaml"
-        #: checkpoints :meth:`start` found incomplete: ``"step-9: no manifest.json ..."``
-        self.skipped: list[str] = []
         self._lock: Any = None  # the open .lock file while this object holds it
 
     # -- one run at a time
@@ -166,9 +167,13 @@ class RunDir:
 
         Writes ``config.yaml`` on a fresh start. On a rerun the stored config must match
         (``compare(stored, new)`` returns the differing keys; any raises ``ValueError``
-        naming them). Returns the last complete checkpoint, or ``None`` to start at step 1;
-        incomplete ones are moved aside and listed in :attr:`skipped`. Takes the lock first
-        (:meth:`lock`).
+        naming them). Returns the newest checkpoint, checked by SHA-256, or ``None`` to
+        start at step 1. Takes the lock first (:meth:`lock`); removes the temp folders a
+        killed run left, and nothing else.
+
+        Raises:
+            ValueError: another config, or the newest ``step-N`` is not as the run wrote it
+                (:meth:`last_checkpoint`; nothing is moved).
         """
         self.lock()
         self._check_inside()
@@ -182,16 +187,7 @@ class RunDir:
             atomic_write_text(self.config_path, config_yaml)
         for stale in self.checkpoints.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        self.skipped = []
-        for step in sorted(self._steps(), reverse=True):
-            folder = self.checkpoints / f"step-{step}"
-            reason = verify_checkpoint(folder, step, required=self.step_files)
-            if reason is None:
-                break
-            aside = self.checkpoints / f".invalid-step-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-            os.rename(folder, aside)
-            self.skipped.append(f"step-{step}: {reason} (moved to {aside.name})")
-        resume = self.last_checkpoint()
+        resume = self.last_checkpoint(hashes=True)
         self._reconcile_metrics(resume)
         return resume
 
@@ -230,14 +226,35 @@ class RunDir:
         return [int(m.group(1)) for p in self.checkpoints.iterdir() if (m := CHECKPOINT.match(p.name))] \
             if self.checkpoints.exists() else []
 
-    def last_checkpoint(self) -> Resume | None:
-        """The newest checkpoint whose manifest matches its files by size (``start``
-        verifies contents too)."""
-        for step in sorted(self._steps(), reverse=True):
-            folder = self.checkpoints / f"step-{step}"
-            if verify_checkpoint(folder, step, hashes=False, required=self.step_files) is None:
-                return Resume(step, folder, is_resumable(folder))
-        return None
+    def last_checkpoint(self, *, hashes: bool = False) -> Resume | None:
+        """The newest checkpoint (``step-N`` of the largest N), checked against its manifest
+        by size (with ``hashes``, by SHA-256 too); ``None`` when the run has none.
+
+        Raises:
+            ValueError: that folder is not as the run wrote it: one line naming the step,
+                what differs and how to go on (:meth:`_touched`); an older step is never
+                taken in its place, and nothing is moved.
+        """
+        steps = sorted(self._steps())
+        if not steps:
+            return None
+        folder = self.checkpoints / f"step-{steps[-1]}"
+        reason = verify_checkpoint(folder, steps[-1], hashes=hashes, required=self.step_files)
+        if reason is not None:
+            raise ValueError(self._touched(steps[-1], reason, steps[:-1]))
+        return Resume(steps[-1], folder, is_resumable(folder))
+
+    def _touched(self, step: int, reason: str, older: Sequence[int]) -> str:
+        """The refusal of a ``step-N`` that fails its manifest. A run renames each checkpoint
+        into place whole, so such a folder was changed by something else; the user decides
+        what happens to it (moving it aside silently lost a run's trained weights after one
+        evaluation wrote a memo into them)."""
+        before = next((s for s in reversed(older) if verify_checkpoint(
+            self.checkpoints / f"step-{s}", s, hashes=False, required=self.step_files) is None), None)
+        then = f"step-{before} is then the newest" if before is not None else "no checkpoint is then left: step 1 next"
+        return (f"run dir {str(self.path)!r}: checkpoints/step-{step} is not as the run wrote it: {reason}; a trained "
+                f"checkpoint is never moved or deleted for you: undo that change (remove a file the run did not "
+                f"write, restore one it did), or move checkpoints/step-{step} out of checkpoints/ yourself ({then})")
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The metrics lines, read bounded (:func:`~trace_gym.run_files.iter_json_lines`): a
@@ -309,17 +326,16 @@ class RunDir:
     def checkpoint_path(self, step: int | None = None) -> Path:
         """``checkpoints/step-N`` (the latest when ``step`` is None), its files checked
         against its manifest by content (SHA-256: a policy is loaded from it, and a
-        same-size edit must not pass); ValueError when absent or changed."""
+        same-size edit must not pass); ValueError when absent or changed. Reads only."""
         if step is None:
-            last = self.last_checkpoint()
+            last = self.last_checkpoint(hashes=True)
             if last is None:
                 raise ValueError(f"run dir {str(self.path)!r} has no checkpoint")
-            path, step = last.path, last.step
-        else:
-            path = self.checkpoints / f"step-{step}"
-            if not path.exists():
-                raise ValueError(f"run dir {str(self.path)!r} has no checkpoint for step {step}; it has "
-                                 f"{sorted(self._steps())}")
+            return last.path
+        path = self.checkpoints / f"step-{step}"
+        if not path.exists():
+            raise ValueError(f"run dir {str(self.path)!r} has no checkpoint for step {step}; it has "
+                             f"{sorted(self._steps())}")
         reason = verify_checkpoint(path, step, hashes=True, required=self.step_files)
         if reason is not None:
             raise ValueError(f"{path} is not a complete checkpoint: {reason}")

@@ -315,7 +315,9 @@ def locate_model(name_or_path: str | os.PathLike) -> Path | None:
         too, as ``train --dry-run`` sizes the hub models that shipped configs name).
 
     Raises:
-        FileNotFoundError: a path-like reference that does not exist or has no config.json.
+        FileNotFoundError: a path-like reference that does not exist or has no config.json;
+            ``org/name`` whose ``org/`` is a folder here (``runs/typo`` beside
+            ``runs/demo``) is such a path (:func:`missing_local_path`), not a hub id.
     """
     ref = os.fspath(name_or_path)
     if ref in MODELS:
@@ -330,7 +332,30 @@ def locate_model(name_or_path: str | os.PathLike) -> Path | None:
     if ref.startswith(("/", ".", "~")) or ref.count("/") != 1:  # not org/name (which may hold dots: Qwen3-0.6B)
         raise FileNotFoundError(f"model {ref!r} is neither a known name {sorted(MODELS)} nor an existing folder"
                                 f"{did_you_mean(ref, MODELS)}")
+    local = missing_local_path(ref)
+    if local is not None:
+        raise FileNotFoundError(f"model {ref!r}: no model folder there ({local})")
     return None
+
+
+def missing_local_path(ref: str) -> str | None:
+    """Why ``ref`` of the hub-id form ``org/name`` is a missing local path rather than a hub
+    id: it is no folder, and ``org/`` is a folder here (a typo of ``runs/demo`` must
+    not go to the hub, nor wait on it offline); with the closest names in that folder.
+    ``None`` otherwise."""
+    import itertools
+
+    from trace_gym.suggest import did_you_mean
+
+    path = Path(ref).expanduser()
+    if ref.count("/") != 1 or path.is_dir() or not path.parent.is_dir():
+        return None
+    try:  # a bounded look: the folder may be huge or unreadable
+        names = [f"{path.parent.as_posix()}/{p.name}" for p in itertools.islice(path.parent.iterdir(), 10_000)]
+    except OSError:
+        names = []
+    return f"{path.parent.as_posix()}/ exists here, so it is read as a local path, not a hub id" \
+        f"{did_you_mean(ref, names)}"
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
@@ -357,14 +382,23 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         raise ValueError(f"model {ref!r} looks like a hub id, but the hub is off (offline mode)")
     from huggingface_hub import snapshot_download
 
-    from trace_gym.suggest import did_you_mean
-
     try:
         return Path(snapshot_download(ref))
     except Exception as exc:  # noqa: BLE001  (not found, no network, no access: one line, naming the id)
-        first = (str(exc).strip().splitlines() or [""])[-1][:200]
-        raise ValueError(f"model {ref!r} could not be fetched from the hub ({type(exc).__name__}: {first}); "
-                         f"known names: {sorted(MODELS)}{did_you_mean(ref, MODELS)}") from None
+        raise ValueError(hub_failure(ref, exc)) from None
+
+
+def hub_failure(ref: str, exc: BaseException) -> str:
+    """The one line saying why hub id ``ref`` could not be fetched: the exception's last
+    line, whole up to 400 characters (longer: marked where it was cut, never cut
+    unmarked mid-word), and the known names."""
+    from trace_gym.suggest import did_you_mean
+    from trace_gym.textsafe import cap_text
+
+    last = (str(exc).strip().splitlines() or [""])[-1]
+    said = cap_text(last, 400, note=" [... {omitted} characters cut ...] ")
+    return (f"model {ref!r} could not be fetched from the hub ({type(exc).__name__}: {said}); "
+            f"known names: {sorted(MODELS)}{did_you_mean(ref, MODELS)}")
 
 
 def tiny_random_model(
@@ -435,51 +469,3 @@ def quiet_third_party() -> None:
         pass
     if "datasets" in sys.modules:  # never imported just for this (slow)
         sys.modules["datasets"].disable_progress_bars()
-
-
-def weights_hash(folder: str | os.PathLike) -> str:
-    """SHA-256 naming a model folder's weights: over ``name:sha256`` of each ``*.safetensors``
-    file, the one definition (eval cache keys, bank manifests).
-
-    Per-file hashes come from the folder's ``trace_gym_manifest.json`` when its sizes match
-    (a pulled model: free), else from hashing the files (about 1 s per 500 MB); the result
-    is memoised in ``.trace_gym_weights_hash.json`` by the files' sizes and mtimes (skipped
-    in a read-only folder).
-
-    Raises:
-        ValueError: the folder holds no ``*.safetensors`` file.
-    """
-    folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    if not files:
-        raise ValueError(f"no *.safetensors weights in {str(folder)!r}")
-    memo = folder / ".trace_gym_weights_hash.json"
-    stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
-    try:
-        saved = json.loads(memo.read_text())
-        if saved.get("stamp") == stamp and saved.get("version") == 2:
-            return saved["sha256"]
-    except (OSError, ValueError, KeyError, AttributeError):
-        pass
-    try:
-        known = json.loads((folder / "trace_gym_manifest.json").read_text()).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        known = {}
-    digest = hashlib.sha256()
-    for f in files:
-        meta = known.get(f.name, {}) if isinstance(known, dict) else {}
-        if meta.get("size") == f.stat().st_size and meta.get("sha256"):
-            file_hash = meta["sha256"]
-        else:
-            h = hashlib.sha256()
-            with open(f, "rb") as handle:
-                while block := handle.read(1 << 22):
-                    h.update(block)
-            file_hash = h.hexdigest()
-        digest.update(f"{f.name}:{file_hash}\n".encode())
-    value = digest.hexdigest()
-    try:
-        memo.write_text(json.dumps({"version": 2, "stamp": stamp, "sha256": value}))
-    except OSError:
-        pass  # a read-only model folder: recompute next time
-    return value

@@ -44,6 +44,9 @@ MAX_RUN_JSON_DEPTH = 64
 #: Largest step number a run file may name (a count, exact as a float).
 MAX_STEP = 2**53
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: What ``eval`` wrote into a checkpoint's ``policy/`` before issue 41 (the memo now lives in
+#: the cache: :mod:`trace_gym.weights`); a run dir evaluated then still holds it.
+OLD_EVAL_MEMO = ".trace_gym_weights_hash.json"
 
 
 # ---------------------------------------------------------------------- writing
@@ -145,7 +148,8 @@ def link_outside(root: str | Path, path: str | Path) -> str | None:
 
 
 # ---------------------------------------------------------------------- checkpoints
-def _sha256(path: Path) -> str:
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -155,7 +159,7 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(folder: Path, step: int) -> None:
     """Record every file under ``folder`` (size, SHA-256) in its ``manifest.json``, last."""
-    files = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": _sha256(f)}
+    files = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
              for f in sorted(folder.rglob("*")) if f.is_file() and f.name != MANIFEST}
     atomic_write_text(folder / MANIFEST, json.dumps({"step": step, "complete": True, "files": files}, indent=1))
 
@@ -198,6 +202,12 @@ def _dropped(manifest: Mapping[str, Any]) -> list[str]:
     return [n for n in names if type(n) is str and n and "/" not in n and n not in (MANIFEST, ".", "..")]
 
 
+def _shown(name: str) -> str:
+    """A file name as a one-line reason shows it: as is, or quoted when it holds a newline or
+    another character that is not printable."""
+    return name if name.isprintable() else repr(name)
+
+
 def _plain_files(folder: Path) -> tuple[dict[str, Path], str | None]:
     """``({relative name: path} of the files under folder, None)``, or the reason the folder
     holds something a checkpoint never does (a link, a device, a pipe)."""
@@ -208,10 +218,11 @@ def _plain_files(folder: Path) -> tuple[dict[str, Path], str | None]:
             rel = path.relative_to(folder).as_posix()
             mode = os.lstat(path).st_mode
             if stat.S_ISLNK(mode):
-                return files, f"{rel} is a link (to {os.readlink(path)}); a checkpoint holds plain files only"
+                return files, f"{_shown(rel)} is a link (to {_shown(os.readlink(path))}); a checkpoint holds plain " \
+                              "files only"
             if name in names:
                 if not stat.S_ISREG(mode):
-                    return files, f"{rel} is not a regular file"
+                    return files, f"{_shown(rel)} is not a regular file"
                 files[rel] = path
     return files, None
 
@@ -283,7 +294,7 @@ def verify_checkpoint(folder: Path, step: int, *, hashes: bool = True,
     of ``step``.
     """
     if os.path.islink(folder):
-        return f"the folder is a link (to {os.readlink(folder)}); a checkpoint holds plain files only"
+        return f"the folder is a link (to {_shown(os.readlink(folder))}); a checkpoint holds plain files only"
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         return f"no {MANIFEST} (an incomplete or foreign folder)"
@@ -301,7 +312,10 @@ def verify_checkpoint(folder: Path, step: int, *, hashes: bool = True,
     dropped = set(_dropped(manifest))  # a weights-only checkpoint: these went on purpose
     unlisted = sorted(set(present) - set(files) - {MANIFEST} - dropped)
     if unlisted:
-        return f"{unlisted[0]} is not listed in {MANIFEST} (a checkpoint holds what its manifest lists, nothing else)"
+        old_memo = " (the weights-hash memo eval wrote there before issue 41: safe to remove)" \
+            if unlisted[0].rpartition("/")[2] == OLD_EVAL_MEMO else ""
+        return f"{_shown(unlisted[0])} is not listed in {MANIFEST}{old_memo} (a checkpoint holds what its manifest " \
+               "lists, nothing else)"
     for pattern in required:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in [*files, *dropped]):
             return f"{MANIFEST} lists no {pattern} (every checkpoint of this run holds one)"
@@ -312,9 +326,24 @@ def verify_checkpoint(folder: Path, step: int, *, hashes: bool = True,
         size = path.stat().st_size
         if size != entry["size"]:
             return f"{name} has {size} bytes, the manifest says {entry['size']}"
-        if hashes and _sha256(path) != entry["sha256"]:
+        if hashes and sha256_file(path) != entry["sha256"]:
             return f"{name} differs from the manifest (SHA-256)"
     return _step_files_problem(folder, step, files)
+
+
+def listed_sha256(folder: Path, under: str) -> dict[str, str]:
+    """``{name inside under/: sha256 hex}`` of the files a checkpoint's manifest lists in its
+    sub-folder ``under`` (``"policy"``: the weights), so a caller that has just checked the
+    checkpoint by content (:func:`verify_checkpoint` with ``hashes``) need not hash them
+    again; ``{}`` when the manifest is unreadable or of the wrong shape."""
+    try:
+        manifest = read_json_file(folder / MANIFEST)
+    except (OSError, ValueError):
+        return {}
+    files = manifest.get("files") if type(manifest) is dict else None
+    prefix = under.strip("/") + "/"
+    return {name[len(prefix):]: entry["sha256"] for name, entry in (files if type(files) is dict else {}).items()
+            if name.startswith(prefix) and type(entry) is dict and type(entry.get("sha256")) is str}
 
 
 def read_state(folder: Path, step: int) -> dict[str, Any]:

@@ -146,9 +146,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
         base_policy = resolve_model(cfg.policy)
         run = RunDir(cfg.run_dir, step_files=checkpoint.TRAINING_STEP_FILES)
         closing.callback(run.close)
-        resume = run.start(to_yaml(cfg), compare=config_differences)
-        for skipped in run.skipped:
-            print(f"warning: {cfg.run_dir}: skipped checkpoint {skipped}", file=sys.stderr)
+        resume = run.start(to_yaml(cfg), compare=config_differences)  # refuses a touched checkpoint, moves nothing
         start = resume.step if resume else 0
         if start >= cfg.steps:
             say(f"{cfg.run_dir}: all {cfg.steps} steps are done")

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from evaluators.run import EvalConfig, run_eval
-from trace_gym.models import weights_hash
 from trace_gym.policies import resolve_policy
+from trace_gym.weights import weights_hash
 from evaluators.math.metrics import avg_at_k, mean_interval, pass_at_k, wilson_interval
 from evaluators.suites import SUITES, TRAIN_DATA, generated_heldout, generated_train
 

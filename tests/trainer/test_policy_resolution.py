@@ -4,6 +4,7 @@ run dir or output is written; a run's checkpoint resolves to its policy folder."
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,60 @@ def test_a_checkpoint_resolves_to_its_policy_folder_and_a_model_is_left_as_given
     assert with_policy(named) is named  # a name is kept as given (the run config and bank manifest keep it)
     with pytest.raises(ValueError, match=r"step after @ must be an integer"):
         find_policy(f"{run}@last")
+
+
+def test_a_checkpoint_named_by_its_folder_is_the_runs_checkpoint_not_a_base_model(tmp_path):
+    """``RUN/checkpoints/step-N/policy`` (or ``.../step-N``) is ``RUN@N``: checked against the
+    manifest and labelled as the run's step, never "ReAct (no RL)"."""
+    from trace_gym.checkpoint import RunDir
+
+    run = RunDir(tmp_path / "my_run")
+    run.start("x: 1\n")
+    run.commit(2, {"step": 2}, lambda f: ((f / "policy").mkdir(), (f / "policy" / "config.json").write_text("{}"),
+                                          (f / "policy" / "model.safetensors").write_bytes(b"w" * 32)), keep=0)
+    step = run.checkpoints / "step-2"
+    for spec in (step / "policy", step, f"{step / 'policy'}/.", step / "policy" / ".." / "policy"):
+        policy = find_policy(str(spec))
+        assert (policy.label, policy.base, Path(policy.ref)) == ("my_run@2", False, step / "policy"), spec
+        assert dict(policy.file_sha256) == {"config.json": hashlib.sha256(b"{}").hexdigest(),
+                                            "model.safetensors": hashlib.sha256(b"w" * 32).hexdigest()}
+    (step / "policy" / "model.safetensors").write_bytes(b"X" * 32)  # same size, other bytes: refused as by RUN@2
+    with pytest.raises(ValueError, match="model.safetensors differs from the manifest"):
+        find_policy(str(step / "policy"))
+
+
+def test_a_missing_path_under_a_local_folder_is_not_taken_for_a_hub_id(tmp_path, monkeypatch, capsys):
+    """``runs/does_not_exist`` where ``runs/`` exists: one line naming the folder and the
+    closest names in it, never a hub lookup (and not "the hub is off" offline)."""
+    from trace_gym.models import locate_model
+
+    (tmp_path / "runs" / "train_trace").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for spec in ("runs/does_not_exist", "runs/train_trac"):
+        with pytest.raises(ValueError) as caught:
+            find_policy(spec)
+        assert str(caught.value).startswith(f"policy {spec!r}: no model folder or run dir there (runs/ exists here, "
+                                            "so it is read as a local path, not a hub id"), caught.value
+    assert "did you mean runs/train_trace?" in str(caught.value)
+    with pytest.raises(FileNotFoundError, match="read as a local path, not a hub id"):
+        locate_model("runs/does_not_exist")  # the one rule, for train's policy= and critic_model= too
+    assert locate_model("Qwen/Qwen3-0.6B") is None  # no Qwen/ here: still a hub id
+    assert cli.main(["eval", "--policy", "runs/does_not_exist", f"out={tmp_path / 'ev'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a hub id" in err[0] and "offline" not in err[0], err
+    assert not (tmp_path / "ev").exists()
+
+
+def test_a_hub_failure_is_said_whole_or_marked_where_it_was_cut():
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from trace_gym.models import hub_failure
+
+    said = ("An error happened while trying to locate the files on the Hub, and we cannot find the appropriate "
+            "snapshot folder for the specified revision on the local disk. Please check your internet connection "
+            "and try again.")
+    line = hub_failure("org/model", LocalEntryNotFoundError(said))
+    assert f"(LocalEntryNotFoundError: {said});" in line and "\n" not in line  # whole: 241 characters
+    long = hub_failure("org/model", RuntimeError("word " * 300))
+    assert "characters cut ...]" in long and len(long) < 600

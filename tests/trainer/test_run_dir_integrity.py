@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from run_dir_checks import assert_refused_untouched
 from trace_gym.checkpoint import TRAINING_STEP_FILES, RunDir
 from trace_gym.run_files import read_state, write_manifest
 from trace_gym.train import config_differences
@@ -113,10 +114,10 @@ def test_a_checkpoint_is_complete_only_with_exactly_its_files_and_every_step_fil
     run = run_with(tmp_path / "run", 2, step_files=TRAINING_STEP_FILES)
     damage(run.checkpoints / "step-2")
     again = RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES)
-    resume = again.start("a: 1\n")
-    assert resume.step == 1, again.skipped
-    assert len(again.skipped) == 1 and again.skipped[0].startswith("step-2: ") and reason in again.skipped[0], \
-        again.skipped
+    assert_refused_untouched(again.path, 2, reason, lambda: again.start("a: 1\n"), then="step-1 is then the newest")
+    assert_refused_untouched(again.path, 2, reason, again.checkpoint_path, then="step-1 is then the newest")  # eval RUN
+    (run.checkpoints / "step-2").rename(tmp_path / "step-2-aside")  # what the message says the user may do
+    assert again.start("a: 1\n").step == 1
 
 
 # ---------------------------------------------------------------------- bounded, total parsers
@@ -143,8 +144,7 @@ def test_a_hostile_manifest_or_state_is_a_reason_never_a_raw_exception(tmp_path,
     run = run_with(tmp_path / "run", 2, step_files=TRAINING_STEP_FILES)
     damage(run.checkpoints / "step-2")
     again = RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES)
-    assert again.start("a: 1\n").step == 1
-    assert reason in again.skipped[0], again.skipped
+    assert_refused_untouched(again.path, 2, reason, lambda: again.start("a: 1\n"), then="step-1 is then the newest")
 
 
 def test_read_state_checks_what_the_training_loop_reads(tmp_path):

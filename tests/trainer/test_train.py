@@ -13,6 +13,7 @@ import os
 import pytest
 
 
+from run_dir_checks import assert_refused_untouched
 from trace_gym.checkpoint import RunDir
 from trace_gym.datafiles import split_tasks
 from trace_gym.entry_configs import TrainConfig
@@ -159,17 +160,47 @@ def _checkpointed_run(path, steps, weights=b"w" * 64):
     (lambda ck: ck.joinpath("policy", "model.safetensors").unlink(), "model.safetensors is missing"),
     (lambda ck: ck.joinpath("manifest.json").write_text("garbage"), "manifest.json is unreadable"),
 ])
-def test_resume_takes_the_newest_complete_checkpoint_and_names_what_it_skipped(tmp_path, damage, reason):
+def test_resume_refuses_a_touched_newest_checkpoint_moves_nothing_and_goes_on_once_the_user_did(tmp_path, damage,
+                                                                                              reason):
+    """A step folder that fails its manifest was not left so by the run (it renames each
+    checkpoint into place whole): resume names it and what differs, and moves nothing; once
+    the user moves it aside, resume takes the newest left."""
     run = _checkpointed_run(tmp_path / "run", 2)
     newest = run.checkpoints / ("step-9" if "no manifest" in reason else "step-2")
     damage(newest)
-    again = RunDir(tmp_path / "run")
-    resume = again.start("a: 1\n")
     expected = 2 if newest.name == "step-9" else 1
+    again = RunDir(tmp_path / "run")
+    metrics = again.metrics_path.read_bytes()
+    assert_refused_untouched(again.path, int(newest.name[5:]), reason, lambda: again.start("a: 1\n"),
+                             then=f"step-{expected} is then the newest")
+    assert again.metrics_path.read_bytes() == metrics  # the refusal rewrote nothing
+    newest.rename(tmp_path / "aside")
+    resume = again.start("a: 1\n")
     assert resume.step == expected and resume.path == run.checkpoints / f"step-{expected}"
-    assert len(again.skipped) == 1 and again.skipped[0].startswith(newest.name + ": ") and reason in again.skipped[0]
-    assert not newest.exists() and len(list(run.checkpoints.glob(f".invalid-{newest.name}-*"))) == 1  # kept aside
     assert [r["step"] for r in again.read_metrics()] == list(range(1, expected + 1))
+
+
+def test_a_run_dir_an_older_eval_wrote_into_is_refused_with_what_to_remove_then_resumes(tmp_path):
+    """The run dirs of issue 41: eval's old memo in step-2/policy/ (its resume moved step-2 aside)."""
+    run = _checkpointed_run(tmp_path / "run", 2)
+    memo = run.checkpoints / "step-2" / "policy" / ".trace_gym_weights_hash.json"
+    memo.write_text('{"version": 2, "stamp": [], "sha256": "0"}')
+    again = RunDir(tmp_path / "run")
+    assert_refused_untouched(again.path, 2, "policy/.trace_gym_weights_hash.json is not listed in manifest.json (the "
+                             "weights-hash memo eval wrote there before issue 41: safe to remove)",
+                             lambda: again.start("a: 1\n"), then="step-1 is then the newest")
+    memo.unlink()
+    assert again.start("a: 1\n").step == 2
+
+
+def test_a_touched_only_checkpoint_is_refused_too_naming_a_fresh_start(tmp_path):
+    run = _checkpointed_run(tmp_path / "run", 1)
+    (run.checkpoints / "step-1" / "policy" / "notes.txt").write_text("mine")
+    again = RunDir(tmp_path / "run")
+    assert_refused_untouched(again.path, 1, "policy/notes.txt is not listed in manifest.json",
+                             lambda: again.start("a: 1\n"), then="no checkpoint is then left: step 1 next")
+    (run.checkpoints / "step-1" / "policy" / "notes.txt").unlink()  # undone: the run resumes where it was
+    assert again.start("a: 1\n").step == 1
 
 
 def test_checkpoint_path_names_the_damaged_file(tmp_path):
