@@ -182,10 +182,10 @@ class BankBenchConfig(BudgetShape, PredictorChoice):
         "learned predictor before step 0, charged to no arm (0: a cold start; default: 64, at most a quarter of "
         "the bank)"))
     candidates: int | None = field(default=None, metadata=doc(
-        "candidate prompts scored per step (default: 64, or every prompt a smaller bank has left after the warm-up)"))
+        "candidate prompts scored per step; unset: 64, or every prompt a smaller bank has left after the warm-up"))
     root_budget: int | None = section_default(BudgetShape, "root_budget", None, help=(
-        "M: root rollouts of a tree strategy per step (default: 16, or the largest whose fixed groups of "
-        "group_size a smaller bank's candidates hold)"))
+        "M: root rollouts of a tree strategy per step; unset: 16, or the largest whose fixed groups of "
+        "group_size a smaller bank's candidates hold"))
     oracle_upper_bound: bool = field(default=True, metadata=doc(
         "also run TRACE with the bank's empirical rates as its predictor, labelled as an upper bound"))
     budget_unit: str = field(default="nominal", metadata=doc(
