@@ -25,6 +25,11 @@ the exhausted share, the bank sizes the arm needed (roots per prompt, continuati
 per prefix), and the prefixes left out by the recording's per-root cap. When any
 arm's exhausted share exceeds 1 %, the bench gives no verdict
 (:func:`trace_gym.bench_checks.exhaustion_check`).
+
+Sizes: ``candidates`` and ``root_budget`` left unset are sized to a bank smaller than the
+defaults assume (:func:`bank_sizes`, one line saying so); a size given that the bank cannot
+hold is refused before the bench starts, naming the largest that fit (:func:`bank_sizes`,
+:func:`check_groups_fit`).
 """
 
 from __future__ import annotations
