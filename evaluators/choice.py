@@ -238,7 +238,8 @@ def load_tasks(name: str, path: str | None = None, limit: int | None = None, spl
         raise ValueError(f"unknown multiple-choice set {name!r}; expected one of {sorted(DATASETS)}")
     spec = DATASETS[name]
     rows = load_rows(name, path, split or spec.split, spec.hub_id, spec.config, limit,
-                     local_hint="a local .jsonl/.parquet copy in the hub schema")
+                     local_hint=f"rows in the hub schema of {spec.hub_id}: docs/evaluation.md lists the "
+                                "fields read")
     return rows_to_tasks(name, rows)
 
 

@@ -48,6 +48,9 @@ class EvalConfig:
     engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
     env_kwargs: dict = field(default_factory=dict, metadata=doc(
         "extra env keyword arguments (e.g. the retrieval server of the QA suites)"))
+    task_kwargs: dict = field(default_factory=dict, metadata=doc(
+        "extra keyword arguments of an env id's task loader (suites that are env ids or families; e.g. "
+        "{offline_scale: 0.03} for trace_gym/WikiQA-v0, with the same in env_kwargs)"))
     data_dir: str = field(default="", metadata=doc(
         "folder with local copies of the hub suites (<suite>.jsonl / .parquet / .json or <suite>/); "
         "a missing file is an error, not a hub download"))
@@ -67,12 +70,15 @@ class EvalConfig:
         "messages, the extracted answer, the grader's verdict"))
 
     def __post_init__(self) -> None:
-        from evaluators.suites import get_suite
+        from evaluators.suites import SUITES, get_suite
 
         if not self.suites:
             raise ValueError("suites is empty; give a suite name or an env id")
         for name in self.suites:
-            get_suite(name)  # raises, naming the closest names
+            get_suite(name, self.task_kwargs)  # raises, naming the closest names
+        if self.task_kwargs and all(name in SUITES for name in self.suites):
+            raise ValueError(f"task_kwargs applies to suites that are env ids or families; {', '.join(self.suites)} "
+                             "load their own tasks (data_dir gives their files)")
         if self.dump_episodes < 0:
             raise ValueError(f"dump_episodes must be >= 0, got {self.dump_episodes!r}")
         for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
@@ -222,7 +228,7 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     from evaluators import suites
     from trace_gym.engines import make_engine
 
-    spec = suites.get_suite(suite)
+    spec = suites.get_suite(suite, cfg.task_kwargs)
     path = data_path(cfg, suite)
     limit = cfg.limit or None
     tasks = suites.load_suite_tasks(spec, limit, path, cfg.heldout_fraction) if spec.hash_tasks else None
@@ -237,6 +243,8 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
         kept = read_transcripts(episodes_file)
         if len(kept) >= min(cfg.dump_episodes, result["tasks"] * result["samples"]):
             return result | {"transcripts": kept[:cfg.dump_episodes]}, engine
+    if tasks is None:  # before the engine: a suite that cannot load says so before any model loads
+        tasks = suites.load_suite_tasks(spec, limit, path, cfg.heldout_fraction)
     if engine is None:
         engine = make_engine(cfg.engine, folder, **cfg.engine_kwargs)
     limits = {k: getattr(cfg, k) for k in ("max_turns", "max_turn_tokens", "max_episode_tokens") if getattr(cfg, k)}

@@ -44,7 +44,7 @@ from evaluators import choice
 from evaluators.episodes import episode_transcripts, run_episodes
 from evaluators.scoring import score_episodes
 from evaluators.suite import Suite
-from trace_gym.datafiles import split_tasks
+from trace_gym.datafiles import HubUnreachable, split_tasks
 from trace_gym.types import Task
 
 #: The held-out share of the generated family (must match the training run's ``heldout_fraction``).
@@ -214,11 +214,14 @@ def get_train_data(name: str) -> TrainData:
 
 def load_train_data(name: str, n: int, seed: int, path: str | None) -> list:
     """``n`` tasks of the training set ``name`` (``path``: a local copy); a missing local
-    file is one ``ValueError`` naming ``data_path``."""
+    file, or the hub out of reach without one, is one ``ValueError`` naming ``data_path``."""
     try:
         return list(get_train_data(name).load(n, seed=seed, path=path or None))
     except FileNotFoundError as exc:  # a user's path: one line, naming the key
         raise ValueError(f"data_path={path!r} for data={name}: {exc}") from None
+    except HubUnreachable as exc:
+        raise ValueError(f"data={name} reads {exc.hub_id} from the hub, which cannot be reached ({exc.reason}); "
+                         f"offline, set data_path=FILE, a local copy ({exc.local_hint})") from None
 
 
 def _qa_train(name: str, path: str | None) -> list[Task]:
@@ -307,10 +310,11 @@ def register_suite(name: str, env_id: str, load: Callable[..., list[Task]] | Non
     return SUITES[name]
 
 
-def get_suite(name: str) -> Suite:
+def get_suite(name: str, task_kwargs: Mapping[str, Any] | None = None) -> Suite:
     """The suite ``name``: a :data:`SUITES` entry, else the held-out split of a registered env
     id (``trace_gym/Echo-v0``, ``Echo-v0``), env family, or other ecosystem's env
-    (``reasoning_gym:chain_sum?min_terms=2``) that offers tasks (:func:`env_suite`).
+    (``reasoning_gym:chain_sum?min_terms=2``) that offers tasks (:func:`env_suite`), its task
+    loader called with ``task_kwargs`` on top of its own (a :data:`SUITES` entry takes none).
 
     Raises:
         ValueError: neither (with the closest names), or an env without a task loader.
@@ -324,7 +328,7 @@ def get_suite(name: str) -> Suite:
     from trace_gym.registry import ECOSYSTEMS
 
     if name.partition(":")[0] in ECOSYSTEMS and ":" in name:  # another ecosystem's env (gem:<id>, ...)
-        return env_suite(name, resolve_env(name))
+        return env_suite(name, resolve_env(name, task_kwargs=task_kwargs))
     ids = env_ids()  # registers the built-in and plugin ids
     if name not in ENV_FAMILIES and name not in registry and f"{NAMESPACE}/{name}" not in registry:
         from trace_gym.suggest import did_you_mean
@@ -332,13 +336,24 @@ def get_suite(name: str) -> Suite:
         short = [i.split("/", 1)[1] for i in ids]
         raise ValueError(f"unknown suite {name!r}{did_you_mean(name, [*SUITES, *short])}; known suites: "
                          f"{sorted(SUITES)}, or a registered env id with a task loader: {short}")
-    return env_suite(name, resolve_env(name))
+    return env_suite(name, resolve_env(name, task_kwargs=task_kwargs))
 
 
 def load_suite_tasks(suite: Suite, limit: int | None, data_path: str | None = None,
                      heldout_fraction: float = HELDOUT_FRACTION) -> list[Task]:
-    """The suite's tasks (``limit`` None: all, or the loader's default)."""
-    tasks = suite.load(limit, seed=0, path=data_path or None, heldout_fraction=heldout_fraction)
+    """The suite's tasks (``limit`` None: all, or the loader's default).
+
+    Raises:
+        ValueError: no tasks, or tasks to come from the hub, which cannot be reached (one
+            line naming ``data_dir``, the file names looked for there and what they hold).
+    """
+    try:
+        tasks = suite.load(limit, seed=0, path=data_path or None, heldout_fraction=heldout_fraction)
+    except HubUnreachable as exc:
+        first, *rest = suite.data_file_names()
+        raise ValueError(f"suite {suite.name!r} reads {exc.hub_id} from the hub, which cannot be reached "
+                         f"({exc.reason}); offline, set data_dir=DIR holding {first} (or {', '.join(rest)}): "
+                         f"{exc.local_hint}") from None
     if not tasks:
         raise ValueError(f"suite {suite.name!r} has no tasks (limit={limit}, file={data_path!r}, "
                          f"heldout_fraction={heldout_fraction})")

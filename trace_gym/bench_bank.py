@@ -25,11 +25,17 @@ the exhausted share, the bank sizes the arm needed (roots per prompt, continuati
 per prefix), and the prefixes left out by the recording's per-root cap. When any
 arm's exhausted share exceeds 1 %, the bench gives no verdict
 (:func:`trace_gym.bench_checks.exhaustion_check`).
+
+Sizes: ``candidates`` and ``root_budget`` left unset are sized to a bank smaller than the
+defaults assume (:func:`bank_sizes`, one line saying so); a size given that the bank cannot
+hold is refused before the bench starts, naming the largest that fit (:func:`bank_sizes`,
+:func:`check_groups_fit`).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -174,13 +180,14 @@ class BankSource:
         cfg = self.config
         if not cfg.bank:
             raise ValueError("bench --bank needs a bank file (bank=FILE); record one with trace-gym bank record")
-        self.bank = open_bank(cfg.bank, cache_prompts=max(4 * cfg.candidates, 256))
+        self.bank = open_bank(cfg.bank, cache_prompts=max(4 * (cfg.candidates or DEFAULT_CANDIDATES), 256))
         self.held_out = held_out_prompts(len(self.bank), warmup_size(cfg, len(self.bank)), cfg.seed)
         skip = set(self.held_out)
         self.measurable = [i for i in range(len(self.bank)) if i not in skip]
-        if cfg.candidates > len(self.measurable):
-            raise ValueError(f"candidates {cfg.candidates} exceed the {len(self.measurable)} prompts of {cfg.bank} "
-                             f"left after warmup_prompts={len(self.held_out)}")
+        candidates, root_budget, note = bank_sizes(cfg, len(self.bank), len(self.held_out))
+        if note:
+            self.say(note)
+        self.config = cfg = dataclasses.replace(cfg, candidates=candidates, root_budget=root_budget)
         self.warmups: list[dict[str, Any]] = []
         self.repetitions, self.steps, self.warmup_steps = cfg.seeds, cfg.steps, cfg.warmup_steps
         self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
@@ -190,6 +197,7 @@ class BankSource:
 
     def arms(self, strategies: Mapping[str, Strategy]) -> dict[str, Arm]:
         cfg = self.config
+        check_groups_fit(cfg, strategies, len(self.measurable))
         return arms_with_oracle(strategies, cfg.predictor, ORACLE if cfg.oracle_upper_bound else None)
 
     def repetition(self, rep: int) -> BankRepetition:
@@ -262,6 +270,89 @@ MODE = BenchMode("bank", BankBenchConfig, run_bank_bench, intro, "replay a recor
 
 #: The warm-up slice when ``warmup_prompts`` is not given: this many prompts, at most a quarter of the bank.
 DEFAULT_WARMUP_PROMPTS = 64
+#: ``candidates`` and ``root_budget`` when not given, where the bank holds them (:func:`bank_sizes`).
+DEFAULT_CANDIDATES, DEFAULT_ROOT_BUDGET = 64, 16
+
+
+def groups_needed(roots: int, group_size: int) -> int:
+    """Prompts that ``roots`` root rollouts in fixed groups of ``group_size`` take (the rule of
+    :func:`baselines.uniform.fixed_groups`: a remainder of 2 or more is one more group, a
+    remainder of 1 joins the last group)."""
+    q, r = divmod(int(roots), int(group_size))
+    return q + (r >= 2)
+
+
+def largest_root_budget(candidates: int, group_size: int, continuations_per_root: int) -> int:
+    """The largest M whose nominal budget ``M (1 + N/2)``, spent as root rollouts in fixed
+    groups of ``group_size`` (uniform, PCL), takes at most ``candidates`` prompts; 1 when
+    not even M = 2 fits."""
+    from trace_gym.budget import nominal_cost
+
+    m = 1
+    while groups_needed(math.floor(nominal_cost(m + 1, continuations_per_root) + 1e-9), group_size) <= candidates:
+        m += 1
+    return m
+
+
+def _largest_that_fit(cfg: BankBenchConfig, measurable: int) -> str:
+    """``"candidates=C, root_budget=M (group_size G, continuations_per_root N)"``: the largest
+    sizes a bank with ``measurable`` prompts per step holds."""
+    m = largest_root_budget(measurable, cfg.group_size, cfg.continuations_per_root)
+    return (f"candidates={measurable}, root_budget={m} (group_size {cfg.group_size}, continuations_per_root "
+            f"{cfg.continuations_per_root})")
+
+
+def bank_sizes(cfg: BankBenchConfig, n_prompts: int, n_held_out: int) -> tuple[int, int, str | None]:
+    """``(candidates, root_budget, note)`` of a bench on a bank of ``n_prompts`` prompts,
+    ``n_held_out`` of them the warm-up slice: each size the user gave, else the default
+    (:data:`DEFAULT_CANDIDATES`, :data:`DEFAULT_ROOT_BUDGET`) lowered to what the bank holds
+    (every measurable prompt; the largest M whose fixed groups fit them); ``note`` is one line
+    saying so when a default was lowered (else ``None``).
+
+    Raises:
+        ValueError: a given ``candidates`` over the measurable prompts, or no prompt left (one
+            line naming the largest sizes that fit).
+    """
+    measurable = n_prompts - n_held_out
+    where = f"{cfg.bank} has {n_prompts} prompts, warmup_prompts={n_held_out} of them held out"
+    if measurable < 1:
+        raise ValueError(f"{where}: none is left to measure; lower warmup_prompts")
+    if cfg.candidates is not None and cfg.candidates > measurable:
+        raise ValueError(f"candidates {cfg.candidates} exceed the {measurable} prompts left: {where}; the largest "
+                         f"that fit: {_largest_that_fit(cfg, measurable)}, or leave both unset to size the bench "
+                         "to the bank")
+    candidates = cfg.candidates if cfg.candidates is not None else min(DEFAULT_CANDIDATES, measurable)
+    root_budget = cfg.root_budget if cfg.root_budget is not None else max(2, min(
+        DEFAULT_ROOT_BUDGET, largest_root_budget(candidates, cfg.group_size, cfg.continuations_per_root)))
+    lowered = [f"{key}={value}" for key, value, default, given in (
+        ("candidates", candidates, DEFAULT_CANDIDATES, cfg.candidates), ("root_budget", root_budget,
+                                                                         DEFAULT_ROOT_BUDGET, cfg.root_budget))
+        if given is None and value < default]
+    note = (f"bench --bank: sized to the bank ({where}): {', '.join(lowered)} (set candidates= and root_budget= to "
+            "choose)") if lowered else None
+    return candidates, root_budget, note
+
+
+def check_groups_fit(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], measurable: int) -> None:
+    """Every fixed-group strategy's root rollouts fit the candidates (checked before any step
+    runs; the allocator itself would refuse in the middle of the bench).
+
+    Raises:
+        ValueError: one line naming the strategies, what they need, and the largest sizes that fit.
+    """
+    from trace_gym.allocation import GroupSized
+
+    need = {name: groups_needed(s.budget_split(cfg.nominal_budget)[0], s.root_allocator.group_size)
+            for name, s in strategies.items()
+            if isinstance(s.root_allocator, GroupSized) and s.root_allocator.group_size >= 2}
+    over = sorted(name for name, n in need.items() if n > cfg.candidates)
+    if over:
+        fits = largest_root_budget(cfg.candidates, cfg.group_size, cfg.continuations_per_root)
+        raise ValueError(f"root_budget {cfg.root_budget} (nominal budget {cfg.nominal_budget:g}) needs up to "
+                         f"{max(need[n] for n in over)} groups of {cfg.group_size} per step for {', '.join(over)}, "
+                         f"more than candidates={cfg.candidates}: "
+                         + (f"root_budget={fits} fits these candidates; " if fits >= 2 else "")
+                         + f"the largest that fit the bank: {_largest_that_fit(cfg, measurable)}")
 
 
 def warmup_size(cfg: BankBenchConfig, n_prompts: int) -> int:

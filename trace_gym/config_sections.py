@@ -69,10 +69,13 @@ class BudgetShape:
         """``M (1 + N/2)`` trajectory-equivalents per step (:func:`trace_gym.budget.nominal_cost`)."""
         from trace_gym.budget import nominal_cost
 
+        if self.root_budget is None:
+            raise ValueError(f"{type(self).__name__}.root_budget is None: its entry point sizes it first")
         return nominal_cost(self.root_budget, self.continuations_per_root)
 
     def _check_budget(self) -> None:
-        if self.root_budget < 2 or self.continuations_per_root < 0:
+        # None: an entry point that sizes M itself (bench --bank: to the bank's prompts)
+        if (self.root_budget is not None and self.root_budget < 2) or self.continuations_per_root < 0:
             raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
                              f"{self.root_budget!r}, {self.continuations_per_root!r}")
         if self.group_size < 1:

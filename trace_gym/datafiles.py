@@ -54,24 +54,99 @@ def read_rows(path: str, split: str | None = None) -> list[dict]:
     return pq.read_table(path).to_pylist()
 
 
+#: Seconds the hub may take to answer one request before it counts as unreachable.
+HUB_PROBE_S = 3.0
+#: Variables that put ``datasets`` and ``huggingface_hub`` offline (they then read their cache only).
+HUB_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+class HubUnreachable(ValueError):
+    """A dataset was to come from the hub, which cannot be reached (offline) and has no
+    cached copy: one line naming the dataset, the hub id, why, and what a local copy holds.
+
+    Attributes:
+        key: the dataset's name.
+        hub_id: where on the hub it lives.
+        reason: why the hub cannot be reached.
+        local_hint: what a row of a local copy holds (the callers name their own key
+            for the copy: ``data_dir=`` for ``eval``, ``data_path=`` for ``train``).
+    """
+
+    def __init__(self, key: str, hub_id: str, reason: str, local_hint: str):
+        self.key, self.hub_id, self.reason, self.local_hint = key, hub_id, reason, local_hint
+        super().__init__(f"{key!r} comes from the hub ({hub_id}), which cannot be reached ({reason}); offline, "
+                         f"pass path= to a local copy ({local_hint})")
+
+
+def hub_offline() -> bool:
+    """True when one of :data:`HUB_OFFLINE_VARS` is set to 1 / true / yes / on."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in HUB_OFFLINE_VARS)
+
+
+def hub_unreachable(timeout: float = HUB_PROBE_S) -> str | None:
+    """Why the hub (``HF_ENDPOINT``, default ``https://huggingface.co``) cannot be reached
+    now, in a few words, or ``None`` when it answered (any HTTP status) within ``timeout``
+    seconds. One request, no retries (the ``datasets`` client retries for half a minute
+    before it gives up); proxies from the environment apply; the lookup of the host
+    counts towards ``timeout``."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    answer: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+            answer.append(None)
+        except urllib.error.HTTPError:  # the server answered: it is reachable
+            answer.append(None)
+        except (OSError, ValueError) as exc:  # URLError, a timeout, a refused or unresolvable host, a bad URL
+            answer.append(f"{endpoint}: {getattr(exc, 'reason', exc)}")
+
+    worker = threading.Thread(target=probe, name="hub-probe", daemon=True)  # daemon: a hung lookup never blocks exit
+    worker.start()
+    worker.join(timeout)
+    return answer[0] if answer else f"{endpoint}: no answer in {timeout:g} s"
+
+
+def _hub_rows(key: str, hub_id: str, config: str | None, split: str, local_hint: str) -> Any:
+    """``datasets.load_dataset(hub_id, config, split=split)``, or :class:`HubUnreachable` at
+    once when the hub cannot be reached (checked first unless the hub is set offline, where
+    ``datasets`` reads its cache and fails fast without one)."""
+    where = f"{hub_id} (config {config})" if config else hub_id
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(f"loading {key!r} from the hub ({where}) needs the `datasets` package; install it, "
+                          f"or pass path= to a local copy ({local_hint})") from exc
+    if not hub_offline():
+        reason = hub_unreachable()
+        if reason is not None:
+            raise HubUnreachable(key, where, reason, local_hint)
+    try:
+        return datasets.load_dataset(*((hub_id, config) if config else (hub_id,)), split=split)
+    except ConnectionError as exc:  # offline mode without a cached copy, or the hub gone since the probe
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise HubUnreachable(key, where, first, local_hint) from None
+
+
 def load_rows(key: str, path: str | None, split: str, hub_id: str, config: str | None = None,
-              limit: int | None = None, local_hint: str = "a local .jsonl/.parquet copy") -> Any:
+              limit: int | None = None, local_hint: str = "rows in the hub's schema") -> Any:
     """Rows of dataset ``key``: from ``path`` (:func:`read_rows`) when given, else from the
     hub (``datasets.load_dataset(hub_id, config, split=split)``); the first ``limit`` only.
+    ``local_hint`` says what a row of a local copy holds (for the errors).
 
     Raises:
         ImportError: no ``path`` and no ``datasets`` package (naming ``local_hint``).
+        HubUnreachable: no ``path`` and the hub cannot be reached (within :data:`HUB_PROBE_S`
+            seconds, or at once where it is set offline and nothing is cached).
     """
     if path is not None:
         rows = read_rows(path, split)
     else:
-        try:
-            import datasets
-        except ImportError as exc:
-            where = f"{hub_id}, {config}" if config else hub_id
-            raise ImportError(f"loading {key!r} from the hub ({where}) needs the `datasets` package; install it, "
-                              f"or pass path= to {local_hint}") from exc
-        rows = datasets.load_dataset(*((hub_id, config) if config else (hub_id,)), split=split)
+        rows = _hub_rows(key, hub_id, config, split, local_hint)
     if limit is not None:
         rows = [rows[i] for i in range(min(limit, len(rows)))]
     return rows

@@ -168,6 +168,9 @@ class BankBenchConfig(BudgetShape, PredictorChoice):
     over the 192 measurable prompts of a 256-prompt bank, so no prompt is drawn twice and
     the recorded roots never run out (a second pass needed 12 roots of some prompts);
     with the warm-up the per-step curve is flat from step 0 (docs/benchmarking.md).
+    ``candidates`` and ``root_budget`` left unset (None) are sized to a smaller bank
+    (:func:`trace_gym.bench_bank.bank_sizes`); a value given that the bank cannot hold is
+    refused in one line naming the largest that fit.
     """
 
     bank: str = field(default="", metadata=doc("the rollout bank file (trace-gym bank record --out FILE)"))
@@ -178,8 +181,11 @@ class BankBenchConfig(BudgetShape, PredictorChoice):
         "prompts held out of every measured pool (a slice seeded by seed); their recorded rollouts train every "
         "learned predictor before step 0, charged to no arm (0: a cold start; default: 64, at most a quarter of "
         "the bank)"))
-    candidates: int = field(default=64, metadata=doc("candidate prompts scored per step (at most the bank's prompts)"))
-    root_budget: int = section_default(BudgetShape, "root_budget", 16)
+    candidates: int | None = field(default=None, metadata=doc(
+        "candidate prompts scored per step; unset: 64, or every prompt a smaller bank has left after the warm-up"))
+    root_budget: int | None = section_default(BudgetShape, "root_budget", None, help=(
+        "M: root rollouts of a tree strategy per step; unset: 16, or the largest whose fixed groups of "
+        "group_size a smaller bank's candidates hold"))
     oracle_upper_bound: bool = field(default=True, metadata=doc(
         "also run TRACE with the bank's empirical rates as its predictor, labelled as an upper bound"))
     budget_unit: str = field(default="nominal", metadata=doc(
@@ -190,7 +196,7 @@ class BankBenchConfig(BudgetShape, PredictorChoice):
 
     def __post_init__(self) -> None:
         check_sections(self)
-        _positive(self, "seeds", "steps", "candidates")
+        _positive(self, "seeds", "steps", *(["candidates"] if self.candidates is not None else []))
         _check_measured_steps(self)
         _check_unit(self)
 

@@ -411,6 +411,7 @@ def tiny_random_model(
     num_attention_heads: int = 4,
     num_key_value_heads: int = 2,
     initializer_range: float = 0.2,
+    max_position_embeddings: int = 4096,
     seed: int = 0,
 ) -> Path:
     """Write a tiny randomly initialised ``LlamaForCausalLM`` with a real tokenizer.
@@ -424,6 +425,8 @@ def tiny_random_model(
         path: output folder (created; existing files are overwritten).
         tokenizer_from: model name or folder whose tokenizer + chat template to copy (a
             model folder, or a tokenizer-only folder such as ``tests/data/smollm2_tokenizer``).
+        max_position_embeddings: the context limit, tokens (RoPE: no weights depend on it;
+            BFCL's prompts need more than the default 4096).
 
     Returns:
         ``path`` as a :class:`Path`.
@@ -442,7 +445,7 @@ def tiny_random_model(
         num_attention_heads=num_attention_heads,
         num_key_value_heads=num_key_value_heads,
         head_dim=hidden_size // num_attention_heads,
-        max_position_embeddings=4096,
+        max_position_embeddings=max_position_embeddings,
         initializer_range=initializer_range,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,

@@ -66,6 +66,9 @@ class EnvFamily:
         description: one line for ``trace-gym envs``.
         entry_point: ``"module:Class"`` to register ``env_id`` with where a process has
             not (ids made on the fly, such as the ecosystem adapters' ``gem:<id>``).
+        plugins: the ``--plugin`` modules :meth:`make_env` imports first, so a fresh process
+            the family is pickled into (the conformance kit's cross-process check, an env
+            worker) registers what this one did (:data:`PLUGIN_MODULES` when resolved).
     """
 
     env_id: str
@@ -74,6 +77,7 @@ class EnvFamily:
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
     entry_point: str | None = None
+    plugins: tuple[str, ...] = ()
 
     def load_tasks(self, n: int, seed: int = 0) -> list:
         """``n`` tasks from the family's loader."""
@@ -89,6 +93,8 @@ class EnvFamily:
         from gymnasium.envs.registration import registry
 
         register_envs()
+        if self.plugins:
+            load_plugins(self.plugins)
         if self.entry_point is not None and self.env_id not in registry:
             gymnasium.register(id=self.env_id, entry_point=self.entry_point)
         return gymnasium.make(self.env_id, disable_env_checker=True, **dict(self.env_kwargs))
@@ -165,6 +171,9 @@ _plugins_loaded = False
 TASK_LOADERS: dict[str, str | Callable[..., list]] = {}
 #: what the last :func:`load_plugins` found: source -> error, for plugins that failed
 PLUGIN_ERRORS: dict[str, str] = {}
+#: the ``--plugin`` modules imported in this process, in order (a resolved
+#: :class:`EnvFamily` carries them to the processes it is pickled into)
+PLUGIN_MODULES: list[str] = []
 
 
 def _load_object(target: str) -> Any:
@@ -253,6 +262,8 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
             importlib.import_module(module)
         except Exception as exc:  # asked for by name: the command cannot go on without it
             raise ValueError(f"--plugin {module} failed: {_raised_where(exc)}") from None
+        if module not in PLUGIN_MODULES:
+            PLUGIN_MODULES.append(module)
     return sorted(set(registry) - before)
 
 
@@ -349,7 +360,7 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
         near = did_you_mean(short, [*ENV_FAMILIES, *(i.split("/", 1)[1] for i in ids)])
         raise ValueError(f"unknown env {name!r}: not an env family ({sorted(ENV_FAMILIES)}) nor a registered id "
                          f"({ids}){near}; plugins load from installed entry points or --plugin MODULE")
-    return EnvFamily(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs)
+    return EnvFamily(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs, plugins=tuple(PLUGIN_MODULES))
 
 
 def ecosystem_module(prefix: str) -> EcosystemModule:

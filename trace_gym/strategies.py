@@ -117,7 +117,10 @@ def shaped_strategies(names: Sequence[str], *, group_size: int, continuations_pe
     names = list(names) or list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
-        raise ValueError(f"unknown strategies {unknown}; known: {sorted(table)}")
+        from trace_gym.suggest import did_you_mean
+
+        hints = "".join(did_you_mean(n, table) for n in unknown)
+        raise ValueError(f"unknown strategies {unknown}{hints}; known: {sorted(table)}")
     out = {}
     for name in names:
         s = table[name].with_continuations(continuations_per_root)

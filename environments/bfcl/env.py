@@ -167,6 +167,14 @@ class BFCLEnv(gymnasium.Env):
     metadata = {"render_modes": []}
     snapshot_mode = "state"
 
+    @classmethod
+    def load_tasks(cls, n: int, seed: int = 0, category: str = "multi_turn_base", split: str = "all") -> list[Task]:
+        """The task loader of ``trace_gym/BFCL-v0``: ``n`` distinct entries of ``category`` and
+        ``split`` (the env's own defaults), drawn with a seeded permutation
+        (:func:`~environments.bfcl.data.sample_tasks`); all of them when ``n`` exceeds the
+        category's entries (a loader that runs dry returns fewer)."""
+        return data.sample_tasks(min(n, len(data.load_tasks(category, split))), seed, category, split)
+
     def __init__(self, category: str = "multi_turn_base", split: str = "all", action_format: str = "python",
                  max_steps_per_turn: int = MAX_STEPS_PER_TURN, max_action_chars: int = MAX_ACTION_CHARS,
                  tool_prompt: str = "system", max_result_chars: int = MAX_RESULT_CHARS,

@@ -67,6 +67,34 @@ def make_tasks(n: int, low: int = 1, high: int = 64, seed: int = 0) -> list[Task
     ]
 
 
+def varied_range_tasks(n: int, seed: int = 0, *, low: int = 1, high: int = 64, min_span: int = 8) -> list[Task]:
+    """``n`` tasks whose ranges vary: each asks for a secret in ``[low, top]``, ``top`` drawn
+    uniformly from ``[low + min_span - 1, high]``, the secret uniformly from ``[low, top]``
+    (deterministic in ``seed``; ids ``guess/s{seed}/{i}``).
+
+    The prompt states the range, so the tasks have ``high - low - min_span + 2`` distinct
+    prompts (57 by default), and a held-out split by prompt text
+    (:func:`trace_gym.datafiles.split_tasks`) holds some ranges out; :func:`make_tasks`
+    asks every task the same question, which no such split can divide.
+    """
+    import numpy as np
+
+    if not 1 <= min_span <= high - low + 1:
+        raise ValueError(f"need 1 <= min_span <= high - low + 1, got min_span={min_span}, low={low}, high={high}")
+    rng = np.random.default_rng(seed)
+    tops = rng.integers(low + min_span - 1, high + 1, size=n)
+    return [
+        Task(
+            id=f"guess/s{seed}/{i}",
+            prompt=f"I am thinking of an integer between {low} and {int(top)}. Find it.",
+            answer=int(rng.integers(low, int(top) + 1)),
+            source="guess_number",
+            metadata={"low": low, "high": int(top)},
+        )
+        for i, top in enumerate(tops)
+    ]
+
+
 class GuessNumberEnv(gymnasium.Env):
     """Guess a secret integer; the hint lies with probability ``lie_prob``.
 
@@ -81,6 +109,12 @@ class GuessNumberEnv(gymnasium.Env):
 
     metadata = {"render_modes": []}
     snapshot_mode = "state"
+
+    @classmethod
+    def load_tasks(cls, n: int, seed: int = 0, **kwargs: Any) -> list[Task]:
+        """The task loader of ``trace_gym/GuessNumber-v0`` (what ``trace-gym eval --suite
+        trace_gym/GuessNumber-v0`` and ``train --env`` of the id read): :func:`varied_range_tasks`."""
+        return varied_range_tasks(n, seed, **kwargs)
 
     def __init__(self, low: int = 1, high: int = 64, max_turns: int = 8, lie_prob: float = 0.1,
                  tasks: list[Task] | None = None, guess_format: str = "tagged"):

@@ -125,5 +125,6 @@ def load_tasks(name: str, path: str | None = None, split: str | None = None, lim
         return tasks[:limit] if limit is not None else tasks
     spec = DATASETS[key]
     split = split or spec.split
-    rows = load_rows(key, path, split, spec.hub_id, limit=limit)
+    rows = load_rows(key, path, split, spec.hub_id, limit=limit,
+                     local_hint=f"rows with {spec.question_field!r} and {spec.answer_field!r}")
     return rows_to_tasks(key, rows, spec)

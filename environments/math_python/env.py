@@ -158,6 +158,13 @@ class MathPythonEnv(gymnasium.Env):
     metadata = {"render_modes": []}
     snapshot_mode = "replay"
 
+    @classmethod
+    def load_tasks(cls, n: int, seed: int = 0, difficulty: int | Sequence[int] = (0, 1, 2)) -> list[Task]:
+        """The task loader of ``trace_gym/MathPython-v0``: ``n`` generated problems of the
+        default pool's kind (:func:`~environments.math_python.generated.generate_tasks`,
+        ``difficulty`` 0-2, seeded), offline."""
+        return generate_tasks(n, difficulty=difficulty, seed=seed)
+
     def __init__(self, tasks: Sequence[Task | dict] | str | None = None, *, max_turns: int = 4,
                  limits: KernelLimits | dict | None = None, isolate: bool = True, prestart_kernel: bool = True,
                  system_prompt: str = SYSTEM_PROMPT, prompt_template: str = "{question}",

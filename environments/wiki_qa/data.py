@@ -114,7 +114,8 @@ def load_tasks(name: str, path: str | None = None, split: str | None = None, lim
         return tasks[:limit] if limit is not None else tasks
     spec = DATASETS[key]
     split = split or spec.split
-    rows = load_rows(key, path, split, spec.hub_id, spec.config, limit, local_hint="a local FlashRAG .jsonl file")
+    rows = load_rows(key, path, split, spec.hub_id, spec.config, limit,
+                     local_hint="FlashRAG rows with 'question' and 'golden_answers'")
     return rows_to_tasks(key, rows)
 
 

@@ -136,9 +136,22 @@ class WikiQAEnv(gymnasium.Env):
 
     metadata = {"render_modes": []}
     snapshot_mode = "state"
+
     #: A turn ends at its first closing tag (``StopStrings``), as in Search-R1: the env
     #: answers a search right away, and the model cannot write its own "results".
     stop_strings = ("</search>", "</answer>", "</tool_call>")
+
+    @classmethod
+    def load_tasks(cls, n: int, seed: int = 0, offline_seed: int = 0, offline_scale: float = 1.0) -> list[Task]:
+        """The task loader of ``trace_gym/WikiQA-v0``: ``n`` two-hop questions of the SYNTHETIC
+        offline world (the env's default pool), drawn with ``seed``; all of them when ``n``
+        exceeds the world's (a loader that runs dry returns fewer). ``offline_seed`` and
+        ``offline_scale`` name the world, as the env's keyword arguments of the same names do:
+        give both the same values (``task_kwargs`` and ``env_kwargs``)."""
+        from environments.wiki_qa.data import offline_tasks
+
+        pool = len(offline_tasks(None, seed=None, world_seed=offline_seed, scale=offline_scale))
+        return offline_tasks(min(n, pool), seed, world_seed=offline_seed, scale=offline_scale)
 
     def __init__(self, tasks: Sequence[Task | dict] | str | None = None, *, searcher: Any = "offline", topk: int = 3,
                  max_turns: int = 4, protocol: str = "tags", reward: str = "em", max_action_chars: int = 65536,

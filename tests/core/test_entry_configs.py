@@ -90,8 +90,11 @@ def test_section_checks_name_the_bad_key():
 
 
 def test_a_config_default_differs_from_the_section_but_keeps_its_help():
-    from trace_gym.entry_configs import BankBenchConfig
+    from trace_gym.entry_configs import BankBenchConfig, SimBenchConfig
 
-    field = {f.name: f for f in dataclasses.fields(BankBenchConfig)}["root_budget"]
-    assert field.default == 16 and BudgetShape.__dataclass_fields__["root_budget"].default == 8
+    field = {f.name: f for f in dataclasses.fields(SimBenchConfig)}["root_budget"]
+    assert field.default == 256 and BudgetShape.__dataclass_fields__["root_budget"].default == 8
     assert field.metadata["help"] == BudgetShape.__dataclass_fields__["root_budget"].metadata["help"]
+    # bench --bank sizes M to the bank when it is not given: its own default (None) and help, the section's key
+    field = {f.name: f for f in dataclasses.fields(BankBenchConfig)}["root_budget"]
+    assert field.default is None and section_of(field) == "budget" and "smaller bank" in field.metadata["help"]

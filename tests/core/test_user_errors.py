@@ -118,6 +118,30 @@ def test_near_miss_names_get_a_suggestion(capsys):
     assert "unknown strategy 'trase'; did you mean trace" in capsys.readouterr().err
     assert cli.main(["train", "--dry-run", "data=deepscalr"]) == 2
     assert "unknown training data 'deepscalr'; did you mean deepscaler?" in capsys.readouterr().err
+    assert cli.main(["bench", "--sim", "strategies=unifrm,trace", "steps=2"]) == 2  # every bench mode shapes them
+    assert "unknown strategies ['unifrm']; did you mean uniform?" in capsys.readouterr().err
+
+
+def test_bench_help_describes_each_key_as_each_mode_takes_it():
+    """A key whose meaning differs by mode is described per mode, in the flag's help and in the
+    key list (issue 41: `--bank` mode's help listed the simulator's predictors, which it refuses)."""
+    from trace_gym.commands.bench import mode_configs
+    from trace_gym.config import config_help
+    from trace_gym.predictor import predictor_names
+
+    bench = cli._subparsers(cli.build_parser()).choices["bench"]
+    flags = {a.dest: " ".join(a.help.replace("%%", "%").split()) for a in bench._actions if a.help}
+    keys = {line.split(" (", 1)[0].strip(): line for line in bench.epilog.replace("%%", "%").splitlines()
+            if line.startswith("  ")}
+    modes = mode_configs()
+    for mode, cls in modes.items():
+        for name, _, default, text in config_help(cls):
+            for where in ([] if name in (*modes, "bank") else [flags[name]]) + [keys[name]]:  # --env X, --bank X
+                assert " ".join(text.split()) in where, (mode, name, where)
+    for where in (flags["predictor"], keys["predictor"]):
+        sim, text_kinds = where.split("with --env or --bank:")
+        assert all(kind in text_kinds for kind in predictor_names("text")) and "learned" not in text_kinds
+        assert "with --sim:" in sim and all(kind in sim for kind in predictor_names("sim"))
 
 
 # ---------------------------------------------------------------------- the tutorials' commands

@@ -82,6 +82,37 @@ def test_a_failing_check_is_named_with_exit_1_and_the_rest_listed(tmp_path, monk
     assert "not run: close_idempotent" in out and "Traceback" not in out
 
 
+# a correct env that only a --plugin module registers (its class lives in the module itself)
+LOCAL_GUESS = '''
+from environments.guess_number.env import GuessNumberEnv, make_tasks
+from trace_gym.api import register_env
+
+
+class LocalGuess(GuessNumberEnv):
+    pass
+
+
+register_env("LocalGuess-v0", LocalGuess, task_loader=make_tasks)
+'''
+
+
+def test_a_plugin_env_passes_the_cross_process_check_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """The fresh worker of snapshot_pickle_process imports the --plugin module before it makes
+    the env (issue 41: it never did, and gymnasium said NameNotFound for an env that passes
+    every check through the Python API)."""
+    from registry_fixtures import registries_restored
+
+    (tmp_path / "local_guess_t41.py").write_text(LOCAL_GUESS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.realpath(p or os.curdir) != str(tmp_path)])
+    with registries_restored(lambda name, module: name == "local_guess_t41"):
+        code = cli.main(["--plugin", "local_guess_t41", "check-env", "LocalGuess-v0",
+                         "only=snapshot_roundtrip,snapshot_pickle_process", "tasks=1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "  PASS  snapshot_pickle_process (" in out and "NameNotFound" not in out
+
+
 @pytest.fixture
 def vf_module_here(tmp_path, monkeypatch):
     """``vf_add_t35.py`` in the current folder, which is not on ``sys.path`` (as under the

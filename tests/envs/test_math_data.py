@@ -105,6 +105,7 @@ def test_hub_loading_uses_the_hub_id_and_split(monkeypatch):
             return ROWS["aime24"]
 
     monkeypatch.setitem(sys.modules, "datasets", FakeDatasets)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the fake stands for datasets reading its cache: the hub is not probed
     (task,) = load_tasks("aime24")
     assert calls == [("HuggingFaceH4/aime_2024", "train")] and task.answer == "204"
 

@@ -37,28 +37,59 @@ def _escape(text: str) -> str:
     return text.replace("%", "%%")
 
 
-def config_epilog(*classes: type, title: str = "keys (--config YAML or key=value)") -> str:
-    """The ``--help`` epilog listing every key of ``classes`` with type, default and help."""
-    lines, seen = [f"{title}:"], set()
-    for cls in classes:
+def by_meaning(entries: Sequence[tuple[str, Any, str]]) -> list[tuple[list[str], list[Any], str]]:
+    """``(label, default, help)`` entries of one key (one per mode) grouped by help text, in
+    order: ``[(labels, their defaults, help)]``. A key whose help differs by mode (bench's
+    ``predictor``: the simulator's kinds or the text kinds) is described per mode."""
+    groups: dict[str, tuple[list[str], list[Any]]] = {}
+    for label, default, text in entries:
+        labels, defaults = groups.setdefault(text, ([], []))
+        labels.append(label)
+        defaults.append(default)
+    return [(labels, defaults, text) for text, (labels, defaults) in groups.items()]
+
+
+def _defaults(labels: Sequence[str], defaults: Sequence[Any]) -> str:
+    """``default 4`` when the defaults agree, else ``default: 8 with --sim, 4 with --env``."""
+    if len({repr(d) for d in defaults}) == 1:
+        return f"default {defaults[0]!r}"
+    return "default: " + ", ".join(f"{d!r} with {label}" for label, d in zip(labels, defaults))
+
+
+def config_epilog(*classes: type, title: str = "keys (--config YAML or key=value)",
+                  labels: Sequence[str] | None = None) -> str:
+    """The ``--help`` epilog listing every key of ``classes`` with type, default and help;
+    with ``labels`` (one per class, e.g. bench's ``--sim``) a key whose help differs between
+    classes is described per label."""
+    rows: dict[str, list[tuple[str, str, Any, str]]] = {}
+    for label, cls in zip(labels or [""] * len(classes), classes):
         for name, tname, default, text in config_help(cls):
-            if name not in seen:
-                seen.add(name)
-                lines.append(f"  {name} ({tname}, default {default!r}): {text}")
+            rows.setdefault(name, []).append((label, tname, default, text))
+    lines = [f"{title}:"]
+    for name, entries in rows.items():
+        groups = by_meaning([(label, default, text) for label, _, default, text in entries])
+        tname = entries[0][1]
+        if labels is None or len(groups) == 1:
+            lines.append(f"  {name} ({tname}, default {entries[0][2]!r}): {entries[0][3]}")
+        else:
+            lines.append(f"  {name} ({tname}): " + "; ".join(
+                f"with {' or '.join(ls)}: {text} ({_defaults(ls, ds)})" for ls, ds, text in groups))
     return _escape("\n".join(lines))
 
 
 def add_config_parser(subparsers: argparse._SubParsersAction, name: str, help_text: str, *classes: type,
                       description: str | None = None, epilog_prefix: str = "",
-                      flags: bool = False, skip: Sequence[str] = ()) -> argparse.ArgumentParser:
+                      flags: bool = False, skip: Sequence[str] = (),
+                      labels: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """A subcommand whose keys are the fields of ``classes``: ``--config FILE`` plus
     ``key=value`` (collected by :func:`trace_gym.cli.main` into ``args.overrides``), and
     with ``flags`` a ``--flag`` alias per key (:func:`add_config_flags`; ``skip``: keys whose
-    flag the command adds itself). The usage line names the full command path (``trace-gym
-    bank record``): argparse fills ``%(prog)s`` from the parent parser's prog."""
+    flag the command adds itself); ``labels`` name the classes where a key's help differs
+    between them (:func:`config_epilog`). The usage line names the full command path
+    (``trace-gym bank record``): argparse fills ``%(prog)s`` from the parent parser's prog."""
     p = subparsers.add_parser(name, help=help_text, description=description or help_text,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
-                              epilog=_escape(epilog_prefix) + config_epilog(*classes),
+                              epilog=_escape(epilog_prefix) + config_epilog(*classes, labels=labels),
                               usage="%(prog)s [--config FILE] [options] [key=value ...]")
     p.add_argument("--config", metavar="FILE", help="YAML file of keys (key=value and flags override it)")
     p.set_defaults(**{CONFIG_KEYS: True})
@@ -97,12 +128,13 @@ def add_config_flags(parser: argparse.ArgumentParser, modes: dict[str, type], sk
                 seen.setdefault(name, []).append((mode, tname, default, text))
     for name, entries in seen.items():
         _, tname, _, text = entries[0]
+        groups = by_meaning([(f"--{mode}", default, text) for mode, _, default, text in entries])
         if len(entries) == 1 and len(modes) > 1:
-            defaults = f"default: {entries[0][2]!r}; only with --{entries[0][0]}"
-        elif len({repr(e[2]) for e in entries}) == 1:
-            defaults = f"default: {entries[0][2]!r}"
-        else:
-            defaults = "default: " + ", ".join(f"{e[2]!r} with --{e[0]}" for e in entries)
+            described = f"{text} (default: {entries[0][2]!r}; only with --{entries[0][0]})"
+        elif len(groups) == 1:
+            described = f"{text} ({_defaults(*groups[0][:2]).replace('default ', 'default: ', 1)})"
+        else:  # the modes mean different things by it (bench's predictor kinds): each says its own
+            described = "; ".join(f"with {' or '.join(ls)}: {t} ({_defaults(ls, ds)})" for ls, ds, t in groups)
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=tname.split("[")[0].upper(),
-                            help=f"{text} ({defaults})".replace("%", "%%"))
+                            help=described.replace("%", "%%"))
     parser.set_defaults(_config_flags=tuple(seen))

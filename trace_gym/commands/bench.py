@@ -159,7 +159,7 @@ def bench_roles(args: argparse.Namespace, results: dict[str, Any]) -> Roles:
 def add(subparsers: argparse._SubParsersAction) -> None:
     modes = bench_modes()
     p = add_config_parser(subparsers, "bench", "benchmark allocation strategies at equal budget (no training)",
-                          *mode_configs().values(),
+                          *mode_configs().values(), labels=[f"--{name}" for name in modes],
                           epilog_prefix="Every key is also a --flag (--root-budget 32 = root_budget=32).\n\n")
     for name, mode in modes.items():
         if mode.value:

@@ -25,13 +25,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def add(subparsers: argparse._SubParsersAction) -> None:
     from evaluators.run import EvalConfig
     from evaluators.suites import SUITES, Suite
+    from trace_gym.registry import BUILTIN_ENVS, NAMESPACE
 
     env_limits = Suite("", "", list).limits()  # an env id's suite takes Suite's defaults
     suites = ("suites (suites=NAME[,NAME...] or --suite), each with its agent-loop limits (max_turns, "
               "max_turn_tokens, max_episode_tokens override them):\n"
               + "\n".join(f"  {name}: {s.description}\n      {s.limits()}" for name, s in SUITES.items())
-              + "\n  any registered env id with a task loader (a plugin's, e.g. --plugin MODULE) or env family "
-              f"(guess_number, ...): the held-out split of its tasks\n      {env_limits}\n\n"
+              + "\n  any registered env id with a task loader (this repo's, offline: "
+              + ", ".join(f"{NAMESPACE}/{name}" for name in BUILTIN_ENVS) + "; a plugin's with --plugin MODULE) or "
+              "env family (math_python, ...): the held-out split of its tasks (task_kwargs: its loader's keyword "
+              f"arguments)\n      {env_limits}\n\n"
               f"BFCL on a CPU (four entries in a few minutes): --suite bfcl {BFCL_CPU}\n\n")
     p = add_config_parser(subparsers, "eval", "evaluate checkpoints on benchmark suites (cached)", EvalConfig,
                           epilog_prefix=suites + "Every key is also a --flag (--limit 2 = limit=2, --out DIR = out=DIR)."
