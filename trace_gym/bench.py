@@ -296,12 +296,20 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
     others can be matched to what it generated. Per repetition, metrics pool the measured
     steps (after ``warmup_steps``), and ``by_step`` keeps every step's record
     (:func:`step_record`). ``say`` receives the no-contrast warnings as they happen.
+    With ``deterministic`` in the source's config the process first enters deterministic
+    mode (:mod:`trace_gym.determinism`; ``results["deterministic"]`` says how it ran).
     """
     import dataclasses
 
     from tqdm.auto import tqdm
 
+    from trace_gym import determinism
+
     t_start = time.perf_counter()
+    mode = determinism.apply(source.config)  # before any repetition: its predictors read the thread count
+    note = determinism.engine_note(getattr(source, "engine", None)) if mode is not None else None
+    if note is not None and say is not None:
+        say(note)
     arms = source.arms(strategies)
     per_rep: dict[str, list[dict[str, Any]]] = {n: [] for n in arms}
     reference = roles.baseline if roles.baseline in arms else next(iter(arms))
@@ -322,6 +330,7 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
             bar.update(1)
     bar.close()
     results: dict[str, Any] = {"mode": source.mode, "config": dataclasses.asdict(source.config),
+                               "deterministic": None if mode is None else mode.describe(),
                                "nominal_budget": source.nominal_budget, "warnings": warnings,
                                "group_sized": group_sized(strategies),
                                "strategies": summarise({n: per_rep[n] for n in arms}, arms)}

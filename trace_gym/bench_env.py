@@ -216,8 +216,10 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
         say: receives one-line progress messages (and the all-same-reward warnings).
         out_dir: where ``cfg.dump_episodes`` transcripts go (``episodes-<strategy>.jsonl``).
     """
+    from trace_gym import determinism
     from trace_gym.engines import make_engine
 
+    determinism.apply(cfg)  # before the engine: vLLM takes its thread count when it is made
     if cfg.dump_episodes and out_dir is None:
         raise ValueError("dump_episodes needs an output folder (--out DIR)")
     say = say or (lambda msg: None)
