@@ -299,17 +299,23 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
     With ``deterministic`` in the source's config the process first enters deterministic
     mode (:mod:`trace_gym.determinism`; ``results["deterministic"]`` says how it ran).
     """
+    from trace_gym import determinism
+
+    with determinism.applied(source.config) as mode:  # before any repetition: its predictors read the thread count
+        note = determinism.engine_note(getattr(source, "engine", None)) if mode is not None else None
+        if note is not None and say is not None:
+            say(note)
+        return _run_arms(source, strategies, progress, say, roles, mode)
+
+
+def _run_arms(source: BenchSource, strategies: Mapping[str, Strategy], progress: bool,
+              say: Callable[[str], None] | None, roles: Roles, mode: Any) -> dict[str, Any]:
+    """:func:`run_bench`'s loop over repetitions and arms (in the mode it chose)."""
     import dataclasses
 
     from tqdm.auto import tqdm
 
-    from trace_gym import determinism
-
     t_start = time.perf_counter()
-    mode = determinism.apply(source.config)  # before any repetition: its predictors read the thread count
-    note = determinism.engine_note(getattr(source, "engine", None)) if mode is not None else None
-    if note is not None and say is not None:
-        say(note)
     arms = source.arms(strategies)
     per_rep: dict[str, list[dict[str, Any]]] = {n: [] for n in arms}
     reference = roles.baseline if roles.baseline in arms else next(iter(arms))

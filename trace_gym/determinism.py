@@ -41,15 +41,17 @@ time (a cell that hits its time limit only under load), software or CPU kind (an
 torch, MKL code path or GPU computes other floats), and actors in other processes
 (``--ray``: the driver's rounds follow the mode, the actors' threads are Ray's).
 
-The mode is process-wide (torch's switch is too) and, once enabled, stays on.
+The mode is process-wide (torch's switch is too): :func:`applied` holds it for one block of
+work (a training run, a bench) and puts the process back after it; :func:`enable` keeps it on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from dataclasses import dataclass
-from typing import Any, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, MutableMapping
 
 from trace_gym import threads
 
@@ -68,6 +70,7 @@ class DeterministicMode:
 
     threads: int
     source: str
+    blas: Any = field(default=None, repr=False, compare=False)  # threadpoolctl's limiter (restores numpy's count)
 
     def describe(self) -> str:
         """One line for the run's output."""
@@ -107,19 +110,21 @@ def fixed_threads(env: Mapping[str, str] | None = None,
     return FIXED_THREADS, "the fixed default"
 
 
-def _limit_blas(n: int) -> None:
+def _limit_blas(n: int) -> Any:
     """numpy's BLAS threads to ``n`` (threadpoolctl, where installed: numpy read its count when it
-    loaded, from the load-sized ``OMP_NUM_THREADS`` of the CLI's start)."""
+    loaded, from the load-sized ``OMP_NUM_THREADS`` of the CLI's start); returns what restores
+    the previous counts, or ``None``."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # an optional package: without it numpy keeps the count it loaded with
         _log.info("deterministic mode: threadpoolctl is not installed; numpy's BLAS keeps its thread count")
-        return
-    threadpool_limits(limits=n, user_api="blas")
+        return None
+    return threadpool_limits(limits=n, user_api="blas")
 
 
 def enable(env: MutableMapping[str, str] | None = None) -> DeterministicMode:
-    """Put this process in deterministic mode (see the module docstring); idempotent.
+    """Put this process in deterministic mode (see the module docstring) until the process
+    ends; idempotent. :func:`applied` is the same for one block of work.
 
     Call it before the trainer, engines and predictors are built (they read the thread
     count when they are made); torch may be loaded already.
@@ -137,8 +142,7 @@ def enable(env: MutableMapping[str, str] | None = None) -> DeterministicMode:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
-    _limit_blas(n)
-    _ACTIVE = DeterministicMode(n, source)
+    _ACTIVE = DeterministicMode(n, source, _limit_blas(n))
     return _ACTIVE
 
 
@@ -147,9 +151,47 @@ def active() -> DeterministicMode | None:
     return _ACTIVE
 
 
-def apply(cfg: Any) -> DeterministicMode | None:
-    """:func:`enable` when ``cfg.deterministic`` is true (a config without the key: never)."""
-    return enable() if getattr(cfg, "deterministic", False) else None
+def _process_state() -> dict[str, Any]:
+    import torch
+
+    return {"threads": torch.get_num_threads(), "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",
+                                                                                     "CUBLAS_WORKSPACE_CONFIG")},
+            "algorithms": (torch.are_deterministic_algorithms_enabled(),
+                           torch.is_deterministic_algorithms_warn_only_enabled()),
+            "cudnn": (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)}
+
+
+def _restore(state: dict[str, Any]) -> None:
+    global _ACTIVE
+    import torch
+
+    if _ACTIVE is not None and _ACTIVE.blas is not None:
+        _ACTIVE.blas.restore_original_limits()
+    _ACTIVE = None
+    for key, value in state["env"].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    threads.set_threads(state["threads"])
+    torch.use_deterministic_algorithms(state["algorithms"][0], warn_only=state["algorithms"][1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = state["cudnn"]
+
+
+@contextlib.contextmanager
+def applied(cfg: Any) -> Iterator[DeterministicMode | None]:
+    """The body in deterministic mode when ``cfg.deterministic`` is true (a config without the
+    key: never), and the process as it was after it (threads, env, torch's switches), so a
+    library user's next call in the same process runs as it would have. Inside a block that
+    is in the mode already, the mode simply goes on. Yields the mode, or ``None``."""
+    if not getattr(cfg, "deterministic", False) or _ACTIVE is not None:
+        yield _ACTIVE
+        return
+    before = _process_state()
+    try:
+        yield enable()
+    finally:
+        _restore(before)
 
 
 def engine_note(engine: Any) -> str | None:

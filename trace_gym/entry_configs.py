@@ -101,6 +101,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
         "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (exact generated tokens)"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
+    deterministic: bool = section_default(Reproducibility, "deterministic", True)
     target_mixed: float = field(default=0.27, metadata=doc("P(uniform group of G is mixed) to calibrate to"))
     mean_success: float = field(default=0.5, metadata=doc("mean task success probability"))
     step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
@@ -147,6 +148,7 @@ class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility)
     warmup_budget: int = field(default=16, metadata=doc("rollouts of the predictor warm-up batch (0: none)"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
+    deterministic: bool = section_default(Reproducibility, "deterministic", True)
     dump_episodes: int = field(default=0, metadata=doc(
         "write this many full transcripts per strategy (messages, actions, rewards) into --out"))
     seed: int = field(default=0, metadata=doc("base seed (tasks, envs, sampling)"))
@@ -188,6 +190,7 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
         "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (the recorded generated tokens)"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
+    deterministic: bool = section_default(Reproducibility, "deterministic", True)
     seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)"))
 
     def __post_init__(self) -> None:

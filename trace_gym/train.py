@@ -138,10 +138,10 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     quiet_third_party()
     out = out or sys.stdout
     say = lambda msg: tqdm.write(msg, file=out) if cfg.progress else None  # noqa: E731
-    mode = determinism.apply(cfg)  # before the trainer, engine and predictor read the thread count
-    if mode is not None:
-        say(mode.describe())
     with contextlib.ExitStack() as closing:
+        # first in, last out: before the trainer, engine and predictor read the thread count
+        if (mode := closing.enter_context(determinism.applied(cfg))) is not None:
+            say(mode.describe())
         if backend is not None:
             closing.callback(backend.close)
         require_installed(report_backends(cfg))  # reporters, data and policy before the run dir exists

@@ -86,7 +86,9 @@ def fingerprint(run_dir: Path) -> tuple[list[dict], dict[str, str]]:
 
 def test_the_same_run_beside_a_busy_process_gives_the_same_metrics_and_weights(tmp_path, tiny_model_path):  # noqa: F811
     train(tmp_path / "alone", tiny_model_path)
-    busy = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True,
+    # niced: the load policy counts nice time as busy (it sees the neighbour), while the run
+    # itself keeps most of its cores' time (beside a neighbour at nice 0 this test took 95 s)
+    busy = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True,
                             env=child_env(OMP_NUM_THREADS=str(threads.available_cores())))
     try:
         assert busy.stdout.readline().strip() == "ready"
@@ -97,8 +99,10 @@ def test_the_same_run_beside_a_busy_process_gives_the_same_metrics_and_weights(t
         busy.kill()
         busy.wait()
     alone, beside = fingerprint(tmp_path / "alone"), fingerprint(tmp_path / "beside")
-    assert [r["cpu_threads"] for r in alone[0] + beside[0]] == [FIXED_THREADS] * 4  # the fixed count, not the load's
     assert any(r["nodes_with_advantage"] for r in alone[0])  # the update had something to follow
     for a, b in zip(alone[0], beside[0]):
         assert a == b, {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}
     assert alone[1] == beside[1]
+    # the fixed count, not the load's: on a loaded machine the load policy gives one thread to
+    # both runs as well, so this is what tells the mode from the policy there
+    assert [r["cpu_threads"] for r in alone[0] + beside[0]] == [FIXED_THREADS] * 4
