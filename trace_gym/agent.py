@@ -22,9 +22,9 @@ go in as one prefix with ``n = k``), and hands each action to its env as a futur
 thread pool. Env steps still running when the next round starts (a 10 s cell timeout)
 do not hold it up: the round waits at most ``AgentConfig.straggler_seconds`` for them,
 and a late step's episode joins a later round (in deterministic mode it waits for every
-one: rounds that depend on timing would make batches, and so samples, depend on it). An env that raises (in reset, restore,
-step, snapshot or close) ends only its own episode, as truncated with the error
-recorded; every env is closed, on every path. Env work runs only on the pool's threads,
+one: rounds that depend on timing would make batches, and so samples, depend on it). An
+env that raises (in reset, restore, step, snapshot or close) ends only its own episode, as
+truncated with the error recorded; every env is closed, on every path. Env work runs only on the pool's threads,
 where no signal is ever delivered, so any ``BaseException`` there (``SystemExit`` or a
 ``KeyboardInterrupt`` raised by env code) is the env's and ends its episode; a real Ctrl-C
 reaches the main thread and stops the run. The runner decides nothing about what

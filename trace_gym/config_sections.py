@@ -14,7 +14,7 @@ section                fields                                                 de
                                                                               :data:`~trace_gym.
                                                                               predictor.PREDICTORS`
 :class:`Reproducibility` ``deterministic``                                     :func:`trace_gym.determinism.
-                                                                              apply`
+                                                                              applied`
 =====================  =====================================================  ==========================
 
 Keys stay flat (``root_budget=16``, not ``budget.root_budget=16``): a section is where a key
@@ -33,8 +33,8 @@ from typing import Any, ClassVar
 from trace_gym.config import doc
 from trace_gym.predictor import check_predictor_name, predictor_names
 
-__all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS", "check_sections", "section_default",
-           "section_of"]
+__all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS", "check_sections",
+           "section_default", "section_of"]
 
 
 def _in(section: str, text: str) -> dict[str, str]:

@@ -48,9 +48,12 @@ work (a training run, a bench) and puts the process back after it; :func:`enable
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import os
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, MutableMapping
 
 from trace_gym import threads
@@ -70,7 +73,6 @@ class DeterministicMode:
 
     threads: int
     source: str
-    blas: Any = field(default=None, repr=False, compare=False)  # threadpoolctl's limiter (restores numpy's count)
 
     def describe(self) -> str:
         """One line for the run's output."""
@@ -79,6 +81,8 @@ class DeterministicMode:
 
 
 _ACTIVE: DeterministicMode | None = None
+_BLAS: Any = None  # threadpoolctl's limiter: gives numpy's BLAS its count back
+_HOOK: Any = None  # the import hook waiting for torch (:class:`_WhenTorchLoads`)
 
 
 def _positive(value: str | None) -> int | None:
@@ -127,22 +131,24 @@ def enable(env: MutableMapping[str, str] | None = None) -> DeterministicMode:
     ends; idempotent. :func:`applied` is the same for one block of work.
 
     Call it before the trainer, engines and predictors are built (they read the thread
-    count when they are made); torch may be loaded already.
+    count when they are made). torch's switches are set now where torch is loaded, else right
+    after it loads: a command that never loads torch (``bench --sim``) does not pay for it.
     """
-    global _ACTIVE
+    global _ACTIVE, _BLAS, _HOOK
     if _ACTIVE is not None:
         return _ACTIVE
     env = os.environ if env is None else env
     n, source = fixed_threads(env)
     env["OMP_NUM_THREADS"] = str(n)
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)  # read when cuBLAS starts: before any GPU GEMM
-    import torch
-
-    threads.set_threads(n)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    _ACTIVE = DeterministicMode(n, source, _limit_blas(n))
+    deterministic = (n, True, False, True, False)
+    if "torch" in sys.modules:
+        _set_torch(deterministic)
+    else:
+        _HOOK = _WhenTorchLoads(deterministic)
+        sys.meta_path.insert(0, _HOOK)
+    _BLAS = _limit_blas(n)
+    _ACTIVE = DeterministicMode(n, source)
     return _ACTIVE
 
 
@@ -151,31 +157,75 @@ def active() -> DeterministicMode | None:
     return _ACTIVE
 
 
-def _process_state() -> dict[str, Any]:
+def _torch_state() -> tuple | None:
+    """torch's switches now: (threads, deterministic algorithms, warn only, cuDNN deterministic,
+    cuDNN benchmark); ``None`` while torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark)
+
+
+def _set_torch(state: tuple) -> None:
     import torch
 
-    return {"threads": torch.get_num_threads(), "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",
-                                                                                     "CUBLAS_WORKSPACE_CONFIG")},
-            "algorithms": (torch.are_deterministic_algorithms_enabled(),
-                           torch.is_deterministic_algorithms_warn_only_enabled()),
-            "cudnn": (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)}
+    n, algorithms, warn_only, cudnn_deterministic, cudnn_benchmark = state
+    threads.set_threads(n)
+    torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, cudnn_benchmark
+
+
+class _WhenTorchLoads(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """An import hook that sets torch's switches (:func:`_set_torch`) once ``import torch`` has
+    run: loading torch takes 7 s on the shared 2-core box, more than a whole small bench."""
+
+    def __init__(self, state: tuple):
+        self.state, self.loader = state, None
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        self.remove()  # once, and so that the search below finds torch's own spec
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            self.loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        _set_torch(self.state)
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def _process_state() -> dict[str, Any]:
+    return {"env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG")},
+            "torch": _torch_state()}
 
 
 def _restore(state: dict[str, Any]) -> None:
-    global _ACTIVE
-    import torch
-
-    if _ACTIVE is not None and _ACTIVE.blas is not None:
-        _ACTIVE.blas.restore_original_limits()
-    _ACTIVE = None
+    global _ACTIVE, _BLAS, _HOOK
+    if _HOOK is not None:
+        _HOOK.remove()
+    if _BLAS is not None:
+        _BLAS.restore_original_limits()
+    _ACTIVE = _BLAS = _HOOK = None
     for key, value in state["env"].items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    threads.set_threads(state["threads"])
-    torch.use_deterministic_algorithms(state["algorithms"][0], warn_only=state["algorithms"][1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = state["cudnn"]
+    if state["torch"] is not None:
+        _set_torch(state["torch"])
+    elif "torch" in sys.modules:  # loaded inside the block: torch's own defaults
+        _set_torch((threads.default_threads(), False, False, False, False))
 
 
 @contextlib.contextmanager

@@ -42,7 +42,8 @@ def without_timings(record: Any) -> Any:
 
 def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_stats: Mapping[str, Any],
                 sync_seconds: float, evaluation: Mapping[str, Any] | None, seconds: float,
-                token_trees: Sequence[Any], eval_seconds: float = 0.0, cpu_threads: int | None = None) -> dict[str, Any]:
+                token_trees: Sequence[Any], eval_seconds: float = 0.0,
+                cpu_threads: int | None = None) -> dict[str, Any]:
     """One ``metrics.jsonl`` line (see ``docs/training.md`` for every field); ``cpu_threads``:
     the process's CPU thread count (omitted when ``None``)."""
     from trace_gym import report

@@ -39,29 +39,36 @@ def test_the_count_is_the_users_word_else_one_whatever_the_load_gave():
 ENABLE = """
 import json, os, sys
 from trace_gym import determinism, threads
-threads._DECISION = threads.ThreadDecision(*json.loads(sys.argv[1]))  # what the CLI's policy decided at start
+decision, torch_first = json.loads(sys.argv[1])
+threads._DECISION = threads.ThreadDecision(*decision)  # what the CLI's policy decided at start
 os.environ["OMP_NUM_THREADS"] = str(threads._DECISION.threads)  # and wrote
-import torch
-torch._C.set_num_threads(threads._DECISION.threads)
+if torch_first:
+    import torch
+    torch._C.set_num_threads(threads._DECISION.threads)
 mode = determinism.enable()
 assert determinism.enable() is mode and determinism.active() is mode
+assert torch_first == ("torch" in sys.modules)  # enabling loads no torch (bench --sim never needs it)
+import torch  # now, or already: its switches are set either way
 from threadpoolctl import threadpool_info
 print(json.dumps({"threads": torch.get_num_threads(), "omp": os.environ["OMP_NUM_THREADS"],
                   "blas": sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}),
                   "algorithms": torch.are_deterministic_algorithms_enabled(),
+                  "cudnn": [torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark],
                   "cublas": os.environ["CUBLAS_WORKSPACE_CONFIG"], "line": mode.describe()}))
 """
 
 
+@pytest.mark.parametrize("torch_first", [True, False])
 @pytest.mark.parametrize("decision, threads", [((2, "measured", 2), 1), ((3, "TRACE_GYM_THREADS", 2), 3)])
-def test_enable_sets_the_count_torch_and_the_env_for_the_whole_process(decision, threads):
+def test_enable_sets_the_count_torch_and_the_env_for_the_whole_process(decision, threads, torch_first):
     pytest.importorskip("threadpoolctl")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG")}
-    out = subprocess.run([sys.executable, "-c", ENABLE, json.dumps(decision)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, env={**env, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run([sys.executable, "-c", ENABLE, json.dumps([decision, torch_first])], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, env={**env, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout)
     assert (got["threads"], got["omp"], got["algorithms"], got["cublas"]) == (threads, str(threads), True, ":4096:8")
+    assert got["cudnn"] == [True, False]
     assert got["blas"] in ([], [threads])  # numpy's BLAS, where threadpoolctl finds one
     assert got["line"].startswith(f"deterministic mode: {threads} CPU thread(s)")
 

@@ -340,7 +340,8 @@ def test_a_slow_env_step_does_not_hold_up_the_other_episodes(planted):
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_in_deterministic_mode_every_round_waits_for_every_env_step(tiny_engine, monkeypatch, deterministic):  # noqa: F811
+def test_in_deterministic_mode_every_round_waits_for_every_env_step(tiny_engine, monkeypatch,  # noqa: F811
+                                                                    deterministic):
     """One episode's first env step outlasts ``straggler_seconds`` (it waits for a gate). Without
     the mode the next round generates without it and it joins a later one, so which episodes
     share a batch (and their sampling seeds) follows the env's timing; in deterministic mode
@@ -360,7 +361,8 @@ def test_in_deterministic_mode_every_round_waits_for_every_env_step(tiny_engine,
                 planted_env.GATE.set()
             return super().generate(prefixes, n, sampling)
 
-    runner = AgentRunner(Releasing(tiny_engine), tiny_engine.tokenizer, PlantedEnv, SamplingParams(temperature=1.0, seed=5),
+    runner = AgentRunner(Releasing(tiny_engine), tiny_engine.tokenizer, PlantedEnv,
+                         SamplingParams(temperature=1.0, seed=5),
                          AgentConfig(max_turn_tokens=8, max_episode_tokens=1024, max_turns=4, straggler_seconds=0.05))
     timer = threading.Timer(0.5, planted_env.GATE.set) if deterministic else None
     try:
