@@ -16,7 +16,7 @@ owns:
   inherit), set as torch's intra-op count, and set for numpy's BLAS (through
   threadpoolctl, where it is installed). One thread by default, not the machine's
   cores: the same count on every machine, and no oversubscription beside other work
-  (where two threads on two shared cores generated at 5 to 37 tokens/s against 114 for
+  (where two spinning threads on two shared cores generated 5 to 37 tokens/s against 114 for
   one, docs/benchmarking.md); ``TRACE_GYM_THREADS=N`` buys speed on an idle
   multi-core machine, and then the run is a function of its config, its seed and N.
 - **torch**: ``torch.use_deterministic_algorithms(True)`` (an op without a deterministic
