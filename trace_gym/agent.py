@@ -21,9 +21,10 @@ that are ready (fresh branches with the same explicit ``anchor`` and the same co
 go in as one prefix with ``n = k``), and hands each action to its env as a future in a
 thread pool. Env steps still running when the next round starts (a 10 s cell timeout)
 do not hold it up: the round waits at most ``AgentConfig.straggler_seconds`` for them,
-and a late step's episode joins a later round. An env that raises (in reset, restore,
-step, snapshot or close) ends only its own episode, as truncated with the error
-recorded; every env is closed, on every path. Env work runs only on the pool's threads,
+and a late step's episode joins a later round (in deterministic mode it waits for every
+one: rounds that depend on timing would make batches, and so samples, depend on it). An
+env that raises (in reset, restore, step, snapshot or close) ends only its own episode, as
+truncated with the error recorded; every env is closed, on every path. Env work runs only on the pool's threads,
 where no signal is ever delivered, so any ``BaseException`` there (``SystemExit`` or a
 ``KeyboardInterrupt`` raised by env code) is the env's and ends its episode; a real Ctrl-C
 reaches the main thread and stops the run. The runner decides nothing about what
@@ -38,11 +39,13 @@ The records it produces, :class:`~trace_gym.episode.Turn` and
 from __future__ import annotations
 
 import logging
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any, Hashable, Sequence
 
+from trace_gym import determinism
 from trace_gym.budget import BudgetLedger
 from trace_gym.chat import ChatRenderer
 from trace_gym.env import EnvFactory, ReplayCost, Snapshot, env_stop_strings
@@ -66,6 +69,10 @@ class AgentConfig:
         straggler_seconds: how long a generation round waits for env steps started in
             the previous round; a step still running then (a long tool call, a cell
             timeout) no longer holds up the others, and its episode joins a later round.
+            ``math.inf``: every round waits for every env step, so the rounds (which
+            episodes share a batch, and so their sampling seeds) do not depend on how fast
+            an env step ran; a runner built in deterministic mode
+            (:mod:`trace_gym.determinism`) always uses it.
     """
 
     max_turn_tokens: int = 384
@@ -117,6 +124,8 @@ class AgentRunner:
                  config: AgentConfig = AgentConfig()):
         self.engine, self.tokenizer, self.make_env = engine, tokenizer, make_env
         self.renderer = ChatRenderer(tokenizer)
+        if determinism.active() is not None:  # rounds independent of the env steps' timing
+            config = replace(config, straggler_seconds=math.inf)
         self.config = config
         stop_ids = set(sampling.stop_token_ids) | {self.renderer.end_of_turn_id}
         stops = tuple(dict.fromkeys((*sampling.stop, *env_stop_strings(make_env))))  # the env's closing tags
@@ -302,7 +311,8 @@ class AgentRunner:
         t0 = time.perf_counter()
         fresh = [f for f in self._inflight if f not in self._stragglers]
         if fresh:
-            _, late = wait(fresh, timeout=self.config.straggler_seconds)
+            limit = self.config.straggler_seconds
+            _, late = wait(fresh, timeout=None if math.isinf(limit) else limit)
             self._stragglers.update(late)
         if not self._ready and not self._finished and not any(f.done() for f in self._inflight):
             wait(list(self._inflight), return_when=FIRST_COMPLETED)

@@ -296,7 +296,21 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
     others can be matched to what it generated. Per repetition, metrics pool the measured
     steps (after ``warmup_steps``), and ``by_step`` keeps every step's record
     (:func:`step_record`). ``say`` receives the no-contrast warnings as they happen.
+    With ``deterministic`` in the source's config the process first enters deterministic
+    mode (:mod:`trace_gym.determinism`; ``results["deterministic"]`` says how it ran).
     """
+    from trace_gym import determinism
+
+    with determinism.applied(source.config) as mode:  # before any repetition: its predictors read the thread count
+        note = determinism.engine_note(getattr(source, "engine", None)) if mode is not None else None
+        if note is not None and say is not None:
+            say(note)
+        return _run_arms(source, strategies, progress, say, roles, mode)
+
+
+def _run_arms(source: BenchSource, strategies: Mapping[str, Strategy], progress: bool,
+              say: Callable[[str], None] | None, roles: Roles, mode: Any) -> dict[str, Any]:
+    """:func:`run_bench`'s loop over repetitions and arms (in the mode it chose)."""
     import dataclasses
 
     from tqdm.auto import tqdm
@@ -322,6 +336,7 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
             bar.update(1)
     bar.close()
     results: dict[str, Any] = {"mode": source.mode, "config": dataclasses.asdict(source.config),
+                               "deterministic": None if mode is None else mode.describe(),
                                "nominal_budget": source.nominal_budget, "warnings": warnings,
                                "group_sized": group_sized(strategies),
                                "strategies": summarise({n: per_rep[n] for n in arms}, arms)}

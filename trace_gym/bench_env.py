@@ -216,6 +216,7 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
         say: receives one-line progress messages (and the all-same-reward warnings).
         out_dir: where ``cfg.dump_episodes`` transcripts go (``episodes-<strategy>.jsonl``).
     """
+    from trace_gym import determinism
     from trace_gym.engines import make_engine
 
     if cfg.dump_episodes and out_dir is None:
@@ -223,15 +224,16 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
     say = say or (lambda msg: None)
     t_start = time.perf_counter()
     owned = engine is None
-    try:
-        if owned:
-            engine = make_engine(cfg.engine, cfg.policy)
-        say(f"engine {type(engine).__name__} ready ({time.perf_counter() - t_start:.1f} s)")
-        source = EnvSource(cfg, family, strategies, engine, say)
-        results = run_bench(source, strategies, progress=progress, say=say)
-    finally:
-        if owned and engine is not None:
-            engine.close()
+    with determinism.applied(cfg):  # before the engine: vLLM takes its thread count when it is made
+        try:
+            if owned:
+                engine = make_engine(cfg.engine, cfg.policy)
+            say(f"engine {type(engine).__name__} ready ({time.perf_counter() - t_start:.1f} s)")
+            source = EnvSource(cfg, family, strategies, engine, say)
+            results = run_bench(source, strategies, progress=progress, say=say)
+        finally:
+            if owned and engine is not None:
+                engine.close()
     if source.dumped:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         results["episode_files"] = []

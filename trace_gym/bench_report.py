@@ -144,6 +144,8 @@ def format_bench(results: Mapping[str, Any]) -> str:
     if isinstance(warmup, Mapping) and warmup.get("description"):
         lines += ["", f"Warm-up: {warmup['description']}."]
     lines += _calibration(results)
+    if results.get("deterministic"):  # how the repetitions ran (deterministic=false: no line)
+        lines += ["", f"Run in {results['deterministic']} (each repetition a function of its seed)."]
     if results.get("verdict"):
         lines += ["", f"**Verdict ({mode.verdict_label}):** {results['verdict']}"]
     lines += ["", strategy_table(results), ""]

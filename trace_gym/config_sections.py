@@ -13,6 +13,8 @@ section                fields                                                 de
 :class:`PredictorChoice` ``predictor``, ``predictor_kwargs``, ``prefix_share``  the name checked against
                                                                               :data:`~trace_gym.
                                                                               predictor.PREDICTORS`
+:class:`Reproducibility` ``deterministic``                                     :func:`trace_gym.determinism.
+                                                                              applied`
 =====================  =====================================================  ==========================
 
 Keys stay flat (``root_budget=16``, not ``budget.root_budget=16``): a section is where a key
@@ -31,8 +33,8 @@ from typing import Any, ClassVar
 from trace_gym.config import doc
 from trace_gym.predictor import check_predictor_name, predictor_names
 
-__all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "SECTIONS", "check_sections", "section_default",
-           "section_of"]
+__all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS", "check_sections",
+           "section_default", "section_of"]
 
 
 def _in(section: str, text: str) -> dict[str, str]:
@@ -129,9 +131,25 @@ class PredictorChoice:
             raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
 
 
+@dataclass(frozen=True)
+class Reproducibility:
+    """The reproducibility section: whether a run is a function of its config and seed only
+    (:mod:`trace_gym.determinism`: fixed CPU threads whatever the load, torch's deterministic
+    algorithms, env rounds independent of timing)."""
+
+    deterministic: bool = field(default=False, metadata=_in(
+        "reproducibility", "a run is a function of its config and seed, whatever the machine's load: fixed CPU "
+        "threads ($TRACE_GYM_THREADS, else 1), torch's deterministic algorithms, every env step waited for "
+        "(docs/training.md, Deterministic mode)"))
+
+    def _check_reproducibility(self) -> None:
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
+
+
 #: Every section, and the check each brings.
 SECTIONS: dict[type, str] = {BudgetShape: "_check_budget", AgentLimits: "_check_agent",
-                             PredictorChoice: "_check_predictor"}
+                             PredictorChoice: "_check_predictor", Reproducibility: "_check_reproducibility"}
 
 
 def check_sections(cfg: Any) -> None:

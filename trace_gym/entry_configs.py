@@ -3,10 +3,12 @@
 =================  ==========================  ==========================================
 command            config                      sections (:mod:`trace_gym.config_sections`)
 =================  ==========================  ==========================================
-``bench --sim``    :class:`SimBenchConfig`     budget, predictor (reads the simulator)
-``bench --env``    :class:`EnvBenchConfig`     budget, agent, predictor
-``bench --bank``   :class:`BankBenchConfig`    budget, predictor
-``train``          :class:`TrainConfig`        budget, agent, predictor (+ ``trainer``)
+``bench --sim``    :class:`SimBenchConfig`     budget, predictor (reads the simulator),
+                                               reproducibility
+``bench --env``    :class:`EnvBenchConfig`     budget, agent, predictor, reproducibility
+``bench --bank``   :class:`BankBenchConfig`    budget, predictor, reproducibility
+``train``          :class:`TrainConfig`        budget, agent, predictor, reproducibility
+                                               (+ ``trainer``)
 ``bank record``    :class:`BankRecordConfig`   agent (a bank's shape is R roots, K
                                                continuations, not a budget)
 ``eval``           ``evaluators.run.EvalConfig``  its own limits (0: the suite's default);
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trace_gym.config import doc
-from trace_gym.config_sections import (AgentLimits, BudgetShape, PredictorChoice, check_sections,
+from trace_gym.config_sections import (AgentLimits, BudgetShape, PredictorChoice, Reproducibility, check_sections,
                                        section_default)
 from trace_gym.engines import ENGINES
 from trace_gym.predictor import predictor_names, reads_a_model
@@ -67,7 +69,7 @@ _STRATEGIES = doc("comma-separated strategy names (default: all)")
 
 # ---------------------------------------------------------------------- bench --sim
 @dataclass(frozen=True)
-class SimBenchConfig(BudgetShape, PredictorChoice):
+class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
     """``trace-gym bench --sim``: strategies on simulated tasks with a known success martingale.
 
     The default is paper-like: a GRPO baseline with groups of 8 that are mixed about
@@ -99,6 +101,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice):
         "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (exact generated tokens)"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
+    deterministic: bool = section_default(Reproducibility, "deterministic", True)
     target_mixed: float = field(default=0.27, metadata=doc("P(uniform group of G is mixed) to calibrate to"))
     mean_success: float = field(default=0.5, metadata=doc("mean task success probability"))
     step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
@@ -128,7 +131,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice):
 
 # ---------------------------------------------------------------------- bench --env
 @dataclass(frozen=True)
-class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice):
+class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
     """``trace-gym bench --env ENV``: strategies on real rollouts of a real policy (no training).
 
     The default is sized for the 2-core CPU machine: SmolLM2-135M on generated math
@@ -145,6 +148,7 @@ class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice):
     warmup_budget: int = field(default=16, metadata=doc("rollouts of the predictor warm-up batch (0: none)"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
+    deterministic: bool = section_default(Reproducibility, "deterministic", True)
     dump_episodes: int = field(default=0, metadata=doc(
         "write this many full transcripts per strategy (messages, actions, rewards) into --out"))
     seed: int = field(default=0, metadata=doc("base seed (tasks, envs, sampling)"))
@@ -159,7 +163,7 @@ class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice):
 
 # ---------------------------------------------------------------------- bench --bank
 @dataclass(frozen=True)
-class BankBenchConfig(BudgetShape, PredictorChoice):
+class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
     """``trace-gym bench --bank FILE``: strategies replayed on a recorded rollout bank.
 
     The default is sized for a bank of a few hundred prompts with R = 8 roots and K = 4
@@ -192,6 +196,7 @@ class BankBenchConfig(BudgetShape, PredictorChoice):
         "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (the recorded generated tokens)"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
+    deterministic: bool = section_default(Reproducibility, "deterministic", True)
     seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)"))
 
     def __post_init__(self) -> None:
@@ -203,7 +208,7 @@ class BankBenchConfig(BudgetShape, PredictorChoice):
 
 # ---------------------------------------------------------------------- train
 @dataclass(frozen=True)
-class TrainConfig(BudgetShape, AgentLimits, PredictorChoice):
+class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
     """``trace-gym train``: one training run. Every field is a YAML key or a ``key=value``
     override; the ``trainer`` section (``trainer.lr=...``) holds the policy update's settings."""
 

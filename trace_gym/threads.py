@@ -30,6 +30,8 @@ two cores do not burn each other's time; on an idle machine OpenMP's default sta
 passive waits slow small-op generation there (:func:`wait_policy`;
 ``benchmarks/bench_threads.py`` measures both settings idle and beside a busy process).
 The budget is decided once, at start; a neighbour that comes or goes later is not seen.
+Under deterministic mode (``deterministic: true``, :mod:`trace_gym.determinism`) the count
+follows no load: once the config is read it is replaced by the user's count or a fixed one.
 """
 
 from __future__ import annotations
@@ -269,6 +271,13 @@ def decide_threads(env: Mapping[str, str] | None = None, sample_seconds: float =
 
 
 _DECISION: ThreadDecision | None = None
+
+
+def process_decision() -> ThreadDecision | None:
+    """The budget :func:`apply_thread_policy` decided for this process (``None``: not called;
+    a library user's process). Deterministic mode (:mod:`trace_gym.determinism`) reads it to
+    tell the user's ``OMP_NUM_THREADS`` from the one the policy wrote."""
+    return _DECISION
 
 
 def wait_policy(threads: int, cores: int) -> str | None:

@@ -131,7 +131,7 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
 
     from tqdm.auto import tqdm
 
-    from trace_gym import checkpoint
+    from trace_gym import checkpoint, determinism
     from trace_gym.backend import backend_for
     from trace_gym.models import quiet_third_party, resolve_model
 
@@ -139,6 +139,9 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
     out = out or sys.stdout
     say = lambda msg: tqdm.write(msg, file=out) if cfg.progress else None  # noqa: E731
     with contextlib.ExitStack() as closing:
+        # first in, last out: before the trainer, engine and predictor read the thread count
+        if (mode := closing.enter_context(determinism.applied(cfg))) is not None:
+            say(mode.describe())
         if backend is not None:
             closing.callback(backend.close)
         require_installed(report_backends(cfg))  # reporters, data and policy before the run dir exists
@@ -164,6 +167,8 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
                                        device=cfg.device, seed=cfg.seed)
         engine = backend.make_engine(cfg.engine, weights, **cfg.engine_kwargs)
         closing.callback(engine.close)
+        if (note := determinism.engine_note(engine)) is not None:
+            print(note, file=sys.stderr)
         reporters = make_reporters(report_backends(cfg), run.path, dataclasses.asdict(cfg))
         for reporter in reporters:
             closing.callback(reporter.close)
@@ -222,7 +227,7 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
             (run.path / "evals" / f"step-{step}.json").write_text(json.dumps(evaluation, default=str))
         # 8. log and checkpoint (atomic; the metrics line is appended after the checkpoint)
         record = step_record(step, batch, update, batch.learning.stats, sync_seconds, evaluation,
-                             time.perf_counter() - t_step, token_trees, eval_seconds)
+                             time.perf_counter() - t_step, token_trees, eval_seconds, cpu_threads())
         checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
         bar.set_postfix_str("checkpoint" if checkpoint else "")
         run.commit(step, record, (lambda folder: _write_checkpoint(folder, step, trainer, predictor, cursor, rng,
@@ -276,6 +281,13 @@ def policy_step(cfg: TrainConfig, setup: TrainSetup, candidates: Sequence[Task],
     # 6. weight sync to the rollout engine (version-checked)
     sync_seconds = trainer.sync_weights(engine, version=step)
     return batch, token_trees, update, sync_seconds
+
+
+def cpu_threads() -> int:
+    """The process's CPU thread count now (torch's intra-op count, between components)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _write_checkpoint(folder: Path, step: int, trainer: Any, predictor: Any, cursor: TaskCursor,

@@ -20,10 +20,32 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def is_timing_key(key: str) -> bool:
+    """Whether a ``metrics.jsonl`` key holds wall-clock time, the one kind of field that differs
+    between two runs of one config and seed in deterministic mode: a key named ``seconds`` or
+    ending in ``_seconds`` (``seconds`` by phase, ``step_seconds``, an evaluation's ``seconds``).
+
+    >>> [k for k in ("seconds", "step_seconds", "policy/loss", "seconds_left") if is_timing_key(k)]
+    ['seconds', 'step_seconds']
+    """
+    return key == "seconds" or key.endswith("_seconds")
+
+
+def without_timings(record: Any) -> Any:
+    """``record`` without its timing keys (:func:`is_timing_key`), at every depth."""
+    if isinstance(record, dict):
+        return {k: without_timings(v) for k, v in record.items() if not is_timing_key(k)}
+    if isinstance(record, list):
+        return [without_timings(v) for v in record]
+    return record
+
+
 def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_stats: Mapping[str, Any],
                 sync_seconds: float, evaluation: Mapping[str, Any] | None, seconds: float,
-                token_trees: Sequence[Any], eval_seconds: float = 0.0) -> dict[str, Any]:
-    """One ``metrics.jsonl`` line (see ``docs/training.md`` for every field)."""
+                token_trees: Sequence[Any], eval_seconds: float = 0.0,
+                cpu_threads: int | None = None) -> dict[str, Any]:
+    """One ``metrics.jsonl`` line (see ``docs/training.md`` for every field); ``cpu_threads``:
+    the process's CPU thread count (omitted when ``None``)."""
     from trace_gym import report
 
     trees, led = batch.trees, batch.ledger
@@ -70,6 +92,8 @@ def step_record(step: int, batch: Any, update: Mapping[str, float], predictor_st
         "seconds": phases,
         "step_seconds": seconds,
     }
+    if cpu_threads is not None:
+        record["cpu_threads"] = int(cpu_threads)
     record.update({f"policy/{k}": v for k, v in update.items() if k != "seconds"})
     if evaluation is not None:
         record["eval"] = {k: v for k, v in evaluation.items() if isinstance(v, (int, float, str))}

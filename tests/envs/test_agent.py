@@ -339,6 +339,47 @@ def test_a_slow_env_step_does_not_hold_up_the_other_episodes(planted):
     assert planted.ledger.seconds["environment_busy"] >= SLOW  # the sleep, in the pool's time
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_in_deterministic_mode_every_round_waits_for_every_env_step(tiny_engine, monkeypatch,  # noqa: F811
+                                                                    deterministic):
+    """One episode's first env step outlasts ``straggler_seconds`` (it waits for a gate). Without
+    the mode the next round generates without it and it joins a later one, so which episodes
+    share a batch (and their sampling seeds) follows the env's timing; in deterministic mode
+    every round holds all three, whenever the gate opens. The gate opens at the 2nd generate
+    call without the mode (so the step is late whatever the machine's speed), after 0.5 s in it."""
+    import threading
+
+    import planted_env
+    from trace_gym import determinism
+
+    monkeypatch.setattr(determinism, "_ACTIVE", determinism.DeterministicMode(1, "test") if deterministic else None)
+    monkeypatch.setattr(planted_env, "GATE", threading.Event())
+
+    class Releasing(RecordingEngine):
+        def generate(self, prefixes, n, sampling):
+            if len(self.calls) == 1:
+                planted_env.GATE.set()
+            return super().generate(prefixes, n, sampling)
+
+    runner = AgentRunner(Releasing(tiny_engine), tiny_engine.tokenizer, PlantedEnv,
+                         SamplingParams(temperature=1.0, seed=5),
+                         AgentConfig(max_turn_tokens=8, max_episode_tokens=1024, max_turns=4, straggler_seconds=0.05))
+    timer = threading.Timer(0.5, planted_env.GATE.set) if deterministic else None
+    try:
+        eps = runner.start_many([(t, 0) for t in planted_tasks("gated", None, None)])
+        if timer is not None:
+            timer.start()
+        runner.run(eps)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        planted_env.GATE.set()
+        runner.close()
+    sizes = [len(call) for call in runner.engine.calls]
+    assert all(len(ep.turns) == 4 and ep.error is None for ep in eps)
+    assert sizes == [3, 3, 3, 3] if deterministic else sizes[:2] == [3, 2]
+
+
 def test_an_episode_that_ends_comes_back_before_the_next_generation(planted):
     """The bad episode's env raises on its 2nd step: advance returns it right after that
     step, before a 3rd generation for the others, so a caller can start what depends on

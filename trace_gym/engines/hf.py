@@ -99,6 +99,11 @@ class HFEngine:
             own: the ``hf-sdpa`` baseline of ``benchmarks/bench_engines.py``).
     """
 
+    #: With ``sampling.seed`` set, a completion is a function of the call's prefixes, counts
+    #: and seed (each row its own generator; padded rows compute what they would alone):
+    #: deterministic mode (:mod:`trace_gym.determinism`) relies on it.
+    deterministic = True
+
     def __init__(
         self,
         model_path: str | os.PathLike,

@@ -298,6 +298,12 @@ class VLLMEngine:
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
     """
 
+    #: Not deterministic in the sense of :mod:`trace_gym.determinism` (why: :attr:`nondeterminism`).
+    deterministic = False
+    #: Why the same config and seed may sample other tokens (the run's warning names it).
+    nondeterminism = ("it seeds each request, but its batched kernels are not batch-invariant and on a GPU not all "
+                      "deterministic, and its multiprocess engine core (the GPU default) forms batches by timing")
+
     def __init__(
         self,
         model_path: str | os.PathLike,
