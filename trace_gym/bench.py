@@ -53,7 +53,8 @@ import numpy as np
 
 from trace_gym.bench_checks import Roles, bench_checks, paired_table, verdict
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import StepResult, brief_repeats, reward_warning
+from trace_gym.driver import StepResult
+from trace_gym.learning import brief_repeats, reward_warning
 from trace_gym.strategy import group_sized
 
 if TYPE_CHECKING:

@@ -275,7 +275,7 @@ def verdict(results: Mapping[str, Any], roles: Roles = Roles()) -> str:
         detail = guard["detail"]
         return detail if detail.startswith("NO VERDICT") else f"NO VERDICT: {detail}"
     if no_contrast({n: rows[n] for n in (method, base)}):
-        from trace_gym.driver import knob_hint
+        from trace_gym.learning import knob_hint
 
         return (f"NO VERDICT: no contrast (neither {method} nor {base} found a mixed prompt; every rollout of a "
                 f"prompt agreed){knob_hint(results.get('difficulty_knobs'))}")

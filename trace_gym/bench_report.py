@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from trace_gym.bench_checks import HEADLINE, interval_text
 from trace_gym.bench_modes import bench_mode
-from trace_gym.driver import brief_repeats
+from trace_gym.learning import brief_repeats
 from trace_gym.predictor_quality import QUALITY_KEYS
 
 _COLUMNS: list[tuple[str, str]] = [

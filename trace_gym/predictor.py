@@ -84,7 +84,7 @@ class SuccessPredictor(Protocol):
 class ObservesOutcomes(Protocol):
     """A predictor that also keeps each prompt's own evidence (optional beside :class:`SuccessPredictor`).
 
-    The step's learning half (:func:`trace_gym.driver.update_predictor`) asks for it and,
+    The step's learning half (:func:`trace_gym.learning.update_predictor`) asks for it and,
     after ``update``, passes each tree's prompt with the outcomes of its root rollouts
     (fresh samples of the prompt's success; continuations are not, as where they start
     depends on the observed outcome).

@@ -14,7 +14,7 @@ An env that raises ends only its own episode: that episode is a truncated failur
 error is in ``StepResult.errors`` and counted in ``ledger.errors``.
 
 The step includes its learning half (the predictor's update on the finished trees,
-:func:`trace_gym.driver.update_predictor`), as in every other consumer of the driver.
+:func:`trace_gym.learning.update_predictor`), as in every other consumer of the driver.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import numpy as np
 
 from trace_gym.agent import AgentRunner, Episode
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import PREFIX_SHARE, BranchResult, StepResult, run_step
+from trace_gym.driver import BranchResult, StepResult, run_step
+from trace_gym.learning import PREFIX_SHARE
 from trace_gym.predictor import Context, SuccessPredictor
 from trace_gym.strategy import Strategy
 from trace_gym.tree import ROOT, RolloutTree

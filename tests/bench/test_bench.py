@@ -16,7 +16,7 @@ from trace_gym.bench_report import format_bench
 from trace_gym.commands.bench import mode_config, mode_configs
 from trace_gym.bench_env import run_env_bench
 from trace_gym.bench_sim import run_sim_bench
-from trace_gym.driver import prefix_weight_for_share
+from trace_gym.learning import prefix_weight_for_share
 from trace_gym.predictor import make_predictor, predictor_spec
 from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
 from trace_gym.strategies import STRATEGIES, shaped_strategies
