@@ -33,6 +33,7 @@ _COLUMNS: list[tuple[str, str]] = [
     ("prefill tokens", "prefill_tokens"),
     ("env steps", "env_steps"),
     ("alloc ms", "allocator_ms"),
+    ("waves/step", "waves_per_step"),
 ]
 _PERCENT = ("predictor_share", "exhausted_share")
 _QUALITY_LABELS = {"prompt_spearman": "Spearman", "mixed_auc": "AUC mixed", "brier": "Brier",
@@ -146,6 +147,8 @@ def format_bench(results: Mapping[str, Any]) -> str:
     lines += _calibration(results)
     if results.get("verdict"):
         lines += ["", f"**Verdict ({mode.verdict_label}):** {results['verdict']}"]
+    for name, why in (results.get("violations") or {}).items():
+        lines += ["", f"**NO VERDICT for {name}:** {why}"]
     lines += ["", strategy_table(results), ""]
     for section in (paired_section, step_section, quality_section):
         part = section(results)

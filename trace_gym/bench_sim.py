@@ -65,12 +65,12 @@ class SimRepetition:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])
 
     def step(self, arm: Arm, candidates: Sequence[int], predictor: Any, budget: float,
-             rng: np.random.Generator, *, measured: bool) -> Any:
+             rng: np.random.Generator, *, measured: bool, play: Any) -> Any:
         from trace_gym.predictor_quality import mixed_probability
         from trace_gym.sim import SimBranchRunner
 
-        result = run_step(candidates, arm.strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget,
-                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured)
+        result = run_step(candidates, play.strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget,
+                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured, **play.kwargs())
         rates = self.pool.success[np.asarray(candidates, dtype=np.int64)]
         result.extras["truth"] = (rates, mixed_probability(rates, self.cfg.group_size))
         return result

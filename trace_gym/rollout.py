@@ -178,6 +178,7 @@ def collect(
     learn: bool = True,
     prefix_share: float = PREFIX_SHARE,
     fallback_first: bool = False,
+    **play: Any,
 ) -> StepResult:
     """One step of real rollouts (:func:`trace_gym.driver.run_step` with an
     :class:`AgentBranchRunner`): rollout trees at ``nominal_budget`` trajectory-equivalents,
@@ -194,6 +195,8 @@ def collect(
         seed: base env seed; root rollout j of candidate i resets with
             ``seed + 1000 * i + j`` (:func:`trace_gym.types.env_seed`).
         learn, prefix_share, fallback_first: as :func:`trace_gym.driver.run_step`.
+        play: ``history``, ``step_index``, ``boundary`` for :func:`~trace_gym.driver.run_step`
+            (:meth:`trace_gym.strategy_boundary.StrategyPlay.kwargs`).
 
     Returns:
         The driver's :class:`~trace_gym.driver.StepResult`; each error also names its
@@ -203,7 +206,7 @@ def collect(
     tasks = list(tasks)
     branches = AgentBranchRunner(runner, seed)
     step = run_step(tasks, strategy, predictor, branches, nominal_budget, rng, learn=learn, prefix_share=prefix_share,
-                    fallback_first=fallback_first)
+                    fallback_first=fallback_first, **play)
     for error in step.errors:
         error["task_id"] = tasks[error["candidate"]].id
     step.extras.update(tasks=tasks, truncations=dict(branches.truncations))

@@ -178,8 +178,7 @@ class StrategyBoundary:
     """
 
     def __init__(self, name: str, timeout_s: float = DEFAULT_STRATEGY_TIMEOUT_S, log: CallLog | None = None):
-        self.name = name
-        self.log = log
+        self.name, self.timeout_s, self.log = name, timeout_s, log
         self._foreign = ForeignBoundary(call_timeout_s=timeout_s, subject=f"strategy {name!r}")
 
     def plan(self, fn: Callable[..., Any], view: StepView, rng: np.random.Generator,
@@ -220,3 +219,46 @@ def _same_rng(a: tuple, b: tuple) -> bool:
     """Whether two ``(random, numpy.random)`` states are equal."""
     (ra, na), (rb, nb) = a, b
     return ra == rb and na[0] == nb[0] and np.array_equal(na[1], nb[1]) and tuple(na[2:]) == tuple(nb[2:])
+
+
+@dataclass
+class StrategyPlay:
+    """One arm's strategy over a run: its own copy of the strategy (its state across steps),
+    the boundary its calls cross, the prompts' history, and the step about to run.
+
+    Attributes:
+        strategy: the arm's own copy (a stateful wave strategy keeps its state here).
+        boundary: its :class:`StrategyBoundary` (with a :class:`CallLog` when its calls are
+            to be replayed).
+        history: the :class:`~trace_gym.waves.HistoryBook` its views read.
+        step: the index of the next step.
+        pristine: a copy of ``strategy`` as the run started (what a replay starts from).
+    """
+
+    strategy: Any
+    boundary: StrategyBoundary
+    history: Any
+    step: int = 0
+    pristine: Any = None
+
+    @classmethod
+    def start(cls, name: str, strategy: Any, *, record: bool = False,
+              timeout_s: float = DEFAULT_STRATEGY_TIMEOUT_S) -> "StrategyPlay":
+        """A fresh play of ``strategy`` (deep-copied, so runs never share its state; a one-shot
+        :class:`~trace_gym.strategy.Strategy` as its :class:`~trace_gym.waves.OneShot`)."""
+        from trace_gym.waves import HistoryBook, OneShot, is_wave_strategy
+
+        own = copy.deepcopy(strategy) if is_wave_strategy(strategy) else OneShot(copy.deepcopy(strategy))
+        return cls(own, StrategyBoundary(name, timeout_s, CallLog() if record else None), HistoryBook(),
+                   pristine=copy.deepcopy(own) if record else None)
+
+    def kwargs(self) -> dict[str, Any]:
+        """What :func:`trace_gym.driver.run_step` takes of it."""
+        return {"history": self.history, "step_index": self.step, "boundary": self.boundary}
+
+    def fork(self) -> "StrategyPlay":
+        """An independent copy (a try that may be thrown away: the token-budget mode)."""
+        b = self.boundary
+        log = copy.deepcopy(b.log) if b.log is not None else None
+        return StrategyPlay(copy.deepcopy(self.strategy), StrategyBoundary(b.name, b.timeout_s, log),
+                            copy.deepcopy(self.history), self.step, self.pristine)
