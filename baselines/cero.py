@@ -48,7 +48,7 @@ from collections import OrderedDict
 import numpy as np
 
 from baselines.flat_waves import (
-    MAX_REMEMBERED, check_int, check_real, group_wave, history_posterior, remember, step_roots,
+    MAX_REMEMBERED, check_int, check_real, group_wave, history_posterior, remember, roots_left, step_roots,
 )
 from trace_gym.waves import StepView, Wave
 
@@ -136,7 +136,7 @@ class CERO:
         theta = np.array([self.theta.get(i, start) for i in view.ids], dtype=float)
         order = [int(i) for i in np.argsort(-(theta - self.price), kind="stable") if theta[i] - self.price > 0]
         proposed = order[:c_round]
-        affordable = min(c_round, int(math.floor(self.budget_left + 1e-9)), view.remaining // (2 * self.group_size))
+        affordable = min(c_round, int(math.floor(self.budget_left + 1e-9)), roots_left(view) // self.group_size)
         executed = proposed[:affordable]
         self._round = (a, b, theta, proposed, executed)
         wave = group_wave(executed, self.group_size)

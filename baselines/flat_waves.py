@@ -13,7 +13,7 @@ the methods count rollouts, so :func:`step_roots` and :func:`roots_left` convert
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Hashable, Iterable, Mapping
+from typing import Any, Hashable, Iterable
 
 import numpy as np
 
@@ -116,13 +116,3 @@ def remember(memory: "OrderedDict[Hashable, Any]", key: Hashable, value: Any, ca
     memory[key] = value
     while len(memory) > capacity:
         memory.popitem(last=False)
-
-
-def ids_of(view: StepView, candidates: Iterable[int]) -> list[str]:
-    """The prompt ids of ``candidates`` (what an arm's memory across steps is keyed by)."""
-    return [view.ids[int(i)] for i in candidates]
-
-
-def as_mapping(counts: Mapping[int, int]) -> dict[int, int]:
-    """``counts`` without its zero entries, as plain ints."""
-    return {int(k): int(v) for k, v in counts.items() if v}

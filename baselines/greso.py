@@ -108,9 +108,9 @@ class GRESO:
         self.p_easy = self.p_hard = self.p_initial
         self.trained: tuple[int, ...] = ()  # candidates whose groups GRESO trains on, last step
         self.skipped: tuple[int, ...] = ()  # candidates skipped before the last step's first wave
+        self.final = False  # the latest wave was marked the last one by the size estimate (est <= S)
         self._survivors: list[int] = []
         self._latest: list[int] = []
-        self._final = False
 
     def with_group_size(self, group_size: int) -> "GRESO":
         """The same arm at group size G (:class:`~trace_gym.allocation.GroupSized`)."""
@@ -130,16 +130,16 @@ class GRESO:
             draws = rng.random(view.n)
             self.skipped = tuple(int(i) for i in np.flatnonzero(draws < skip))
             self._survivors = [int(i) for i in np.flatnonzero(draws >= skip)]
-            self._final, size = False, first
+            self.final, size = False, first
         else:
             kept = int((mixed(view) & rolled_out(view)).sum())
-            if kept >= b_train or self._final:
+            if kept >= b_train or self.final:
                 return self._end(view, b_train)
             latest = np.asarray(self._latest)
             back = (all_pass(view) | all_fail(view) | mixed(view))[latest]
             zvr = float((all_pass(view) | all_fail(view))[latest].sum()) / max(1, int(back.sum()))
             est = int((b_train - kept) / max(1.0 - zvr, EPS) * self.safety)
-            self._final = est <= first
+            self.final = est <= first
             size = max(min(est, first), least)
         size = min(size, len(self._survivors), roots_left(view) // self.group_size)
         self._latest, self._survivors = self._survivors[:size], self._survivors[size:]

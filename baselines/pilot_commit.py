@@ -12,8 +12,8 @@ Rule, in waves:
    buffer order);
 2. while committed prompts are still missing, it also *pilots* up to ``pilots_per_wave``
    (M) fresh prompts, ``pilot`` (n_p) roots each, in pool order, skipping prompts evicted
-   in earlier steps; it pilots only as many as leave the budget to commit every prompt
-   still missing;
+   in earlier steps; it pilots only as many as leave the budget for at least one more
+   commit;
 3. when a pilot is back with mean m: it passes when ``band[0] <= m <= band[1]`` (commit
    later); m below the band is deferred (a later step may pilot it again); and m >=
    ``solve`` evicts the prompt: it is never piloted again, from the next step on;
@@ -35,8 +35,8 @@ Departures: the paper keeps passed pilots in a buffer across steps (up to 4) and
 them later; a tree belongs to one step here, so a pilot that passed but was not committed
 by the end of its step is dropped (its roots stay in the tree). The code pilots M fresh
 prompts in every wave, also when the commits fill B (those feed its next step's buffer);
-here a wave pilots only while commits are missing, and only what the budget can still
-commit. A step that runs out of waves short of B trains on what it committed (the code
+here a wave pilots only while commits are missing, and only as many as leave room for one
+more commit. A step that runs out of waves short of B trains on what it committed (the code
 raises an error); budget it cannot use stays unspent.
 """
 
@@ -110,7 +110,7 @@ class PilotCommit:
         left, need = roots_left(view) - self.commit * len(commit), need - len(commit)
         pilots: list[int] = []
         if need > 0:
-            affordable = max(0, (left - need * self.commit) // self.pilot)
+            affordable = max(0, (left - self.commit) // self.pilot)  # room for a pilot's commit
             evicted = self.evicted
             fresh = (i for i in range(view.n) if i not in self._piloted and view.ids[i] not in evicted)
             pilots = [i for _, i in zip(range(min(m, affordable)), fresh)]

@@ -21,7 +21,8 @@ from baselines.flat_waves import MAX_REMEMBERED, check_int, check_real, remember
 from trace_gym.predictor_memory import prompt_key
 
 
-def _outcomes(contexts: Sequence[Any], successes: Sequence[float], trials: Sequence[float]) -> list[tuple[float, float]]:
+def _outcomes(contexts: Sequence[Any], successes: Sequence[float],
+              trials: Sequence[float]) -> list[tuple[float, float]]:
     """``(successes, trials)`` pairs, checked: finite, ``0 <= s <= t`` (``ValueError`` naming the bad pair)."""
     s, t = np.asarray(successes, dtype=float).reshape(-1), np.asarray(trials, dtype=float).reshape(-1)
     if not len(contexts) == len(s) == len(t):
@@ -29,7 +30,8 @@ def _outcomes(contexts: Sequence[Any], successes: Sequence[float], trials: Seque
     bad = ~(np.isfinite(s) & np.isfinite(t) & (s >= 0) & (s <= t))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"outcomes need finite 0 <= successes <= trials; entry {i} has {float(s[i])!r} of {float(t[i])!r}")
+        raise ValueError(f"outcomes need finite 0 <= successes <= trials; entry {i} has {float(s[i])!r} "
+                         f"of {float(t[i])!r}")
     return list(zip(s.tolist(), t.tolist()))
 
 

@@ -86,5 +86,6 @@ class Strategy:
 
 def group_sized(strategies: Mapping[str, Strategy]) -> list[str]:
     """The strategies a ``group_size`` knob reaches: those whose root allocator declares
-    one (:class:`~trace_gym.allocation.GroupSized`)."""
-    return [name for name, s in strategies.items() if isinstance(s.root_allocator, GroupSized)]
+    one (:class:`~trace_gym.allocation.GroupSized`), and wave strategies that declare one
+    themselves."""
+    return [name for name, s in strategies.items() if isinstance(getattr(s, "root_allocator", s), GroupSized)]

@@ -1,5 +1,5 @@
-"""The zoo's rules on hand-computed cases (the research notes' examples, /docs/strategies.md):
-each published method's arm driven directly with hand-built step views."""
+"""The zoo's rules on hand-computed cases: each published method's arm (baselines/, listed in
+docs/strategies.md) driven directly with hand-built step views, and the predictors it brings."""
 
 from __future__ import annotations
 
@@ -207,8 +207,11 @@ def test_pilot_commit_pilots_then_commits_by_pilot_spread_and_evicts_the_solved(
 def test_pilot_commit_pilots_only_what_the_budget_can_still_commit():
     script = {i: [0, 0, 0, 0] for i in range(20)}  # every pilot deferred
     waves, last = drive(PilotCommit(group_size=8), 20, 32, script)  # B = 32 // 16 = 2, M = 6
-    # 6 pilots (24 roots); then no passer, and a pilot would leave less than the 2 commits still missing
-    assert [len(w) for w in waves] == [6] and last.remaining == 2 * 8
+    # 6 pilots (24 roots); no passer: (8 - 4) // 4 = 1 more pilot leaves room for its commit; then none
+    assert waves == [{i: 4 for i in range(6)}, {6: 4}] and last.remaining == 2 * 4
+    script[6] = [1, 1, 0, 0, 1, 1, 1, 1]
+    waves, last = drive(PilotCommit(group_size=8), 20, 32, script)
+    assert waves[1:] == [{6: 4}, {6: 4}] and last.remaining == 0  # the late pilot passed and is committed
     assert PilotCommit().with_group_size(4).sizes(make_view(64, 32)) == (4, 12)
 
 
