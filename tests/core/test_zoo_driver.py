@@ -5,6 +5,10 @@ strategy boundary for several steps with the run's history."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,3 +104,12 @@ def test_every_arm_crosses_the_boundary_for_several_steps_with_history(name):
             "mopps": lambda: len({tuple(np.flatnonzero(s.root_counts)) for s in steps}) > 1}
     if name in seen:
         assert seen[name](), f"{name} never acted on what earlier steps returned"
+
+
+def test_the_cli_knows_the_zoos_predictor_kinds_in_a_fresh_process():
+    """The face registers them (trace_gym/strategies.py); the CLI imports it before it reads a config."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "trace_gym.cli", "predictors"], cwd=root, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "beta_posterior" in out.stdout and "running_rate" in out.stdout
