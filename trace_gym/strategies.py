@@ -24,11 +24,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from baselines.ar3po import AR3PO
+from baselines.cero import CERO
+from baselines.dapo import DAPODynamicSampling
+from baselines.greso import GRESO
+from baselines.knapsack import KnapsackRL
+from baselines.mopps import MoPPS
 from baselines.pcl import PCLRootAllocator
+from baselines.pilot_commit import PilotCommit
+from baselines.predictors import BetaPosteriorPredictor, RunningRatePredictor
 from baselines.random_tree import RandomPrefixAllocator
 from baselines.uniform import UniformRootAllocator
 from trace_gym.allocation import GroupSized, TracePrefixAllocator, TraceRootAllocator
 from trace_gym.allocation_split import TraceSplitAllocator
+from trace_gym.predictor import register_predictor
 from trace_gym.strategy import Strategy
 from trace_gym.suggest import check_name
 from trace_gym.waves import is_wave_strategy
@@ -83,7 +92,21 @@ STRATEGIES: dict[str, Strategy] = {
         DEFAULT_CONTINUATIONS_PER_ROOT,
         description="ablation: GRPO roots, TRACE prefix expansion",
     ),
+    # the zoo: published allocation methods as wave strategies (baselines/, docs/strategies.md)
+    "dapo": DAPODynamicSampling(DEFAULT_GROUP_SIZE),
+    "greso": GRESO(DEFAULT_GROUP_SIZE),
+    "mopps": MoPPS(DEFAULT_GROUP_SIZE),
+    "knapsack": KnapsackRL(DEFAULT_GROUP_SIZE),
+    "pilot_commit": PilotCommit(DEFAULT_GROUP_SIZE),
+    "ar3po": AR3PO(),
+    "cero": CERO(DEFAULT_GROUP_SIZE),
 }
+
+# the zoo's own predictors (each arm names its kind in its ``predictor`` attribute)
+register_predictor("beta_posterior", BetaPosteriorPredictor,
+                   description="per-prompt Beta posterior of root outcomes, decayed (MoPPS; CERO's Beta state)")
+register_predictor("running_rate", RunningRatePredictor,
+                   description="per-prompt success rate over its latest visits holding L rollouts (Knapsack RL)")
 
 
 def register_strategy(name: str, strategy: Any) -> None:

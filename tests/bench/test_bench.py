@@ -293,7 +293,8 @@ def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch
     assert isinstance(make_predictor("lm_critic", model_path=str(tiny_model_path)), LMCriticPredictor)
     with pytest.raises(ValueError, match="unknown predictor 'orakel'"):
         make_predictor("orakel")
-    with pytest.raises(ValueError, match="predictor must be one of embedding, lm_critic, constant, got 'oracle'"):
+    with pytest.raises(ValueError, match="predictor must be one of embedding, lm_critic, constant, beta_posterior, "
+                                         "running_rate, got 'oracle'"):  # the zoo's kinds: the face registers them
         EnvBenchConfig(predictor="oracle")  # a simulator predictor cannot read real rollouts
     # predictor_kwargs reach the constructor (the configs' route to a GPU critic), and a
     # keyword the kind does not take is named with what it does take
