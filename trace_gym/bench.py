@@ -54,6 +54,7 @@ import numpy as np
 from trace_gym.bench_checks import Roles, bench_checks, paired_table, verdict
 from trace_gym.budget import BudgetLedger
 from trace_gym.strategy_boundary import DEFAULT_STRATEGY_TIMEOUT_S, StrategyPlay, StrategyViolation
+from trace_gym.waves import is_wave_strategy
 from trace_gym.driver import StepResult
 from trace_gym.learning import brief_repeats, reward_warning
 from trace_gym.strategy import group_sized
@@ -161,6 +162,7 @@ def summarise(per_rep: Mapping[str, list[dict[str, Any]]], arms: Mapping[str, Ar
     for name, rows in per_rep.items():
         arm = arms[name]
         entry: dict[str, Any] = {"description": getattr(arm.strategy, "description", ""), "predictor": arm.predictor,
+                                 "acts_in_waves": is_wave_strategy(arm.strategy),
                                  "upper_bound": arm.upper_bound, "repetitions": len(rows)}
         for key, value in rows[0].items():
             if isinstance(value, (int, float)):

@@ -37,6 +37,11 @@ def sim_world(cfg: SimBenchConfig) -> Any:
     return sim.SimWorld(**base, feature_noise=noise_for_spearman(cfg.feature_spearman, prior))
 
 
+def sim_task(state: Any) -> int:
+    """The key of a simulated prompt: its task index (a per-prompt predictor's ``key_of``)."""
+    return int(state.task)
+
+
 @dataclass
 class SimRepetition:
     """One seed: a task pool and the candidate draws of every step."""
@@ -58,8 +63,14 @@ class SimRepetition:
         return self.draws[step].tolist()
 
     def predictor(self, arm: Arm) -> Any:
-        return make_predictor(arm.predictor, features=self.pool.features, world=self.world,
-                              spearman=self.cfg.noisy_spearman, seed=self.seed)
+        import inspect
+
+        from trace_gym.predictor import PREDICTORS
+
+        # a per-prompt kind (an arm's own: MoPPS's posterior, Knapsack's rates) keys simulated prompts by task
+        per_prompt = "key_of" in inspect.signature(PREDICTORS[arm.predictor].factory()).parameters
+        return make_predictor(arm.predictor, {"key_of": sim_task} if per_prompt else None, features=self.pool.features,
+                              world=self.world, spearman=self.cfg.noisy_spearman, seed=self.seed)
 
     def rng(self, arm: Arm) -> np.random.Generator:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])

@@ -13,15 +13,12 @@ the same outcome (:func:`reward_warning`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from trace_gym.predictor import ObservesOutcomes, SuccessPredictor
 from trace_gym.tree import ROOT, SUCCESS_THRESHOLD, RolloutTree
-
-if TYPE_CHECKING:
-    from trace_gym.driver import BranchRunner, StepResult
 
 #: Default share of the predictor's batch weight on prefix samples (the paper: about 6 %).
 PREFIX_SHARE = 0.06
@@ -143,10 +140,12 @@ def brief_repeats(warnings: Sequence[str]) -> list[str]:
     return out
 
 
-def update_predictor(step: StepResult, predictor: SuccessPredictor, runner: BranchRunner, prefix_share: float,
+def update_predictor(step: Any, predictor: SuccessPredictor, runner: Any, prefix_share: float,
                      score_prefixes: bool = False, root_rollouts_only: bool = False) -> Learning:
     """Step 4: regress the predictor on the step's trees (see the module docstring;
-    ``root_rollouts_only``: :func:`predictor_samples`)."""
+    ``root_rollouts_only``: :func:`predictor_samples`). ``step`` is the driver's
+    :class:`~trace_gym.driver.StepResult`, ``runner`` its :class:`~trace_gym.driver.BranchRunner`
+    (typed loosely: the driver imports this module, not the other way round)."""
     keys = step.tree_candidates.tolist()
     contexts, targets, tree_index, node_ids = predictor_samples(
         step.trees, lambda t, node: runner.node_context(keys[t], node), root_rollouts_only=root_rollouts_only)
