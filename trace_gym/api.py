@@ -19,7 +19,9 @@ Strategies:
     ``PCLRootAllocator``, ``RandomPrefixAllocator``, ``TraceRootAllocator``,
     ``TracePrefixAllocator``; the exact solvers ``solve_root``, ``solve_prefix``;
     ``STRATEGIES``, ``register_strategy`` and ``shaped_strategies`` (a table reshaped for a
-    bench: group size and tree shape).
+    bench: group size and tree shape). Strategies that act in waves: ``WaveStrategy`` (the
+    Protocol), what it reads (``StepView``, ``PrefixView``, ``PromptHistory``) and returns
+    (``Wave``), ``ROOT_UNITS``; ``OneShot`` (a one-shot ``Strategy`` as a wave strategy).
 Environments:
     ``register_env`` (a Gymnasium id + its task loader), ``resolve_env``, ``EnvFamily``.
 Evaluation:
@@ -33,7 +35,7 @@ Training:
     ``AdvantageEstimator`` (the Protocol; it returns ``PathAdvantages`` per leaf or a
     ``{node: A}`` mapping), ``ESTIMATORS`` and ``register_estimator``
     (or the ``trace_gym.advantages`` entry-point group); the success predictors:
-    ``SuccessPredictor``, ``PREDICTORS``, ``make_predictor``.
+    ``SuccessPredictor``, ``PREDICTORS``, ``make_predictor``, ``register_predictor``.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ from trace_gym.env import (
     task_from_options,
     thaw,
 )
-from trace_gym.predictor import PREDICTORS, SuccessPredictor, make_predictor
+from trace_gym.predictor import PREDICTORS, SuccessPredictor, make_predictor, register_predictor
 from trace_gym.registry import EnvFamily, resolve_env
 from trace_gym.spaces import ChatObservation, TextAction
 from trace_gym.strategies import STRATEGIES, register_strategy, shaped_strategies
@@ -83,6 +85,7 @@ from trace_gym.entry_configs import TrainConfig
 from trace_gym.train import TrainSetup, train
 from trace_gym.tree import RolloutTree
 from trace_gym.types import Message, Task
+from trace_gym.waves import ROOT_UNITS, OneShot, PrefixView, PromptHistory, StepView, Wave, WaveStrategy
 
 
 def register_env(env_id: str, entry_point: str | Callable[..., Any],
@@ -108,7 +111,8 @@ def register_env(env_id: str, entry_point: str | Callable[..., Any],
 
 __all__ = [
     "AdvantageEstimator", "ESTIMATORS", "PathAdvantages", "PREDICTORS", "SuccessPredictor", "TrainConfig", "TrainSetup",
-    "make_predictor", "register_estimator", "train",
+    "make_predictor", "register_estimator", "register_predictor", "train",
+    "ROOT_UNITS", "OneShot", "PrefixView", "PromptHistory", "StepView", "Wave", "WaveStrategy",
     "AgentEnv", "BudgetLedger", "GroupSized", "ChatObservation", "EnvBenchConfig", "EnvCheckError", "EnvFamily", "Message",
     "PCLRootAllocator", "PrefixAllocator", "RandomPrefixAllocator", "ReferenceActions", "ReplayCost", "RolloutTree",
     "RootAllocator", "STRATEGIES", "SimBenchConfig", "Snapshot", "StopStrings", "Strategy", "Task", "TextAction", "TracePrefixAllocator", "TraceRootAllocator",

@@ -53,7 +53,10 @@ import numpy as np
 
 from trace_gym.bench_checks import Roles, bench_checks, paired_table, verdict
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import StepResult, brief_repeats, reward_warning
+from trace_gym.strategy_boundary import DEFAULT_STRATEGY_TIMEOUT_S, StrategyPlay, StrategyViolation
+from trace_gym.waves import is_wave_strategy
+from trace_gym.driver import StepResult
+from trace_gym.learning import brief_repeats, reward_warning
 from trace_gym.strategy import group_sized
 
 if TYPE_CHECKING:
@@ -158,7 +161,8 @@ def summarise(per_rep: Mapping[str, list[dict[str, Any]]], arms: Mapping[str, Ar
     out: dict[str, Any] = {}
     for name, rows in per_rep.items():
         arm = arms[name]
-        entry: dict[str, Any] = {"description": arm.strategy.description, "predictor": arm.predictor,
+        entry: dict[str, Any] = {"description": getattr(arm.strategy, "description", ""), "predictor": arm.predictor,
+                                 "acts_in_waves": is_wave_strategy(arm.strategy),
                                  "upper_bound": arm.upper_bound, "repetitions": len(rows)}
         for key, value in rows[0].items():
             if isinstance(value, (int, float)):
@@ -208,10 +212,11 @@ class Repetition(Protocol):
         ...
 
     def step(self, arm: Arm, candidates: Sequence[Any], predictor: Any, budget: float,
-             rng: np.random.Generator, *, measured: bool) -> StepResult:
-        """One call of the step driver for ``arm`` (its strategy, and any per-arm runner state
-        the repetition keeps, such as a bank's draws); returns the driver's result, the
-        candidates' truth in ``extras["truth"]`` where the source knows it."""
+             rng: np.random.Generator, *, measured: bool, play: StrategyPlay) -> StepResult:
+        """One call of the step driver for ``arm`` with its own strategy (``play.strategy``,
+        with ``play.kwargs()`` for the driver) and any per-arm runner state the repetition
+        keeps (such as a bank's draws); returns the driver's result, the candidates' truth in
+        ``extras["truth"]`` where the source knows it."""
         ...
 
     def arm_state(self, arm: Arm) -> Any:
@@ -256,39 +261,41 @@ class BenchSource(Protocol):
 
 
 def _token_matched_step(rep: Repetition, arm: Arm, cands: Sequence[Any], predictor: Any, budget: float,
-                        rng: np.random.Generator, target: float, scale: float, measured: bool):
+                        rng: np.random.Generator, target: float, scale: float, measured: bool, play: StrategyPlay):
     """Run one step at ``budget * scale``, rescaling until its generated tokens are within
-    :data:`TOKEN_TOLERANCE` of ``target``. Every try starts from the same RNG, predictor and
-    per-arm runner state (:meth:`Repetition.arm_state`), so only the kept try counts.
-    Returns (step result, its predictor, scale)."""
+    :data:`TOKEN_TOLERANCE` of ``target``. Every try starts from the same RNG, predictor,
+    strategy state (:meth:`~trace_gym.strategy_boundary.StrategyPlay.fork`) and per-arm runner
+    state (:meth:`Repetition.arm_state`), so only the kept try counts.
+    Returns (step result, its predictor, scale, its play)."""
     start, best = copy.deepcopy(rep.arm_state(arm)), None
     for _ in range(12):
         rep.set_arm_state(arm, copy.deepcopy(start))
-        trial_rng, trial_pred = copy.deepcopy(rng), copy.deepcopy(predictor)
-        out = rep.step(arm, cands, trial_pred, budget * scale, trial_rng, measured=measured)
+        trial_rng, trial_pred, trial_play = copy.deepcopy(rng), copy.deepcopy(predictor), play.fork()
+        out = rep.step(arm, cands, trial_pred, budget * scale, trial_rng, measured=measured, play=trial_play)
         err = out.ledger.generated_tokens / max(target, 1) - 1
         if best is None or abs(err) < abs(best[3]):
-            best = (out, trial_pred, trial_rng, err, scale, copy.deepcopy(rep.arm_state(arm)))
+            best = (out, trial_pred, trial_rng, err, scale, copy.deepcopy(rep.arm_state(arm)), trial_play)
         if abs(err) <= TOKEN_TOLERANCE:
             break
         scale *= target / max(out.ledger.generated_tokens, 1)
-    out, trial_pred, trial_rng, _, scale, state = best
+    out, trial_pred, trial_rng, _, scale, state, trial_play = best
     rep.set_arm_state(arm, state)
     rng.bit_generator.state = trial_rng.bit_generator.state
-    return out, trial_pred, scale
+    return out, trial_pred, scale, trial_play
 
 
 def arms_with_oracle(strategies: Mapping[str, Strategy], predictor: str, oracle: str | None) -> dict[str, Arm]:
-    """Every strategy driven by ``predictor`` and, with ``oracle`` (a predictor name) and a
-    ``trace`` strategy, TRACE once more with it: the upper bound, labelled as one."""
-    arms = {name: Arm(name, s, predictor) for name, s in strategies.items()}
+    """Every strategy driven by ``predictor`` (a strategy that names its own predictor kind, as
+    ``strategy.predictor``, is driven by that one) and, with ``oracle`` (a predictor name) and
+    a ``trace`` strategy, TRACE once more with it: the upper bound, labelled as one."""
+    arms = {name: Arm(name, s, getattr(s, "predictor", None) or predictor) for name, s in strategies.items()}
     if oracle is not None and oracle != predictor and "trace" in strategies:
         arms["trace" + UPPER_BOUND] = Arm("trace" + UPPER_BOUND, strategies["trace"], oracle, upper_bound=True)
     return arms
 
 
 def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progress: bool = False,
-              say: Callable[[str], None] | None = None, roles: Roles = Roles()) -> dict[str, Any]:
+              say: Callable[[str], None] | None = None, roles: Roles = Roles(), replay: bool = True) -> dict[str, Any]:
     """Run every strategy of ``strategies`` on ``source``; returns JSON-ready results.
 
     Per repetition every arm sees the same candidate pools (common random numbers); the
@@ -298,6 +305,12 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
     (:func:`step_record`). ``say`` receives the no-contrast warnings as they happen.
     With ``deterministic`` in the source's config the process first enters deterministic
     mode (:mod:`trace_gym.determinism`; ``results["deterministic"]`` says how it ran).
+
+    Each arm runs its own copy of its strategy in every repetition, every call through its
+    boundary (:mod:`trace_gym.strategy_boundary`, deadline ``config.strategy_timeout_s``); with
+    ``replay``, the first repetition's calls are replayed in a fresh process
+    (:mod:`trace_gym.strategy_replay`). An arm that broke a rule, or whose replay answered
+    otherwise, gets no verdict: it is listed under ``violations`` (one line each) and has no row.
     """
     from trace_gym import determinism
 
@@ -305,11 +318,11 @@ def run_bench(source: BenchSource, strategies: Mapping[str, Strategy], *, progre
         note = determinism.engine_note(getattr(source, "engine", None)) if mode is not None else None
         if note is not None and say is not None:
             say(note)
-        return _run_arms(source, strategies, progress, say, roles, mode)
+        return _run_arms(source, strategies, progress, say, roles, mode, replay)
 
 
 def _run_arms(source: BenchSource, strategies: Mapping[str, Strategy], progress: bool,
-              say: Callable[[str], None] | None, roles: Roles, mode: Any) -> dict[str, Any]:
+              say: Callable[[str], None] | None, roles: Roles, mode: Any, replay: bool) -> dict[str, Any]:
     """:func:`run_bench`'s loop over repetitions and arms (in the mode it chose)."""
     import dataclasses
 
@@ -323,11 +336,25 @@ def _run_arms(source: BenchSource, strategies: Mapping[str, Strategy], progress:
     warnings: list[str] = []
     bar = tqdm(total=source.repetitions * len(arms), desc=f"bench --{source.mode}", disable=not progress,
                leave=False, dynamic_ncols=True)
+    recorded: dict[str, StrategyPlay] = {}
+    violations: dict[str, str] = {}
+    strategy_timeout_s = getattr(source.config, "strategy_timeout_s", DEFAULT_STRATEGY_TIMEOUT_S)
     for r in range(source.repetitions):
         rep = source.repetition(r)
         target_tokens: list[float] = []
         for name in order:
-            row, warning = _run_arm(source, rep, arms[name], target_tokens, reference=name == reference)
+            if name in violations:  # one broken rule ends the arm in every repetition
+                bar.update(1)
+                continue
+            play = StrategyPlay.start(name, arms[name].strategy, record=replay and r == 0,
+                                      timeout_s=strategy_timeout_s)
+            row, warning = _run_arm(source, rep, arms[name], target_tokens, reference=name == reference, play=play)
+            if "violation" in row:
+                violations[name] = row["violation"]
+                if say is not None:
+                    say(f"NO VERDICT for {name}: {row['violation']}")
+            elif r == 0 and replay:
+                recorded[name] = play
             if warning:
                 warnings.append(f"{rep.label}, {name}: {warning}")
                 if say is not None:
@@ -335,11 +362,19 @@ def _run_arms(source: BenchSource, strategies: Mapping[str, Strategy], progress:
             per_rep[name].append(row)
             bar.update(1)
     bar.close()
+    if recorded:
+        from trace_gym.strategy_replay import replay_plays
+
+        for name, why in replay_plays(recorded).items():
+            violations.setdefault(name, why)
+            if say is not None:
+                say(f"NO VERDICT for {name}: {why}")
+    ran = {n: per_rep[n] for n in arms if n not in violations}
     results: dict[str, Any] = {"mode": source.mode, "config": dataclasses.asdict(source.config),
                                "deterministic": None if mode is None else mode.describe(),
                                "nominal_budget": source.nominal_budget, "warnings": warnings,
-                               "group_sized": group_sized(strategies),
-                               "strategies": summarise({n: per_rep[n] for n in arms}, arms)}
+                               "group_sized": group_sized(strategies), "violations": violations,
+                               "strategies": summarise(ran, arms)}
     results |= source.results(strategies)
     return judge(results, roles) | {"seconds": time.perf_counter() - t_start}
 
@@ -355,28 +390,42 @@ def judge(results: dict[str, Any], roles: Roles) -> dict[str, Any]:
 
 
 def _run_arm(source: BenchSource, rep: Any, arm: Arm, target_tokens: list[float], *,
-             reference: bool) -> tuple[dict, str | None]:
+             reference: bool, play: StrategyPlay) -> tuple[dict, str | None]:
     """One arm's steps in one repetition: its row (pooled metrics, source measures, per-step
     records) and its no-contrast warning. The reference arm appends its generated tokens per
-    step to ``target_tokens``; in token mode the other arms are matched to them."""
+    step to ``target_tokens``; in token mode the other arms are matched to them. A strategy
+    that breaks a rule (:class:`~trace_gym.strategy_boundary.StrategyViolation`) ends the arm:
+    its row is ``{"violation": the one line}``."""
     predictor, rng = rep.predictor(arm), rep.rng(arm)
-    ledger, measured, by_step, scale = BudgetLedger(), [], [], 1.0
+    ledger, measured, by_step, scale, waves = BudgetLedger(), [], [], 1.0, []
     budget = source.nominal_budget
-    for step in range(source.steps):
-        cands, counted = rep.candidates(step), step >= source.warmup_steps
-        if source.budget_unit == "tokens" and not reference:
-            out, predictor, scale = _token_matched_step(rep, arm, cands, predictor, budget, rng,
-                                                        target_tokens[step], scale, counted)
-        else:
-            out = rep.step(arm, cands, predictor, budget, rng, measured=counted)
-            if reference:
-                target_tokens.append(out.ledger.generated_tokens)
-        by_step.append(step_record(out, counted))
-        if counted:
-            ledger = ledger.merge(out.ledger)
-            measured.append(out)
+    try:
+        for step in range(source.steps):
+            cands, counted = rep.candidates(step), step >= source.warmup_steps
+            play.step = step
+            if source.budget_unit == "tokens" and not reference:
+                out, predictor, scale, kept = _token_matched_step(rep, arm, cands, predictor, budget, rng,
+                                                                  target_tokens[step], scale, counted, play)
+                play.strategy, play.boundary, play.history = kept.strategy, kept.boundary, kept.history
+            else:
+                out = rep.step(arm, cands, predictor, budget, rng, measured=counted, play=play)
+                if reference:
+                    target_tokens.append(out.ledger.generated_tokens)
+            by_step.append(step_record(out, counted))
+            if counted:
+                ledger = ledger.merge(out.ledger)
+                measured.append(out)
+                waves.append(out.waves)
+    except StrategyViolation as exc:
+        if reference:  # the others are matched to its tokens: give them the nominal budget instead
+            target_tokens.extend([math.nan] * (source.steps - len(target_tokens)))
+        return {"violation": str(exc)}, None
     trees = [t for out in measured for t in out.trees]
-    row = (tree_metrics(trees, ledger, len(measured)) | {"budget_scale": scale} | pooled_quality(measured)
-           | rep.measure(arm, measured) | {"by_step": by_step})
+    row = (tree_metrics(trees, ledger, len(measured)) | {"budget_scale": scale, "waves_per_step": _mean(waves)}
+           | pooled_quality(measured) | rep.measure(arm, measured) | {"by_step": by_step})
     rep.after_arm(arm, measured)
     return row, reward_warning(trees, getattr(source, "difficulty_knobs", None))
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else math.nan

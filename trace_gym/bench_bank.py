@@ -79,7 +79,7 @@ class BankRepetition:
                 order = [measurable[i] for i in rng.permutation(len(measurable))]
             self.pools.append(order[:cfg.candidates])
             order = order[cfg.candidates:]
-        self._template = None
+        self._templates: dict[str, Any] = {}  # predictor kind -> its warm predictor of this repetition
         self.draws: dict[str, BankDraws] = {}
 
     def candidates(self, step: int) -> list:
@@ -89,15 +89,16 @@ class BankRepetition:
         self.draws[arm.name] = BankDraws(self.seed)  # every arm draws the same rollouts for the same requests
         if arm.predictor == ORACLE:
             return BankOraclePredictor()
-        if self._template is None:  # built and warmed up once per repetition; each arm gets a pristine copy
+        if arm.predictor not in self._templates:  # built and warmed up once per kind and repetition
             cfg, source = self.source.config, self.source
-            self._template = make_predictor(arm.predictor, cfg.predictor_kwargs, model_path=source.policy_path,
-                                            seed=self.seed)
+            kwargs = cfg.predictor_kwargs if arm.predictor == cfg.predictor else {}
+            template = make_predictor(arm.predictor, kwargs, model_path=source.policy_path, seed=self.seed)
             if source.held_out:
-                stats = warm_up(self._template, source.bank, source.held_out, seed=cfg.seed,
-                                prefix_share=cfg.prefix_share)
-                source.warmups.append(stats)
-        return copy.deepcopy(self._template)
+                stats = warm_up(template, source.bank, source.held_out, seed=cfg.seed, prefix_share=cfg.prefix_share)
+                if arm.predictor == cfg.predictor:
+                    source.warmups.append(stats)
+            self._templates[arm.predictor] = template
+        return copy.deepcopy(self._templates[arm.predictor])  # each arm gets a pristine copy
 
     def arm_state(self, arm: Arm) -> BankDraws:
         return self.draws[arm.name]
@@ -109,11 +110,11 @@ class BankRepetition:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])
 
     def step(self, arm: Arm, candidates: Sequence[Any], predictor: Any, budget: float,
-             rng: np.random.Generator, *, measured: bool) -> StepResult:
+             rng: np.random.Generator, *, measured: bool, play: Any) -> StepResult:
         d = self.draws[arm.name]
         runner = BankBranchRunner(d, anchored=arm.predictor == ORACLE)
-        result = run_step(candidates, arm.strategy, predictor, runner, budget, rng,
-                          prefix_share=self.source.config.prefix_share, score_prefixes=measured)
+        result = run_step(candidates, play.strategy, predictor, runner, budget, rng,
+                          prefix_share=self.source.config.prefix_share, score_prefixes=measured, **play.kwargs())
         result.extras.update(records=list(candidates), roots_needed=d.roots_needed,
                              continuations_needed=d.continuations_needed, truth=bank_truth(candidates))
         return result

@@ -62,8 +62,8 @@ class EnvRepetition:
             self.source.say(f"{self.label}: predictor warm-up done, {warm.ledger.rollouts} rollouts "
                             f"({self.source.elapsed():.1f} s)")
 
-    def _collect(self, tasks: Sequence[Any], strategy: Strategy, predictor: Any, budget: float,
-                 rng: np.random.Generator, seed_offset: int) -> Any:
+    def _collect(self, tasks: Sequence[Any], strategy: Any, predictor: Any, budget: float,
+                 rng: np.random.Generator, seed_offset: int, play: Any = None) -> Any:
         """One step of real rollouts from a cold prefix cache, learning half included."""
         from trace_gym.agent import AgentRunner
         from trace_gym.rollout import collect
@@ -73,7 +73,7 @@ class EnvRepetition:
         runner = AgentRunner(src.engine, src.engine.tokenizer, src.family.make_env, src.sampling, src.agent_config)
         try:
             return collect(tasks, strategy, predictor, runner, budget, rng, seed=self.seed + seed_offset,
-                           prefix_share=src.config.prefix_share)
+                           prefix_share=src.config.prefix_share, **(play.kwargs() if play is not None else {}))
         finally:
             runner.close()
 
@@ -87,8 +87,8 @@ class EnvRepetition:
         return np.random.default_rng(self.seed)
 
     def step(self, arm: Arm, candidates: Sequence[Any], predictor: Any, budget: float,
-             rng: np.random.Generator, *, measured: bool) -> Any:
-        out = self._collect(candidates, arm.strategy, predictor, budget, rng, _ARM_SEED_OFFSET)
+             rng: np.random.Generator, *, measured: bool, play: Any) -> Any:
+        out = self._collect(candidates, play.strategy, predictor, budget, rng, _ARM_SEED_OFFSET, play)
         out.extras["truth"] = chosen_truth(out)
         return out
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from trace_gym.bench_checks import HEADLINE, interval_text
 from trace_gym.bench_modes import bench_mode
-from trace_gym.driver import brief_repeats
+from trace_gym.learning import brief_repeats
 from trace_gym.predictor_quality import QUALITY_KEYS
 
 _COLUMNS: list[tuple[str, str]] = [
@@ -33,6 +33,7 @@ _COLUMNS: list[tuple[str, str]] = [
     ("prefill tokens", "prefill_tokens"),
     ("env steps", "env_steps"),
     ("alloc ms", "allocator_ms"),
+    ("waves/step", "waves_per_step"),
 ]
 _PERCENT = ("predictor_share", "exhausted_share")
 _QUALITY_LABELS = {"prompt_spearman": "Spearman", "mixed_auc": "AUC mixed", "brier": "Brier",
@@ -148,6 +149,8 @@ def format_bench(results: Mapping[str, Any]) -> str:
         lines += ["", f"Run in {results['deterministic']} (each repetition a function of its seed)."]
     if results.get("verdict"):
         lines += ["", f"**Verdict ({mode.verdict_label}):** {results['verdict']}"]
+    for name, why in (results.get("violations") or {}).items():
+        lines += ["", f"**NO VERDICT for {name}:** {why}"]
     lines += ["", strategy_table(results), ""]
     for section in (paired_section, step_section, quality_section):
         part = section(results)

@@ -37,6 +37,11 @@ def sim_world(cfg: SimBenchConfig) -> Any:
     return sim.SimWorld(**base, feature_noise=noise_for_spearman(cfg.feature_spearman, prior))
 
 
+def sim_task(state: Any) -> int:
+    """The key of a simulated prompt: its task index (a per-prompt predictor's ``key_of``)."""
+    return int(state.task)
+
+
 @dataclass
 class SimRepetition:
     """One seed: a task pool and the candidate draws of every step."""
@@ -58,19 +63,25 @@ class SimRepetition:
         return self.draws[step].tolist()
 
     def predictor(self, arm: Arm) -> Any:
-        return make_predictor(arm.predictor, features=self.pool.features, world=self.world,
-                              spearman=self.cfg.noisy_spearman, seed=self.seed)
+        import inspect
+
+        from trace_gym.predictor import PREDICTORS
+
+        # a per-prompt kind (an arm's own: MoPPS's posterior, Knapsack's rates) keys simulated prompts by task
+        per_prompt = "key_of" in inspect.signature(PREDICTORS[arm.predictor].factory()).parameters
+        return make_predictor(arm.predictor, {"key_of": sim_task} if per_prompt else None, features=self.pool.features,
+                              world=self.world, spearman=self.cfg.noisy_spearman, seed=self.seed)
 
     def rng(self, arm: Arm) -> np.random.Generator:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])
 
     def step(self, arm: Arm, candidates: Sequence[int], predictor: Any, budget: float,
-             rng: np.random.Generator, *, measured: bool) -> Any:
+             rng: np.random.Generator, *, measured: bool, play: Any) -> Any:
         from trace_gym.predictor_quality import mixed_probability
         from trace_gym.sim import SimBranchRunner
 
-        result = run_step(candidates, arm.strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget,
-                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured)
+        result = run_step(candidates, play.strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget,
+                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured, **play.kwargs())
         rates = self.pool.success[np.asarray(candidates, dtype=np.int64)]
         result.extras["truth"] = (rates, mixed_probability(rates, self.cfg.group_size))
         return result

@@ -238,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     modules, argv = split_plugins(list(sys.argv[1:] if argv is None else argv))
     configure_logging("--verbose" in argv[: argv.index("--") if "--" in argv else len(argv)])
     logging.getLogger("trace_gym.threads").info("%s", threads.describe())
+    import trace_gym.strategies  # noqa: F401  (the face's built-ins: the zoo's predictor kinds join PREDICTORS)
+
     if modules:  # before the parser: what the plugins register shows up in --help too
         from trace_gym.registry import load_plugins
 

@@ -65,6 +65,9 @@ class BudgetShape:
         "budget", "N: continuations per root; nominal budget = M (1 + N/2)"))
     group_size: int = field(default=4, metadata=_in(
         "budget", "G: group size of every fixed-group strategy (uniform, pcl)"))
+    strategy_timeout_s: float = field(default=30.0, metadata=_in(
+        "budget", "seconds one call into a strategy's code may take (its boundary's deadline; past it the arm "
+                  "gets no verdict)"))
 
     @property
     def nominal_budget(self) -> float:
@@ -82,6 +85,9 @@ class BudgetShape:
                              f"{self.root_budget!r}, {self.continuations_per_root!r}")
         if self.group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {self.group_size!r}")
+        t = self.strategy_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 86_400:
+            raise ValueError(f"strategy_timeout_s must be a number of seconds in (0, 86400), got {t!r}")
 
 
 @dataclass(frozen=True)

@@ -1,58 +1,59 @@
-"""The one step driver: roots where the strategy says, per-prompt prefix expansion, then
-the predictor's update on the finished trees.
+"""The one step driver: a strategy's waves over a branch runner, then the predictor's update.
 
 :func:`run_step` is the step every consumer shares (trace-method.md, "One training
 step", steps 1-4): training, the simulated bench and the real-rollout bench call it and
 differ only in the :class:`BranchRunner` and the predictor they pass. Its rollout half:
 
-1. score the candidate pool with the predictor (``predictor_scoring`` phase);
-2. allocate root rollouts with the strategy's root allocator and split the
-   continuation budget over the chosen prompts (:mod:`trace_gym.planning`);
-3. start every chosen prompt's root rollouts; *as soon as one prompt's roots have all
-   returned*, score its visited prefixes and plan its continuations
-   (:func:`trace_gym.planning.plan_expansion`, single-turn fallback included), and
-   start them at once, while other prompts' rollouts are still running.
+1. score the candidate pool with the predictor (``predictor_scoring`` phase; a predictor
+   that keeps per-prompt Beta evidence also gives its posterior);
+2. ask the strategy (:mod:`trace_gym.waves`) for a wave, through its boundary
+   (:mod:`trace_gym.strategy_boundary`: deadline, every error and exit caught, the answer
+   checked), refuse a wave that would spend past the step's budget, and start it; *as soon
+   as one prompt's branches of the wave are back* and it holds a reserve, ask the
+   strategy's ``plan_prompt`` for that prompt alone and start that at once, while other
+   prompts' rollouts are still running; when the wave's every branch is back, the next
+   wave, until the strategy stops (or :data:`MAX_WAVES`).
 
-Its learning half (:func:`update_predictor`), once every branch is back:
+A one-shot :class:`~trace_gym.strategy.Strategy` runs as :class:`~trace_gym.waves.OneShot`:
+one wave of roots from its root allocator, and each prompt's continuations planned as
+soon as its roots are back (:func:`trace_gym.planning.plan_expansion`), as trace-method.md
+describes. Its learning half (:mod:`trace_gym.learning`), once every branch is back: the
+predictor's regression on the trees' recursive-mean targets, and the no-contrast warning.
 
-4. the predictor's regression set from the trees' recursive-mean targets
-   (:func:`predictor_samples`, contexts through the runner's ``prompt_context`` /
-   ``node_context``), prefix samples weighted to hold ``prefix_share`` of the batch
-   (:func:`prefix_weight_for_share`), one ``predictor.update`` (``predictor_update``
-   phase), and the no-contrast warning when every leaf has the same outcome
-   (:func:`reward_warning`).
+How a branch is run (a model in an env, the simulator's martingale, a recorded bank) is a
+:class:`BranchRunner`'s business: :class:`trace_gym.rollout.AgentBranchRunner`,
+:class:`trace_gym.sim.SimBranchRunner`, :class:`trace_gym.banks.replay.BankBranchRunner`.
+Each call records into its own :class:`~trace_gym.budget.BudgetLedger`: the nominal units
+it decided on and, from the runner, the exact ones (tokens, env steps, seconds per phase),
+and the step's *waves*: the longest chain of generation rounds one prompt went through
+(each a round of generation latency).
 
-Every decision is made here or in :mod:`trace_gym.planning`; how a branch is run
-(a model in an env, or the simulator's martingale) is a :class:`BranchRunner`'s
-business: :class:`trace_gym.rollout.AgentBranchRunner` for real rollouts,
-:class:`trace_gym.sim.SimBranchRunner` for the simulator,
-:class:`trace_gym.banks.replay.BankBranchRunner` for a recorded rollout bank. So a simulated number and a
-real number mean the same thing. Each call records into its own
-:class:`~trace_gym.budget.BudgetLedger`: the nominal units it decided on (roots,
-continuations, unspent units) and, from the runner, the exact ones (tokens, env steps,
-seconds per phase).
-
-Randomness: ``rng`` is used for the root allocation, then seeds one child generator
-per chosen prompt (one draw each, so all state stays in ``rng``'s bit generator) for
-that prompt's expansion: the decisions do not depend on the order in which prompts'
+Randomness: ``rng`` is what the strategy plans its waves with; after each wave, one child
+generator per prompt the wave touched is drawn from it (in candidate order) for that
+prompt's own plans, so the decisions do not depend on the order in which prompts'
 rollouts happen to return.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Hashable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from trace_gym.budget import BudgetLedger
-from trace_gym.planning import ExpansionPlan, allocate_roots, continuation_budgets, plan_expansion, single_turn_fallback
-from trace_gym.predictor import ObservesOutcomes, SuccessPredictor
-from trace_gym.strategy import Strategy
-from trace_gym.tree import ROOT, SUCCESS_THRESHOLD, RolloutTree
+from trace_gym.learning import PREFIX_SHARE, Learning, update_predictor
+from trace_gym.planning import ExpansionPlan
+from trace_gym.predictor import SuccessPredictor
+from trace_gym.strategy_boundary import Asked, StrategyBoundary, StrategyViolation
+from trace_gym.tree import SUCCESS_THRESHOLD, RolloutTree
+from trace_gym.waves import (
+    NEVER, ROOT_UNITS, HistoryBook, OneShot, PrefixView, StepView, budget_units, frozen, is_wave_strategy,
+)
 
-#: Default share of the predictor's batch weight on prefix samples (the paper: about 6 %).
-PREFIX_SHARE = 0.06
+#: Most waves one step may take (a strategy still asking after that is stopped and named).
+MAX_WAVES = 64
+
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,10 @@ class StepResult:
 
     Attributes:
         values: predicted success per candidate, shape (n_candidates,).
-        root_counts: m_i root rollouts allocated per candidate, int64 (n_candidates,).
-        continuation_budgets: continuations allotted per candidate, int64 (n_candidates,).
-        trees: one tree per chosen candidate (m_i > 0), in candidate order.
+        root_counts: root rollouts started per candidate over the step, int64 (n_candidates,).
+        continuation_budgets: units reserved per candidate for its own plans (a one-shot
+            strategy: its continuation budget), int64 (n_candidates,).
+        trees: one tree per chosen candidate (given a root rollout), in the order they were chosen.
         tree_candidates: the candidate index of each tree, int64 (n_trees,).
         plans: ``(candidate index, ExpansionPlan)`` per prompt that had a continuation
             budget, in the order the plans were made.
@@ -148,6 +150,8 @@ class StepResult:
             :func:`forecast_fallback_first`; with ``fallback_first`` and a positive count
             the forecast missed (those prefixes went unexpanded, the budget bought roots).
         ledger: nominal and exact costs of this step.
+        waves: the longest chain of generation rounds one prompt went through (a one-shot
+            flat strategy: 1; with continuations: 2).
         learning: the predictor update of the step (``None`` when ``learn=False``).
         extras: what a runner or bench source adds (a bank's draw sizes, the candidates'
             true rates for the predictor-quality measures as ``extras["truth"]``, ...).
@@ -165,6 +169,7 @@ class StepResult:
     learning: Learning | None = None
     fallback_first: bool = False
     prefixes_seen: int = 0
+    waves: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -177,46 +182,9 @@ def forecast_fallback_first(previous: StepResult | None) -> bool:
     return previous is not None and bool(previous.trees) and previous.prefixes_seen == 0
 
 
-@dataclass
-class Learning:
-    """The learning half of a step (:func:`update_predictor`).
-
-    Attributes:
-        contexts: the regression set, what the predictor read (n samples).
-        targets: recursive-mean targets in [0, 1], shape (n,).
-        weights: 1 for prompt samples, the prefix weight for prefix samples, shape (n,).
-        tree_index, node_ids, depths: where each sample sits, int64 (n,).
-        prefix_weight: the weight of each prefix sample.
-        prefix_predictions: with ``score_prefixes``, the predictor's values on the prefix
-            samples (``depths > 0``, in sample order) *before* the update, else ``None``.
-        stats: what ``predictor.update`` returned (``loss``, ``n``, ...).
-        warning: the no-contrast warning (:func:`reward_warning`), or ``None``.
-    """
-
-    contexts: list[Any]
-    targets: np.ndarray
-    weights: np.ndarray
-    tree_index: np.ndarray
-    node_ids: np.ndarray
-    depths: np.ndarray
-    prefix_weight: float
-    prefix_predictions: np.ndarray | None
-    stats: dict[str, Any]
-    warning: str | None
-
-
-@dataclass
-class _Prompt:
-    tree: RolloutTree
-    tree_index: int
-    roots_out: int  # root rollouts started and not yet back
-    continuation_budget: int  # still to plan
-    rng: np.random.Generator
-
-
 def run_step(
     candidates: Sequence[Any],
-    strategy: Strategy,
+    strategy: Any,
     predictor: SuccessPredictor,
     runner: BranchRunner,
     nominal_budget: float,
@@ -226,219 +194,259 @@ def run_step(
     prefix_share: float = PREFIX_SHARE,
     score_prefixes: bool = False,
     fallback_first: bool = False,
+    history: HistoryBook | None = None,
+    step_index: int = 0,
+    boundary: StrategyBoundary | None = None,
 ) -> StepResult:
-    """One step: the rollout trees at ``nominal_budget`` trajectory-equivalents, then
-    (``learn``) the predictor's update on them.
+    """One step: the strategy's waves at ``nominal_budget`` trajectory-equivalents, then
+    (``learn``) the predictor's update on the trees.
 
     Args:
         candidates: the candidate pool, as the runner knows them (``Task`` for real
-            rollouts, task indices for the simulator).
-        strategy: root allocator, prefix allocator and budget shape.
+            rollouts, task indices for the simulator, bank prompts).
+        strategy: a one-shot :class:`~trace_gym.strategy.Strategy` or a
+            :class:`~trace_gym.waves.WaveStrategy`.
         predictor: scores what ``runner.prompt_context`` / ``node_context`` return.
         runner: runs the branches.
-        nominal_budget: B; the strategy spends M roots + C continuations with
-            M + C / 2 <= B (an odd continuation budget in the single-turn fallback
-            leaves one unit unspent, recorded in ``ledger.unspent_continuations``).
-        rng: randomness for stochastic allocators (see the module docstring).
-        learn: run the learning half (:func:`update_predictor`) once the trees are finished.
+        nominal_budget: B; the step spends at most ``floor(2 B)`` units (root 2,
+            continuation 1); what it leaves is recorded in ``ledger.unspent_continuations``.
+        rng: the strategy's randomness (see the module docstring).
+        learn: run the learning half once the trees are finished.
         prefix_share: share of the predictor's batch weight on prefix samples.
         score_prefixes: also record the predictor's values on the prefix samples before
             it trains on them (``Learning.prefix_predictions``; the benches' prefix Spearman).
-        fallback_first: plan every prompt's single-turn fallback before the first round
-            (:func:`forecast_fallback_first`; implied by a ``single_turn`` runner).
+        fallback_first: the caller forecasts that no prefix will exist
+            (:func:`forecast_fallback_first`; implied by a ``single_turn`` runner): views say
+            ``single_turn`` and a one-shot strategy buys its fallback roots in the first round.
+        history: the run's prompt histories (what views show of earlier steps; this step's
+            root outcomes are added at its end); ``None``: none kept.
+        step_index: the step's index in the run (what views and histories record).
+        boundary: the strategy's boundary (``None``: one with the default deadline).
 
-    On any exception (a predictor or allocator error, an engine failure) every live
-    branch is cancelled, releasing its env, before the exception propagates. An env
-    failure is not an exception here: its branch comes back with ``error`` set.
+    Raises:
+        StrategyViolation: the strategy broke a rule (one line naming it); every live
+            branch is cancelled first.
+
+    On any exception every live branch is cancelled, releasing its env, before it
+    propagates. An env failure is not an exception here: its branch comes back with
+    ``error`` set.
     """
+    waves = OneShot(strategy) if not is_wave_strategy(strategy) else strategy
+    if boundary is None:
+        boundary = StrategyBoundary(getattr(strategy, "description", "") or type(strategy).__name__)
     ledger = BudgetLedger()
-    root_budget, cont_budget = strategy.budget_split(nominal_budget)
+    contexts = [runner.prompt_context(c) for c in candidates]
     with ledger.phase("predictor_scoring"):
-        values = np.asarray(predictor.predict([runner.prompt_context(c) for c in candidates]), dtype=float)
-    with ledger.phase("allocation"):
-        m = allocate_roots(values, root_budget, strategy.root_allocator, rng)
-        c = continuation_budgets(m, cont_budget) if strategy.expands else np.zeros(len(m), dtype=np.int64)
-    chosen = np.flatnonzero(m)
-    step = StepResult(values, m, c, [], chosen.astype(np.int64), ledger=ledger)
-    child_rngs = [np.random.default_rng(s) for s in rng.integers(2**63, size=len(chosen)).tolist()]
-    prompts: dict[int, _Prompt] = {}
+        values = np.asarray(predictor.predict(contexts), dtype=float)
+        posterior = predictor.posterior(contexts) if callable(getattr(predictor, "posterior", None)) else None
+    run = _StepRun(candidates, waves, boundary, predictor, runner, ledger, values, posterior, contexts,
+                   budget_units(nominal_budget), nominal_budget, history or HistoryBook(), step_index,
+                   bool(fallback_first or getattr(runner, "single_turn", False)))
     try:
-        for n, (i, prompt_rng) in enumerate(zip(chosen.tolist(), child_rngs)):
-            prompts[i] = _Prompt(runner.new_tree(i, candidates[i]), n, int(m[i]), int(c[i]), prompt_rng)
-            step.trees.append(prompts[i].tree)
-        # no prefix can exist (or none is forecast): the fallback roots join the first round
-        step.fallback_first = bool(fallback_first or getattr(runner, "single_turn", False))
-        if step.fallback_first:
-            for i, p in prompts.items():
-                if p.continuation_budget > 0:
-                    _plan_single_turn(i, p, step)
-        for i, p in prompts.items():
-            runner.start_roots(i, p.roots_out, ledger)
-        ledger.add_rollouts(int(m.sum()) + sum(plan.extra_roots for _, plan in step.plans))
-        while runner.live:
-            for result in runner.advance(ledger):
-                p = prompts[result.key]
-                if result.error is not None:
-                    step.errors.append({"candidate": result.key, "anchor": result.anchor, "leaf": result.leaf,
-                                        "error": result.error})
-                if result.anchor == ROOT:
-                    p.roots_out -= 1
-                if p.roots_out == 0 and p.continuation_budget > 0:
-                    _expand(result.key, p, strategy, predictor, runner, step)
+        run.all_waves(rng)
     except BaseException:
         runner.cancel()
         raise
-    step.prefixes_seen = sum(len(t.expansion_candidates()) for t in step.trees)
+    step = run.result()
+    if history is not None:
+        for key, tree in zip(step.tree_candidates.tolist(), step.trees):
+            s, t = tree.root_outcomes()
+            history.record(run.ids[key], step_index, s, t)
     if learn:
         step.learning = update_predictor(step, predictor, runner, prefix_share, score_prefixes)
     return step
 
 
-def _plan_single_turn(key: int, p: _Prompt, step: StepResult) -> None:
-    """A prompt of a single-turn runner: its :func:`~trace_gym.planning.single_turn_fallback`
-    is known before any rollout, so its extra roots start with its first ones (not in a
-    second, narrower round once those are back)."""
-    with step.ledger.phase("allocation"):
-        plan = single_turn_fallback(p.continuation_budget)
-    p.continuation_budget = 0
-    p.roots_out += plan.extra_roots
-    step.plans.append((key, plan))
-    step.ledger.add_unspent_continuations(plan.unspent_continuations)
+def prompt_id(runner: Any, candidate: Any, context: Any) -> str:
+    """A candidate's stable id: the runner's ``prompt_id`` where it has one, else a hash of
+    the prompt text the predictor reads, else the candidate's own text."""
+    if callable(getattr(runner, "prompt_id", None)):
+        return str(runner.prompt_id(candidate))
+    if isinstance(getattr(context, "prompt", None), str):
+        from trace_gym.predictor_memory import prompt_key
+
+        return prompt_key(context)
+    return str(candidate)
 
 
-def _expand(key: int, p: _Prompt, strategy: Strategy, predictor: SuccessPredictor, runner: BranchRunner,
-            step: StepResult) -> None:
-    """Plan and start one prompt's continuations, now that its roots are back."""
-    ledger = step.ledger
-    candidates = p.tree.expansion_candidates()
-    prefix_values = np.zeros(0)
-    if candidates:
-        with ledger.phase("predictor_scoring"):
-            prefix_values = np.asarray(predictor.predict([runner.node_context(key, n) for n, _ in candidates]),
-                                       dtype=float)
-        step.prefix_predictions.extend((p.tree_index, n, float(v)) for (n, _), v in zip(candidates, prefix_values))
-    with ledger.phase("allocation"):
-        plan = plan_expansion(p.tree, prefix_values, p.continuation_budget, strategy.prefix_allocator, p.rng,
-                              root_value=float(step.values[key]))
-    p.continuation_budget = 0
-    step.plans.append((key, plan))
-    for node_id, k in plan.continuations:
-        runner.start_continuations(key, node_id, k, ledger)
-    ledger.add_continuations(plan.spent_continuations)
-    if plan.extra_roots:
-        p.roots_out += plan.extra_roots
-        runner.start_roots(key, plan.extra_roots, ledger)
-        ledger.add_rollouts(plan.extra_roots)
-    ledger.add_unspent_continuations(plan.unspent_continuations)
+class _StepRun:
+    """One step's waves (:func:`run_step`): the state the driver keeps while they run."""
 
+    def __init__(self, candidates, waves, boundary, predictor, runner, ledger, values, posterior, contexts,
+                 budget, nominal_budget, history, step_index, single_turn):
+        self.candidates, self.waves, self.boundary = candidates, waves, boundary
+        self.predictor, self.runner, self.ledger = predictor, runner, ledger
+        self.values, self.budget, self.nominal_budget, self.step_index = values, budget, nominal_budget, step_index
+        self.single_turn = single_turn
+        n = len(candidates)
+        self.ids = tuple(prompt_id(runner, c, x) for c, x in zip(candidates, contexts))
+        past = [history.get(i) for i in self.ids] if history.entries else [NEVER] * n
+        self.history = {f: frozen([getattr(h, f) for h in past], np.int64)
+                        for f in ("chosen", "successes", "failures", "pure_streak", "streak_kind")}
+        self.alpha = self.beta = None
+        if posterior is not None:
+            self.alpha, self.beta = (frozen(np.asarray(x, dtype=float), float) for x in posterior)
+        self.frozen_values = frozen(values, float)
+        self.spent = 0
+        self.roots = np.zeros(n, dtype=np.int64)
+        self.reserved_total = np.zeros(n, dtype=np.int64)
+        self.out = np.zeros(n, dtype=np.int64)  # branches started and not yet back, per candidate
+        self.depth = np.zeros(n, dtype=np.int64)  # generation rounds per candidate
+        self.reserve = np.zeros(n, dtype=np.int64)
+        self.local_rng: dict[int, np.random.Generator] = {}
+        self.trees: dict[int, RolloutTree] = {}
+        self.prefix_values: dict[tuple[int, int], float] = {}
+        # as the running wave started: ({candidate: (successes, failures, prefixes)}, roots, spent, reserves)
+        self.at_start: tuple = ({}, self.roots.copy(), 0, np.zeros(n, dtype=np.int64))
+        self.spent_by = np.zeros(n, dtype=np.int64)  # units each candidate's own plans spent in this wave
+        self.errors: list[dict[str, Any]] = []
+        self.prefix_predictions: list[tuple[int, int, float]] = []
+        self.wave = 0
 
-# ---------------------------------------------------------------------- the learning half
-def predictor_samples(
-    trees: Sequence[RolloutTree], context: Callable[[int, int], Any], *, estimator: str = "recursive",
-    root_rollouts_only: bool = False,
-) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
-    """The predictor's regression set from finished trees.
+    # -- views
+    def _outcomes(self, key: int, scored: bool) -> tuple[int, int, tuple[PrefixView, ...]]:
+        """One chosen candidate's returns: root successes, failures and its visited prefixes."""
+        tree = self.trees[key]
+        s, t = tree.root_outcomes()
+        cands = tree.expansion_candidates()
+        if scored:
+            self._score(key, [node for node, _ in cands if (key, node) not in self.prefix_values])
+        conts: dict[int, list[bool]] = {}
+        for b in tree.branches:
+            if b.is_continuation:
+                leaf = tree.branch_leaf(b.id)
+                conts.setdefault(b.anchor, []).append(leaf is not None and tree.nodes[leaf].success)
+        prefixes = tuple(PrefixView(key, node, tree.nodes[node].depth, int(r >= SUCCESS_THRESHOLD),
+                                    self.prefix_values.get((key, node)) if scored else None,
+                                    len(conts.get(node, ())), sum(conts.get(node, ())))
+                         for node, r in cands)
+        return s, t - s, prefixes
 
-    Every non-terminal node with a target (the root, depth 0, and every visited prefix)
-    gives one sample: ``context(tree index, node id)`` and its target from
-    ``tree.targets(estimator, outcomes=True)`` (the recursive mean by default). With
-    ``root_rollouts_only``, nodes inside continuations give none (their anchors' targets
-    still average over them).
+    def _score(self, key: int, nodes: list[int]) -> None:
+        if not nodes:
+            return
+        with self.ledger.phase("predictor_scoring"):
+            got = np.asarray(self.predictor.predict([self.runner.node_context(key, n) for n in nodes]), dtype=float)
+        index = list(self.trees).index(key)
+        for node, v in zip(nodes, got.tolist()):
+            self.prefix_values[(key, node)] = float(v)
+            self.prefix_predictions.append((index, node, float(v)))
 
-    Returns:
-        ``(contexts, targets (n,), tree index (n,), node id (n,))``, trees in order and
-        nodes by id within a tree.
-    """
-    contexts, targets, where = [], [], []
-    for t, tree in enumerate(trees):
-        for node_id, target in sorted(tree.targets(estimator, outcomes=True).items()):  # a success probability
-            node = tree.nodes[node_id]
-            if not node.terminal and not (root_rollouts_only and node.is_continuation):
-                contexts.append(context(t, node_id))
-                targets.append(target)
-                where.append((t, node_id))
-    index = np.asarray(where, dtype=np.int64).reshape(-1, 2)
-    return contexts, np.asarray(targets, dtype=float), index[:, 0], index[:, 1]
+    def view(self, own: int | None = None) -> StepView:
+        """The view before a wave (``own`` None), or for ``own``'s plan inside the wave: the
+        state as the wave started, with that candidate's own entries as they are now (so a
+        prompt's plan does not depend on which other prompts happened to finish first)."""
+        shown, roots, spent, reserve = self.at_start
+        if own is not None:
+            shown = {**shown, own: self._outcomes(own, bool(getattr(self.waves, "prefix_values", False)))} \
+                if own in self.trees else shown
+            roots, reserve = roots.copy(), reserve.copy()
+            roots[own], reserve[own] = self.roots[own], self.reserve[own]
+            spent += int(self.spent_by[own])
+        n = len(self.candidates)
+        succ, fail = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        prefixes: list[PrefixView] = []
+        for key in sorted(shown):
+            s, f, p = shown[key]
+            succ[key], fail[key] = s, f
+            prefixes.extend(p)
+        h = self.history
+        return StepView(self.step_index, self.wave, self.budget, spent, float(self.nominal_budget), self.ids,
+                        self.frozen_values, self.alpha, self.beta, h["chosen"], h["successes"], h["failures"],
+                        h["pure_streak"], h["streak_kind"], frozen(roots, np.int64), frozen(succ, np.int64),
+                        frozen(fail, np.int64), tuple(prefixes),
+                        float(getattr(getattr(self.waves, "strategy", None), "continuations_per_root", 0.0)),
+                        self.single_turn, None if own is None else frozen(reserve, np.int64))
 
+    # -- waves
+    def all_waves(self, rng: np.random.Generator) -> None:
+        global_values = getattr(self.waves, "prefix_values", False) is True
+        while True:
+            shown = {key: self._outcomes(key, global_values) for key in self.trees}
+            self.at_start = (shown, self.roots.copy(), self.spent, np.zeros(len(self.candidates), dtype=np.int64))
+            self.spent_by = np.zeros(len(self.candidates), dtype=np.int64)
+            if self.wave >= MAX_WAVES:
+                raise StrategyViolation(f"strategy {self.boundary.name!r} did not stop within {MAX_WAVES} waves")
+            with self.ledger.phase("allocation"):
+                asked = self.boundary.plan(self.waves.plan, self.view(), rng)
+            if asked.empty:
+                return
+            self._charge(asked.cost, self.budget - self.spent, "wave")
+            self.spent += asked.cost - sum(asked.reserve.values())
+            touched = sorted(set(asked.roots) | {k for k, _ in asked.continuations} | set(asked.reserve))
+            seeds = rng.integers(2**63, size=len(touched)).tolist()
+            self.local_rng = {k: np.random.default_rng(s) for k, s in zip(touched, seeds)}
+            for k, units in asked.reserve.items():
+                self.reserve[k] += units
+                self.reserved_total[k] += units
+            self.at_start = (shown, self.at_start[1], self.spent, self.reserve.copy())
+            round_ = int(self.depth.max()) + 1
+            self._start(asked, round_)
+            for k in touched:
+                if self.out[k] == 0:
+                    self._local(k)
+            while self.runner.live:
+                for result in self.runner.advance(self.ledger):
+                    self._returned(result)
+            self.reserve[:] = 0  # what the wave's reserves left goes back to the step's budget
+            self.wave += 1
 
-def prefix_weight_for_share(n_prompt: int, n_prefix: int, share: float) -> float:
-    """Weight of each prefix sample so that prefix samples hold ``share`` of a batch's
-    total weight, prompt samples weighing 1 each (the paper's batches: about 6 % prefix)."""
-    if not 0 <= share < 1:
-        raise ValueError(f"prefix share must lie in [0, 1), got {share!r}")
-    if n_prefix == 0 or n_prompt == 0:
-        return 1.0
-    return share / (1 - share) * n_prompt / n_prefix
+    def _charge(self, cost: int, left: int, what: str) -> None:
+        if cost > left:
+            raise StrategyViolation(f"strategy {self.boundary.name!r}: its {what} would spend {cost} units, "
+                                    f"{left} left of the step's {self.budget} (a root costs {ROOT_UNITS}, a "
+                                    "continuation 1)")
 
+    def _start(self, asked: Asked, round_: int) -> None:
+        for key in sorted(asked.roots):
+            k = asked.roots[key]
+            if key not in self.trees:
+                self.trees[key] = self.runner.new_tree(key, self.candidates[key])
+            self.roots[key] += k
+            self.out[key] += k
+            self.depth[key] = max(self.depth[key], round_)
+            self.runner.start_roots(key, k, self.ledger)
+            self.ledger.add_rollouts(k)
+        for (key, node), k in sorted(asked.continuations.items()):
+            self.out[key] += k
+            self.depth[key] = max(self.depth[key], round_)
+            self.runner.start_continuations(key, node, k, self.ledger)
+            self.ledger.add_continuations(k)
 
-def knob_hint(knobs: Mapping[str, str] | None) -> str:
-    """The tail of a no-contrast message naming the env's own difficulty knobs
-    (:class:`~trace_gym.env.DifficultyKnobs`); ``""`` when it declares none."""
-    if not knobs:
-        return ""
-    return "; this env's difficulty knobs: " + "; ".join(f"{name}: {text}" for name, text in knobs.items())
+    def _returned(self, result: BranchResult) -> None:
+        key = result.key
+        if result.error is not None:
+            self.errors.append({"candidate": key, "anchor": result.anchor, "leaf": result.leaf, "error": result.error})
+        self.out[key] -= 1
+        if self.out[key] == 0 and self.reserve[key] > 0:
+            self._local(key)
 
+    def _local(self, key: int) -> None:
+        """A prompt's own plan, now that its branches of the wave are back (within its reserve)."""
+        plan_prompt = getattr(self.waves, "plan_prompt", None)
+        if self.reserve[key] <= 0 or not callable(plan_prompt):
+            return
+        view = self.view(own=key)
+        with self.ledger.phase("allocation"):
+            asked = self.boundary.plan(plan_prompt, view, self.local_rng[key], candidate=key)
+        if asked.empty:
+            self.reserve[key] = 0
+            return
+        self._charge(asked.cost, int(self.reserve[key]), f"plan for candidate {key}")
+        self.reserve[key] -= asked.cost
+        self.spent += asked.cost
+        self.spent_by[key] += asked.cost
+        self._start(asked, int(self.depth[key]) + 1)
+        if self.out[key] == 0:
+            self._local(key)
 
-def reward_warning(trees: Sequence[RolloutTree], knobs: Mapping[str, str] | None = None) -> str | None:
-    """A one-line warning when every finished leaf has the same outcome (all 0 or all 1):
-    then no prompt is mixed and no strategy can find contrast; a group-relative update
-    learns nothing. It ends with the env's own difficulty ``knobs`` (:func:`knob_hint`).
-    ``None`` otherwise (or with no leaves)."""
-    rewards = [leaf.reward for t in trees for leaf in t.leaves() if leaf.reward is not None]
-    if not rewards:
-        return None
-    wins = sum(r >= SUCCESS_THRESHOLD for r in rewards)
-    if 0 < wins < len(rewards):
-        return None
-    low, high = min(rewards), max(rewards)
-    seen = f"reward {low:g}" if low == high else f"rewards {low:g} to {high:g}"
-    outcome = (f"failed ({seen}, below the success threshold {SUCCESS_THRESHOLD:g})" if wins == 0
-               else f"succeeded ({seen})")
-    return (f"every one of the {len(rewards)} rollouts {outcome}: no prompt is mixed, so there is no "
-            f"contrast to find and a group-relative update learns nothing{_ADVICE}"
-            + ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder")
-            + knob_hint(knobs))
-
-
-#: where a no-contrast warning's advice (what to change, the env's knobs) starts
-_ADVICE = "; make the tasks "
-
-
-def brief_repeats(warnings: Sequence[str]) -> list[str]:
-    """``warnings`` (of :func:`reward_warning`, each maybe prefixed with where it arose)
-    with the advice of every repeat cut to "as above": the first one with a given advice
-    keeps it whole, so a run whose every arm or step found no contrast says the advice once."""
-    seen: set[str] = set()
-    out = []
-    for line in warnings:
-        head, sep, advice = line.partition(_ADVICE)
-        if sep and advice in seen:
-            out.append(f"{head}; what to change: as above")
-        else:
-            seen.add(advice)
-            out.append(line)
-    return out
-
-
-def update_predictor(step: StepResult, predictor: SuccessPredictor, runner: BranchRunner, prefix_share: float,
-                     score_prefixes: bool = False, root_rollouts_only: bool = False) -> Learning:
-    """Step 4: regress the predictor on the step's trees (see the module docstring;
-    ``root_rollouts_only``: :func:`predictor_samples`)."""
-    keys = step.tree_candidates.tolist()
-    contexts, targets, tree_index, node_ids = predictor_samples(
-        step.trees, lambda t, node: runner.node_context(keys[t], node), root_rollouts_only=root_rollouts_only)
-    depths = np.array([step.trees[t].nodes[n].depth for t, n in zip(tree_index, node_ids)], dtype=np.int64)
-    prefix = depths > 0
-    weight = prefix_weight_for_share(int((~prefix).sum()), int(prefix.sum()), prefix_share)
-    weights = np.where(prefix, weight, 1.0)
-    scored = None
-    if score_prefixes:  # before the update: what the predictor knew when it allocated
-        chosen = [c for c, p in zip(contexts, prefix) if p]
-        scored = np.asarray(predictor.predict(chosen), dtype=float) if chosen else np.zeros(0)
-    with step.ledger.phase("predictor_update"):
-        stats = predictor.update(contexts, targets, weights) if contexts else {}
-        if isinstance(predictor, ObservesOutcomes) and step.trees:  # each prompt's own evidence
-            outcomes = np.array([t.root_outcomes() for t in step.trees], dtype=float).reshape(-1, 2)
-            predictor.observe_outcomes([runner.node_context(k, ROOT) for k in keys], outcomes[:, 0], outcomes[:, 1])
-    return Learning(contexts, targets, weights, tree_index, node_ids, depths, weight, scored, dict(stats or {}),
-                    reward_warning(step.trees, getattr(runner, "difficulty_knobs", None)))
+    def result(self) -> StepResult:
+        keys = list(self.trees)
+        plans = list(getattr(self.waves, "plans", []))
+        self.ledger.add_unspent_continuations(self.budget - self.spent)
+        step = StepResult(self.values, self.roots.copy(), self.reserved_total.copy(), [self.trees[k] for k in keys],
+                          np.asarray(keys, dtype=np.int64), plans=plans, prefix_predictions=self.prefix_predictions,
+                          errors=self.errors, ledger=self.ledger, fallback_first=self.single_turn,
+                          waves=int(self.depth.max()) if len(self.depth) else 0)
+        step.prefixes_seen = sum(len(t.expansion_candidates()) for t in step.trees)
+        return step

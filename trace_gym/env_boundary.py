@@ -166,9 +166,13 @@ class ForeignBoundary:
         call_timeout_s: seconds one call may take (``None``: :data:`DEFAULT_CALL_TIMEOUT_S`).
         max_observation_chars: longest observation of one turn, in characters (``None``:
             :data:`MAX_OBSERVATION_CHARS`).
+        subject: whose code the calls run, as messages name it (the boundary also serves a
+            strategy's calls: :mod:`trace_gym.strategy_boundary`).
     """
 
-    def __init__(self, *, call_timeout_s: float | None = None, max_observation_chars: int | None = None):
+    def __init__(self, *, call_timeout_s: float | None = None, max_observation_chars: int | None = None,
+                 subject: str = "the env"):
+        self.subject = subject  # whose code the calls run, in messages ("the env", "strategy 'x'")
         timeout = DEFAULT_CALL_TIMEOUT_S if call_timeout_s is None else call_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
             raise ValueError(f"call_timeout_s must be a positive number of seconds, got {call_timeout_s!r}")
@@ -200,8 +204,9 @@ class ForeignBoundary:
         if getattr(_INSIDE, "depth", 0):
             return fn(*args)  # nested in a call of ours: its deadline and restore cover this
         if self.stuck:
-            raise ForeignEnvError(f"{where}: its {self._stuck_what} was given up and is still running; this env "
-                                  "takes no further call (make a new env)")
+            raise ForeignEnvError(f"{where}: its {self._stuck_what} was given up and is still running; "
+                                  f"{self.subject} takes no further call"
+                                  + (" (make a new env)" if self.subject == "the env" else ""))
         if rng is not None and GLOBAL_RNG_LOCK.held_by_me():
             raise RuntimeError(f"{where}: a foreign {what} called while this thread holds the process-state lock "
                                "(inside process_state_kept()) would wait for itself")
@@ -218,14 +223,14 @@ class ForeignBoundary:
                 if helper.is_alive():
                     self._stuck, self._stuck_what = helper, what
         if call.given_up:
-            raise ForeignEnvError(f"{where}: the env's {what} gave no reply within call_timeout_s="
+            raise ForeignEnvError(f"{where}: {self.subject}'s {what} gave no reply within call_timeout_s="
                                   f"{self.call_timeout_s:g} s; given up")
         self._report(call, where)
         if call.error is None:
             return call.value
         if isinstance(call.error, Exception):
             raise call.error
-        raise ForeignEnvError(f"{where}: the env's {what} raised {error_text(call.error)}") from call.error
+        raise ForeignEnvError(f"{where}: {self.subject}'s {what} raised {error_text(call.error)}") from call.error
 
     def _run(self, call: _Call, context: contextvars.Context) -> None:
         """The helper thread: begin the call (taking the RNG lock for a private RNG), run it, end it."""
@@ -302,7 +307,7 @@ class ForeignBoundary:
         new = [name for name in getattr(call, "changed", ()) if name not in self._reported]
         if new:
             self._reported.update(new)
-            _log.warning("%s: process state changed during the env's %s, put back: %s", where, call.what,
+            _log.warning("%s: process state changed during %s's %s, put back: %s", where, self.subject, call.what,
                          ", ".join(new))
 
     # -- replies ---------------------------------------------------------------------

@@ -25,8 +25,9 @@ No function here generates, steps an environment, or reads a clock.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -35,19 +36,25 @@ from trace_gym.allocation_split import SplitAllocator, root_gain_curve
 from trace_gym.tree import SUCCESS_THRESHOLD, RolloutTree
 
 
-def _check_counts(name: str, counts: np.ndarray, n: int, budget: int) -> np.ndarray:
+def _check_counts(name: str, counts: Any, n: int, budget: int) -> np.ndarray:
+    """An allocator's answer as int64 counts, shape (n,): each an integral, finite number in
+    ``[0, budget]``, summed as Python ints (so counts that wrap int64 when summed, such as
+    ``[2**62] * 4``, are refused), at most ``budget`` in all; ``ValueError`` naming ``name``."""
     counts = np.asarray(counts)
     if counts.shape != (n,):
         raise ValueError(f"{name} returned shape {counts.shape}, expected ({n},)")
-    if not np.issubdtype(counts.dtype, np.integer):
-        if not np.all(counts == np.round(counts)):
-            raise ValueError(f"{name} returned non-integer counts {counts!r:.200}")
-    counts = counts.astype(np.int64)
-    if (counts < 0).any():
-        raise ValueError(f"{name} returned negative counts {counts!r:.200}")
-    if counts.sum() > budget:
-        raise ValueError(f"{name} spent {int(counts.sum())} > budget {budget}")
-    return counts
+    if counts.dtype == bool or not (np.issubdtype(counts.dtype, np.integer) or np.issubdtype(counts.dtype, np.floating)):
+        raise ValueError(f"{name} returned {counts.dtype} counts, expected integers")
+    values = counts.tolist()
+    for i, v in enumerate(values):
+        if not (isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())):
+            raise ValueError(f"{name} returned count {v!r} at index {i}, expected an integral, finite count")
+        if not 0 <= v <= budget:
+            raise ValueError(f"{name} returned count {int(v)} at index {i}, expected a count in [0, {budget}]")
+    total = sum(int(v) for v in values)
+    if total > budget:
+        raise ValueError(f"{name} spent {total} > budget {budget}")
+    return np.asarray([int(v) for v in values], dtype=np.int64).reshape(n)
 
 
 def allocate_roots(

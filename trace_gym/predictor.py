@@ -84,7 +84,7 @@ class SuccessPredictor(Protocol):
 class ObservesOutcomes(Protocol):
     """A predictor that also keeps each prompt's own evidence (optional beside :class:`SuccessPredictor`).
 
-    The step's learning half (:func:`trace_gym.driver.update_predictor`) asks for it and,
+    The step's learning half (:func:`trace_gym.learning.update_predictor`) asks for it and,
     after ``update``, passes each tree's prompt with the outcomes of its root rollouts
     (fresh samples of the prompt's success; continuations are not, as where they start
     depends on the observed outcome).
@@ -378,7 +378,7 @@ class PredictorKind:
 
     Attributes:
         target: ``"module:callable"`` that builds the predictor (imported on use, so the
-            table costs nothing to import).
+            table costs nothing to import), or the callable itself (:func:`register_predictor`).
         reads: what its ``predict`` takes: ``"text"`` (:class:`Context`, real rollouts) or
             ``"sim"`` (:class:`trace_gym.sim.SimState`, the simulator).
         needs: keyword arguments the caller supplies from the run, not the user (e.g. the
@@ -387,7 +387,7 @@ class PredictorKind:
         description: one line for listings and ``--help``.
     """
 
-    target: str
+    target: Any
     reads: str
     description: str
     needs: tuple[str, ...] = ()
@@ -395,6 +395,8 @@ class PredictorKind:
     def factory(self):
         import importlib
 
+        if callable(self.target):  # a registered factory (:func:`register_predictor`)
+            return self.target
         module, _, name = self.target.partition(":")
         obj = importlib.import_module(module)
         for part in name.split("."):
@@ -416,6 +418,30 @@ PREDICTORS: dict[str, PredictorKind] = {
     "oracle": PredictorKind("trace_gym.sim_predictors:OraclePredictor", "sim",
                             "simulator: the true value (an upper bound)"),
 }
+
+
+def register_predictor(name: str, factory: Any, *, reads: str = "text", description: str = "",
+                       needs: Sequence[str] = ()) -> None:
+    """Add a predictor kind to :data:`PREDICTORS` as ``name`` (plugins and user code), as
+    :func:`trace_gym.strategies.register_strategy` adds a strategy: ``factory(**kwargs)``
+    builds one (a :class:`SuccessPredictor`; it may take ``seed`` and the run's ``needs``).
+
+    Raises ``ValueError`` for a bad name (:func:`~trace_gym.suggest.check_name`), a name
+    taken by another kind, a factory that is not callable, or ``reads`` not ``"text"`` /
+    ``"sim"``; registering the same factory twice is a no-op.
+    """
+    from trace_gym.suggest import check_name
+
+    check_name("predictor", name)
+    if not callable(factory):
+        raise ValueError(f"predictor {name!r}: the factory must be callable, got {type(factory).__name__}")
+    if reads not in ("text", "sim"):
+        raise ValueError(f"predictor {name!r}: reads must be 'text' or 'sim', got {reads!r}")
+    old = PREDICTORS.get(name)
+    if old is not None and old.target is not factory:
+        raise ValueError(f"predictor name {name!r} is taken; known: {sorted(PREDICTORS)}")
+    PREDICTORS[name] = PredictorKind(factory, reads, description or getattr(factory, "__doc__", "") or name,
+                                     tuple(needs))
 
 
 def reads_a_model(name: str) -> bool:

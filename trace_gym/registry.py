@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+import sys
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
@@ -258,13 +259,35 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
     if modules:
         _cwd_on_path()
     for module in modules:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # asked for by name: the command cannot go on without it
-            raise ValueError(f"--plugin {module} failed: {_raised_where(exc)}") from None
+        import_plugin(module)
         if module not in PLUGIN_MODULES:
             PLUGIN_MODULES.append(module)
     return sorted(set(registry) - before)
+
+
+#: Seconds a ``--plugin`` module may take to import.
+PLUGIN_IMPORT_TIMEOUT_S = 120.0
+
+
+def import_plugin(module: str) -> None:
+    """Import a ``--plugin`` module through the boundary of foreign code
+    (:class:`~trace_gym.env_boundary.ForeignBoundary`): within :data:`PLUGIN_IMPORT_TIMEOUT_S`,
+    every exception and exit (``sys.exit(0)`` included) caught, process state put back.
+
+    Raises:
+        ValueError: one line naming the module and what happened (the file and line that raised).
+    """
+    from trace_gym.env_boundary import ForeignBoundary, ForeignEnvError
+
+    if module in sys.modules:
+        return
+    boundary = ForeignBoundary(call_timeout_s=PLUGIN_IMPORT_TIMEOUT_S, subject=f"plugin {module!r}")
+    try:
+        boundary.call("import", importlib.import_module, module, where=f"--plugin {module}")
+    except ForeignEnvError as exc:  # a hang, an exit, another BaseException
+        raise ValueError(str(exc)) from None
+    except Exception as exc:  # asked for by name: the command cannot go on without it
+        raise ValueError(f"--plugin {module} failed: {_raised_where(exc)}") from None
 
 
 def _cwd_on_path() -> None:
@@ -289,7 +312,10 @@ def _raised_where(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError) and exc.filename:
         file, line = exc.filename, exc.lineno
     else:
-        machinery = {os.path.realpath(importlib.__file__), os.path.realpath(__file__)}
+        from trace_gym import env_boundary
+
+        machinery = {os.path.realpath(importlib.__file__), os.path.realpath(__file__),
+                     os.path.realpath(env_boundary.__file__)}  # the boundary the import ran in
         frames = [f for f in traceback.extract_tb(exc.__traceback__)
                   if not f.filename.startswith("<frozen") and os.path.realpath(f.filename) not in machinery]
         file, line = (frames[-1].filename, frames[-1].lineno) if frames else (None, None)

@@ -14,7 +14,7 @@ An env that raises ends only its own episode: that episode is a truncated failur
 error is in ``StepResult.errors`` and counted in ``ledger.errors``.
 
 The step includes its learning half (the predictor's update on the finished trees,
-:func:`trace_gym.driver.update_predictor`), as in every other consumer of the driver.
+:func:`trace_gym.learning.update_predictor`), as in every other consumer of the driver.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import numpy as np
 
 from trace_gym.agent import AgentRunner, Episode
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import PREFIX_SHARE, BranchResult, StepResult, run_step
+from trace_gym.driver import BranchResult, StepResult, run_step
+from trace_gym.learning import PREFIX_SHARE
 from trace_gym.predictor import Context, SuccessPredictor
 from trace_gym.strategy import Strategy
 from trace_gym.tree import ROOT, RolloutTree
@@ -177,6 +178,7 @@ def collect(
     learn: bool = True,
     prefix_share: float = PREFIX_SHARE,
     fallback_first: bool = False,
+    **play: Any,
 ) -> StepResult:
     """One step of real rollouts (:func:`trace_gym.driver.run_step` with an
     :class:`AgentBranchRunner`): rollout trees at ``nominal_budget`` trajectory-equivalents,
@@ -193,6 +195,8 @@ def collect(
         seed: base env seed; root rollout j of candidate i resets with
             ``seed + 1000 * i + j`` (:func:`trace_gym.types.env_seed`).
         learn, prefix_share, fallback_first: as :func:`trace_gym.driver.run_step`.
+        play: ``history``, ``step_index``, ``boundary`` for :func:`~trace_gym.driver.run_step`
+            (:meth:`trace_gym.strategy_boundary.StrategyPlay.kwargs`).
 
     Returns:
         The driver's :class:`~trace_gym.driver.StepResult`; each error also names its
@@ -202,7 +206,7 @@ def collect(
     tasks = list(tasks)
     branches = AgentBranchRunner(runner, seed)
     step = run_step(tasks, strategy, predictor, branches, nominal_budget, rng, learn=learn, prefix_share=prefix_share,
-                    fallback_first=fallback_first)
+                    fallback_first=fallback_first, **play)
     for error in step.errors:
         error["task_id"] = tasks[error["candidate"]].id
     step.extras.update(tasks=tasks, truncations=dict(branches.truncations))

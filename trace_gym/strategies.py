@@ -22,14 +22,25 @@ after which ``trace-gym bench --sim`` benchmarks it beside the others (see
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from baselines.ar3po import AR3PO
+from baselines.cero import CERO
+from baselines.dapo import DAPODynamicSampling
+from baselines.greso import GRESO
+from baselines.knapsack import KnapsackRL
+from baselines.mopps import MoPPS
 from baselines.pcl import PCLRootAllocator
+from baselines.pilot_commit import PilotCommit
+from baselines.predictors import BetaPosteriorPredictor, RunningRatePredictor
 from baselines.random_tree import RandomPrefixAllocator
 from baselines.uniform import UniformRootAllocator
 from trace_gym.allocation import GroupSized, TracePrefixAllocator, TraceRootAllocator
 from trace_gym.allocation_split import TraceSplitAllocator
+from trace_gym.predictor import register_predictor
 from trace_gym.strategy import Strategy
+from trace_gym.suggest import check_name
+from trace_gym.waves import is_wave_strategy
 
 __all__ = ["STRATEGIES", "Strategy", "register_strategy", "shaped_strategies", "DEFAULT_GROUP_SIZE",
            "DEFAULT_CONTINUATIONS_PER_ROOT"]
@@ -81,20 +92,35 @@ STRATEGIES: dict[str, Strategy] = {
         DEFAULT_CONTINUATIONS_PER_ROOT,
         description="ablation: GRPO roots, TRACE prefix expansion",
     ),
+    # the zoo: published allocation methods as wave strategies (baselines/, docs/strategies.md)
+    "dapo": DAPODynamicSampling(DEFAULT_GROUP_SIZE),
+    "greso": GRESO(DEFAULT_GROUP_SIZE),
+    "mopps": MoPPS(DEFAULT_GROUP_SIZE),
+    "knapsack": KnapsackRL(DEFAULT_GROUP_SIZE),
+    "pilot_commit": PilotCommit(DEFAULT_GROUP_SIZE),
+    "ar3po": AR3PO(),
+    "cero": CERO(DEFAULT_GROUP_SIZE),
 }
 
+# the zoo's own predictors (each arm names its kind in its ``predictor`` attribute)
+register_predictor("beta_posterior", BetaPosteriorPredictor,
+                   description="per-prompt Beta posterior of root outcomes, decayed (MoPPS; CERO's Beta state)")
+register_predictor("running_rate", RunningRatePredictor,
+                   description="per-prompt success rate over its latest visits holding L rollouts (Knapsack RL)")
 
-def register_strategy(name: str, strategy: Strategy) -> None:
-    """Add ``strategy`` to :data:`STRATEGIES` as ``name`` (plugins and user code).
 
-    Raises ``ValueError`` for an empty name, a name already taken by another strategy,
-    or an object that is not a :class:`Strategy`; registering the same object twice is
-    a no-op.
+def register_strategy(name: str, strategy: Any) -> None:
+    """Add ``strategy`` to :data:`STRATEGIES` as ``name`` (plugins and user code): a one-shot
+    :class:`Strategy` or a wave strategy (:class:`~trace_gym.waves.WaveStrategy`).
+
+    Raises ``ValueError`` for a name that is not a plain identifier-like word
+    (:func:`~trace_gym.suggest.check_name`), a name already taken by another strategy, or an
+    object that is neither; registering the same object twice is a no-op.
     """
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"a strategy name must be a non-empty str, got {name!r}")
-    if not isinstance(strategy, Strategy):
-        raise ValueError(f"strategy {name!r} must be a trace_gym.strategy.Strategy, got {type(strategy).__name__}")
+    check_name("strategy", name)
+    if not isinstance(strategy, Strategy) and not is_wave_strategy(strategy):
+        raise ValueError(f"strategy {name!r} must be a trace_gym.strategy.Strategy or have a plan(view, rng) "
+                         f"method (a wave strategy), got {type(strategy).__name__}")
     if STRATEGIES.get(name, strategy) is not strategy:
         raise ValueError(f"strategy name {name!r} is taken; known: {sorted(STRATEGIES)}")
     STRATEGIES[name] = strategy
@@ -123,7 +149,11 @@ def shaped_strategies(names: Sequence[str], *, group_size: int, continuations_pe
         raise ValueError(f"unknown strategies {unknown}{hints}; known: {sorted(table)}")
     out = {}
     for name in names:
-        s = table[name].with_continuations(continuations_per_root)
+        s = table[name]
+        if is_wave_strategy(s):  # brings its own shape; only a declared group size is reshaped
+            out[name] = s.with_group_size(group_size) if isinstance(s, GroupSized) else s
+            continue
+        s = s.with_continuations(continuations_per_root)
         if isinstance(s.root_allocator, GroupSized):
             s = dataclasses.replace(s, root_allocator=s.root_allocator.with_group_size(group_size))
         out[name] = s

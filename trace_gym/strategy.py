@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from trace_gym.allocation import GroupSized, PrefixAllocator, RootAllocator
 
@@ -84,7 +84,8 @@ class Strategy:
         return dataclasses.replace(self, continuations_per_root=continuations_per_root)
 
 
-def group_sized(strategies: Mapping[str, Strategy]) -> list[str]:
+def group_sized(strategies: Mapping[str, Any]) -> list[str]:
     """The strategies a ``group_size`` knob reaches: those whose root allocator declares
-    one (:class:`~trace_gym.allocation.GroupSized`)."""
-    return [name for name, s in strategies.items() if isinstance(s.root_allocator, GroupSized)]
+    one (:class:`~trace_gym.allocation.GroupSized`), and wave strategies that declare one themselves."""
+    return [name for name, s in strategies.items()
+            if isinstance(getattr(s, "root_allocator", s), GroupSized)]

@@ -31,7 +31,8 @@ from trace_gym.advantages import get_estimator
 from trace_gym.checkpoint import (RunDir, load_predictor_state, load_state_file, predictor_state,
                                   require_predictor_state)
 from trace_gym.config import flatten, load_yaml, to_yaml
-from trace_gym.driver import brief_repeats, forecast_fallback_first
+from trace_gym.driver import forecast_fallback_first
+from trace_gym.learning import brief_repeats
 from trace_gym.entry_configs import RESUMABLE_KEYS, TrainConfig
 from trace_gym.reporters import make_reporters, require_installed, scalars
 from trace_gym.train_metrics import step_record, summary_line

@@ -117,7 +117,8 @@ def test_single_turn_fallback_and_an_odd_continuation_budget_in_the_ledger():
     strategy = type(strategy)(TwoAndThree(), strategy.prefix_allocator, 1)
     step = run_step(list(range(10)), strategy, OraclePredictor(), sim.SimBranchRunner(pool, world, np.random.default_rng(1)),
                     7.5, np.random.default_rng(2))
-    assert step.root_counts.tolist()[:2] == [2, 3] and step.continuation_budgets.tolist()[:2] == [2, 3]
+    # every root started (the fallback's extra root included); the continuation budgets as reserved
+    assert step.root_counts.tolist()[:2] == [3, 4] and step.continuation_budgets.tolist()[:2] == [2, 3]
     plans = dict(step.plans)
     assert plans[0].extra_roots == 1 and plans[0].unspent_continuations == 0
     assert plans[1].extra_roots == 1 and plans[1].unspent_continuations == 1

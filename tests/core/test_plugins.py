@@ -287,7 +287,7 @@ def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
 
 
 def test_reward_warning_is_silent_when_outcomes_mix():
-    from trace_gym.driver import reward_warning
+    from trace_gym.learning import reward_warning
     from trace_gym.tree import ROOT, RolloutTree
 
     tree = RolloutTree("t", (1, 2))

@@ -11,7 +11,8 @@ from baselines import UniformRootAllocator
 from trace_gym import sim, sim_predictors
 from trace_gym.allocation import TracePrefixAllocator, TraceRootAllocator
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import predictor_samples, run_step
+from trace_gym.driver import run_step
+from trace_gym.learning import predictor_samples
 from trace_gym.report import effective_ratio, spearman
 from trace_gym.strategies import Strategy
 from trace_gym.tree import ROOT, RolloutTree
@@ -210,7 +211,7 @@ def test_the_steps_learning_half_weights_prefixes_to_their_share_and_scores_them
     """run_step's learning half on simulated trees: every non-terminal node is a sample with
     its recursive-mean target; prefix samples hold ``prefix_share`` of the weight; the
     prefix scores are the predictor's values *before* it trained on them; the update ran."""
-    from trace_gym.driver import prefix_weight_for_share
+    from trace_gym.learning import prefix_weight_for_share
     from trace_gym.strategies import STRATEGIES
 
     rng = np.random.default_rng(9)

@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from trace_gym.driver import brief_repeats, reward_warning
+from trace_gym.learning import brief_repeats, reward_warning
 from trace_gym.env import env_difficulty_knobs
 from trace_gym.tree import ROOT, RolloutTree
 

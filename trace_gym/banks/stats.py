@@ -230,7 +230,7 @@ def predictor_spearman(path: str | os.PathLike, predictor: Any, *, prompts: int 
         ``{"prompt": rho, "prefix": rho, "by_depth": {t: rho}, "prompts": n, "prefixes": n}``.
     """
     from trace_gym import report
-    from trace_gym.driver import prefix_weight_for_share
+    from trace_gym.learning import prefix_weight_for_share
 
     pred, truth, depth = [], [], []
     batch: list[tuple[list[Context], list[float], list[int]]] = []

@@ -10,7 +10,7 @@ documented slice of the bank that no measured pool ever draws from:
   the bench's ``seed`` alone (the same slice for every repetition and every arm);
 - :func:`warm_up`: their recorded rollouts replayed as full trees (every recorded root,
   every recorded continuation of every recorded prefix), fed through the step's own
-  learning half (:func:`trace_gym.driver.update_predictor`: the same targets, the same
+  learning half (:func:`trace_gym.learning.update_predictor`: the same targets, the same
   prefix share, each prompt's root outcomes as its evidence) in batches of ``batch``
   prompts, one predictor update per batch, as if they were earlier training steps. The
   samples are the prompts and the prefixes of their root rollouts (targets: recursive
@@ -31,7 +31,8 @@ import numpy as np
 from trace_gym.banks.format import Bank
 from trace_gym.banks.replay import BankBranchRunner, BankDraws
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import StepResult, update_predictor
+from trace_gym.driver import StepResult
+from trace_gym.learning import update_predictor
 
 #: Held-out prompts per predictor update of the warm-up (about one bench step's trees).
 WARMUP_BATCH = 16

@@ -86,7 +86,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.out:
         print(f"wrote {', '.join(results['plots'] + results.get('episode_files', []))}")
     failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
-    return 1 if failed and args.strict else 0
+    return 1 if (failed and args.strict) or results.get("violations") else 0
 
 
 def mode_runner(mode: str, args: argparse.Namespace):
@@ -146,12 +146,14 @@ def _write_json(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 
 def bench_roles(args: argparse.Namespace, results: dict[str, Any]) -> Roles:
-    """The baseline and extra pairs the user named, checked against the arms that ran."""
-    roles = Roles(baseline=args.baseline or "uniform", pairs=Roles.parse_pairs(args.pairs or ""))
+    """The baseline, the method and extra pairs the user named, checked against the arms that ran."""
+    roles = Roles(baseline=args.baseline or "uniform", method=args.method or "trace",
+                  pairs=Roles.parse_pairs(args.pairs or ""))
     ran = sorted(results["strategies"])
-    for name in [roles.baseline if args.baseline else None, *[n for p in roles.pairs for n in p]]:
+    for name in [roles.baseline if args.baseline else None, roles.method if args.method else None,
+                 *[n for p in roles.pairs for n in p]]:
         if name is not None and name not in ran:
-            raise ValueError(f"--baseline/--pairs: no strategy {name!r} ran{did_you_mean(name, ran)}; ran: "
+            raise ValueError(f"--baseline/--method/--pairs: no strategy {name!r} ran{did_you_mean(name, ran)}; ran: "
                              f"{', '.join(ran)}")
     return roles
 
@@ -170,6 +172,8 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="write PNG plots (and with --dump-episodes, transcripts) into this folder")
     p.add_argument("--strict", action="store_true", help="exit 1 when a check FAILs")
     p.add_argument("--baseline", metavar="NAME", help="the strategy every other is paired with (default uniform)")
+    p.add_argument("--method", metavar="NAME", help="the strategy whose checks and verdict are printed, and that "
+                   "every other is also paired with (default trace); the paper's 2x check applies to trace alone")
     p.add_argument("--pairs", metavar="A:B,...", help="more paired comparisons, e.g. my_strategy:pcl")
     p.add_argument("--root-budgets", metavar="M,M,...", help="a budget curve: the bench at each root budget M "
                    "(a table per headline metric; with --out, budget_<metric>.png)")

@@ -78,9 +78,10 @@ def cmd_estimators(args: argparse.Namespace) -> int:
 def cmd_predictors(args: argparse.Namespace) -> int:
     from trace_gym.predictor import PREDICTORS
 
+    width = max(12, *(len(name) for name in PREDICTORS))
     for name, kind in PREDICTORS.items():
         reads = "real rollouts" if kind.reads == "text" else "the simulator"
-        print(f"{name:<12} {reads:<14} {kind.description}")
+        print(f"{name:<{width}} {reads:<14} {kind.description}")
     return 0
 
 
