@@ -8,7 +8,7 @@ Evaluation results are cached per (weights hash, suite, samples, seed, the conte
 of every data file read, and every other setting that changes the numbers) under
 ``$TRACE_GYM_CACHE/eval``, so a repeat is instant and an edited data file is re-evaluated.
 Every cache file is written atomically per writer (a temp file of its own, then
-``os.replace``: :func:`trace_gym.run_files.atomic_write_text`), so concurrent evals never
+``os.replace``: :func:`trace_gym.runs.files.atomic_write_text`), so concurrent evals never
 interleave in one file, and read bounded: an entry that is torn, interleaved, too deep
 or not a result is a cache miss (evaluated again), never an error.
 """
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_gym.config import doc
-from trace_gym.policies import find_policy
-from trace_gym.run_files import atomic_write_text, iter_json_lines, read_json_file
-from trace_gym.weights import weights_hash
+from trace_gym.runs.policies import find_policy
+from trace_gym.runs.files import atomic_write_text, iter_json_lines, read_json_file
+from trace_gym.runs.weights import weights_hash
 
 
 @dataclass(frozen=True)
@@ -223,8 +223,8 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     stored. Returns ``(result, engine or None)``; with ``cfg.dump_episodes`` the result's
     ``"transcripts"`` holds that many (kept beside the cached result, so a cached repeat
     has them too; a cache entry without enough of them is recomputed). ``digest``: the
-    weights hash when the caller has it (:meth:`trace_gym.policies.Policy.weights_hash`),
-    else :func:`~trace_gym.weights.weights_hash` of ``folder``. Writes nothing into ``folder``."""
+    weights hash when the caller has it (:meth:`trace_gym.runs.policies.Policy.weights_hash`),
+    else :func:`~trace_gym.runs.weights.weights_hash` of ``folder``. Writes nothing into ``folder``."""
     from evaluators import suites
     from trace_gym.engines import make_engine
 
@@ -263,7 +263,7 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
 
 def read_cached(path: Path) -> dict[str, Any] | None:
     """A cached suite result, or ``None`` (a miss): no file, or one that is torn, interleaved,
-    too large or deep (read bounded: :func:`trace_gym.run_files.read_json_file`), or not an
+    too large or deep (read bounded: :func:`trace_gym.runs.files.read_json_file`), or not an
     object with integer ``tasks`` and ``samples``."""
     try:
         result = read_json_file(path)

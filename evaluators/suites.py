@@ -44,7 +44,7 @@ from evaluators import choice
 from evaluators.episodes import episode_transcripts, run_episodes
 from evaluators.scoring import score_episodes
 from evaluators.suite import Suite
-from trace_gym.datafiles import HubUnreachable, split_tasks
+from trace_gym.env.datafiles import HubUnreachable, split_tasks
 from trace_gym.types import Task
 
 #: The held-out share of the generated family (must match the training run's ``heldout_fraction``).
@@ -205,7 +205,7 @@ TRAIN_DATA: dict[str, TrainData] = {
 def get_train_data(name: str) -> TrainData:
     """The training set called ``name`` (``ValueError`` naming the closest names)."""
     if name not in TRAIN_DATA:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         raise ValueError(f"unknown training data {name!r}{did_you_mean(name, list(TRAIN_DATA))}; "
                          f"known: {sorted(TRAIN_DATA)} (empty: the env family's own tasks)")
@@ -331,7 +331,7 @@ def get_suite(name: str, task_kwargs: Mapping[str, Any] | None = None) -> Suite:
         return env_suite(name, resolve_env(name, task_kwargs=task_kwargs))
     ids = env_ids()  # registers the built-in and plugin ids
     if name not in ENV_FAMILIES and name not in registry and f"{NAMESPACE}/{name}" not in registry:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         short = [i.split("/", 1)[1] for i in ids]
         raise ValueError(f"unknown suite {name!r}{did_you_mean(name, [*SUITES, *short])}; known suites: "

@@ -72,7 +72,7 @@ class BudgetLedger:
             (prompt plus, for continuations, the replayed prefix), not counting
             tokens the engine reported as served from its prefix cache.
         env_steps: ``env.step`` calls, plus the steps a ``restore`` re-executes in a
-            replay-snapshot env (``trace_gym.env.ReplayCost``).
+            replay-snapshot env (``trace_gym.env.contract.ReplayCost``).
         replayed_env_steps: the part of ``env_steps`` that restores re-executed.
         errors: episodes ended by an error rather than by the env or a limit (an env
             that raised in reset, restore, step, snapshot or close; a prompt over the
@@ -82,7 +82,7 @@ class BudgetLedger:
             single-turn fallback buys one root rollout per two; an odd budget leaves
             one), so ``nominal`` falls short of the budget by half of this, visibly.
         recovered_episodes: episodes whose env actor died (a distributed run,
-            :mod:`trace_gym.distributed`) and that were restored from their last snapshot
+            :mod:`trace_gym.train.distributed`) and that were restored from their last snapshot
             on another actor and went on.
         redone_env_steps: env steps executed a second time because of that: the step
             lost with the actor plus the steps its restore re-executed. Not in
@@ -96,7 +96,7 @@ class BudgetLedger:
         seconds: wall-clock seconds per phase name (``generation``, ``environment``,
             ``allocation``, ``predictor_scoring``, ``predictor_update``, ...), plus
             ``environment_busy``: env work summed over the agent runner's threads, which
-            overlaps the other phases (see :class:`trace_gym.agent.AgentRunner`).
+            overlaps the other phases (see :class:`trace_gym.agent.loop.AgentRunner`).
         clock: the time source for :meth:`phase` (seconds; injectable for tests).
     """
 

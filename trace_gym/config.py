@@ -12,13 +12,13 @@ declaration:
 - :func:`load_config`, the one loader, stacks a YAML file and ``key=value`` overrides
   (dotted keys reach into nested sections such as ``trainer``);
 - :func:`config_help` lists the fields (sections included) for ``--help`` texts;
-- unknown keys get the closest known key (:func:`trace_gym.suggest.did_you_mean`).
+- unknown keys get the closest known key (:func:`trace_gym.utils.suggest.did_you_mean`).
 
 argparse itself lives in ``trace_gym/cli.py`` alone; it asks this module what flags a
 config has and how to parse them.
 
 This module is the loader machinery only and imports nothing of ``trace_gym`` but the leaf
-:mod:`trace_gym.suggest`: the entry-point configs live in :mod:`trace_gym.entry_configs`,
+:mod:`trace_gym.utils.suggest`: the entry-point configs live in :mod:`trace_gym.entry_configs`,
 composed of the shared sections of :mod:`trace_gym.config_sections`.
 """
 
@@ -28,15 +28,16 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from trace_gym.suggest import did_you_mean
+from trace_gym.utils.suggest import did_you_mean
 
 C = TypeVar("C")
 
 
-def doc(text: str) -> dict[str, str]:
-    """Field metadata holding the field's help text."""
+def doc(text: str | Callable[[], str]) -> dict[str, Any]:
+    """Field metadata holding the field's help text: a string, or a function that writes it
+    when help is shown (a list of names that plugins and the face add to after import)."""
     return {"help": text}
 
 
@@ -378,5 +379,6 @@ def config_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        out.append((prefix + f.name, type_name(types_[f.name]), default, f.metadata.get("help", "")))
+        text = f.metadata.get("help", "")
+        out.append((prefix + f.name, type_name(types_[f.name]), default, text() if callable(text) else text))
     return out

@@ -11,9 +11,9 @@ section                fields                                                 de
 :class:`AgentLimits`   ``max_turns``, ``max_turn_tokens``,                    :meth:`~AgentLimits.
                        ``max_episode_tokens``, ``temperature``                agent_config`
 :class:`PredictorChoice` ``predictor``, ``predictor_kwargs``, ``prefix_share``  the name checked against
-                                                                              :data:`~trace_gym.
-                                                                              predictor.PREDICTORS`
-:class:`Reproducibility` ``deterministic``                                     :func:`trace_gym.determinism.
+                                                                              :data:`~trace_gym.predictor.
+                                                                              kinds.PREDICTORS`
+:class:`Reproducibility` ``deterministic``                                     :func:`trace_gym.utils.determinism.
                                                                               applied`
 =====================  =====================================================  ==========================
 
@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from trace_gym.config import doc
-from trace_gym.predictor import check_predictor_name, predictor_names
+from trace_gym.predictor.kinds import check_predictor_name, predictor_names
 
 __all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS", "check_sections",
            "section_default", "section_of"]
 
 
-def _in(section: str, text: str) -> dict[str, str]:
+def _in(section: str, text: str | Callable[[], str]) -> dict[str, Any]:
     return {**doc(text), "section": section}
 
 
@@ -46,7 +46,7 @@ def section_of(f: dataclasses.Field) -> str | None:
     return f.metadata.get("section")
 
 
-def section_default(section: type, name: str, default: Any, help: str | None = None) -> Any:
+def section_default(section: type, name: str, default: Any, help: str | Callable[[], str] | None = None) -> Any:
     """A field of ``section`` with another default (and optionally a more specific help text)."""
     base = section.__dataclass_fields__[name]
     metadata = {**base.metadata, **({"help": help} if help else {})}
@@ -100,8 +100,8 @@ class AgentLimits:
     temperature: float = field(default=1.0, metadata=_in("agent", "rollout sampling temperature"))
 
     def agent_config(self) -> Any:
-        """The :class:`trace_gym.agent.AgentConfig` of these limits."""
-        from trace_gym.agent import AgentConfig
+        """The :class:`trace_gym.agent.loop.AgentConfig` of these limits."""
+        from trace_gym.agent.loop import AgentConfig
 
         return AgentConfig(max_turn_tokens=self.max_turn_tokens, max_episode_tokens=self.max_episode_tokens,
                            max_turns=self.max_turns)
@@ -124,7 +124,7 @@ class PredictorChoice:
     PREDICTOR_READS: ClassVar[str] = "text"
 
     predictor: str = field(default="embedding", metadata=_in(
-        "predictor", "success predictor: " + " | ".join(predictor_names("text"))))
+        "predictor", lambda: "success predictor: " + " | ".join(predictor_names("text"))))
     predictor_kwargs: dict = field(default_factory=dict, metadata=_in(
         "predictor", "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", "
         "\"dtype\": \"bfloat16\"}"))
@@ -140,7 +140,7 @@ class PredictorChoice:
 @dataclass(frozen=True)
 class Reproducibility:
     """The reproducibility section: whether a run is a function of its config and seed only
-    (:mod:`trace_gym.determinism`: fixed CPU threads whatever the load, torch's deterministic
+    (:mod:`trace_gym.utils.determinism`: fixed CPU threads whatever the load, torch's deterministic
     algorithms, env rounds independent of timing)."""
 
     deterministic: bool = field(default=False, metadata=_in(

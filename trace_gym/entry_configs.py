@@ -30,8 +30,8 @@ from trace_gym.config import doc
 from trace_gym.config_sections import (AgentLimits, BudgetShape, PredictorChoice, Reproducibility, check_sections,
                                        section_default)
 from trace_gym.engines import ENGINES
-from trace_gym.predictor import predictor_names, reads_a_model
-from trace_gym.trainer import TrainerConfig
+from trace_gym.predictor.kinds import predictor_names, reads_a_model
+from trace_gym.train.trainer import TrainerConfig
 
 #: What a bench equalises across strategies: the nominal budget or the exact generated tokens.
 BUDGET_UNITS = ("nominal", "tokens")
@@ -89,7 +89,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
     candidates: int = field(default=256, metadata=doc("candidate prompts scored per step"))
     root_budget: int = section_default(BudgetShape, "root_budget", 256)
     group_size: int = section_default(BudgetShape, "group_size", 8)
-    predictor: str = section_default(PredictorChoice, "predictor", "learned", help=(
+    predictor: str = section_default(PredictorChoice, "predictor", "learned", help=lambda: (
         "predictor of every predictor-driven strategy: " + " | ".join(predictor_names("sim"))))
     noisy_spearman: float = field(default=0.8, metadata=doc("prompt-level Spearman of the noisy oracle"))
     feature_spearman: float = field(default=0.8, metadata=doc(
@@ -109,7 +109,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
     max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)"))
     calibrate_from: str = field(default="", metadata=doc(
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns and feature_spearman "
-        "from its measurements (trace_gym/calibrate.py), and print them"))
+        "from its measurements (trace_gym/sim/calibrate.py), and print them"))
     demo_values: tuple[float, ...] = field(
         default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc("predicted values of the root-allocation demo"))
     demo_budgets: tuple[int, ...] = field(
@@ -173,7 +173,7 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
     the recorded roots never run out (a second pass needed 12 roots of some prompts);
     with the warm-up the per-step curve is flat from step 0 (docs/benchmarking.md).
     ``candidates`` and ``root_budget`` left unset (None) are sized to a smaller bank
-    (:func:`trace_gym.bench_bank.bank_sizes`); a value given that the bank cannot hold is
+    (:func:`trace_gym.bench.bank.bank_sizes`); a value given that the bank cannot hold is
     refused in one line naming the largest that fit.
     """
 
@@ -261,18 +261,18 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata=doc("policy update settings"))
 
     def __post_init__(self) -> None:
-        from trace_gym.advantages import ESTIMATORS
+        from trace_gym.train.advantages import ESTIMATORS
 
         check_sections(self)
         _positive(self, "steps", "candidates", "train_pool", "checkpoint_every", "eval_tasks", "eval_samples")
         if self.engine not in ("auto", *ENGINES):
             raise ValueError(f"engine must be one of {['auto', *ENGINES]}, got {self.engine!r}")
         if self.advantage not in ESTIMATORS:
-            from trace_gym.suggest import did_you_mean
+            from trace_gym.utils.suggest import did_you_mean
 
             raise ValueError(f"advantage must be one of {sorted(ESTIMATORS)}, got {self.advantage!r}"
                              f"{did_you_mean(self.advantage, ESTIMATORS)}")
-        from trace_gym.reporters import check_reporter_names
+        from trace_gym.runs.reporters import check_reporter_names
 
         check_reporter_names(self.report_to)
         if not 0 <= self.heldout_fraction < 1:

@@ -133,7 +133,7 @@ class EcosystemModule(Protocol):
     Attributes:
         PACKAGE: the distribution it wraps (named when it is missing or lists nothing).
         PREFIX: the id prefix it serves (its key in :data:`ECOSYSTEMS`).
-        ENTRY_POINT: ``"module:Class"`` of its env (a :class:`~trace_gym.env_adapter.ForeignEnv`).
+        ENTRY_POINT: ``"module:Class"`` of its env (a :class:`~trace_gym.env.adapter.ForeignEnv`).
     """
 
     PACKAGE: str
@@ -249,7 +249,7 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
                     register_strategy(name, strategy)
             except Exception as exc:
                 _report(f"{STRATEGIES_GROUP}:{ep.name} ({ep.value})", exc)
-        from trace_gym.advantages import ENTRY_POINT_GROUP as ESTIMATORS_GROUP, register_estimator
+        from trace_gym.train.advantages import ENTRY_POINT_GROUP as ESTIMATORS_GROUP, register_estimator
 
         for ep in entry_points(group=ESTIMATORS_GROUP):
             try:
@@ -271,13 +271,13 @@ PLUGIN_IMPORT_TIMEOUT_S = 120.0
 
 def import_plugin(module: str) -> None:
     """Import a ``--plugin`` module through the boundary of foreign code
-    (:class:`~trace_gym.env_boundary.ForeignBoundary`): within :data:`PLUGIN_IMPORT_TIMEOUT_S`,
+    (:class:`~trace_gym.env.boundary.ForeignBoundary`): within :data:`PLUGIN_IMPORT_TIMEOUT_S`,
     every exception and exit (``sys.exit(0)`` included) caught, process state put back.
 
     Raises:
         ValueError: one line naming the module and what happened (the file and line that raised).
     """
-    from trace_gym.env_boundary import ForeignBoundary, ForeignEnvError
+    from trace_gym.env.boundary import ForeignBoundary, ForeignEnvError
 
     if module in sys.modules:
         return
@@ -312,7 +312,7 @@ def _raised_where(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError) and exc.filename:
         file, line = exc.filename, exc.lineno
     else:
-        from trace_gym import env_boundary
+        from trace_gym.env import boundary as env_boundary
 
         machinery = {os.path.realpath(importlib.__file__), os.path.realpath(__file__),
                      os.path.realpath(env_boundary.__file__)}  # the boundary the import ran in
@@ -378,7 +378,7 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
     register_envs()
     env_id = name if name in registry else f"{NAMESPACE}/{name}"
     if env_id not in registry:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         ids = sorted(k for k in registry if k.startswith(NAMESPACE + "/"))
         # compared without the shared namespace, which would make every id look close
@@ -412,7 +412,7 @@ def ecosystem_module(prefix: str) -> EcosystemModule:
 def ecosystem_family(prefix: str, rest: str, env_kwargs: Mapping[str, Any],
                      task_kwargs: Mapping[str, Any]) -> EnvFamily:
     """The :class:`EnvFamily` of ``<prefix>:<rest>`` (``rest`` may end in ``?k=v&...``)."""
-    from trace_gym.env_adapter import query_kwargs
+    from trace_gym.env.adapter import query_kwargs
 
     name, _, query = rest.partition("?")
     if not name:

@@ -45,7 +45,7 @@ GEM's ``terminated``/``truncated`` as it returns them (the games set both at the
 ``max_turns``); truncated also after our ``max_turns`` steps, and on a step where GEM
 raised (``SystemExit`` included), returned a flag that is not a bool or a reward that is
 not a number, or gave no reply within ``call_timeout_s`` (``info["env_error"]``;
-:class:`~trace_gym.env_boundary.ForeignBoundary`).
+:class:`~trace_gym.env.boundary.ForeignBoundary`).
 
 ## Snapshot
 ``copy`` (default): a pickled deep copy of the GEM env object (the games' state is plain
@@ -73,11 +73,11 @@ import inspect
 import re
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import ForeignEnv, options_of
+from trace_gym.env.adapter import ForeignEnv, options_of
 
-from trace_gym.env_boundary import error_text
+from trace_gym.env.boundary import error_text
 
-from trace_gym.process_state import process_state_kept
+from trace_gym.env.process_state import process_state_kept
 from trace_gym.types import Message, Task
 
 PACKAGE = "gem-llm"
@@ -128,7 +128,7 @@ def _spec(gem_id: str) -> Any:
     """GEM's ``EnvSpec`` of ``gem_id``; one line with did-you-mean for an unknown id."""
     registry = _registry()
     if gem_id not in registry:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         raise ValueError(f"{_where(gem_id)}: not an id in GEM's registry{did_you_mean(gem_id, list(registry))}; "
                          f"`trace-gym envs --ecosystem {PREFIX}` lists its {len(registry)} ids")
@@ -167,7 +167,7 @@ def _observation(obs: Any, info: Mapping[str, Any]) -> list[Message]:
 
 
 class GemEpisode:
-    """Episodes of one GEM env (a :class:`~trace_gym.env_adapter.ForeignEpisode`): a fresh
+    """Episodes of one GEM env (a :class:`~trace_gym.env.adapter.ForeignEpisode`): a fresh
     ``gem.make`` per episode, reset with the episode seed; its state, the GEM env object,
     is plain Python (``copy``). Arguments as :class:`GemEnv`'s.
 
@@ -256,7 +256,7 @@ class GemEpisode:
 
 class GemEnv(ForeignEnv):
     """A GEM env under our contract (see the module docstring): a
-    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`GemEpisode`.
+    :class:`~trace_gym.env.adapter.ForeignEnv` around a :class:`GemEpisode`.
 
     Args:
         gem_id: an id of GEM's ``ENV_REGISTRY``.
@@ -269,7 +269,7 @@ class GemEnv(ForeignEnv):
             small model sees the action format; GEM's dynamics and rewards are unchanged.
         call_timeout_s, max_observation_chars: the boundary's deadline per GEM call
             (seconds) and bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+            :class:`~trace_gym.env.boundary.ForeignBoundary`.
 
     Raises:
         ValueError: an unknown id, or GEM could not make the env (one line: a dataset or

@@ -11,7 +11,7 @@ import importlib
 import json
 from typing import Any, Callable, Mapping
 
-from trace_gym.env_boundary import error_text
+from trace_gym.env.boundary import error_text
 
 
 def load_object(target: str, what: str) -> Any:

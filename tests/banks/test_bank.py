@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 from bank_fixtures import ScriptedPolicy, small_family, synthetic_record, write_synthetic_bank
 
-from trace_gym.bench_report import format_bench
-from trace_gym import bench
-from trace_gym.agent import AgentConfig, AgentRunner
+from trace_gym.bench.report import format_bench
+from trace_gym.bench import loop as bench
+from trace_gym.agent.loop import AgentConfig, AgentRunner
 from trace_gym.banks import (EXHAUSTED, BankBranchRunner, BankDraws, BankError, BankTree, BankWriter, bank_stats,
                              format_bank_stats, iter_prompts, list_banks, mixed_without_replacement, open_bank,
                              record_bank)
 from trace_gym.banks.record import prefix_depths
-from trace_gym.bench_bank import run_bank_bench
+from trace_gym.bench.bank import run_bank_bench
 from trace_gym.entry_configs import BankBenchConfig
 from trace_gym.budget import BudgetLedger
-from trace_gym.rollout import AgentBranchRunner, node_context
+from trace_gym.agent.rollout import AgentBranchRunner, node_context
 from trace_gym.strategies import shaped_strategies
 from trace_gym.tree import ROOT
 from trace_gym.types import SamplingParams
@@ -138,10 +138,10 @@ def test_beyond_what_was_recorded_is_exhausted_and_there_is_no_verdict(tmp_path)
 def test_replay_leaves_are_a_subset_of_the_recording(tmp_path):
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", [2, 2, 1, 3], roots=4, continuations=1)
     bank = open_bank(path)
-    from trace_gym.driver import run_step
+    from trace_gym.step.driver import run_step
 
     strategy = shaped_strategies(("trace",), group_size=4, continuations_per_root=6)["trace"]
-    from trace_gym.predictor import ConstantPredictor
+    from trace_gym.predictor.kinds import ConstantPredictor
 
     step = run_step([bank.prompt(i) for i in range(4)], strategy, ConstantPredictor(0.5),
                     BankBranchRunner(BankDraws(0)), 16, np.random.default_rng(0))
@@ -276,7 +276,7 @@ RECORD_AND_DIE = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from bank_fixtures import ScriptedPolicy, small_family
-    from trace_gym.agent import AgentConfig
+    from trace_gym.agent.loop import AgentConfig
     from trace_gym.banks import record_bank
 
     def say(msg):
@@ -428,7 +428,7 @@ def test_bank_stats_by_hand(tmp_path):
     flips = [c["success"] != r["success"] for rec in records for r in rec.roots for p in r["prefixes"]
              for c in p["continuations"] if p["depth"] == 1]
     assert st["flip_by_depth"]["1"] == {"flip": pytest.approx(np.mean(flips)), "continuations": 24}
-    from trace_gym.predictor import ConstantPredictor
+    from trace_gym.predictor.kinds import ConstantPredictor
 
     st = bank_stats(path, predictor=ConstantPredictor(0.5))
     assert st["predictor"]["prompts"] == 3 and st["predictor"]["prefixes"] > 0

@@ -10,16 +10,17 @@ import math
 import numpy as np
 import pytest
 
-from trace_gym import bench, cli
-from trace_gym.bench_checks import bench_checks, verdict
-from trace_gym.bench_report import format_bench
+from trace_gym import cli
+from trace_gym.bench import loop as bench
+from trace_gym.bench.checks import bench_checks, verdict
+from trace_gym.bench.report import format_bench
 from trace_gym.commands.bench import mode_config, mode_configs
-from trace_gym.bench_env import run_env_bench
-from trace_gym.bench_sim import run_sim_bench
-from trace_gym.learning import prefix_weight_for_share
-from trace_gym.predictor import make_predictor, predictor_spec
+from trace_gym.bench.env import run_env_bench
+from trace_gym.bench.sim import run_sim_bench
+from trace_gym.step.learning import prefix_weight_for_share
+from trace_gym.predictor.kinds import make_predictor, predictor_spec
 from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
-from trace_gym.waves import is_wave_strategy
+from trace_gym.allocation.waves import is_wave_strategy
 from trace_gym.strategies import STRATEGIES, shaped_strategies
 
 SMALL = dict(seeds=2, steps=3, warmup_steps=1, pool_size=1024, candidates=128, root_budget=128)
@@ -138,7 +139,7 @@ def test_a_check_never_passes_on_an_interval_that_straddles_zero():
 
 
 def test_interval_of_a_ratio_stays_inside_what_a_ratio_can_be():
-    from trace_gym.bench_checks import METRICS, paired
+    from trace_gym.bench.checks import METRICS, paired
 
     # two repetitions far apart: the t interval of the mean (± 6.4) reaches far past [0, 1]
     wide = _fake([1.0, 0.0], [0.5, 0.5])
@@ -247,8 +248,8 @@ def test_shipped_yaml_matches_the_defaults():
 def test_adding_a_strategy_is_one_entry(monkeypatch):
     from baselines import UniformRootAllocator
     from trace_gym import strategies
-    from trace_gym.allocation import TracePrefixAllocator
-    from trace_gym.strategy import Strategy
+    from trace_gym.allocation.allocators import TracePrefixAllocator
+    from trace_gym.allocation.strategy import Strategy
 
     entry = Strategy(UniformRootAllocator(4), TracePrefixAllocator(), 2, description="mine")
     monkeypatch.setitem(strategies.STRATEGIES, "my_tree", entry)
@@ -292,8 +293,8 @@ def test_env_bench_on_a_tiny_model_reports_through_the_same_path(tiny_engine):
 def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch):
     import torch
 
-    from trace_gym.critic import LMCriticPredictor
-    from trace_gym.predictor import Context
+    from trace_gym.predictor.critic import LMCriticPredictor
+    from trace_gym.predictor.kinds import Context
     from trace_gym.registry import env_family
 
     assert isinstance(make_predictor("lm_critic", model_path=str(tiny_model_path)), LMCriticPredictor)
@@ -370,7 +371,7 @@ def assert_no_outcome_check_passes(results):
 def all_fail():
     """The simulator bench in a world where every task is hopeless (success probability 0):
     every reward of every rollout is 0."""
-    from trace_gym import sim
+    from trace_gym.sim import simulator as sim
 
     original = sim.make_pool
     sim.make_pool = lambda *a, **kw: dataclasses.replace(
@@ -395,7 +396,7 @@ def test_an_all_zero_reward_bench_skips_every_comparison(all_fail):
 
 
 def test_a_check_without_the_contrast_guard_would_pass_and_the_test_sees_it(all_fail, monkeypatch):
-    from trace_gym import bench_checks as checks_module
+    from trace_gym.bench import checks as checks_module
 
     # the checks computed without the no-contrast guard (the bug of issue 20): 0 vs 0 "at least"
     # would be judged; with equal zeros the sign test shows nothing, so plant a guard that lets
@@ -462,7 +463,7 @@ def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
 def test_calibration_keeps_the_knobs_you_set(tmp_path):
     from bank_fixtures import write_synthetic_bank
 
-    from trace_gym.bench_sim import calibrated
+    from trace_gym.bench.sim import calibrated
 
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8, roots=8, continuations=4, turns=3)
     cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path), mean_success=0.3))

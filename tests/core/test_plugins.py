@@ -259,8 +259,8 @@ def test_unknown_env_names_the_choices(site):
 
 
 def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
-    from trace_gym.bench_report import format_bench
-    from trace_gym.bench_env import run_env_bench
+    from trace_gym.bench.report import format_bench
+    from trace_gym.bench.env import run_env_bench
     from trace_gym.entry_configs import EnvBenchConfig
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import shaped_strategies
@@ -287,7 +287,7 @@ def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
 
 
 def test_reward_warning_is_silent_when_outcomes_mix():
-    from trace_gym.learning import reward_warning
+    from trace_gym.step.learning import reward_warning
     from trace_gym.tree import ROOT, RolloutTree
 
     tree = RolloutTree("t", (1, 2))

@@ -1,4 +1,4 @@
-"""An env names its own difficulty knobs (``trace_gym.env.DifficultyKnobs``), and the
+"""An env names its own difficulty knobs (``trace_gym.env.contract.DifficultyKnobs``), and the
 no-contrast warning and the bench's NO VERDICT line name them: a GEM game's ``few_shot``
 reaches a user who never read docs/ecosystem.md."""
 
@@ -8,8 +8,8 @@ import functools
 
 import pytest
 
-from trace_gym.learning import brief_repeats, reward_warning
-from trace_gym.env import env_difficulty_knobs
+from trace_gym.step.learning import brief_repeats, reward_warning
+from trace_gym.env.contract import env_difficulty_knobs
 from trace_gym.tree import ROOT, RolloutTree
 
 
@@ -47,7 +47,7 @@ def test_the_gem_and_reasoning_gym_adapters_declare_few_shot():
 
 
 def test_a_gem_bench_without_contrast_names_few_shot_in_its_warnings_and_verdict(tiny_engine):
-    from trace_gym.bench_env import run_env_bench
+    from trace_gym.bench.env import run_env_bench
     from trace_gym.entry_configs import EnvBenchConfig
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import shaped_strategies
@@ -61,7 +61,7 @@ def test_a_gem_bench_without_contrast_names_few_shot_in_its_warnings_and_verdict
     res = run_env_bench(cfg, table, resolve_env(env), engine=tiny_engine)
     assert len(res["warnings"]) == 2 and all("difficulty knobs: few_shot: env kwarg" in w for w in res["warnings"])
     assert res["verdict"].startswith("NO VERDICT: no contrast") and "few_shot" in res["verdict"]
-    from trace_gym.bench_report import format_bench
+    from trace_gym.bench.report import format_bench
 
     report = format_bench(res)  # the results keep every warning whole; the report says the advice once
     assert report.count("difficulty knobs: few_shot") == 2, report  # one warning, one verdict

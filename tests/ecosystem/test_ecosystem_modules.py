@@ -13,7 +13,7 @@ import pytest
 
 from foreign_envs import HotColdEpisode
 from trace_gym import registry
-from trace_gym.env_adapter import CopyState, ForeignEnv, ForeignEpisode, episode_problems
+from trace_gym.env.adapter import CopyState, ForeignEnv, ForeignEpisode, episode_problems
 from trace_gym.registry import ECOSYSTEMS, EcosystemModule, module_problems
 
 
@@ -59,5 +59,5 @@ def test_a_driver_that_lacks_a_member_is_refused_naming_it():
 
 def test_the_old_base_class_names_the_migration():
     with pytest.raises(ImportError, match=r"AdaptedEnv is gone.*ForeignEnv\(driver"):
-        from trace_gym.env_adapter import AdaptedEnv  # noqa: F401
-    assert importlib.import_module("trace_gym.env_adapter").ForeignEnv is ForeignEnv
+        from trace_gym.env.adapter import AdaptedEnv  # noqa: F401
+    assert importlib.import_module("trace_gym.env.adapter").ForeignEnv is ForeignEnv

@@ -16,7 +16,7 @@ from test_eval_user import no_network  # noqa: F401  (a fixture: every connectio
 
 from evaluators import suites
 from trace_gym.cli import main
-from trace_gym.datafiles import HUB_OFFLINE_VARS, split_tasks
+from trace_gym.env.datafiles import HUB_OFFLINE_VARS, split_tasks
 from trace_gym.registry import BUILTIN_ENVS, NAMESPACE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from hostile_corpus import BFCL_PYTHON, MATH_CODE, MATH_RESPONSES
 
 from environments.math_python.env import MathPythonEnv
 from environments.math_python.sandbox import KernelLimits
-from trace_gym.agent import AgentConfig, AgentRunner
+from trace_gym.agent.loop import AgentConfig, AgentRunner
 from trace_gym.types import Completion, SamplingParams, Task
 
 

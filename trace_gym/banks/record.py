@@ -1,9 +1,9 @@
 """Recording a bank: dense rollout trees of a real policy, through the agent loop of training.
 
 For each prompt, :func:`record_bank` runs R root rollouts (one
-:meth:`~trace_gym.agent.AgentRunner.start_many`: a request with ``n = R``), and as soon
+:meth:`~trace_gym.agent.loop.AgentRunner.start_many`: a request with ``n = R``), and as soon
 as they are back, K continuations from every visited prefix of every root (after each
-non-final turn; :meth:`~trace_gym.agent.AgentRunner.branch`: restore the env snapshot
+non-final turn; :meth:`~trace_gym.agent.loop.AgentRunner.branch`: restore the env snapshot
 into fresh envs, reuse the token prefix, one request with ``n = K``). The engine, the
 env factory, the agent limits and the token bookkeeping are those of training and
 ``bench --env``, so a replayed outcome is one the live loop would have produced.
@@ -18,7 +18,7 @@ R (1 + min(T - 1, cap) K (1 - t/T)) rollouts; the cap is what keeps long episode
 
 Scheduling: ``batch_prompts`` prompts are in flight at once (memory: that many prompts'
 episodes and snapshots, never the bank), all their roots and branches in the same
-generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.AgentRunner`);
+generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.loop.AgentRunner`);
 the moment a prompt is written the next one's roots start (``schedule="rolling"``), so
 the rounds stay wide to the end. The recorder reports prompts per minute and an ETA
 after each prompt.
@@ -278,7 +278,7 @@ def record_bank(out: str, *, engine: Any, family: Any, prompts: int, roots: int,
         continuations: K continuations per recorded prefix.
         max_prefixes_per_root: the per-root prefix cap (``None``: every prefix); see the module docstring.
         sampling: :class:`~trace_gym.types.SamplingParams` (``max_tokens`` comes from ``agent_config``).
-        agent_config: :class:`~trace_gym.agent.AgentConfig` (turn/episode limits).
+        agent_config: :class:`~trace_gym.agent.loop.AgentConfig` (turn/episode limits).
         seed: task seed, and base of the env seeds (root j of task p resets with
             ``seed + 1000 p + j``, :func:`trace_gym.types.env_seed`, as the live runner does).
         batch_prompts: prompts in flight at once (memory: one batch).
@@ -295,7 +295,7 @@ def record_bank(out: str, *, engine: Any, family: Any, prompts: int, roots: int,
         ``{"path", "prompts", "recorded", "skipped", "truncated_bytes", "seconds", "complete"}``
         and, after a recording, ``prompts_per_minute`` (this run's prompts over its recording time).
     """
-    from trace_gym.agent import AgentConfig, AgentRunner
+    from trace_gym.agent.loop import AgentConfig, AgentRunner
     from trace_gym.types import SamplingParams
 
     say = say or (lambda msg: None)

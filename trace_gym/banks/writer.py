@@ -176,9 +176,9 @@ def torn_header(path: str | os.PathLike, limit: int = 1 << 20) -> int | None:
 
 # ---------------------------------------------------------------------- the policy's weights
 def weights_hash(folder: str | os.PathLike | None) -> str | None:
-    """:func:`trace_gym.weights.weights_hash` of the policy folder (the one definition, shared
+    """:func:`trace_gym.runs.weights.weights_hash` of the policy folder (the one definition, shared
     with the eval cache), or ``None`` without a folder or without weights files."""
-    from trace_gym.weights import weights_hash as sha256_of_weights
+    from trace_gym.runs.weights import weights_hash as sha256_of_weights
 
     if folder is None or not Path(folder).is_dir():
         return None

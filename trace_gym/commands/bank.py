@@ -80,7 +80,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from trace_gym.banks import record_bank
     from trace_gym.engines import make_engine
     from trace_gym.models import quiet_third_party, resolve_model
-    from trace_gym.policies import with_policy
+    from trace_gym.runs.policies import with_policy
     from trace_gym.types import SamplingParams
 
     cfg = with_policy(command_config(BankRecordConfig, args))  # a bad policy: one line, before anything is written
@@ -139,8 +139,8 @@ def _learned_predictor(name: str, path: str) -> Any:
     if not name or name == "none":
         return None
     from trace_gym.banks import read_header
-    from trace_gym.bench_bank import policy_folder
-    from trace_gym.predictor import PREDICTORS, check_predictor_name, make_predictor
+    from trace_gym.bench.bank import policy_folder
+    from trace_gym.predictor.kinds import PREDICTORS, check_predictor_name, make_predictor
 
     check_predictor_name(name, "text", key="--predictor")
     supplied = {"model_path": policy_folder(read_header(path)["manifest"])} if "model_path" in PREDICTORS[name].needs \

@@ -1,6 +1,6 @@
 """``trace-gym bench``: allocation strategies at one budget, on any source of rollouts.
 
-The modes are the table :data:`trace_gym.bench_modes.BENCH_SOURCES` (the simulator, real
+The modes are the table :data:`trace_gym.bench.modes.BENCH_SOURCES` (the simulator, real
 rollouts, a recorded rollout bank, and any mode a user registers): each gives this command
 its ``--MODE`` flag, its config class (the keys), its run and its report. The keys are the
 fields of the mode's config; each also has a ``--flag`` alias, typed by the field, with
@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trace_gym.bench_checks import Roles
-from trace_gym.bench_modes import bench_modes
-from trace_gym.bench_report import format_bench, write_bench_plots
+from trace_gym.bench.checks import Roles
+from trace_gym.bench.modes import bench_modes
+from trace_gym.bench.report import format_bench, write_bench_plots
 from trace_gym.commands import add_config_flags, add_config_parser, command_config
-from trace_gym.suggest import did_you_mean
+from trace_gym.utils.suggest import did_you_mean
 from trace_gym.commands.bank import bank_path
 
 
@@ -92,8 +92,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def mode_runner(mode: str, args: argparse.Namespace):
     """``cfg -> results`` of ``mode``: the strategies shaped for ``cfg``, the mode's run (with the
     resources it requires), then judged with the user's roles (``--baseline``, ``--pairs``)."""
-    from trace_gym import bench
-    from trace_gym.bench_modes import bench_mode
+    from trace_gym.bench import loop as bench
+    from trace_gym.bench.modes import bench_mode
     from trace_gym.strategies import shaped_strategies
 
     entry = bench_mode(mode)
@@ -104,7 +104,7 @@ def mode_runner(mode: str, args: argparse.Namespace):
                                        continuations_per_root=cfg.continuations_per_root)
         resources = {name: RESOURCES[name](cfg) for name in entry.requires}
         if "policy" in {f.name for f in dataclasses.fields(cfg)}:  # a mode that loads a model: checked first
-            from trace_gym.policies import with_policy
+            from trace_gym.runs.policies import with_policy
 
             cfg = with_policy(cfg)
         results = entry.run(cfg, strategies, progress=True, say=say, out_dir=args.out, **resources)
@@ -125,7 +125,7 @@ RESOURCES = {"family": _family}
 
 
 def _sweep(args: argparse.Namespace, cfg: Any, run) -> int:
-    from trace_gym.bench_sweep import format_sweep, parse_budgets, run_sweep, write_sweep_plots
+    from trace_gym.bench.sweep import format_sweep, parse_budgets, run_sweep, write_sweep_plots
 
     sweep = run_sweep(cfg, parse_budgets(args.root_budgets), run)
     if args.out:

@@ -1,4 +1,4 @@
-"""``trace-gym check-env ENV``: the conformance kit (:func:`trace_gym.env_checks.check_env`)
+"""``trace-gym check-env ENV``: the conformance kit (:func:`trace_gym.env.checks.check_env`)
 on any env id, from the command line.
 
 The env is resolved as every command resolves ``--env`` (a family, a registered id, or
@@ -15,7 +15,7 @@ import argparse
 import json
 from typing import Any
 
-from trace_gym.suggest import did_you_mean
+from trace_gym.utils.suggest import did_you_mean
 
 
 def check_names(only: str | None) -> tuple[str, ...]:
@@ -24,7 +24,7 @@ def check_names(only: str | None) -> tuple[str, ...]:
     Raises:
         ValueError: a name that is no check (one line, with the closest ones).
     """
-    from trace_gym.env_checks import CHECKS
+    from trace_gym.env.checks import CHECKS
 
     if only is None:
         return tuple(CHECKS)
@@ -51,8 +51,8 @@ def _json_object(flag: str, text: str | None) -> dict[str, Any]:
 
 
 def cmd_check_env(args: argparse.Namespace) -> int:
-    from trace_gym.env import EnvCheckError
-    from trace_gym.env_checks import check_env
+    from trace_gym.env.contract import EnvCheckError
+    from trace_gym.env.checks import check_env
     from trace_gym.models import quiet_third_party
     from trace_gym.registry import load_plugins, resolve_env
 
@@ -98,7 +98,7 @@ def cmd_check_env(args: argparse.Namespace) -> int:
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
-    from trace_gym.env_checks import CHECKS
+    from trace_gym.env.checks import CHECKS
 
     p = subparsers.add_parser(
         "check-env", help="run the env conformance kit (check_env) on an env id",

@@ -1,5 +1,5 @@
 """``trace-gym compare``: training runs and evaluated checkpoints side by side
-(:func:`trace_gym.compare.run_compare`)."""
+(:func:`trace_gym.runs.compare.run_compare`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from trace_gym.compare import run_compare
+    from trace_gym.runs.compare import run_compare
 
     run_compare(args.runs, args.out, names=args.names.split(",") if args.names else None)
     return 0

@@ -1,8 +1,8 @@
 """``trace-gym train``: one training run from a :class:`~trace_gym.entry_configs.TrainConfig`.
 
 The face's half of training: it looks the config's names up (env family, strategy,
-training data, eval suite) into a :class:`~trace_gym.train.TrainSetup`, picks the
-backend (in process, or Ray with ``--ray``) and calls :func:`trace_gym.train.train`.
+training data, eval suite) into a :class:`~trace_gym.train.loop.TrainSetup`, picks the
+backend (in process, or Ray with ``--ray``) and calls :func:`trace_gym.train.loop.train`.
 Unknown keys and bad values fail with one line before any model loads.
 """
 
@@ -13,18 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.commands import add_config_parser, command_config, summary
-from trace_gym.suggest import did_you_mean
+from trace_gym.utils.suggest import did_you_mean
 
 
 def resolve_train_setup(cfg: Any) -> Any:
-    """A :class:`trace_gym.train.TrainSetup` from the config's names (env family, strategy,
+    """A :class:`trace_gym.train.loop.TrainSetup` from the config's names (env family, strategy,
     data, eval suite); raises ``ValueError`` naming an unknown one. Loads no model."""
     from evaluators import suites
     from evaluators.run import EvalConfig, evaluate_cached
-    from trace_gym.datafiles import split_tasks
+    from trace_gym.env.datafiles import split_tasks
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import STRATEGIES, shaped_strategies
-    from trace_gym.train import TrainSetup
+    from trace_gym.train.loop import TrainSetup
 
     family = resolve_env(cfg.env, cfg.env_kwargs)  # a family short name or any registered env id
     if cfg.strategy not in STRATEGIES:
@@ -103,11 +103,11 @@ def eval_env_warning(cfg: Any) -> str | None:
 def cmd_train(args: argparse.Namespace) -> int:
     import sys
 
-    from trace_gym.policies import with_policy
+    from trace_gym.runs.policies import with_policy
     from trace_gym.registry import load_plugins
     from trace_gym.entry_configs import TrainConfig
-    from trace_gym.train import train
-    from trace_gym.train_dry_run import dry_run
+    from trace_gym.train.loop import train
+    from trace_gym.train.dry_run import dry_run
 
     load_plugins()  # installed plugins: envs, strategies and estimators named by the config
     cfg = with_policy(command_config(TrainConfig, args, {"ray": args.ray}))  # before the run dir exists
@@ -126,7 +126,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
-    from trace_gym.advantages import ESTIMATORS
+    from trace_gym.train.advantages import ESTIMATORS
     from trace_gym.entry_configs import TrainConfig
 
     estimators = "advantage estimators (advantage=NAME; plugins add more with register_estimator):\n" + "\n".join(
