@@ -26,7 +26,7 @@ import time
 
 from trace_gym.bench.bank import run_bank_bench
 
-from trace_gym.entry_configs import BankBenchConfig
+from trace_gym.bench.config import BankBenchConfig
 from trace_gym.bench.checks import METRICS, interval_text, paired
 from trace_gym.commands.bank import bank_path
 from trace_gym.report import markdown_table, pm

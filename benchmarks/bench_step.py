@@ -116,7 +116,7 @@ class Arm:
 
 def make_cfg(task: str, strategy: str, engine: str, lr: float) -> Any:
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     prompts = PROMPTS[task]
     over = {**TASKS[task], **strategy_over(strategy, prompts), "engine": engine, "candidates": prompts,

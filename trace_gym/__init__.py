@@ -48,6 +48,9 @@ MOVED: dict[str, str] = {
     "trace_gym.datafiles": "trace_gym.env.datafiles",
     "trace_gym.determinism": "trace_gym.utils.determinism",
     "trace_gym.driver": "trace_gym.step.driver",
+    "trace_gym.entry_configs": ("trace_gym.bench.config (SimBenchConfig, EnvBenchConfig, BankBenchConfig), "
+                                "trace_gym.train.config (TrainConfig, RESUMABLE_KEYS), "
+                                "trace_gym.banks.config (BankRecordConfig), trace_gym.commands (ENTRY_CONFIGS)"),
     "trace_gym.env": "trace_gym.env.contract",
     "trace_gym.env_adapter": "trace_gym.env.adapter",
     "trace_gym.env_boundary": "trace_gym.env.boundary",
@@ -106,8 +109,7 @@ class _MovedPaths(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
         new = moved_to(fullname)
         if new is not None and not new.startswith(fullname + "."):  # a wing that was a module is a package now
-            raise ModuleNotFoundError(f"{fullname} moved to {new} (trace_gym's wings): import {new}",
-                                      name=fullname)
+            raise ModuleNotFoundError(f"{fullname} moved to {new} (trace_gym's wings)", name=fullname)
         return None
 
 

@@ -60,7 +60,7 @@ from trace_gym.bench.report import format_bench
 from trace_gym.bench.env import run_env_bench
 from trace_gym.bench.sim import run_sim_bench
 from trace_gym.budget import BudgetLedger
-from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
+from trace_gym.bench.config import EnvBenchConfig, SimBenchConfig
 from trace_gym.env.adapter import CopyState, ForeignEnv, ForeignEpisode, NativeState
 from trace_gym.env.checks import check_env
 from trace_gym.env.contract import (
@@ -81,7 +81,7 @@ from trace_gym.registry import EnvFamily, resolve_env
 from trace_gym.env.spaces import ChatObservation, TextAction
 from trace_gym.strategies import STRATEGIES, register_strategy, shaped_strategies
 from trace_gym.allocation.strategy import Strategy
-from trace_gym.entry_configs import TrainConfig
+from trace_gym.train.config import TrainConfig
 from trace_gym.train.loop import TrainSetup, train
 from trace_gym.tree import RolloutTree
 from trace_gym.types import Message, Task

@@ -18,8 +18,9 @@ argparse itself lives in ``trace_gym/cli.py`` alone; it asks this module what fl
 config has and how to parse them.
 
 This module is the loader machinery only and imports nothing of ``trace_gym`` but the leaf
-:mod:`trace_gym.utils.suggest`: the entry-point configs live in :mod:`trace_gym.entry_configs`,
-composed of the shared sections of :mod:`trace_gym.config_sections`.
+:mod:`trace_gym.utils.suggest`: each entry point's config lives beside it
+(:data:`trace_gym.commands.ENTRY_CONFIGS` lists them), composed of the shared sections of
+:mod:`trace_gym.config_sections`.
 """
 
 from __future__ import annotations

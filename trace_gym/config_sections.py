@@ -1,7 +1,8 @@
 """The sections every entry-point config is composed of, each written once.
 
-An entry-point config (:mod:`trace_gym.entry_configs`) inherits the sections it has; a
-section brings its fields (type, help text), its validation and what is derived from it:
+An entry point's config (beside it; :data:`trace_gym.commands.ENTRY_CONFIGS` lists them)
+inherits the sections it has; a section brings its fields (type, help text), its validation
+and what is derived from it:
 
 =====================  =====================================================  ==========================
 section                fields                                                 derived
@@ -34,11 +35,18 @@ from trace_gym.config import doc
 from trace_gym.predictor.kinds import check_predictor_name, predictor_names
 
 __all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS", "check_sections",
-           "section_default", "section_of"]
+           "positive", "section_default", "section_of"]
 
 
 def _in(section: str, text: str | Callable[[], str]) -> dict[str, Any]:
     return {**doc(text), "section": section}
+
+
+def positive(cfg: Any, *names: str) -> None:
+    """Raise a one-line ``ValueError`` naming the first of ``names`` whose value in ``cfg`` is below 1."""
+    for name in names:
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)!r}")
 
 
 def section_of(f: dataclasses.Field) -> str | None:

@@ -27,7 +27,7 @@ from trace_gym.banks import (EXHAUSTED, BankBranchRunner, BankDraws, BankError, 
                              record_bank)
 from trace_gym.banks.record import prefix_depths
 from trace_gym.bench.bank import run_bank_bench
-from trace_gym.entry_configs import BankBenchConfig
+from trace_gym.bench.config import BankBenchConfig
 from trace_gym.budget import BudgetLedger
 from trace_gym.agent.rollout import AgentBranchRunner, node_context
 from trace_gym.strategies import shaped_strategies

@@ -11,7 +11,7 @@ from bank_fixtures import write_synthetic_bank
 from trace_gym.banks import open_bank
 from trace_gym.banks.warmup import held_out_prompts, warm_up
 from trace_gym.bench.bank import BankSource, run_bank_bench
-from trace_gym.entry_configs import BankBenchConfig
+from trace_gym.bench.config import BankBenchConfig
 from trace_gym.bench.report import format_bench
 from trace_gym.predictor.kinds import ConstantPredictor, Context
 from trace_gym.strategies import shaped_strategies

@@ -19,7 +19,7 @@ from trace_gym.bench.env import run_env_bench
 from trace_gym.bench.sim import run_sim_bench
 from trace_gym.step.learning import prefix_weight_for_share
 from trace_gym.predictor.kinds import make_predictor, predictor_spec
-from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
+from trace_gym.bench.config import EnvBenchConfig, SimBenchConfig
 from trace_gym.allocation.waves import is_wave_strategy
 from trace_gym.strategies import STRATEGIES, shaped_strategies
 

@@ -14,7 +14,7 @@ import pytest
 from trace_gym import cli
 from trace_gym.bench.modes import BENCH_SOURCES, BenchMode, bench_mode, register_bench_mode
 from trace_gym.config import doc
-from trace_gym.entry_configs import SimBenchConfig
+from trace_gym.bench.config import SimBenchConfig
 
 
 @dataclass(frozen=True)

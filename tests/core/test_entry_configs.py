@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trace_gym.config_sections import SECTIONS, AgentLimits, BudgetShape, section_of
-from trace_gym.entry_configs import ENTRY_CONFIGS
+from trace_gym.commands import ENTRY_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[2]
 #: section class -> its name in field metadata
@@ -58,7 +58,7 @@ def test_each_config_takes_the_shared_fields_from_their_sections(command):
         mine = {f.name for f in dataclasses.fields(section)}
         if mine <= names:
             if cls.__name__ == "EvalConfig" and section is AgentLimits:
-                continue  # eval's limits mean "0: the suite's default" (documented in entry_configs)
+                continue  # eval's limits mean "0: the suite's default" (documented in evaluators.run)
             assert issubclass(cls, section), f"{cls.__name__} types the {section.__name__} fields itself"
 
 
@@ -75,7 +75,9 @@ def test_nominal_budget_and_the_agent_config_are_written_once():
 
 
 def test_section_checks_name_the_bad_key():
-    from trace_gym.entry_configs import BankRecordConfig, EnvBenchConfig, SimBenchConfig, TrainConfig
+    from trace_gym.banks.config import BankRecordConfig
+    from trace_gym.bench.config import EnvBenchConfig, SimBenchConfig
+    from trace_gym.train.config import TrainConfig
 
     with pytest.raises(ValueError, match="root_budget >= 2"):
         TrainConfig(root_budget=1)
@@ -90,7 +92,7 @@ def test_section_checks_name_the_bad_key():
 
 
 def test_a_config_default_differs_from_the_section_but_keeps_its_help():
-    from trace_gym.entry_configs import BankBenchConfig, SimBenchConfig
+    from trace_gym.bench.config import BankBenchConfig, SimBenchConfig
 
     field = {f.name: f for f in dataclasses.fields(SimBenchConfig)}["root_budget"]
     assert field.default == 256 and BudgetShape.__dataclass_fields__["root_budget"].default == 8

@@ -261,7 +261,7 @@ def test_unknown_env_names_the_choices(site):
 def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
     from trace_gym.bench.report import format_bench
     from trace_gym.bench.env import run_env_bench
-    from trace_gym.entry_configs import EnvBenchConfig
+    from trace_gym.bench.config import EnvBenchConfig
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import shaped_strategies
 

@@ -65,7 +65,7 @@ def test_a_plugin_that_raises_is_one_line_with_file_and_line(tmp_path, monkeypat
 # ---------------------------------------------------------------------- keys blamed where typed
 def test_keys_and_values_are_blamed_on_where_they_were_typed(tmp_path):
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     good = tmp_path / "good.yaml"
     good.write_text("steps: 3\ntrainer:\n  lr: 1.0e-5\n")
@@ -215,7 +215,7 @@ def test_every_command_of_the_tutorials_parses_and_resolves(page, tmp_path, monk
 def test_train_warns_when_the_eval_suite_runs_in_another_env(tmp_path, capsys):
     from trace_gym.commands.train import eval_env_warning
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     shipped = "configs/train_cpu_trace.yaml"
     assert eval_env_warning(load_config(TrainConfig, shipped)) is None  # math_python evaluated on generated math

@@ -48,7 +48,7 @@ def test_the_gem_and_reasoning_gym_adapters_declare_few_shot():
 
 def test_a_gem_bench_without_contrast_names_few_shot_in_its_warnings_and_verdict(tiny_engine):
     from trace_gym.bench.env import run_env_bench
-    from trace_gym.entry_configs import EnvBenchConfig
+    from trace_gym.bench.config import EnvBenchConfig
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import shaped_strategies
 

@@ -155,7 +155,7 @@ class StatelessMemo(MemoPredictor):
 def _train(run_dir, steps, tiny_model_path, kind):
     from trace_gym.commands.train import resolve_train_setup
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
     from trace_gym.train.loop import train
 
     cfg = load_config(TrainConfig, None, {"run_dir": str(run_dir), "policy": str(tiny_model_path), "env": "guess_number",

@@ -70,7 +70,7 @@ def test_train_with_bad_data_writes_no_run_dir_so_the_fixed_command_is_not_refus
 
 def test_a_checkpoint_resolves_to_its_policy_folder_and_a_model_is_left_as_given(tmp_path):
     from trace_gym.runs.checkpoint import RunDir
-    from trace_gym.entry_configs import BankRecordConfig
+    from trace_gym.banks.config import BankRecordConfig
 
     run = RunDir(tmp_path / "my_run")
     run.start("x: 1\n")

@@ -235,7 +235,7 @@ def test_ray_configs_resolve(path, tmp_path):
     from trace_gym.cli import main
     from trace_gym.train.distributed.backend import ray_options
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     cfg = load_config(TrainConfig, path)
     opts = ray_options(cfg.ray_options)

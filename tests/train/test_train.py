@@ -16,7 +16,7 @@ import pytest
 from run_dir_checks import assert_refused_untouched
 from trace_gym.runs.checkpoint import RunDir
 from trace_gym.env.datafiles import split_tasks
-from trace_gym.entry_configs import TrainConfig
+from trace_gym.train.config import TrainConfig
 from trace_gym.config import load_config
 from trace_gym.train.loop import TaskCursor, config_differences
 from trace_gym.types import Task
@@ -346,7 +346,7 @@ def test_near_miss_names_get_a_suggestion():
     from trace_gym.train.advantages import get_estimator
     from trace_gym.models import resolve_model
     from trace_gym.predictor.kinds import check_predictor_name
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     with pytest.raises(ValueError, match="did you mean tree_grpo"):
         get_estimator("tree_grp")

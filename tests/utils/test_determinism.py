@@ -81,7 +81,7 @@ def test_applied_holds_the_mode_for_one_block_and_gives_the_process_back(monkeyp
 
     import torch
 
-    from trace_gym.entry_configs import BankBenchConfig
+    from trace_gym.bench.config import BankBenchConfig
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.delenv(threads_env := "TRACE_GYM_THREADS", raising=False)
@@ -118,7 +118,8 @@ def test_an_engine_that_cannot_promise_the_same_samples_is_named(monkeypatch):
 
 def test_the_switch_is_a_key_and_a_flag_of_train_and_every_bench_mode():
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import BankBenchConfig, EnvBenchConfig, SimBenchConfig, TrainConfig
+    from trace_gym.bench.config import BankBenchConfig, EnvBenchConfig, SimBenchConfig
+    from trace_gym.train.config import TrainConfig
 
     assert TrainConfig().deterministic is False
     assert load_config(TrainConfig, None, {"deterministic": "true"}).deterministic is True

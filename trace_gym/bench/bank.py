@@ -50,7 +50,7 @@ from trace_gym.bench.loop import Arm, arms_with_oracle, run_bench
 from trace_gym.bench.modes import BenchMode
 from trace_gym.banks.warmup import held_out_prompts, warm_up
 from trace_gym.step.driver import StepResult, run_step
-from trace_gym.entry_configs import BankBenchConfig
+from trace_gym.bench.config import BankBenchConfig
 from trace_gym.predictor.kinds import PREDICTORS, make_predictor
 from trace_gym.allocation.strategy import Strategy
 

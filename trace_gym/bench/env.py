@@ -24,7 +24,7 @@ import numpy as np
 
 from trace_gym.bench.loop import Arm, run_bench
 from trace_gym.bench.modes import BenchMode
-from trace_gym.entry_configs import EnvBenchConfig
+from trace_gym.bench.config import EnvBenchConfig
 from trace_gym.env.contract import env_difficulty_knobs
 from trace_gym.predictor.kinds import PREDICTORS, make_predictor
 from trace_gym.allocation.strategy import Strategy

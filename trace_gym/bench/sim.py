@@ -20,7 +20,7 @@ import numpy as np
 from trace_gym.allocation.allocators import solve_root
 from trace_gym.bench.modes import BenchMode
 from trace_gym.bench.loop import Arm, arms_with_oracle, run_bench
-from trace_gym.entry_configs import SimBenchConfig
+from trace_gym.bench.config import SimBenchConfig
 from trace_gym.step.driver import run_step
 from trace_gym.predictor.kinds import make_predictor
 from trace_gym.allocation.strategy import Strategy
@@ -184,7 +184,7 @@ def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
     from trace_gym.banks.stats import bank_stats
     from trace_gym.banks.warmup import steady_state_spearman
     from trace_gym.bench.bank import warmup_size
-    from trace_gym.entry_configs import BankBenchConfig
+    from trace_gym.bench.config import BankBenchConfig
     from trace_gym.sim.calibrate import calibration_from_stats
     from trace_gym.models import cache_root
     from trace_gym.utils.textsafe import JSONRefused, loads_record

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.commands import add_config_parser, command_config
-from trace_gym.entry_configs import BankRecordConfig
+from trace_gym.banks.config import BankRecordConfig
 
 #: Where the shipped banks live (package data).
 SHIPPED = Path(__file__).resolve().parents[1] / "banks" / "data"

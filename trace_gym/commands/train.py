@@ -1,4 +1,4 @@
-"""``trace-gym train``: one training run from a :class:`~trace_gym.entry_configs.TrainConfig`.
+"""``trace-gym train``: one training run from a :class:`~trace_gym.train.config.TrainConfig`.
 
 The face's half of training: it looks the config's names up (env family, strategy,
 training data, eval suite) into a :class:`~trace_gym.train.loop.TrainSetup`, picks the
@@ -105,7 +105,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from trace_gym.runs.policies import with_policy
     from trace_gym.registry import load_plugins
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
     from trace_gym.train.loop import train
     from trace_gym.train.dry_run import dry_run
 
@@ -127,7 +127,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def add(subparsers: argparse._SubParsersAction) -> None:
     from trace_gym.train.advantages import ESTIMATORS
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     estimators = "advantage estimators (advantage=NAME; plugins add more with register_estimator):\n" + "\n".join(
         f"  {name}: {summary(fn)}"

@@ -151,6 +151,6 @@ def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict
 
 
 def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
-    """The :class:`~trace_gym.entry_configs.SimBenchConfig` keys of a :func:`calibration` result."""
+    """The :class:`~trace_gym.bench.config.SimBenchConfig` keys of a :func:`calibration` result."""
     keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman")
     return {k: calibrated[k] for k in keys if k in calibrated}

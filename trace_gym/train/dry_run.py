@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trace_gym.entry_configs import TrainConfig
+from trace_gym.train.config import TrainConfig
 from trace_gym.predictor.kinds import predictor_spec, reads_a_model
 from trace_gym.runs.reporters import require_installed
 from trace_gym.train.loop import TrainSetup, report_backends

@@ -33,7 +33,7 @@ from trace_gym.runs.checkpoint import (RunDir, load_predictor_state, load_state_
 from trace_gym.config import flatten, load_yaml, to_yaml
 from trace_gym.step.driver import forecast_fallback_first
 from trace_gym.step.learning import brief_repeats
-from trace_gym.entry_configs import RESUMABLE_KEYS, TrainConfig
+from trace_gym.train.config import RESUMABLE_KEYS, TrainConfig
 from trace_gym.runs.reporters import make_reporters, require_installed, scalars
 from trace_gym.train.metrics import step_record, summary_line
 from trace_gym.types import Task
