@@ -1,14 +1,21 @@
-"""Imports point down: the core of trace_gym/ imports nothing of the face or the families.
+"""Imports point down, wing by wing: the layering of trace_gym/ as folders, held to the code.
 
-Two independent checks: a static scan of every import statement (module level and
-inside functions) of every core module, and a fresh interpreter per core module that
-imports it alone and looks at ``sys.modules``.
+``trace_gym/`` stands in wings (one folder per part) over a few root modules; the face
+(``cli.py``, ``commands/``, ``registry.py``, ``strategies.py``, ``api.py``) names everything and
+nothing of the rest imports it. :data:`MAY_IMPORT` is the rule: what each wing (or root
+module) may import of ``trace_gym``; each wing's ``__init__.py`` says the same in words.
+
+Three independent checks: a static scan of every import statement (module level and inside
+functions) of every module against the rule, a fresh interpreter per core module that
+imports it alone and looks at ``sys.modules``, and no import circle (module by module, and
+wing by wing).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,20 +24,53 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "trace_gym"
-#: The face: the only modules of trace_gym/ that may name everything (api.py is the
-#: public API of issue 9, which re-exports the built-in allocators; commands/ holds one
-#: module per command of the one parser in cli.py).
-FACE = {"cli.py", "registry.py", "strategies.py", "api.py"}
-FACE_PACKAGES = ("commands",)
+#: The face: the only rooms of trace_gym/ that may name everything (api.py is the public
+#: API; commands/ holds one module per command of the one parser in cli.py).
+FACE = {"cli", "commands", "registry", "strategies", "api"}
+#: What each room of trace_gym/ that is not the face may import of trace_gym (a room is a
+#: wing, the folder, or a module at the root); its own room always. From the ground up.
+MAY_IMPORT: dict[str, set[str]] = {
+    # the ground: shared vocabulary and services
+    "utils": set(),
+    "types": set(),
+    "tree": set(),
+    "budget": set(),
+    "config": {"utils"},
+    "models": {"utils"},
+    "report": {"tree"},
+    # the parts, each below what uses it
+    "allocation": {"tree"},
+    "env": {"types", "config", "utils"},
+    "engines": {"types", "models", "utils"},
+    "runs": {"config", "models", "report", "utils"},
+    "predictor": {"engines", "models", "report", "utils"},
+    "step": {"allocation", "budget", "env", "predictor", "tree"},
+    "agent": {"allocation", "budget", "env", "predictor", "step", "tree", "types", "utils"},
+    "sim": {"allocation", "budget", "predictor", "step", "tree"},
+    "config_sections": {"agent", "budget", "config", "predictor"},
+    "banks": {"agent", "budget", "config", "config_sections", "predictor", "report", "runs", "step", "tree", "types",
+              "utils"},
+    "bench": {"agent", "allocation", "banks", "budget", "config", "config_sections", "engines", "env", "models",
+              "predictor", "report", "sim", "step", "types", "utils"},
+    "train": {"agent", "budget", "config", "config_sections", "engines", "env", "models", "predictor", "report", "runs",
+              "step", "tree", "types", "utils"},
+}
 #: Packages outside the core, and the face's modules.
 FORBIDDEN_PACKAGES = ("environments", "baselines", "evaluators", "retrieval_index")
-FORBIDDEN_MODULES = ("trace_gym.cli", "trace_gym.registry", "trace_gym.strategies", "trace_gym.api",
-                     "trace_gym.commands")
+FORBIDDEN_MODULES = tuple(f"trace_gym.{room}" for room in sorted(FACE))
+#: At most this many modules stand at the root of trace_gym/ beside its wings (issue 42).
+MAX_ROOT_MODULES = 12
 
 
-def core_modules() -> list[Path]:
-    return sorted(p for p in CORE.rglob("*.py") if p.relative_to(CORE).as_posix() not in FACE
-                  and p.relative_to(CORE).parts[0] not in FACE_PACKAGES)
+def room_of(module: str) -> str:
+    """The room of a dotted ``trace_gym.x[.y]`` module: its wing (``x`` of a folder) or root
+    module (``x``); ``trace_gym`` itself for the package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def core_modules(core: Path = CORE) -> list[Path]:
+    return sorted(p for p in core.rglob("*.py") if p.relative_to(core).parts[0].removesuffix(".py") not in FACE)
 
 
 def module_name(path: Path) -> str:
@@ -64,6 +104,28 @@ def forbidden(name: str) -> bool:
         name == m or name.startswith(m + ".") for m in FORBIDDEN_MODULES)
 
 
+def rooms() -> set[str]:
+    """Every room of trace_gym/: its folders and its root modules (not the package's own ``__init__``)."""
+    return {p.name.removesuffix(".py") for p in CORE.iterdir()
+            if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+
+
+def rule_breaks() -> list[str]:
+    """``file:line imports module`` for every import of a core module that its room may not
+    make: a room :data:`MAY_IMPORT` does not give it, the face, or a package outside the core."""
+    bad, known = [], rooms()
+    for path in core_modules():
+        rel, here = path.relative_to(ROOT).as_posix(), room_of(module_name(path))
+        allowed = MAY_IMPORT.get(here, set())
+        for line, name in imported_names(path):
+            if here == "trace_gym" and name.startswith("trace_gym.registry"):
+                continue  # the one exception: `import trace_gym` registers the Gymnasium ids
+            there = room_of(name) if name.startswith("trace_gym.") else None
+            if forbidden(name) or (there in known and there not in (here, *allowed) and here != "trace_gym"):
+                bad.append(f"{rel}:{line} imports {name} ({here} may import {sorted(allowed)})")
+    return bad
+
+
 def test_the_scan_sees_imports_inside_functions(tmp_path):
     planted = CORE / "_planted_for_scan_test.py"
     planted.write_text("def f():\n    from trace_gym import strategies\n    import baselines.uniform\n")
@@ -75,17 +137,50 @@ def test_the_scan_sees_imports_inside_functions(tmp_path):
         planted.unlink()
 
 
-def test_no_core_module_imports_the_face_or_the_families():
-    bad = []
-    for path in core_modules():
-        rel = path.relative_to(ROOT).as_posix()
-        for line, name in imported_names(path):
-            if not forbidden(name):
-                continue
-            if rel == "trace_gym/__init__.py" and name.startswith("trace_gym.registry"):
-                continue  # the one exception: `import trace_gym` registers the Gymnasium ids
-            bad.append(f"{rel}:{line} imports {name}")
-    assert not bad, "\n".join(bad)
+def test_every_room_keeps_to_its_rule():
+    """Each wing and root module imports only what :data:`MAY_IMPORT` gives it, never the
+    face, environments/, baselines/, evaluators/ or retrieval_index/."""
+    assert rule_breaks() == []
+
+
+@pytest.mark.parametrize("planted, line", [
+    ("allocation/_planted.py", "from trace_gym.bench.loop import run_bench"),  # a wing reaching up
+    ("env/_planted.py", "def f():\n    import trace_gym.registry"),  # a core wing importing the face, lazily
+    ("_planted_root.py", "import trace_gym.tree"),  # a root module the rule does not place
+])
+def test_the_rule_fails_on_a_planted_violation(planted, line):
+    path = CORE / planted
+    path.write_text(line + "\n")
+    try:
+        assert [b for b in rule_breaks() if planted in b], planted
+    finally:
+        path.unlink()
+
+
+def test_every_room_has_a_rule_and_the_rule_has_no_circle():
+    """A new wing or root module is placed in the rule (or the face); the rule itself runs one
+    way, so the rooms stand on floors."""
+    assert rooms() - FACE == set(MAY_IMPORT), sorted(rooms() - FACE ^ set(MAY_IMPORT))
+    assert not FACE & set().union(*MAY_IMPORT.values())
+    assert circles({room: set(allowed) for room, allowed in MAY_IMPORT.items()}) == []
+
+
+def test_each_wing_says_what_it_may_import():
+    """Each wing's ``__init__.py`` ends its docstring with ``May import: ...`` naming exactly
+    the rooms :data:`MAY_IMPORT` gives it (``nothing of trace_gym`` for none)."""
+    wrong = {}
+    for wing in sorted(r for r in MAY_IMPORT if (CORE / r).is_dir()):
+        doc = ast.get_docstring(ast.parse((CORE / wing / "__init__.py").read_text())) or ""
+        said = re.search(r"May import: (.*?)\.?\s*$", doc, re.S)
+        names = set(re.findall(r"``(\w+)``", said.group(1))) if said else None
+        if names != MAY_IMPORT[wing]:
+            wrong[wing] = names
+    assert wrong == {}
+
+
+def test_the_root_holds_few_modules():
+    root = sorted(p.name for p in CORE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
 
 
 #: One interpreter imports the package (what importing any of its modules does first) and

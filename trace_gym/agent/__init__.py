@@ -8,7 +8,8 @@
   (:class:`AgentBranchRunner`, :func:`collect`);
 - :mod:`~trace_gym.agent.transcripts`: finished trees written out episode by episode.
 
-May import: TBD
+May import: ``allocation``, ``budget``, ``env``, ``predictor``, ``step``, ``tree``,
+``types``, ``utils``.
 """
 
 

@@ -10,7 +10,7 @@
 - :mod:`~trace_gym.allocation.planning`: one step's allocation decisions (pure functions);
 - :mod:`~trace_gym.allocation.waves`: what a strategy sees before each wave and returns.
 
-May import: TBD
+May import: ``tree``.
 """
 
 

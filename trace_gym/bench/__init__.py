@@ -9,7 +9,9 @@
 - :mod:`~trace_gym.bench.report`: the printed and plotted report;
   :mod:`~trace_gym.bench.sweep`: one bench per root budget.
 
-May import: TBD
+May import: ``agent``, ``allocation``, ``banks``, ``budget``, ``config``,
+``config_sections``, ``engines``, ``env``, ``models``, ``predictor``, ``report``, ``sim``,
+``step``, ``types``, ``utils``.
 """
 
 

@@ -35,6 +35,8 @@ Semantics shared by both backends (tests hold both to them):
   no truncation) of given tokens, for trainers and parity tests.
 - ``update_weights`` takes checkpoint-format (Hugging Face) names, invalidates every
   cached prefix, and sets ``weights_version``.
+
+May import: ``models``, ``types``, ``utils``.
 """
 
 from __future__ import annotations

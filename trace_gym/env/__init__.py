@@ -9,7 +9,7 @@
   :mod:`~trace_gym.env.process_state`: the process state it may change, put back;
 - :mod:`~trace_gym.env.datafiles`: the rows of a local dataset file, and the held-out split.
 
-May import: TBD
+May import: ``config``, ``types``, ``utils``.
 """
 
 

@@ -6,7 +6,7 @@
 - :mod:`~trace_gym.predictor.memory`: what a predictor remembers (replay buffer, evidence);
 - :mod:`~trace_gym.predictor.quality`: what selection needs from it, measured where used.
 
-May import: TBD
+May import: ``engines``, ``models``, ``report``, ``utils``.
 """
 
 

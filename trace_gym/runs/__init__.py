@@ -9,5 +9,5 @@
 - :mod:`~trace_gym.runs.policies`: the one resolver of ``--policy`` (a model or ``RUN@STEP``);
   :mod:`~trace_gym.runs.weights`: the one name of a model folder's weights.
 
-May import: TBD
+May import: ``config``, ``models``, ``report``, ``utils``.
 """

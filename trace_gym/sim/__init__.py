@@ -4,7 +4,7 @@
 - :mod:`~trace_gym.sim.predictors`: predictors over simulator states (oracle, noisy, learned);
 - :mod:`~trace_gym.sim.calibrate`: the simulator fitted to a rollout bank's counts.
 
-May import: TBD
+May import: ``allocation``, ``budget``, ``predictor``, ``step``, ``tree``.
 """
 
 

@@ -6,5 +6,5 @@
 - :mod:`~trace_gym.step.strategy_boundary`: the boundary every call into a strategy crosses,
   and :mod:`~trace_gym.step.strategy_replay`: its calls replayed in a fresh process.
 
-May import: TBD
+May import: ``allocation``, ``budget``, ``env``, ``predictor``, ``tree``.
 """

@@ -9,7 +9,8 @@
 - :mod:`~trace_gym.train.metrics`: a step's metrics line; :mod:`~trace_gym.train.dry_run`:
   ``train --dry-run``.
 
-May import: TBD
+May import: ``agent``, ``budget``, ``config``, ``config_sections``, ``engines``, ``env``,
+``models``, ``predictor``, ``report``, ``runs``, ``step``, ``tree``, ``types``, ``utils``.
 """
 
 

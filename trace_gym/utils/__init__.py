@@ -5,5 +5,5 @@
 - :mod:`~trace_gym.utils.threads`: each component's torch thread count;
 - :mod:`~trace_gym.utils.determinism`: deterministic mode.
 
-May import: TBD
+May import: nothing of trace_gym (every layer may import it).
 """
