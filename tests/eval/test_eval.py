@@ -75,7 +75,7 @@ def test_eval_suite_on_a_local_math_file_is_cached(tmp_path, tiny_model_path):  
 
 
 def test_policy_specs_and_config_errors(tmp_path, tiny_model_path):  # noqa: F811
-    from trace_gym.runs.checkpoint import RunDir
+    from trace_gym.runs.run_dir import RunDir
 
     run = RunDir(tmp_path / "run")
     run.start("x: 1\n")

@@ -69,7 +69,7 @@ def test_train_with_bad_data_writes_no_run_dir_so_the_fixed_command_is_not_refus
 
 
 def test_a_checkpoint_resolves_to_its_policy_folder_and_a_model_is_left_as_given(tmp_path):
-    from trace_gym.runs.checkpoint import RunDir
+    from trace_gym.runs.run_dir import RunDir
     from trace_gym.banks.config import BankRecordConfig
 
     run = RunDir(tmp_path / "my_run")
@@ -90,7 +90,7 @@ def test_a_checkpoint_resolves_to_its_policy_folder_and_a_model_is_left_as_given
 def test_a_checkpoint_named_by_its_folder_is_the_runs_checkpoint_not_a_base_model(tmp_path):
     """``RUN/checkpoints/step-N/policy`` (or ``.../step-N``) is ``RUN@N``: checked against the
     manifest and labelled as the run's step, never "ReAct (no RL)"."""
-    from trace_gym.runs.checkpoint import RunDir
+    from trace_gym.runs.run_dir import RunDir
 
     run = RunDir(tmp_path / "my_run")
     run.start("x: 1\n")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from run_dir_checks import assert_refused_untouched
-from trace_gym.runs.checkpoint import TRAINING_STEP_FILES, RunDir
-from trace_gym.runs.files import read_state, write_manifest
+from trace_gym.runs.checkpoint import TRAINING_STEP_FILES, read_state, write_manifest
+from trace_gym.runs.run_dir import RunDir
 from trace_gym.train.loop import config_differences
 
 

@@ -32,8 +32,8 @@ def manifest(folder):
 
 def test_only_the_newest_checkpoint_keeps_the_resume_state(tmp_path, tiny_model_path, capsys):
     from trace_gym.runs.policies import resolve_policy
-    from trace_gym.runs.checkpoint import TRAINING_STEP_FILES, RunDir
-    from trace_gym.runs.files import verify_checkpoint
+    from trace_gym.runs.checkpoint import TRAINING_STEP_FILES, verify_checkpoint
+    from trace_gym.runs.run_dir import RunDir
 
     run = tmp_path / "run"
     assert main(argv(run, tiny_model_path, "steps=3", "keep_checkpoints=2")) == 0
@@ -118,8 +118,9 @@ def test_tensorboard_when_installed(tmp_path, tiny_model_path):
 def test_dropping_is_crash_safe_and_tolerates_only_what_it_dropped(tmp_path):
     from test_run_dir_integrity import rec, training_files
 
-    from trace_gym.runs.checkpoint import TRAINING_STEP_FILES, RunDir
-    from trace_gym.runs.files import MANIFEST, atomic_write_text, verify_checkpoint
+    from trace_gym.runs.checkpoint import MANIFEST, TRAINING_STEP_FILES, verify_checkpoint
+    from trace_gym.runs.files import atomic_write_text
+    from trace_gym.runs.run_dir import RunDir
     from trace_gym.train.loop import RESUME_FILES
 
     run = RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from trace_gym.runs.checkpoint import TRAINING_STEP_FILES, RunDir, load_state_file
-from trace_gym.runs.files import write_manifest
+from trace_gym.runs.checkpoint import TRAINING_STEP_FILES, write_manifest
+from trace_gym.runs.files import load_state_file
+from trace_gym.runs.run_dir import RunDir
 from trace_gym.train.loop import TaskCursor, _load_predictor, _load_rng
 
 

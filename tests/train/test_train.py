@@ -14,7 +14,7 @@ import pytest
 
 
 from run_dir_checks import assert_refused_untouched
-from trace_gym.runs.checkpoint import RunDir
+from trace_gym.runs.run_dir import RunDir
 from trace_gym.env.datafiles import split_tasks
 from trace_gym.train.config import TrainConfig
 from trace_gym.config import load_config
@@ -127,7 +127,7 @@ def test_a_locked_run_dir_is_refused_across_processes_and_freed_when_the_holder_
     import sys
     import time
 
-    code = ("import sys, time; from trace_gym.runs.checkpoint import RunDir; run = RunDir(sys.argv[1]); run.start('a: 1\\n'); "
+    code = ("import sys, time; from trace_gym.runs.run_dir import RunDir; run = RunDir(sys.argv[1]); run.start('a: 1\\n'); "
             "print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
     try:

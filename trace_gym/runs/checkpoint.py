@@ -1,345 +1,247 @@
-"""Run directories: the resolved config, one metrics line per step, atomic checkpoints, resume.
+"""A checkpoint's rules: what ``checkpoints/step-N`` of a run dir holds, and when it counts.
 
-Layout of a run directory::
+:class:`~trace_gym.runs.run_dir.RunDir` writes one checkpoint per committed step and reads
+them back through these rules (the run dir's layout and crash safety: its docstring):
 
-    config.yaml              the resolved config (written once; a rerun must match it)
-    metrics.jsonl            one JSON object per finished step, in step order
-    checkpoints/step-N/      policy/ (HF weights + tokenizer), trainer.pt (optimizer, schedule),
-                             predictor.pt, rng.pt, state.json (step, data cursor),
-                             metrics.json (step N's metrics line),
-                             manifest.json (every other file's size and SHA-256; written last)
-                             (only the newest keeps trainer.pt, predictor.pt and rng.pt: the
-                             older ones are weights-only, manifest ``"resumable": false``)
-    evals/step-N.json        evaluations run during training
-    .lock                    held (``flock``) by the one run using the directory
+- :func:`write_manifest`, :func:`verify_checkpoint`: a checkpoint counts only when its
+  manifest lists exactly the plain files present (no link, nothing unlisted), at least the
+  files every step writes (``required``: :data:`TRAINING_STEP_FILES` for a training step),
+  each with its size and SHA-256, and its ``state.json`` / ``metrics.json`` are of its step;
+- :func:`drop_checkpoint_files`, :func:`is_resumable`: an older checkpoint made weights-only
+  (its manifest marked ``"resumable": false``), and telling one;
+- :func:`read_state`, :func:`state_problem`, :func:`listed_sha256`: what a resume and a
+  policy loader read from one, checked;
+- :func:`predictor_state`, :func:`load_predictor_state`: the predictor's part of it.
 
-Crash safety (SIGKILL at any instant):
-
-- a checkpoint is written into ``checkpoints/.tmp-step-N-<pid>`` and renamed to
-  ``step-N`` only when complete (``os.rename`` is atomic), so a ``step-N`` folder is
-  always whole; temp folders left by a killed run are removed on the next start;
-- a checkpoint counts only when its ``manifest.json`` matches what is on disk
-  (:func:`~trace_gym.runs.files.verify_checkpoint`): it lists every file present and
-  nothing else, at least the files every step of the run writes (``step_files``: a
-  manifest listing ``"files": {}`` does not make an empty step complete), each with its
-  size and SHA-256, no link anywhere, and ``state.json`` / ``metrics.json`` of its step.
-  Since a checkpoint is renamed into place whole, a ``step-N`` that fails its manifest
-  was changed by something else (an editor, another tool, a bad copy); resume (and
-  ``eval --policy RUN``) then refuses in one line naming the step, the reason and how to go
-  on, and moves nothing: a run's trained state is the most expensive thing its user has;
-- a checkpoint is read-only to every reader (resume, ``eval``, ``compare``, ``bench``,
-  ``bank record``): nothing but its run writes into it, and readers' caches live in the
-  trace_gym cache (the weights hash: :mod:`trace_gym.runs.weights`);
-- one run at a time: :meth:`RunDir.start` takes an exclusive lock on ``.lock`` (released
-  when the process ends, however it ends); a second run on the same directory is refused
-  in one line naming the holder's pid, host and start time;
-- what a run reads and writes lies inside what it locks: ``.lock`` is never opened
-  through a link, and an entry of the run dir that the run uses (``config.yaml``,
-  ``metrics.jsonl``, ``checkpoints/`` and each folder in it, ``evals/`` and each file in
-  it, ``tb/``) that a link takes outside the directory (``checkpoints/`` linked into
-  another run's) is refused at start, naming the link;
-- every run file is read bounded and total (:mod:`trace_gym.runs.files`): a manifest,
-  ``state.json`` or ``metrics.json`` too large, too deep or of the wrong shape makes its
-  checkpoint incomplete (a reason, never a raw ``RecursionError`` or ``AttributeError``),
-  and a ``metrics.jsonl`` line that is torn, too long, too deep or holds a 5000-digit
-  number is skipped;
-- a step *commits* by (1) renaming its checkpoint into place, then (2) appending its
-  metrics line. On resume, ``metrics.jsonl`` is rebuilt from the lines of steps up to the
-  last checkpoint (a torn last line is dropped, any line after the checkpoint is dropped
-  because that step reruns, and a line missing between (1) and (2) comes back from the
-  checkpoint's own ``metrics.json``). So every step appears exactly once, whatever the
-  instant of the kill.
+Every file is read bounded (:mod:`trace_gym.runs.files`).
 """
 
 from __future__ import annotations
 
-import errno
+import fnmatch
 import json
 import os
 import re
-import shutil
-import socket
-import sys
-import time
-from dataclasses import dataclass
+import stat
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Mapping, Sequence
 
-from trace_gym.runs.files import (MANIFEST, atomic_write_text, drop_checkpoint_files, is_resumable, is_step,
-                                 iter_json_lines, link_outside, open_regular, read_json_file, verify_checkpoint,
-                                 write_manifest)
+from trace_gym.runs.files import atomic_write_text, is_step, read_json_file, sha256_file
 
-__all__ = ["MANIFEST", "atomic_write_text", "verify_checkpoint", "write_manifest"]  # re-exported from run_files
-
+MANIFEST = "manifest.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: What ``eval`` wrote into a checkpoint's ``policy/`` before issue 41 (the memo now lives in
+#: the cache: :mod:`trace_gym.runs.weights`); a run dir evaluated then still holds it.
+OLD_EVAL_MEMO = ".trace_gym_weights_hash.json"
 CHECKPOINT = re.compile(r"step-(0|[1-9][0-9]{0,14})\Z")  # the names the run writes: "step-007", "step-4\n" are not
-LOCK = ".lock"
 #: The files every checkpoint of a training step holds (``trace_gym.train.loop`` writes them;
 #: patterns relative to the step folder; the sharded trainer writes ``trainer-rank*.pt``).
 TRAINING_STEP_FILES = ("policy/config.json", "policy/*.safetensors", "trainer*.pt", "predictor.pt", "rng.pt",
                        "state.json", "metrics.json")
 #: What :meth:`RunDir.commit` itself writes into every checkpoint.
 COMMIT_FILES = ("metrics.json",)
-#: The entries of a run dir a run reads or writes (each must stay inside the directory it locks).
-RUN_ENTRIES = (LOCK, "config.yaml", "metrics.jsonl", "checkpoints", "evals", "tb", "wandb", "mlruns")
-#: Largest ``config.yaml`` a rerun reads back, bytes.
-MAX_CONFIG_BYTES = 1 << 20
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def write_manifest(folder: Path, step: int) -> None:
+    """Record every file under ``folder`` (size, SHA-256) in its ``manifest.json``, last."""
+    files = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
+             for f in sorted(folder.rglob("*")) if f.is_file() and f.name != MANIFEST}
+    atomic_write_text(folder / MANIFEST, json.dumps({"step": step, "complete": True, "files": files}, indent=1))
+
+
+def drop_checkpoint_files(folder: Path, step: int, patterns: Sequence[str]) -> list[str]:
+    """Make a complete checkpoint weights-only: the listed files matching ``patterns`` leave
+    the manifest (rewritten atomically first, marked ``"resumable": false`` with the names
+    under ``"dropped"``), then the files are deleted. Idempotent; killed between the two, the
+    checkpoint is still complete (a dropped name may remain on disk until the next call).
+    Returns the names dropped (none when nothing matched)."""
+    manifest = read_json_file(folder / MANIFEST)
+    if _manifest_problem(manifest, step):
+        return []
+    files, dropped = dict(manifest["files"]), list(manifest.get("dropped") or [])
+    names = [n for n in files if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if names:
+        manifest = {**manifest, "resumable": False, "files": {n: e for n, e in files.items() if n not in names},
+                    "dropped": sorted(set(dropped) | set(names))}
+        atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1))
+    for name in manifest.get("dropped") or []:
+        if type(name) is str and "/" not in name and name != MANIFEST:
+            (folder / name).unlink(missing_ok=True)
+    return names
+
+
+def is_resumable(folder: Path) -> bool:
+    """Whether a checkpoint still holds its resume state (its manifest is not marked
+    ``"resumable": false`` by :func:`drop_checkpoint_files`)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return read_json_file(folder / MANIFEST).get("resumable", True) is not False
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
-@dataclass(frozen=True)
-class Resume:
-    """Where a rerun continues: the last complete checkpoint."""
-
-    step: int
-    path: Path
-    #: False for a weights-only checkpoint (:meth:`RunDir.drop_files`): nothing to resume from
-    resumable: bool = True
-
-    @property
-    def policy_path(self) -> Path:
-        return self.path / "policy"
+def _dropped(manifest: Mapping[str, Any]) -> list[str]:
+    """The names a weights-only manifest dropped (top-level file names only; else none)."""
+    names = manifest.get("dropped") if manifest.get("resumable") is False else None
+    if type(names) is not list:
+        return []
+    return [n for n in names if type(n) is str and n and "/" not in n and n not in (MANIFEST, ".", "..")]
 
 
-class RunDir:
-    """A training run's directory (see the module docstring).
+def _shown(name: str) -> str:
+    """A file name as a one-line reason shows it: as is, or quoted when it holds a newline or
+    another character that is not printable."""
+    return name if name.isprintable() else repr(name)
 
-    Args:
-        path: the run dir.
-        step_files: patterns of the files every checkpoint of this run holds (the training
-            loop passes :data:`TRAINING_STEP_FILES`; default: what :meth:`commit` writes).
+
+def _plain_files(folder: Path) -> tuple[dict[str, Path], str | None]:
+    """``({relative name: path} of the files under folder, None)``, or the reason the folder
+    holds something a checkpoint never does (a link, a device, a pipe)."""
+    files: dict[str, Path] = {}
+    for top, dirs, names in os.walk(folder, followlinks=False):
+        for name in [*dirs, *names]:
+            path = Path(top) / name
+            rel = path.relative_to(folder).as_posix()
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                return files, f"{_shown(rel)} is a link (to {_shown(os.readlink(path))}); a checkpoint holds plain " \
+                              "files only"
+            if name in names:
+                if not stat.S_ISREG(mode):
+                    return files, f"{_shown(rel)} is not a regular file"
+                files[rel] = path
+    return files, None
+
+
+def _manifest_problem(manifest: Any, step: int) -> str | None:
+    """Why ``manifest`` is not a complete manifest of ``step``, naming the field, else ``None``."""
+    if type(manifest) is not dict:
+        return f"{MANIFEST} is a {type(manifest).__name__}, expected an object"
+    if manifest.get("complete") is not True:
+        return f"{MANIFEST} is not marked complete"
+    if not is_step(manifest.get("step")) or manifest["step"] != step:
+        return f"{MANIFEST} is of step {manifest.get('step')!r:.40}"
+    files = manifest.get("files")
+    if type(files) is not dict:
+        return f"{MANIFEST}'s files is {type(files).__name__ if 'files' in manifest else 'missing'}, expected an object"
+    for name, entry in files.items():
+        parts = name.split("/")
+        if not name or name == MANIFEST or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            return f"{MANIFEST} lists {name!r:.80}, not a file inside the checkpoint"
+        if type(entry) is not dict or not is_step(entry.get("size")) or type(entry.get("sha256")) is not str \
+                or not _SHA256.fullmatch(entry["sha256"]):
+            return f"{MANIFEST}'s entry of {name!r:.80} is {entry!r:.80}, expected {{'size': bytes, 'sha256': hex}}"
+    return None
+
+
+def state_problem(state: Any, step: int, *, cursor: bool = False) -> str | None:
+    """Why ``state`` (a parsed ``state.json``) is not the state of ``step``: an object with
+    ``step``, and when present (required with ``cursor``) ``cursor`` = ``{"epoch",
+    "position"}`` counts and ``fallback_first`` a bool; else ``None``."""
+    if type(state) is not dict:
+        return f"state.json is a {type(state).__name__}, expected an object"
+    if not is_step(state.get("step")) or state["step"] != step:
+        return f"state.json is of step {state.get('step')!r:.40}, expected {step}"
+    if cursor or "cursor" in state:
+        c = state.get("cursor")
+        if type(c) is not dict or not is_step(c.get("epoch")) or not is_step(c.get("position")):
+            return f"state.json's cursor is {c!r:.80}, expected {{'epoch': count, 'position': count}}"
+    if type(state.get("fallback_first", False)) is not bool:
+        return f"state.json's fallback_first is {state['fallback_first']!r:.40}, expected true or false"
+    return None
+
+
+def _step_files_problem(folder: Path, step: int, files: Mapping[str, Any]) -> str | None:
+    """Why the checkpoint's own JSON files (``state.json``, ``metrics.json``) are not of ``step``."""
+    for name in ("state.json", "metrics.json"):
+        if name not in files:
+            continue
+        try:
+            value = read_json_file(folder / name)
+        except (OSError, ValueError) as exc:
+            return f"{name} is unreadable ({exc})"
+        problem = state_problem(value, step) if name == "state.json" else (
+            None if type(value) is dict and value.get("step") == step and is_step(value.get("step"))
+            else f"metrics.json is not the metrics line of step {step}")
+        if problem:
+            return problem
+    return None
+
+
+def verify_checkpoint(folder: Path, step: int, *, hashes: bool = True,
+                      required: Sequence[str] = ("metrics.json",)) -> str | None:
+    """Why ``folder`` is not a complete checkpoint of ``step`` (naming the file), or ``None``.
+
+    Complete: ``folder`` and everything in it are plain (no link anywhere); its manifest
+    (read bounded) is of ``step`` and marked complete; it lists every file present and
+    nothing else; at least one listed file matches each pattern of ``required`` (the files
+    every step writes: a manifest listing ``{}`` does not make a step); each file has the
+    listed size (and, with ``hashes``, SHA-256); ``state.json`` and ``metrics.json`` are
+    of ``step``.
     """
+    if os.path.islink(folder):
+        return f"the folder is a link (to {_shown(os.readlink(folder))}); a checkpoint holds plain files only"
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        return f"no {MANIFEST} (an incomplete or foreign folder)"
+    present, odd = _plain_files(folder)
+    if odd:
+        return odd
+    try:
+        manifest = read_json_file(manifest_path)
+    except (OSError, ValueError) as exc:
+        return f"{MANIFEST} is unreadable ({exc})"
+    problem = _manifest_problem(manifest, step)
+    if problem:
+        return problem
+    files = manifest["files"]
+    dropped = set(_dropped(manifest))  # a weights-only checkpoint: these went on purpose
+    unlisted = sorted(set(present) - set(files) - {MANIFEST} - dropped)
+    if unlisted:
+        old_memo = " (the weights-hash memo eval wrote there before issue 41: safe to remove)" \
+            if unlisted[0].rpartition("/")[2] == OLD_EVAL_MEMO else ""
+        return f"{_shown(unlisted[0])} is not listed in {MANIFEST}{old_memo} (a checkpoint holds what its manifest " \
+               "lists, nothing else)"
+    for pattern in required:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in [*files, *dropped]):
+            return f"{MANIFEST} lists no {pattern} (every checkpoint of this run holds one)"
+    for name, entry in files.items():
+        path = present.get(name)
+        if path is None:
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, the manifest says {entry['size']}"
+        if hashes and sha256_file(path) != entry["sha256"]:
+            return f"{name} differs from the manifest (SHA-256)"
+    return _step_files_problem(folder, step, files)
 
-    def __init__(self, path: str | Path, step_files: Sequence[str] = COMMIT_FILES):
-        self.path = Path(path)
-        self.step_files = tuple(step_files)
-        self.checkpoints = self.path / "checkpoints"
-        self.metrics_path = self.path / "metrics.jsonl"
-        self.config_path = self.path / "config.yaml"
-        self._lock: Any = None  # the open .lock file while this object holds it
 
-    # -- one run at a time
-    def lock(self) -> None:
-        """Take the directory's exclusive lock (idempotent), or raise ``ValueError`` naming
-        the run that holds it."""
-        import fcntl
+def listed_sha256(folder: Path, under: str) -> dict[str, str]:
+    """``{name inside under/: sha256 hex}`` of the files a checkpoint's manifest lists in its
+    sub-folder ``under`` (``"policy"``: the weights), so a caller that has just checked the
+    checkpoint by content (:func:`verify_checkpoint` with ``hashes``) need not hash them
+    again; ``{}`` when the manifest is unreadable or of the wrong shape."""
+    try:
+        manifest = read_json_file(folder / MANIFEST)
+    except (OSError, ValueError):
+        return {}
+    files = manifest.get("files") if type(manifest) is dict else None
+    prefix = under.strip("/") + "/"
+    return {name[len(prefix):]: entry["sha256"] for name, entry in (files if type(files) is dict else {}).items()
+            if name.startswith(prefix) and type(entry) is dict and type(entry.get("sha256")) is str}
 
-        if self._lock is not None:
-            return
-        self.path.mkdir(parents=True, exist_ok=True)
-        try:  # never through a link: the lock is this directory's own file
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise ValueError(f"run dir {str(self.path)!r}: {LOCK} is a link (to {os.readlink(self.path / LOCK)}); a "
-                             "run locks its own directory's file only (remove the link)") from None
-        handle = os.fdopen(fd, "r+b")  # held open for the run's life
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(handle.fileno(), 4096, 0).decode("utf-8", "replace").strip() or "another process"
-            handle.close()
-            raise ValueError(f"run dir {str(self.path)!r} is in use by {holder}; wait for that run to end, "
-                             "or use another run_dir") from None
-        handle.truncate(0)
-        argv = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
-                     f"({argv})\n".encode())
-        handle.flush()
-        self._lock = handle
 
-    def close(self) -> None:
-        """Release the lock (it is released too when this object is collected or the process ends)."""
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
-    # -- start / resume
-    def start(self, config_yaml: str, *, compare: Callable[[str, str], list[str]] | None = None) -> Resume | None:
-        """Create the directory or pick it up again.
-
-        Writes ``config.yaml`` on a fresh start. On a rerun the stored config must match
-        (``compare(stored, new)`` returns the differing keys; any raises ``ValueError``
-        naming them). Returns the newest checkpoint, checked by SHA-256, or ``None`` to
-        start at step 1. Takes the lock first (:meth:`lock`); removes the temp folders a
-        killed run left, and nothing else.
-
-        Raises:
-            ValueError: another config, or the newest ``step-N`` is not as the run wrote it
-                (:meth:`last_checkpoint`; nothing is moved).
-        """
-        self.lock()
-        self._check_inside()
-        self.checkpoints.mkdir(exist_ok=True)
-        if self.config_path.exists():
-            differ = self._config_differences(config_yaml, compare)
-            if differ:
-                raise ValueError(f"run dir {str(self.path)!r} was started with another config ({', '.join(differ)}); "
-                                 "use a new run_dir, or rerun with the same config to resume")
-        else:
-            atomic_write_text(self.config_path, config_yaml)
-        for stale in self.checkpoints.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        resume = self.last_checkpoint(hashes=True)
-        self._reconcile_metrics(resume)
-        return resume
-
-    def _check_inside(self) -> None:
-        """``ValueError`` naming the link when an entry the run reads or writes
-        (:data:`RUN_ENTRIES`, and what ``checkpoints/`` and ``evals/`` hold) leads outside
-        the directory this run locks."""
-        entries = [self.path / name for name in RUN_ENTRIES]
-        for entry in entries[:]:
-            if entry.name in ("checkpoints", "evals") and entry.is_dir() and link_outside(self.path, entry) is None:
-                entries += sorted(entry.iterdir())
-        for entry in entries:
-            target = link_outside(self.path, entry)
-            if target is not None:
-                raise ValueError(f"run dir {str(self.path)!r}: {entry.relative_to(self.path).as_posix()} leads to "
-                                 f"{target}, outside the directory this run locks; a run reads and writes only inside "
-                                 "its own run dir (remove the link, or run in that directory)")
-
-    def _config_differences(self, config_yaml: str, compare: Callable[[str, str], list[str]] | None) -> list[str]:
-        """The keys in which the stored ``config.yaml`` (read bounded) differs from ``config_yaml``;
-        ``ValueError`` naming the file when it cannot be read or compared."""
-        import yaml
-
-        with open_regular(self.config_path) as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        try:
-            if len(data) > MAX_CONFIG_BYTES:
-                raise ValueError(f"more than {MAX_CONFIG_BYTES:,} bytes")
-            stored = data.decode("utf-8")
-            return compare(stored, config_yaml) if compare else ([] if stored == config_yaml else ["config"])
-        except (ValueError, TypeError, AttributeError, RecursionError, yaml.YAMLError) as exc:  # what a bad file raises
-            raise ValueError(f"run dir {str(self.path)!r}: config.yaml is unreadable ({type(exc).__name__}: "
-                             f"{str(exc)[:200]}); use a new run_dir") from None
-
-    def _steps(self) -> list[int]:
-        return [int(m.group(1)) for p in self.checkpoints.iterdir() if (m := CHECKPOINT.match(p.name))] \
-            if self.checkpoints.exists() else []
-
-    def last_checkpoint(self, *, hashes: bool = False) -> Resume | None:
-        """The newest checkpoint (``step-N`` of the largest N), checked against its manifest
-        by size (with ``hashes``, by SHA-256 too); ``None`` when the run has none.
-
-        Raises:
-            ValueError: that folder is not as the run wrote it: one line naming the step,
-                what differs and how to go on (:meth:`_touched`); an older step is never
-                taken in its place, and nothing is moved.
-        """
-        steps = sorted(self._steps())
-        if not steps:
-            return None
-        folder = self.checkpoints / f"step-{steps[-1]}"
-        reason = verify_checkpoint(folder, steps[-1], hashes=hashes, required=self.step_files)
-        if reason is not None:
-            raise ValueError(self._touched(steps[-1], reason, steps[:-1]))
-        return Resume(steps[-1], folder, is_resumable(folder))
-
-    def _touched(self, step: int, reason: str, older: Sequence[int]) -> str:
-        """The refusal of a ``step-N`` that fails its manifest. A run renames each checkpoint
-        into place whole, so such a folder was changed by something else; the user decides
-        what happens to it (moving it aside silently lost a run's trained weights after one
-        evaluation wrote a memo into them)."""
-        before = next((s for s in reversed(older) if verify_checkpoint(
-            self.checkpoints / f"step-{s}", s, hashes=False, required=self.step_files) is None), None)
-        then = f"step-{before} is then the newest" if before is not None else "no checkpoint is then left: step 1 next"
-        return (f"run dir {str(self.path)!r}: checkpoints/step-{step} is not as the run wrote it: {reason}; a trained "
-                f"checkpoint is never moved or deleted for you: undo that change (remove a file the run did not "
-                f"write, restore one it did), or move checkpoints/step-{step} out of checkpoints/ yourself ({then})")
-
-    def read_metrics(self) -> list[dict[str, Any]]:
-        """The metrics lines, read bounded (:func:`~trace_gym.runs.files.iter_json_lines`): a
-        torn, overlong, too deep or unparsable line, or one that is not an object with an
-        integer ``step`` in 0..2**53, is skipped."""
-        if not self.metrics_path.exists():
-            return []
-        return [r for r in iter_json_lines(self.metrics_path) if type(r) is dict and is_step(r.get("step"))]
-
-    def _reconcile_metrics(self, resume: Resume | None) -> None:
-        last = resume.step if resume else 0
-        by_step: dict[int, dict] = {}
-        for record in self.read_metrics():
-            if record["step"] <= last:
-                by_step.setdefault(record["step"], record)
-        if resume is not None and last not in by_step and (resume.path / "metrics.json").exists():
-            by_step[last] = read_json_file(resume.path / "metrics.json")  # checked by verify_checkpoint
-        text = "".join(json.dumps(by_step[s]) + "\n" for s in sorted(by_step)).encode()
-        same = self.metrics_path.exists() and self.metrics_path.stat().st_size == len(text) \
-            and self.metrics_path.read_bytes() == text
-        if not same:
-            atomic_write_text(self.metrics_path, text.decode())
-
-    # -- commit a step
-    def commit(self, step: int, record: dict[str, Any], write_checkpoint: Callable[[Path], None] | None,
-               keep: int = 2, drop_superseded: Sequence[str] = ()) -> None:
-        """Finish ``step``: write its checkpoint (when ``write_checkpoint`` is given) atomically,
-        then append its metrics line; keep the newest ``keep`` checkpoints, and drop the files
-        matching ``drop_superseded`` (what only a resume reads) from every older one kept."""
-        if write_checkpoint is not None:
-            final = self.checkpoints / f"step-{step}"
-            tmp = self.checkpoints / f".tmp-step-{step}-{os.getpid()}"
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            write_checkpoint(tmp)
-            (tmp / "metrics.json").write_text(json.dumps(record))
-            write_manifest(tmp, step)
-            for f in tmp.rglob("*"):
-                if f.is_file():
-                    with open(f, "rb") as handle:
-                        os.fsync(handle.fileno())
-            if final.exists():  # a rerun of a step whose checkpoint was written (same content)
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.checkpoints)
-        fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if write_checkpoint is not None and keep > 0:
-            steps = sorted(self._steps())
-            for old in steps[:-keep]:
-                shutil.rmtree(self.checkpoints / f"step-{old}", ignore_errors=True)
-        if write_checkpoint is not None and drop_superseded:
-            for old in sorted(self._steps())[:-1]:
-                self.drop_files(old, drop_superseded)
-
-    def drop_files(self, step: int, patterns: Sequence[str]) -> list[str]:
-        """Make ``checkpoints/step-N`` weights-only: its files matching ``patterns`` leave the
-        manifest, then the disk (:func:`~trace_gym.runs.files.drop_checkpoint_files`); a
-        checkpoint that is not complete is left as it is. Returns the names dropped."""
-        folder = self.checkpoints / f"step-{step}"
-        if verify_checkpoint(folder, step, hashes=False) is not None:
-            return []
-        return drop_checkpoint_files(folder, step, patterns)
-
-    def checkpoint_path(self, step: int | None = None) -> Path:
-        """``checkpoints/step-N`` (the latest when ``step`` is None), its files checked
-        against its manifest by content (SHA-256: a policy is loaded from it, and a
-        same-size edit must not pass); ValueError when absent or changed. Reads only."""
-        if step is None:
-            last = self.last_checkpoint(hashes=True)
-            if last is None:
-                raise ValueError(f"run dir {str(self.path)!r} has no checkpoint")
-            return last.path
-        path = self.checkpoints / f"step-{step}"
-        if not path.exists():
-            raise ValueError(f"run dir {str(self.path)!r} has no checkpoint for step {step}; it has "
-                             f"{sorted(self._steps())}")
-        reason = verify_checkpoint(path, step, hashes=True, required=self.step_files)
-        if reason is not None:
-            raise ValueError(f"{path} is not a complete checkpoint: {reason}")
-        return path
+def read_state(folder: Path, step: int) -> dict[str, Any]:
+    """A training checkpoint's ``state.json`` (bounded, checked: :func:`state_problem` with
+    its cursor); ``ValueError`` naming the file and the field."""
+    try:
+        state = read_json_file(folder / "state.json")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{folder}: state.json is unreadable ({exc})") from None
+    problem = state_problem(state, step, cursor=True)
+    if problem:
+        raise ValueError(f"{folder}: {problem}")
+    return state
 
 
 # ---------------------------------------------------------------------- predictor state
@@ -371,25 +273,3 @@ def load_predictor_state(predictor: Any, state: dict[str, Any]) -> None:
         return
     for name, value in state.items():
         getattr(predictor, name).load_state_dict(value)
-
-
-def load_state_file(path: str | Path, map_location: Any = None) -> Any:
-    """A ``.pt`` file of a run dir (``rng.pt``, ``predictor.pt``, a shard's optimiser state),
-    read with ``torch.load(weights_only=True)``: tensors, numbers, strings and containers,
-    plus numpy arrays (the RNG states hold them), and nothing that runs code when unpickled
-    (a run dir may have been edited by anyone: its manifest is no signature).
-
-    Raises:
-        ValueError: the file cannot be read that way (tampered, or not a state file), naming it.
-    """
-    import numpy as np
-    import torch
-    from numpy._core.multiarray import _reconstruct
-
-    dtype_classes = [c for c in vars(np.dtypes).values() if isinstance(c, type) and issubclass(c, np.dtype)]
-    try:
-        with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, *dtype_classes]):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001  (UnpicklingError, a torn zip, EOF, ...: every one is a bad file)
-        raise ValueError(f"{path} is not a state file trace_gym wrote, or was changed: it is read only as tensors, "
-                         f"numbers and arrays ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})") from None

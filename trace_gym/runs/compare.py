@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trace_gym import report
-from trace_gym.runs.checkpoint import RunDir
+from trace_gym.runs.run_dir import RunDir
 
 #: Time phases reported, in the order of a training step.
 PHASES = ("generation", "environment", "predictor_scoring", "predictor_update", "allocation", "policy_update",
@@ -84,7 +84,7 @@ def load_run(path: str | Path, name: str = "") -> Run:
     too large or of the wrong shape (naming it)."""
     import yaml
 
-    from trace_gym.runs.checkpoint import MAX_CONFIG_BYTES
+    from trace_gym.runs.run_dir import MAX_CONFIG_BYTES
     from trace_gym.config import load_yaml
     from trace_gym.runs.files import open_regular, read_json_file
 

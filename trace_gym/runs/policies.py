@@ -115,8 +115,8 @@ def checkpoint_of(path: Path) -> tuple[Path, str] | None:
 def _checkpoint_policy(spec: str, run: Path, step: int | None) -> Policy:
     """The :class:`Policy` of ``run``'s checkpoint ``step`` (the newest when ``None``), its
     files checked by SHA-256 against its manifest (:meth:`RunDir.checkpoint_path`: reads only)."""
-    from trace_gym.runs.checkpoint import RunDir
-    from trace_gym.runs.files import listed_sha256
+    from trace_gym.runs.run_dir import RunDir
+    from trace_gym.runs.checkpoint import listed_sha256
 
     ckpt = RunDir(run).checkpoint_path(step)
     hashes = tuple(sorted(listed_sha256(ckpt, "policy").items()))

@@ -28,8 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_gym.train.advantages import get_estimator
-from trace_gym.runs.checkpoint import (RunDir, load_predictor_state, load_state_file, predictor_state,
-                                  require_predictor_state)
+from trace_gym.runs.checkpoint import load_predictor_state, predictor_state, require_predictor_state
+from trace_gym.runs.files import load_state_file
+from trace_gym.runs.run_dir import RunDir
 from trace_gym.config import flatten, load_yaml, to_yaml
 from trace_gym.step.driver import forecast_fallback_first
 from trace_gym.step.learning import brief_repeats
@@ -308,7 +309,7 @@ def _load_rng(folder: Path, cursor: TaskCursor, rng: np.random.Generator) -> boo
     """Restore the cursor and every RNG from a checkpoint; returns its single-turn forecast."""
     import torch
 
-    from trace_gym.runs.files import read_state
+    from trace_gym.runs.checkpoint import read_state
 
     state = read_state(folder, int(folder.name.split("-")[1]))  # bounded and checked (verified at start too)
     cursor.load(state["cursor"])

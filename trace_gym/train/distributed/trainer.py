@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from trace_gym.train.batches import TokenTree
-from trace_gym.runs.checkpoint import load_state_file
+from trace_gym.runs.files import load_state_file
 from trace_gym.train.trainer import PolicyTrainer, TrainerConfig
 from trace_gym.train.update_stats import UpdateStats
 
