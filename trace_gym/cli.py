@@ -21,7 +21,6 @@ traceback only with ``--verbose`` and only for a bug.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import re
@@ -30,6 +29,7 @@ from typing import Any, Sequence
 
 from trace_gym.commands import CONFIG_KEYS
 from trace_gym.utils.suggest import did_you_mean
+from trace_gym.utils.targets import load_target
 
 #: Every command: name -> "module:add_parser_function" (the order of ``--help``).
 COMMANDS: dict[str, str] = {
@@ -58,8 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "strategies and estimators register on import); repeatable, allowed anywhere on the line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for target in COMMANDS.values():
-        module, _, function = target.partition(":")
-        getattr(importlib.import_module(module), function)(sub)
+        load_target(target)(sub)
     parser.allow_abbrev = False
     for leaf in _leaves(parser):
         leaf.allow_abbrev = False  # `--ou x=y` must not mean `--out x=y` to argparse but not to split_overrides

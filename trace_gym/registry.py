@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from trace_gym.utils.targets import load_target
+
 NAMESPACE = "trace_gym"
 ENTRY_POINT_GROUP = "trace_gym.envs"
 TASKS_GROUP = "trace_gym.tasks"
@@ -82,7 +84,7 @@ class EnvFamily:
 
     def load_tasks(self, n: int, seed: int = 0) -> list:
         """``n`` tasks from the family's loader."""
-        loader = _load_object(self.task_loader) if isinstance(self.task_loader, str) else self.task_loader
+        loader = load_target(self.task_loader) if isinstance(self.task_loader, str) else self.task_loader
         tasks = list(loader(n, seed=seed, **dict(self.loader_kwargs)))
         if not tasks:
             raise ValueError(f"the task loader of {self.env_id} returned no tasks for n={n}, seed={seed}")
@@ -175,14 +177,6 @@ PLUGIN_ERRORS: dict[str, str] = {}
 #: the ``--plugin`` modules imported in this process, in order (a resolved
 #: :class:`EnvFamily` carries them to the processes it is pickled into)
 PLUGIN_MODULES: list[str] = []
-
-
-def _load_object(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
-    for part in filter(None, attr.split(".")):
-        obj = getattr(obj, part)
-    return obj
 
 
 def register_envs(*, plugins: bool = True) -> list[str]:
@@ -349,7 +343,7 @@ def _task_loader_for(env_id: str) -> Callable[..., list] | str:
         if ep.name in (env_id, short):
             return ep.value
     spec = registry[env_id]
-    cls = spec.entry_point if callable(spec.entry_point) else _load_object(spec.entry_point)
+    cls = spec.entry_point if callable(spec.entry_point) else load_target(spec.entry_point)
     loader = getattr(cls, "load_tasks", None)
     if loader is None:
         raise ValueError(f"env {env_id} declares no task loader: give its class a classmethod "

@@ -68,7 +68,6 @@ v0: first version (gem-llm 0.1.0).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from typing import Any, Mapping, Sequence
@@ -78,6 +77,7 @@ from trace_gym.env.adapter import ForeignEnv, options_of
 from trace_gym.env.boundary import error_text
 
 from trace_gym.env.process_state import process_state_kept
+from trace_gym.utils.targets import load_target
 from trace_gym.types import Message, Task
 
 PACKAGE = "gem-llm"
@@ -142,10 +142,9 @@ def make_options(gem_id: str) -> list[str]:
     spec = _spec(gem_id)
     target = spec.entry_point
     if isinstance(target, str):
-        module, _, name = target.partition(":")
         try:
             with process_state_kept():
-                target = getattr(importlib.import_module(module), name)
+                target = load_target(target)
         except Exception as exc:  # noqa: BLE001  (whatever GEM's env module needs at import)
             raise ValueError(f"{_where(gem_id)}: cannot import GEM's {spec.entry_point} ({_one_line(exc)})") from None
     params = inspect.signature(target).parameters.values()

@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
 from pathlib import Path
 
 import pytest
 
 from trace_gym.config_sections import SECTIONS, AgentLimits, BudgetShape, section_of
 from trace_gym.commands import ENTRY_CONFIGS
+from trace_gym.utils.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[2]
 #: section class -> its name in field metadata
 SECTION_NAMES = {BudgetShape: "budget", AgentLimits: "agent"}
-
-
-def load(target: str) -> type:
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def section_fields() -> dict[str, tuple[type, str]]:
@@ -34,7 +29,7 @@ def section_fields() -> dict[str, tuple[type, str]]:
 def test_the_table_lists_every_config_dataclass_of_an_entry_point():
     """No entry-point config outside the table: every frozen dataclass named *Config whose
     docstring starts with a ``trace-gym`` command is listed."""
-    listed = {load(t) for t in ENTRY_CONFIGS.values()}
+    listed = {load_target(t) for t in ENTRY_CONFIGS.values()}
     found = set()
     for pkg in ("trace_gym", "evaluators", "environments", "baselines"):
         for path in (ROOT / pkg).rglob("*.py"):
@@ -42,13 +37,13 @@ def test_the_table_lists_every_config_dataclass_of_an_entry_point():
                 if isinstance(node, ast.ClassDef) and node.name.endswith("Config") \
                         and (ast.get_docstring(node) or "").startswith("``trace-gym"):
                     rel = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-                    found.add(load(f"{rel}:{node.name}"))
+                    found.add(load_target(f"{rel}:{node.name}"))
     assert found == listed
 
 
 @pytest.mark.parametrize("command", sorted(ENTRY_CONFIGS))
 def test_each_config_takes_the_shared_fields_from_their_sections(command):
-    cls, shared = load(ENTRY_CONFIGS[command]), section_fields()
+    cls, shared = load_target(ENTRY_CONFIGS[command]), section_fields()
     for f in dataclasses.fields(cls):
         if f.name in shared and isinstance(cls, type) and issubclass(cls, shared[f.name][0]):
             assert section_of(f) == shared[f.name][1], f"{cls.__name__}.{f.name} redefines the section's field"

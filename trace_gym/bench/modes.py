@@ -13,9 +13,10 @@ and one line here (or :func:`register_bench_mode`)::
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+from trace_gym.utils.targets import load_target
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,7 @@ def bench_mode(name: str) -> BenchMode:
     """
     if name not in BENCH_SOURCES:
         raise ValueError(f"unknown bench mode {name!r}; known: {', '.join(BENCH_SOURCES)}")
-    module, _, attr = BENCH_SOURCES[name].partition(":")
-    mode = getattr(importlib.import_module(module), attr)
+    mode = load_target(BENCH_SOURCES[name])
     if not isinstance(mode, BenchMode) or mode.name != name:
         raise ValueError(f"bench mode {name!r}: {BENCH_SOURCES[name]} is not a BenchMode named {name!r}")
     return mode

@@ -29,6 +29,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from trace_gym.predictor.memory import prompt_key, regress_head, with_prompt_evidence
+from trace_gym.utils.targets import load_target
 
 
 @dataclass(frozen=True)
@@ -393,15 +394,9 @@ class PredictorKind:
     needs: tuple[str, ...] = ()
 
     def factory(self):
-        import importlib
-
         if callable(self.target):  # a registered factory (:func:`register_predictor`)
             return self.target
-        module, _, name = self.target.partition(":")
-        obj = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        return obj
+        return load_target(self.target)
 
 
 #: Every success predictor by name: the one list of predictor kinds.
