@@ -231,7 +231,7 @@ def _qa_train(name: str, path: str | None) -> list[Task]:
 
 
 def env_heldout(family: Any) -> Callable[..., list[Task]]:
-    """A suite loader over an env's own task loader (a :class:`trace_gym.registry.EnvFamily`):
+    """A suite loader over an env's own task loader (a :class:`trace_gym.env.family.EnvFamily`):
     its held-out split, the prompts that ``trace-gym train`` on that env never trains on
     (``limit`` None: 64 tasks; ``heldout_fraction`` 0: the loader's first tasks, no split)."""
 

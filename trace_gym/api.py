@@ -77,7 +77,8 @@ from trace_gym.env.contract import (
     thaw,
 )
 from trace_gym.predictor.kinds import PREDICTORS, SuccessPredictor, make_predictor, register_predictor
-from trace_gym.registry import EnvFamily, resolve_env
+from trace_gym.env.family import EnvFamily
+from trace_gym.registry import resolve_env
 from trace_gym.env.spaces import ChatObservation, TextAction
 from trace_gym.strategies import STRATEGIES, register_strategy, shaped_strategies
 from trace_gym.allocation.strategy import Strategy

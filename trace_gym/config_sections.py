@@ -33,6 +33,7 @@ from typing import Any, Callable, ClassVar
 
 from trace_gym.config import doc
 from trace_gym.predictor.kinds import check_predictor_name, predictor_names
+from trace_gym.step.learning import PREFIX_SHARE
 
 __all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS", "check_sections",
            "positive", "section_default", "section_of"]
@@ -136,7 +137,7 @@ class PredictorChoice:
     predictor_kwargs: dict = field(default_factory=dict, metadata=_in(
         "predictor", "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", "
         "\"dtype\": \"bfloat16\"}"))
-    prefix_share: float = field(default=0.06, metadata=_in(
+    prefix_share: float = field(default=PREFIX_SHARE, metadata=_in(
         "predictor", "share of the predictor's batch weight on prefix samples (the paper: about 6 %)"))
 
     def _check_predictor(self) -> None:

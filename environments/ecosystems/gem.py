@@ -317,7 +317,7 @@ def load_tasks(n: int, seed: int = 0, *, gem_id: str, gem_kwargs: Mapping[str, A
 
 
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``gem:<name>?<options>``: ``options``
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``gem:<name>?<options>``: ``options``
     are ``gem.make`` keyword arguments, ``env_kwargs`` the adapter's (:data:`ENV_OPTIONS`);
     the task loader takes none of its own.
 
@@ -325,7 +325,7 @@ def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
         ValueError: an id GEM does not register, or an option, env kwarg or task kwarg
             nothing takes (one line each, with did-you-mean).
     """
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     spec = _spec(name)
     if options:

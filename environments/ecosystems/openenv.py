@@ -329,9 +329,9 @@ def installed_app(name: str) -> str:
 
 def family(name: str, options: Mapping[str, Any], env_kwargs: Mapping[str, Any],
            task_kwargs: Mapping[str, Any]):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``openenv:<name>`` (module docstring);
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``openenv:<name>`` (module docstring);
     ``options`` (an ``?k=v`` tail) set env kwargs, or ``reset_kwargs`` of the tasks."""
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     where = f"openenv:{name}"
     env = {**{k: v for k, v in options.items() if k not in TASK_OPTIONS}, **env_kwargs}

@@ -368,7 +368,7 @@ class ReasoningGymEnv(ForeignEnv):
 
 
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``reasoning_gym:<name>?<config>``:
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``reasoning_gym:<name>?<config>``:
     ``options`` are the dataset's config, ``env_kwargs`` the adapter's (:data:`ENV_OPTIONS`);
     the task loader takes none of its own.
 
@@ -376,7 +376,7 @@ def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
         ValueError: an unknown dataset, config field, env kwarg or task kwarg (one line
             each, with did-you-mean), or a config the dataset refuses.
     """
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     options_of(env_kwargs, ENV_OPTIONS, f"{_where(name)} env kwargs")
     options_of(task_kwargs, (), f"{_where(name)} task kwargs")

@@ -379,7 +379,7 @@ def _env_options(where: str, raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``skyrl:<name>?<options>``.
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``skyrl:<name>?<options>``.
 
     Raises:
         ValueError: ``name`` not in skyrl-gym's registry, or an option it does not take
@@ -389,7 +389,7 @@ def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
         import skyrl_gym
 
     from trace_gym.utils.suggest import did_you_mean
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     where = f"--env {PREFIX}:{name}"
     if name not in skyrl_gym.registry:

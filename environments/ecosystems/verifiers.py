@@ -283,13 +283,13 @@ class VerifiersEnv(ForeignEnv):
 
 
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``verifiers:<name>?<load_environment kwargs>``.
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``verifiers:<name>?<load_environment kwargs>``.
 
     Raises:
         ValueError: no such module, no ``load_environment``, or a keyword argument it (or the
             adapter, or the task loader) does not take: one line each, with did-you-mean.
     """
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     where = f"--env {PREFIX}:{name}"
     module = module_name(name)

@@ -95,3 +95,19 @@ def test_a_config_default_differs_from_the_section_but_keeps_its_help():
     # bench --bank sizes M to the bank when it is not given: its own default (None) and help, the section's key
     field = {f.name: f for f in dataclasses.fields(BankBenchConfig)}["root_budget"]
     assert field.default is None and section_of(field) == "budget" and "smaller bank" in field.metadata["help"]
+
+
+def test_the_prefix_share_default_has_one_home():
+    """0.06 (the paper's share of prefix samples in the predictor's batch) is written once, in
+    the learning half of the step; the configs and the bank's predictor check take it from there."""
+    import inspect
+
+    from trace_gym.banks.stats import predictor_spearman
+    from trace_gym.config_sections import PredictorChoice
+    from trace_gym.step.learning import PREFIX_SHARE
+
+    written = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "trace_gym").rglob("*.py"))
+               for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Constant) and n.value == 0.06]
+    assert written == ["trace_gym/step/learning.py"]
+    assert PredictorChoice().prefix_share == PREFIX_SHARE
+    assert inspect.signature(predictor_spearman).parameters["prefix_share"].default == PREFIX_SHARE

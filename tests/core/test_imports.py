@@ -47,7 +47,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "step": {"allocation", "budget", "env", "predictor", "tree"},
     "agent": {"allocation", "budget", "env", "predictor", "step", "tree", "types", "utils"},
     "sim": {"allocation", "budget", "predictor", "step", "tree"},
-    "config_sections": {"agent", "budget", "config", "predictor"},
+    "config_sections": {"agent", "budget", "config", "predictor", "step"},
     "banks": {"agent", "budget", "config", "config_sections", "predictor", "report", "runs", "step", "tree", "types",
               "utils"},
     "bench": {"agent", "allocation", "banks", "budget", "config", "config_sections", "engines", "env", "models",
@@ -176,6 +176,27 @@ def test_each_wing_says_what_it_may_import():
         if names != MAY_IMPORT[wing]:
             wrong[wing] = names
     assert wrong == {}
+
+
+def face_imports(package: Path) -> list[tuple[Path, int, str]]:
+    """``(file, line, module)`` of every import of the face in ``package`` (any depth)."""
+    return [(path, line, name) for path in sorted(package.rglob("*.py")) for line, name in imported_names(path)
+            if any(name == m or name.startswith(m + ".") for m in FORBIDDEN_MODULES)]
+
+
+def test_no_environment_imports_the_face():
+    """environments/ plugs into the core's contract (``trace_gym.env``), below the face: no
+    module of it (the ecosystem adapters included) imports cli, commands, registry,
+    strategies or api. A planted adapter that does is reported."""
+    shown = lambda found: [f"{p.relative_to(ROOT)}:{line} imports {name}" for p, line, name in found]  # noqa: E731
+    assert shown(face_imports(ROOT / "environments")) == []
+    planted = ROOT / "environments" / "ecosystems" / "_planted_adapter.py"
+    planted.write_text("def family():\n    from trace_gym.registry import adapter_family\n")
+    try:
+        assert "environments/ecosystems/_planted_adapter.py:2 imports trace_gym.registry" in shown(
+            face_imports(ROOT / "environments"))
+    finally:
+        planted.unlink()
 
 
 def test_the_root_holds_few_modules():

@@ -209,7 +209,7 @@ def run_env_bench(cfg: EnvBenchConfig, strategies: Mapping[str, Strategy], famil
         cfg: the configuration.
         strategies: name -> strategy, already shaped for ``cfg``.
         family: the environment: ``make_env() -> AgentEnv`` and
-            ``load_tasks(n, seed) -> list[Task]`` (``trace_gym.registry.EnvFamily``).
+            ``load_tasks(n, seed) -> list[Task]`` (``trace_gym.env.family.EnvFamily``).
         engine: an already-built rollout engine (else one is made from ``cfg`` and closed
             at the end).
         progress: show a progress bar.
