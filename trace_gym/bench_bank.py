@@ -189,6 +189,9 @@ class BankSource:
         if note:
             self.say(note)
         self.config = cfg = dataclasses.replace(cfg, candidates=candidates, root_budget=root_budget)
+        if cfg.epochs:  # every measured prompt visited `epochs` times (the pools cycle through them)
+            steps = cfg.warmup_steps + math.ceil(cfg.epochs * len(self.measurable) / cfg.candidates)
+            self.config = cfg = dataclasses.replace(cfg, steps=steps)
         self.warmups: list[dict[str, Any]] = []
         self.repetitions, self.steps, self.warmup_steps = cfg.seeds, cfg.steps, cfg.warmup_steps
         self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
@@ -344,8 +347,8 @@ def check_groups_fit(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], m
     from trace_gym.allocation import GroupSized
 
     need = {name: groups_needed(s.budget_split(cfg.nominal_budget)[0], s.root_allocator.group_size)
-            for name, s in strategies.items()
-            if isinstance(s.root_allocator, GroupSized) and s.root_allocator.group_size >= 2}
+            for name, s in strategies.items()  # one-shot group strategies (a wave strategy sizes its own waves)
+            if isinstance(getattr(s, "root_allocator", None), GroupSized) and s.root_allocator.group_size >= 2}
     over = sorted(name for name, n in need.items() if n > cfg.candidates)
     if over:
         fits = largest_root_budget(cfg.candidates, cfg.group_size, cfg.continuations_per_root)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trace_gym.config import doc
-from trace_gym.config_sections import (AgentLimits, BudgetShape, PredictorChoice, Reproducibility, check_sections,
-                                       section_default)
+from trace_gym.config_sections import (AgentLimits, BenchTarget, BudgetShape, PredictorChoice, Reproducibility,
+                                       check_sections, section_default)
 from trace_gym.engines import ENGINES
 from trace_gym.predictor import predictor_names, reads_a_model
 from trace_gym.trainer import TrainerConfig
@@ -69,7 +69,7 @@ _STRATEGIES = doc("comma-separated strategy names (default: all)")
 
 # ---------------------------------------------------------------------- bench --sim
 @dataclass(frozen=True)
-class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
+class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget):
     """``trace-gym bench --sim``: strategies on simulated tasks with a known success martingale.
 
     The default is paper-like: a GRPO baseline with groups of 8 that are mixed about
@@ -131,7 +131,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
 
 # ---------------------------------------------------------------------- bench --env
 @dataclass(frozen=True)
-class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
+class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility, BenchTarget):
     """``trace-gym bench --env ENV``: strategies on real rollouts of a real policy (no training).
 
     The default is sized for the 2-core CPU machine: SmolLM2-135M on generated math
@@ -163,7 +163,7 @@ class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility)
 
 # ---------------------------------------------------------------------- bench --bank
 @dataclass(frozen=True)
-class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
+class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget):
     """``trace-gym bench --bank FILE``: strategies replayed on a recorded rollout bank.
 
     The default is sized for a bank of a few hundred prompts with R = 8 roots and K = 4
@@ -198,10 +198,16 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
     deterministic: bool = section_default(Reproducibility, "deterministic", True)
     seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)"))
+    epochs: int = field(default=0, metadata=doc(
+        "passes over the measured prompts (0: run `steps` steps): the steps become warmup_steps + ceil(epochs x "
+        "measured prompts / candidates), each visit of a prompt drawing fresh recorded rollouts without "
+        "replacement, so methods that read a prompt's history see it recur"))
 
     def __post_init__(self) -> None:
         check_sections(self)
         _positive(self, "seeds", "steps", *(["candidates"] if self.candidates is not None else []))
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or not 0 <= self.epochs <= 1000:
+            raise ValueError(f"epochs must be an integer in [0, 1000], got {self.epochs!r}")
         _check_measured_steps(self)
         _check_unit(self)
 
