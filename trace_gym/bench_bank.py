@@ -239,9 +239,16 @@ def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], *, 
         progress: show a progress bar.
         say: receives one-line progress messages and the all-same-reward warnings.
         out_dir: unused (the bank bench writes no files of its own).
+
+    With ``cfg.embedding_cache`` the frozen encoder's calls go through the bank's store on
+    disk (:func:`trace_gym.embeddings.bank_store`: the same vectors, read instead of computed
+    when this exact call was made before).
     """
+    from trace_gym.embeddings import bank_store, use_store
+
     source = BankSource(cfg, say or (lambda msg: None))
-    return run_bench(source, strategies, progress=progress, say=say)
+    with use_store(bank_store(source.bank.scan.sha256) if cfg.embedding_cache else None):
+        return run_bench(source, strategies, progress=progress, say=say)
 
 
 def intro(results: Mapping[str, Any]) -> list[str]:
@@ -343,9 +350,10 @@ def check_groups_fit(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], m
     """
     from trace_gym.allocation import GroupSized
 
+    # a wave strategy has no root allocator of fixed groups: it plans its own waves within the budget
     need = {name: groups_needed(s.budget_split(cfg.nominal_budget)[0], s.root_allocator.group_size)
             for name, s in strategies.items()
-            if isinstance(s.root_allocator, GroupSized) and s.root_allocator.group_size >= 2}
+            if isinstance(getattr(s, "root_allocator", None), GroupSized) and s.root_allocator.group_size >= 2}
     over = sorted(name for name, n in need.items() if n > cfg.candidates)
     if over:
         fits = largest_root_budget(cfg.candidates, cfg.group_size, cfg.continuations_per_root)
