@@ -48,7 +48,7 @@ from trace_gym.banks.format import Bank, open_bank
 from trace_gym.banks.replay import BankBranchRunner, BankDraws, BankOraclePredictor, recorded_prefix_rate
 from trace_gym.bench import Arm, arms_with_oracle, run_bench
 from trace_gym.bench_modes import BenchMode
-from trace_gym.banks.warmup import held_out_prompts, warm_up
+from trace_gym.banks.warmup import held_out_prompts, warm_up, warmup_batches
 from trace_gym.driver import StepResult, run_step
 from trace_gym.entry_configs import BankBenchConfig
 from trace_gym.predictor import PREDICTORS, make_predictor
@@ -94,7 +94,8 @@ class BankRepetition:
             kwargs = cfg.predictor_kwargs if arm.predictor == cfg.predictor else {}
             template = make_predictor(arm.predictor, kwargs, model_path=source.policy_path, seed=self.seed)
             if source.held_out:
-                stats = warm_up(template, source.bank, source.held_out, seed=cfg.seed, prefix_share=cfg.prefix_share)
+                stats = warm_up(template, source.bank, source.held_out, seed=cfg.seed, prefix_share=cfg.prefix_share,
+                                batches=source.warmup_batches())
                 if arm.predictor == cfg.predictor:
                     source.warmups.append(stats)
             self._templates[arm.predictor] = template
@@ -190,11 +191,19 @@ class BankSource:
             self.say(note)
         self.config = cfg = dataclasses.replace(cfg, candidates=candidates, root_budget=root_budget)
         self.warmups: list[dict[str, Any]] = []
+        self._warmup_batches: list | None = None
         self.repetitions, self.steps, self.warmup_steps = cfg.seeds, cfg.steps, cfg.warmup_steps
         self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
         self.policy_path = None
         if "model_path" in PREDICTORS[cfg.predictor].needs:  # the critic reads the recorded policy's own LM
             self.policy_path = policy_folder(self.bank.manifest)
+
+    def warmup_batches(self) -> list:
+        """The warm-up's trees (:func:`trace_gym.banks.warmup.warmup_batches`), built at the first
+        call and read by every repetition's and predictor kind's warm-up."""
+        if self._warmup_batches is None:
+            self._warmup_batches = warmup_batches(self.bank, self.held_out, self.config.seed)
+        return self._warmup_batches
 
     def arms(self, strategies: Mapping[str, Strategy]) -> dict[str, Arm]:
         cfg = self.config
