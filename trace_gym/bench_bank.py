@@ -251,13 +251,15 @@ def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], *, 
 
     With ``cfg.embedding_cache`` the frozen encoder's calls go through the bank's store on
     disk (:func:`trace_gym.embeddings.bank_store`: the same vectors, read instead of computed
-    when this exact call was made before).
+    when this exact call was made before); ``results["embedding_cache"]`` says how many calls
+    it read and computed (``None`` with the cache off).
     """
     from trace_gym.embeddings import bank_store, use_store
 
     source = BankSource(cfg, say or (lambda msg: None))
-    with use_store(bank_store(source.bank.scan.sha256) if cfg.embedding_cache else None):
-        return run_bench(source, strategies, progress=progress, say=say)
+    with use_store(bank_store(source.bank.scan.sha256) if cfg.embedding_cache else None) as store:
+        results = run_bench(source, strategies, progress=progress, say=say)
+    return results | {"embedding_cache": store.summary() if store is not None else None}
 
 
 def intro(results: Mapping[str, Any]) -> list[str]:

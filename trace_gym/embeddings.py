@@ -6,7 +6,8 @@ repetition and arm. Two layers keep that work to once:
 
 * in the process, :func:`shared_encoder`: one encoder per ``(folder, device)`` with an LRU
   of the vectors it returned, keyed by a hash of each text, that every predictor of that
-  encoder shares (and the end of each history the encoder reads, :data:`Shared.recent`);
+  encoder shares (and where the end of each history that the encoder reads starts,
+  :func:`recent_history`);
 * on disk, an :class:`EmbeddingStore` that a caller switches on around a run
   (:func:`use_store`; ``bench --bank`` does, with ``embedding_cache=true``): it keeps the
   vectors of every encode call under the trace_gym cache
@@ -27,7 +28,8 @@ the same numbers as one without it.
 A file that does not read back whole (cut short, damaged, written by another version)
 is computed again and rewritten; files are written to a temporary name and renamed, so
 two processes writing the same call never leave half a file. The store holds nothing in
-memory, and stops adding files once its folder holds ``max_bytes``.
+memory, and stops adding files once the folder it is bounded by holds ``max_bytes`` (1 GiB
+for every bank's store together).
 """
 
 from __future__ import annotations
@@ -87,6 +89,14 @@ def shared_encoder(key: tuple[str, str]) -> Shared:
     return _ENCODERS[key]
 
 
+def clear_caches() -> None:
+    """Forget every vector and history end this process computed (the encoders stay loaded):
+    what a fresh process starts from."""
+    for shared in _ENCODERS.values():
+        shared.vectors.clear()
+        shared.recent.clear()
+
+
 def text_key(text: str) -> str:
     """The hash a text's vector is kept under (32 hex digits)."""
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
@@ -96,6 +106,68 @@ def trim(cache: OrderedDict, size: int) -> None:
     """Drop the least recently used entries of ``cache`` beyond ``size``."""
     while len(cache) > size:
         cache.popitem(last=False)
+
+
+def recent_history(shared: Shared, histories: Sequence[str], pieces: int, first_window: int,
+                   cache_size: int) -> list[str]:
+    """The end of each history that ``shared``'s encoder reads in full: unchanged when it has at
+    most ``pieces`` word pieces, else from the first word start among its last ``pieces``
+    (:meth:`trace_gym.predictor.EmbeddingPredictor.recent_history` says why that is exact).
+    ``first_window``: characters of a history's end tokenised first (x4 until they hold the
+    pieces). Where each end starts is kept in ``shared.recent`` (at most ``cache_size``), so a
+    history is tokenised once per process."""
+    out, recent = list(histories), shared.recent
+    keys = {i: (text_key(h), pieces, first_window) for i, h in enumerate(out) if h}
+    todo = []
+    for i, key in keys.items():
+        if key in recent:
+            recent.move_to_end(key)
+            out[i] = out[i][recent[key]:]
+        else:
+            todo.append(i)
+    _cut_histories(shared.encoder.tokenizer, out, todo, pieces, first_window)
+    for i in todo:
+        recent[keys[i]] = len(histories[i]) - len(out[i])
+    trim(recent, cache_size)
+    return out
+
+
+def _cut_histories(tokenizer: Any, out: list[str], todo: Sequence[int], pieces: int, first_window: int) -> None:
+    """:func:`recent_history` of ``out[i]`` for each ``i`` of ``todo``, in place."""
+    window = {i: first_window for i in todo}
+    while window:  # one batched tokenizer call per round; most finish in the first
+        rows = list(window)
+        texts = [out[i][-window[i]:] for i in rows]
+        enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, truncation=False,
+                        verbose=False)
+        for b, i in enumerate(rows):
+            history, text = out[i], texts[b]
+            words, offsets = enc.word_ids(b), enc["offset_mapping"][b]
+            whole, n = len(text) == len(history), len(words)
+            if whole and n <= pieces:
+                del window[i]  # it fits: unchanged
+                continue
+            # the window may cut its first word, so only the pieces after that word are the history's own
+            first_exact = 0 if whole else next((j for j in range(n) if words[j] != words[0]), n)
+            if n - first_exact < pieces:
+                window[i] *= 4
+                continue
+            start = n - pieces
+            while start < n and words[start] == words[start - 1]:
+                start += 1  # to the next word start
+            cut = len(history) - len(text)
+            out[i] = history[cut + offsets[start][0]:] if start < n else _cut_inside_word(
+                tokenizer, history, cut, offsets, n, pieces)
+            del window[i]
+
+
+def _cut_inside_word(tokenizer: Any, history: str, cut: int, offsets: Any, n: int, pieces: int) -> str:
+    """The tail of a word longer than the limit, from the earliest piece that re-tokenises within it."""
+    for j in range(n - pieces, n):
+        tail = history[cut + offsets[j][0]:]
+        if len(tokenizer(tail, add_special_tokens=False, verbose=False)["input_ids"]) <= pieces:
+            return tail
+    return history[cut + offsets[n - 1][0]:]
 
 
 # ---------------------------------------------------------------------- on disk
@@ -141,12 +213,20 @@ class EmbeddingStore:
 
     Args:
         folder: where the files live (one folder per bank and encoder: :func:`bank_store`).
-        max_bytes: the most bytes the folder may hold; beyond it, new calls are not kept.
+        max_bytes: the most bytes ``bounded`` may hold; beyond it, new calls are not kept.
+        bounded: the folder whose size ``max_bytes`` bounds (default ``folder``; the bank stores
+            share one bound: every bank's folder together).
+
+    Attributes:
+        hits, misses: encode calls read from the folder, and computed.
+        rejected: files that did not read back whole (computed again).
     """
 
-    def __init__(self, folder: str | os.PathLike, max_bytes: int = MAX_STORE_BYTES):
+    def __init__(self, folder: str | os.PathLike, max_bytes: int = MAX_STORE_BYTES,
+                 bounded: str | os.PathLike | None = None):
         self.folder, self.max_bytes = Path(folder), int(max_bytes)
-        self.hits = self.misses = self.rejected = 0  # calls read, computed, and files that did not read back
+        self.bounded = Path(bounded) if bounded is not None else self.folder
+        self.hits = self.misses = self.rejected = 0
         self._full = False
         self._bytes: int | None = None  # the folder's size, read at the first write
 
@@ -200,7 +280,7 @@ class EmbeddingStore:
             if self._bytes + len(data) > self.max_bytes:
                 self._full = True
                 _log.warning("embedding cache %s holds over %d bytes: new embeddings are not kept (delete the "
-                             "folder to start it afresh)", self.folder, self.max_bytes)
+                             "folder to start it afresh)", self.bounded, self.max_bytes)
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as tmp:
@@ -216,8 +296,13 @@ class EmbeddingStore:
                     os.unlink(temporary)
 
     def size(self) -> int:
-        """Bytes the folder's files hold."""
-        return sum(p.stat().st_size for p in self.folder.rglob("*.npy") if p.is_file())
+        """Bytes the kept files under :attr:`bounded` hold."""
+        return sum(p.stat().st_size for p in self.bounded.rglob("*.npy") if p.is_file())
+
+    def summary(self) -> dict[str, Any]:
+        """``{"folder", "calls_read", "calls_computed", "files_rejected"}`` (for a run's results)."""
+        return {"folder": str(self.folder), "calls_read": self.hits, "calls_computed": self.misses,
+                "files_rejected": self.rejected}
 
 
 _STORE: contextvars.ContextVar[EmbeddingStore | None] = contextvars.ContextVar("embedding_store", default=None)
@@ -238,7 +323,8 @@ def bank_store(sha256: str) -> EmbeddingStore:
     (:func:`trace_gym.models.cache_root`), never beside or inside the bank."""
     from trace_gym.models import cache_root
 
-    return EmbeddingStore(cache_root() / "embeddings" / sha256[:16])
+    root = cache_root() / "embeddings"
+    return EmbeddingStore(root / sha256[:16], bounded=root)
 
 
 def encode(encoder: Any, key: tuple[str, str], texts: list[str], **options: Any) -> np.ndarray:

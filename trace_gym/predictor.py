@@ -260,61 +260,12 @@ class EmbeddingPredictor:
         limit is cut inside the word, from the earliest piece that still fits.
 
         Each history is tokenised once per process: where its end starts is kept in the
-        shared encoder's LRU (keyed by a hash of the history, the word pieces and the window).
+        shared encoder's LRU (:func:`trace_gym.embeddings.recent_history`).
         """
-        from trace_gym.embeddings import text_key, trim
+        from trace_gym.embeddings import recent_history
 
-        out, recent = list(histories), shared_encoder(self._encoder_key).recent
-        keys = {i: (text_key(h), self.history_pieces, self.history_chars) for i, h in enumerate(out) if h}
-        todo = []
-        for i, key in keys.items():
-            if key in recent:
-                recent.move_to_end(key)
-                out[i] = out[i][recent[key]:]
-            else:
-                todo.append(i)
-        self._cut_histories(out, todo)
-        for i in todo:
-            recent[keys[i]] = len(histories[i]) - len(out[i])
-        trim(recent, self._cache_size)
-        return out
-
-    def _cut_histories(self, out: list[str], todo: Sequence[int]) -> None:
-        """:meth:`recent_history` of ``out[i]`` for each ``i`` of ``todo``, in place."""
-        window = {i: self.history_chars for i in todo}
-        while window:  # one batched tokenizer call per round; most finish in the first
-            rows = list(window)
-            texts = [out[i][-window[i]:] for i in rows]
-            enc = self.encoder.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
-                                         truncation=False, verbose=False)
-            for b, i in enumerate(rows):
-                history, text = out[i], texts[b]
-                words, offsets = enc.word_ids(b), enc["offset_mapping"][b]
-                whole, n = len(text) == len(history), len(words)
-                if whole and n <= self.history_pieces:
-                    del window[i]  # it fits: unchanged
-                    continue
-                # the window may cut its first word, so only the pieces after that word are the history's own
-                first_exact = 0 if whole else next((j for j in range(n) if words[j] != words[0]), n)
-                if n - first_exact < self.history_pieces:
-                    window[i] *= 4
-                    continue
-                start = n - self.history_pieces
-                while start < n and words[start] == words[start - 1]:
-                    start += 1  # to the next word start
-                cut = len(history) - len(text)
-                out[i] = history[cut + offsets[start][0]:] if start < n else self._cut_inside_word(
-                    history, cut, offsets, n)
-                del window[i]
-
-    def _cut_inside_word(self, history: str, cut: int, offsets, n: int) -> str:
-        """The tail of a word longer than the limit, from the earliest piece that re-tokenises within it."""
-        for j in range(n - self.history_pieces, n):
-            tail = history[cut + offsets[j][0]:]
-            if len(self.encoder.tokenizer(tail, add_special_tokens=False, verbose=False)["input_ids"]) \
-                    <= self.history_pieces:
-                return tail
-        return history[cut + offsets[n - 1][0]:]
+        return recent_history(shared_encoder(self._encoder_key), histories, self.history_pieces, self.history_chars,
+                              self._cache_size)
 
     def features(self, contexts: Sequence[Context]) -> np.ndarray:
         """Head input, shape ``(n, 2 * embedding_dim + 2)``."""
