@@ -192,6 +192,10 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget
         "group_size a smaller bank's candidates hold"))
     oracle_upper_bound: bool = field(default=True, metadata=doc(
         "also run TRACE with the bank's empirical rates as its predictor, labelled as an upper bound"))
+    embedding_cache: bool = field(default=True, metadata=doc(
+        "keep the frozen encoder's embeddings of the bank's texts on disk under the trace_gym cache "
+        "($TRACE_GYM_CACHE/embeddings/<bank checksum>), so the next run reads them (the same numbers; "
+        "docs/benchmarking.md, Speed of a bank bench); false: embed afresh"))
     budget_unit: str = field(default="nominal", metadata=doc(
         "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (the recorded generated tokens)"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
