@@ -40,8 +40,15 @@ QA_AGENT = {"max_turns": 3, "max_turn_tokens": 64, "max_episode_tokens": 1536, "
 #: The F1 reward (half F1 below a whole match), so the table shows the reward spread; its
 #: success (reward >= 0.5) is EM up to word order.
 QA_ENV = {"reward": "f1"}
-#: BFCL: a call turn, then a turn without calls ends the user turn.
-BFCL_AGENT = {"max_turns": 3, "max_turn_tokens": 96, "max_episode_tokens": 4096, "temperature": 1.0}
+#: The two-hop question types whose answer is one of two names, or yes/no.
+COMPARISONS = ["founded_first", "same_director"]
+#: BFCL: a call turn, then a turn without calls ends the user turn (one retry left).
+BFCL_AGENT = {"max_turns": 3, "max_turn_tokens": 96, "max_episode_tokens": 2048, "temperature": 0.7}
+#: Every function of the involved classes: prompts of 4-9k tokens (SmolLM2's context is 8,192).
+BFCL_LONG = {**BFCL_AGENT, "max_episode_tokens": 8192}
+SINGLE_CALL = {"tier": "single_call", "functions": 1}
+FEW_SHOT = {"few_shot": True}
+EXAMPLES = {"call_examples": True}
 
 #: family -> setting name -> (prompts, env kwargs, task-loader kwargs, agent limits), in the
 #: order they run. The family's own defaults (registry.ENV_FAMILIES) apply under these.
@@ -57,9 +64,22 @@ SETTINGS: dict[str, dict[str, tuple[int, dict, dict, dict]]] = {
         "single_hop_t07_2turns": (16, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.7,
                                                                         "max_turns": 2}),
         "two_hop_t07": (16, QA_ENV, {"single_hop_share": 0.0}, {**QA_AGENT, "temperature": 0.7, "max_turns": 4}),
+        "single_hop_t03": (16, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.3}),
+        # the two-hop comparisons ("which was founded first, A or B?", "same director?"): a
+        # guess between two names or yes/no is right half the time
+        "comparison_t07": (16, QA_ENV, {"single_hop_share": 0.0, "types": COMPARISONS},
+                           {**QA_AGENT, "temperature": 0.7}),
     },
     "bfcl": {
-        "family_default": (8, {}, {}, BFCL_AGENT),
+        "single_call_f1": (16, {}, SINGLE_CALL, BFCL_AGENT),
+        "single_call_f1_few_shot": (16, FEW_SHOT, SINGLE_CALL, BFCL_AGENT),
+        "single_call_f1_few_shot_t10": (16, FEW_SHOT, SINGLE_CALL, {**BFCL_AGENT, "temperature": 1.0}),
+        "single_call_f1_examples": (16, EXAMPLES, SINGLE_CALL, BFCL_AGENT),
+        "single_call_f1_examples_t03": (16, EXAMPLES, SINGLE_CALL, {**BFCL_AGENT, "temperature": 0.3}),
+        "single_call_f4_examples": (16, EXAMPLES, {**SINGLE_CALL, "functions": 4}, BFCL_AGENT),
+        "single_call_f0_examples": (8, EXAMPLES, {**SINGLE_CALL, "functions": 0}, BFCL_LONG),
+        # whole entries: 2-7 user turns, each a call step and a reply, so up to 14 agent turns
+        "family_default": (8, {}, {}, {**BFCL_LONG, "max_turns": 8}),
     },
 }
 #: R: every setting's uniform group size.

@@ -219,6 +219,21 @@ def tool_call_system_prompt(docs: Sequence[dict]) -> str:
     return text
 
 
+#: The example value of each BFCL parameter type in :func:`example_call`.
+EXAMPLE_VALUES = {"string": "example", "integer": 1, "float": 1.0, "boolean": True, "array": ["example"],
+                  "dict": {}, "tuple": ["example"], "any": "example"}
+
+
+def example_call(doc: dict) -> tuple[str, dict[str, Any]]:
+    """A call of the function ``doc`` describes, built from its schema alone: each required
+    parameter set to the example value of its type (:data:`EXAMPLE_VALUES`). Returns
+    ``(name, kwargs)`` for :func:`environments.bfcl.parsing.render_action`."""
+    params = doc.get("parameters") or {}
+    props = params.get("properties") or {}
+    return doc["name"], {k: EXAMPLE_VALUES.get(props.get(k, {}).get("type"), "example")
+                         for k in params.get("required") or ()}
+
+
 def holdout_user_prompt(docs: Sequence[dict]) -> str:
     """The user message of a miss_func holdout turn (BFCL's prompting-mode text)."""
     p, _ = _bfcl_constants()

@@ -93,6 +93,8 @@ DIFFICULTY_KNOBS = {
     "functions": "task kwarg functions=N (single_call tier): the prompt shows the needed function and N-1 others "
                  "(0: every function of the involved classes)",
     "few_shot": "env kwarg few_shot=true: one demonstrated call and reply after the system message",
+    "call_examples": "env kwarg call_examples=true: each shown function called once with example values of its "
+                     "parameter types, as a demonstrated exchange after the system message",
     "category": "env and task kwarg category: multi_turn_base is the easiest; long_context, miss_func, miss_param add "
                 "long state, held-out functions, missing parameters",
 }
@@ -179,6 +181,8 @@ class BFCLEnv(gymnasium.Env):
         max_action_chars: longer responses are not parsed (they hold no call).
         few_shot: start with :data:`FEW_SHOT_DEMO` after the system message (``python``
             format with ``tool_prompt="system"`` only).
+        call_examples: then one demonstrated call of each shown function, with example
+            values of its parameter types (``python`` format, ``tool_prompt="system"``).
         tool_prompt: ``system`` (default): the function docs are in the system message,
             as BFCL prompts; ``template`` (``tool_call`` format only): no system
             message, the schemas go to ``info["tools"]`` for the chat template (e.g.
@@ -194,7 +198,7 @@ class BFCLEnv(gymnasium.Env):
                  max_steps_per_turn: int = MAX_STEPS_PER_TURN, max_action_chars: int = MAX_ACTION_CHARS,
                  tool_prompt: str = "system", max_result_chars: int = MAX_RESULT_CHARS,
                  max_observation_chars: int = MAX_OBSERVATION_CHARS, max_state_bytes: int = MAX_STATE_BYTES,
-                 few_shot: bool = False):
+                 few_shot: bool = False, call_examples: bool = False):
         data.check_category(category)
         if split not in data.SPLITS:
             raise ValueError(f"split must be one of {data.SPLITS}, got {split!r}")
@@ -212,10 +216,12 @@ class BFCLEnv(gymnasium.Env):
             raise ValueError(f"tool_prompt must be one of {TOOL_PROMPTS}, got {tool_prompt!r}")
         if tool_prompt == "template" and action_format != "tool_call":
             raise ValueError("tool_prompt='template' needs action_format='tool_call' (BFCL's python format lists docs in the prompt)")
-        if few_shot and (action_format != "python" or tool_prompt != "system"):
-            raise ValueError("few_shot=True demonstrates the python format after the system message: it needs "
-                             f"action_format='python' and tool_prompt='system', got {action_format!r}, {tool_prompt!r}")
-        self.tool_prompt, self.few_shot = tool_prompt, few_shot
+        for name, value in (("few_shot", few_shot), ("call_examples", call_examples)):
+            if value and (action_format != "python" or tool_prompt != "system"):
+                raise ValueError(f"{name}=True demonstrates the python format after the system message: it needs "
+                                 f"action_format='python' and tool_prompt='system', got {action_format!r}, "
+                                 f"{tool_prompt!r}")
+        self.tool_prompt, self.few_shot, self.call_examples = tool_prompt, few_shot, call_examples
         self.category, self.split, self.action_format = category, split, action_format
         self.max_steps_per_turn, self.max_action_chars = max_steps_per_turn, max_action_chars
         self.max_result_chars, self.max_observation_chars = max_result_chars, max_observation_chars
@@ -255,7 +261,8 @@ class BFCLEnv(gymnasium.Env):
         self._load_docs()
         obs = self._user_turn(0)
         if self.tool_prompt == "system":
-            obs = [Message("system", self._system_prompt(self._docs)), *(FEW_SHOT_DEMO if self.few_shot else ()), *obs]
+            obs = [Message("system", self._system_prompt(self._docs)), *(FEW_SHOT_DEMO if self.few_shot else ()),
+                   *(self._call_examples() if self.call_examples else ()), *obs]
         info = {
             "task_id": task.id,
             "category": data.task_category(task),
@@ -350,6 +357,18 @@ class BFCLEnv(gymnasium.Env):
         if turn in self._holdout:
             return [Message("user", data.holdout_user_prompt(self._holdout[turn]))]
         return [Message(m["role"], m["content"]) for m in self._task.metadata["question"][turn]]
+
+    def _call_examples(self) -> list[Message]:
+        """Per shown function, a request to call it with example values and the call
+        (:func:`~environments.bfcl.data.example_call`); the values come from the schema,
+        never from the task, and every shown function gets one, so none is singled out."""
+        demo = []
+        for doc in self._docs:
+            name, kwargs = data.example_call(doc)
+            args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+            demo += [Message("user", f"Example: call {name}" + (f" with {args}." if args else ".")),
+                     Message("assistant", render_action([(name, kwargs)], "python"))]
+        return demo
 
     def _available_docs(self) -> list[dict]:
         """Docs shown so far: the initial ones plus those revealed up to this turn."""

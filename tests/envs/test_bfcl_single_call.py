@@ -135,3 +135,24 @@ def test_check_env_on_single_call_tasks(few_shot):
     env = gymnasium.make("trace_gym/BFCL-v0", few_shot=few_shot)
     report = check_env(env, data.single_call_tasks("multi_turn_base", "all", functions=3)[::10])
     assert report.passed["snapshot_pickle_process"] > 0 and not report.skipped
+
+
+def test_call_examples_demonstrate_every_shown_function_from_its_schema():
+    env = BFCLEnv(call_examples=True)
+    obs, _ = env.reset(options={"task_id": "multi_turn_base_9/single_call/f4"})
+    shown = data.load_task("multi_turn_base_9/single_call/f4").metadata["functions"]
+    demo = obs[1:-1]
+    assert [m.role for m in demo] == ["user", "assistant"] * len(shown)
+    assert [m.content for m in demo[1::2]] == ["[cd(folder='example')]", "[diff(file_name1='example', "
+                                               "file_name2='example')]", "[mkdir(dir_name='example')]",
+                                               "[rmdir(dir_name='example')]"]
+    assert demo[0].content == "Example: call cd with folder='example'." and obs[-1].content.startswith("I remember")
+    # the values are the types' examples, never the task's: the demonstrated call fails the turn
+    obs, _ = env.reset(options={"task_id": "multi_turn_base_53/single_call/f1"})
+    assert obs[2].content == "[gallon_to_liter(gallon=1.0)]"
+    env.step(obs[2].content)
+    assert env.step(END_TURN)[1] == 0.0
+    assert data.example_call({"name": "get_watchlist", "parameters": {"type": "dict", "properties": {}}}) == \
+        ("get_watchlist", {})
+    with pytest.raises(ValueError, match="call_examples=True demonstrates the python format"):
+        BFCLEnv(call_examples=True, action_format="tool_call")
