@@ -64,6 +64,8 @@ SETTINGS: dict[str, dict[str, tuple[int, dict, dict, dict]]] = {
         "single_hop_t07_2turns": (16, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.7,
                                                                         "max_turns": 2}),
         "two_hop_t07": (16, QA_ENV, {"single_hop_share": 0.0}, {**QA_AGENT, "temperature": 0.7, "max_turns": 4}),
+        # the candidate bank setting, on 48 prompts: an interval on the mixed share that can clear 10 %
+        "single_hop_t03_48": (48, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.3}),
         "single_hop_t03": (16, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.3}),
         # the two-hop comparisons ("which was founded first, A or B?", "same director?"): a
         # guess between two names or yes/no is right half the time

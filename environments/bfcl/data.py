@@ -8,6 +8,10 @@ Install: ``pip install --no-deps bfcl-eval`` (its declared dependencies pin old
 numpy/faiss and pull API clients that the multi-turn backends do not need; the
 backends need only ``mpmath``).
 
+Tiers (:func:`sample_tasks`): ``multi_turn``, the entries themselves; ``single_call``, the
+first user turn of an entry whose ground truth is one call (:func:`single_call_task`), the
+family's easiest honest tier.
+
 Split: entry ``multi_turn_<category>_<i>`` shares its scenario with the same ``i`` in
 the other three categories, so the split is by scenario index ``i``, identical across
 categories: the 40 indices (of 200) with the smallest

@@ -15,7 +15,8 @@ prompting format): a list of calls ``[cd(folder='document'), ls()]``;
 ## Observation Space
 ``ChatObservation``. At reset: a system message (BFCL's default system prompt with
 the JSON function docs, or the Qwen tools block for ``tool_call``) and the first user
-turn; with ``tool_prompt="template"`` (``tool_call`` only) just the first user turn,
+turn (``few_shot`` and ``call_examples`` put demonstrated exchanges between them); with
+``tool_prompt="template"`` (``tool_call`` only) just the first user turn,
 and ``info["tools"]`` carries the functions for the chat template to render. After a response with calls: one ``tool`` message per call (``name`` is the
 decoded call, ``content`` its result or error). After a response without a decodable
 call (the model is talking to the user, as in BFCL's inference loop): the next user
