@@ -40,8 +40,8 @@ QA_AGENT = {"max_turns": 3, "max_turn_tokens": 64, "max_episode_tokens": 1536, "
 #: The F1 reward (half F1 below a whole match), so the table shows the reward spread; its
 #: success (reward >= 0.5) is EM up to word order.
 QA_ENV = {"reward": "f1"}
-#: The two-hop question types whose answer is one of two names, or yes/no.
-COMPARISONS = ["founded_first", "same_director"]
+#: The bank's temperature (the lowest measured; 1.0 gives no success at all).
+QA_T03 = {**QA_AGENT, "temperature": 0.3}
 #: BFCL: a call turn, then a turn without calls ends the user turn (one retry left).
 BFCL_AGENT = {"max_turns": 3, "max_turn_tokens": 96, "max_episode_tokens": 2048, "temperature": 0.7}
 #: Every function of the involved classes: prompts of 4-9k tokens (SmolLM2's context is 8,192).
@@ -57,20 +57,16 @@ SETTINGS: dict[str, dict[str, tuple[int, dict, dict, dict]]] = {
         "family_default": (16, QA_ENV, {}, QA_AGENT),
         "single_hop": (16, QA_ENV, {"single_hop_share": 1.0}, QA_AGENT),
         "single_hop_t07": (16, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.7}),
-        "single_hop_t07_no_few_shot": (16, {**QA_ENV, "few_shot": False}, {"single_hop_share": 1.0},
-                                       {**QA_AGENT, "temperature": 0.7}),
-        "single_hop_t07_scale01": (16, {**QA_ENV, "offline_scale": 0.1}, {"single_hop_share": 1.0, "scale": 0.1},
-                                   {**QA_AGENT, "temperature": 0.7}),
-        "single_hop_t07_2turns": (16, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.7,
-                                                                        "max_turns": 2}),
-        "two_hop_t07": (16, QA_ENV, {"single_hop_share": 0.0}, {**QA_AGENT, "temperature": 0.7, "max_turns": 4}),
+        "single_hop_t03": (16, QA_ENV, {"single_hop_share": 1.0}, QA_T03),
+        # one knob at a time around the bank setting (single-hop, few-shot, T = 0.3, 3 turns, scale 1)
+        "single_hop_t03_no_few_shot": (16, {**QA_ENV, "few_shot": False}, {"single_hop_share": 1.0}, QA_T03),
+        "single_hop_t03_scale01": (16, {**QA_ENV, "offline_scale": 0.1}, {"single_hop_share": 1.0, "scale": 0.1},
+                                   QA_T03),
+        "single_hop_t03_2turns": (16, QA_ENV, {"single_hop_share": 1.0}, {**QA_T03, "max_turns": 2}),
+        "half_single_hop_t03": (16, QA_ENV, {"single_hop_share": 0.5}, QA_T03),
+        "two_hop_t03": (16, QA_ENV, {"single_hop_share": 0.0}, {**QA_T03, "max_turns": 4}),
         # the candidate bank setting, on 48 prompts: an interval on the mixed share that can clear 10 %
-        "single_hop_t03_48": (48, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.3}),
-        "single_hop_t03": (16, QA_ENV, {"single_hop_share": 1.0}, {**QA_AGENT, "temperature": 0.3}),
-        # the two-hop comparisons ("which was founded first, A or B?", "same director?"): a
-        # guess between two names or yes/no is right half the time
-        "comparison_t07": (16, QA_ENV, {"single_hop_share": 0.0, "types": COMPARISONS},
-                           {**QA_AGENT, "temperature": 0.7}),
+        "single_hop_t03_48": (48, QA_ENV, {"single_hop_share": 1.0}, QA_T03),
     },
     "bfcl": {
         "single_call_f1": (16, {}, SINGLE_CALL, BFCL_AGENT),
@@ -109,8 +105,9 @@ def row(path: Path, group: int = ROOTS) -> dict[str, Any]:
     from trace_gym.banks.stats import mixed_without_replacement
     from trace_gym.report import wilson_bounds
 
+    footer = read_footer(path)
     rewards, mixed, prompts, errors = [], [], 0, 0
-    for record in iter_prompts(path):
+    for record in iter_prompts(path, verify=footer is not None):  # a stopped recording: the prompts it wrote
         prompts += 1
         leaves = [r for r in record.roots if r["turns"]]
         errors += len(record.roots) - len(leaves)
@@ -119,7 +116,7 @@ def row(path: Path, group: int = ROOTS) -> dict[str, Any]:
         mixed.append(mixed_without_replacement(wins, len(leaves), group) if len(leaves) >= group else 0.0)
     r = np.asarray(rewards)
     successes = int((r >= 0.5).sum())
-    footer = read_footer(path) or {}
+    footer = footer or {}
     share = float(np.mean(mixed)) if mixed else math.nan
     return {"prompts": prompts, "episodes": len(r), "errors": errors, "successes": successes,
             "success_rate": successes / len(r) if len(r) else math.nan,
@@ -127,8 +124,24 @@ def row(path: Path, group: int = ROOTS) -> dict[str, Any]:
             "mixed_share": share, "mixed_ci": wilson_bounds(share, prompts) if prompts else (math.nan, math.nan),
             "mean_reward": float(r.mean()) if len(r) else math.nan, "reward_std": float(r.std()) if len(r) else math.nan,
             "partial_share": float(((r > 0) & (r < 1)).mean()) if len(r) else math.nan,
-            "seconds_per_prompt": footer.get("seconds", math.nan) / max(prompts, 1),
+            "seconds_per_prompt": footer.get("seconds", recorded_seconds(path)) / max(prompts, 1),
             "complete": bool(footer)}
+
+
+def recorded_seconds(path: Path) -> float:
+    """Seconds a bank without a footer (a stopped recording) spent on the prompts it wrote:
+    per run, from the run's start to its last prompt written."""
+    import gzip
+
+    starts, last = {}, {}
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            obj = json.loads(line)
+            if obj.get("kind") == "run":
+                starts[obj["run"]] = obj["started_at"]
+            elif obj.get("kind") == "prompt":
+                last[obj["run"]] = max(last.get(obj["run"], 0.0), obj["written_at"])
+    return sum(last[r] - starts[r] for r in last if r in starts)
 
 
 def markdown(rows: Mapping[str, dict[str, Any]]) -> str:
@@ -138,7 +151,7 @@ def markdown(rows: Mapping[str, dict[str, Any]]) -> str:
     for name, x in rows.items():
         lo, hi = x["success_ci"]
         mlo, mhi = x["mixed_ci"]
-        lines.append(f"| `{name}` | {x['prompts']} x {ROOTS} | {100 * x['success_rate']:.1f} % [{100 * lo:.1f}, "
+        lines.append(f"| `{name}` | {x['prompts']} x {ROOTS}{'' if x['complete'] else ' (stopped)'} | {100 * x['success_rate']:.1f} % [{100 * lo:.1f}, "
                      f"{100 * hi:.1f}] | {100 * x['mixed_share']:.1f} % [{100 * mlo:.1f}, {100 * mhi:.1f}] | "
                      f"{x['mean_reward']:.3f} ({x['reward_std']:.3f}; {100 * x['partial_share']:.0f} %) | "
                      f"{x['seconds_per_prompt']:.0f} |")
