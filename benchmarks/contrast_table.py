@@ -11,12 +11,16 @@ and the share of episodes paid a partial reward, strictly between 0 and 1), and 
 recording's seconds per prompt::
 
     python benchmarks/contrast_table.py wiki_qa                  # record what is missing, print the table
-    python benchmarks/contrast_table.py bfcl --only single_call_1fn
+    python benchmarks/contrast_table.py bfcl --only single_call_f1,single_call_f1_examples
     python benchmarks/contrast_table.py wiki_qa --table-only     # read the banks there, record nothing
 
 Banks go to ``--out`` (default ``runs/contrast/<family>/<setting>.jsonl.gz``); a killed
-run resumes (``bank record`` resumes a bank; a complete one is skipped). Recording
-runs on ``TRACE_GYM_THREADS`` threads (default 1 here: the box is shared).
+run resumes (``bank record`` resumes a bank; a complete one is skipped). Stop a run as a
+process group (``kill -- -PGID``): the ``bank record`` it started keeps writing otherwise,
+and a rerun beside it would be a second writer of the same file (the reader then refuses
+the file: a prompt recorded twice). Recording runs on ``TRACE_GYM_THREADS`` threads
+(default 1 here: the box is shared). A stopped recording is tabulated from the prompts it
+wrote, its seconds from its run lines.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ SETTINGS: dict[str, dict[str, tuple[int, dict, dict, dict]]] = {
         "single_call_f1_examples": (16, EXAMPLES, SINGLE_CALL, BFCL_AGENT),
         "single_call_f1_examples_t03": (16, EXAMPLES, SINGLE_CALL, {**BFCL_AGENT, "temperature": 0.3}),
         "single_call_f4_examples": (16, EXAMPLES, {**SINGLE_CALL, "functions": 4}, BFCL_AGENT),
-        "single_call_f0_examples": (8, EXAMPLES, {**SINGLE_CALL, "functions": 0}, BFCL_LONG),
+        "single_call_f0_examples": (10, EXAMPLES, {**SINGLE_CALL, "functions": 0}, BFCL_LONG),
         # whole entries: 2-7 user turns, each a call step and a reply, so up to 14 agent turns
         "family_default": (8, {}, {}, {**BFCL_LONG, "max_turns": 8}),
     },
@@ -151,7 +155,9 @@ def markdown(rows: Mapping[str, dict[str, Any]]) -> str:
     for name, x in rows.items():
         lo, hi = x["success_ci"]
         mlo, mhi = x["mixed_ci"]
-        lines.append(f"| `{name}` | {x['prompts']} x {ROOTS}{'' if x['complete'] else ' (stopped)'} | {100 * x['success_rate']:.1f} % [{100 * lo:.1f}, "
+        notes = ([] if x["complete"] else ["stopped"]) + ([f"{x['errors']} without a turn"] if x["errors"] else [])
+        shape = f"{x['prompts']} x {ROOTS}" + (" (" + "; ".join(notes) + ")" if notes else "")
+        lines.append(f"| `{name}` | {shape} | {100 * x['success_rate']:.1f} % [{100 * lo:.1f}, "
                      f"{100 * hi:.1f}] | {100 * x['mixed_share']:.1f} % [{100 * mlo:.1f}, {100 * mhi:.1f}] | "
                      f"{x['mean_reward']:.3f} ({x['reward_std']:.3f}; {100 * x['partial_share']:.0f} %) | "
                      f"{x['seconds_per_prompt']:.0f} |")
