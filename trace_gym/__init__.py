@@ -33,6 +33,8 @@ MOVED: dict[str, str] = {
     "trace_gym.batches": "trace_gym.train.batches",
     "trace_gym.bench": "trace_gym.bench.loop",
     "trace_gym.bench_bank": "trace_gym.bench.bank",
+    "trace_gym.bench_pair": "trace_gym.bench.pair",
+    "trace_gym.bench_rank": "trace_gym.bench.rank",
     "trace_gym.bench_checks": "trace_gym.bench.checks",
     "trace_gym.bench_env": "trace_gym.bench.env",
     "trace_gym.bench_modes": "trace_gym.bench.modes",
@@ -48,6 +50,7 @@ MOVED: dict[str, str] = {
     "trace_gym.datafiles": "trace_gym.env.datafiles",
     "trace_gym.determinism": "trace_gym.utils.determinism",
     "trace_gym.driver": "trace_gym.step.driver",
+    "trace_gym.embeddings": "trace_gym.predictor.embeddings",
     "trace_gym.entry_configs": ("trace_gym.bench.config (SimBenchConfig, EnvBenchConfig, BankBenchConfig), "
                                 "trace_gym.train.config (TrainConfig, RESUMABLE_KEYS), "
                                 "trace_gym.banks.config (BankRecordConfig), trace_gym.commands (ENTRY_CONFIGS)"),

@@ -35,8 +35,8 @@ from trace_gym.config import doc
 from trace_gym.predictor.kinds import check_predictor_name, predictor_names
 from trace_gym.step.learning import PREFIX_SHARE
 
-__all__ = ["AgentLimits", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS", "check_sections",
-           "positive", "section_default", "section_of"]
+__all__ = ["AgentLimits", "BenchTarget", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS",
+           "check_sections", "positive", "section_default", "section_of"]
 
 
 def _in(section: str, text: str | Callable[[], str]) -> dict[str, Any]:
@@ -162,9 +162,24 @@ class Reproducibility:
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
 
 
+@dataclass(frozen=True)
+class BenchTarget:
+    """The bench's budget-to-target measure: how many mixed groups an arm must collect."""
+
+    mixed_groups_target: int = field(default=8, metadata=_in(
+        "target", "mixed groups an arm must collect over its measured steps; its exact generated tokens until then "
+                  "are the budget-to-target metric (tokens to target)"))
+
+    def _check_target(self) -> None:
+        n = self.mixed_groups_target
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
+            raise ValueError(f"mixed_groups_target must be an integer in [1, 1000000], got {n!r}")
+
+
 #: Every section, and the check each brings.
 SECTIONS: dict[type, str] = {BudgetShape: "_check_budget", AgentLimits: "_check_agent",
-                             PredictorChoice: "_check_predictor", Reproducibility: "_check_reproducibility"}
+                             PredictorChoice: "_check_predictor", Reproducibility: "_check_reproducibility",
+                             BenchTarget: "_check_target"}
 
 
 def check_sections(cfg: Any) -> None:

@@ -321,7 +321,7 @@ def pm(mean: float, half: float, digits: int = 3, n: int | None = None, *, low: 
 
 
 # ---------------------------------------------------------------------- plots
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -341,7 +341,7 @@ def plot_bars(
     hline: tuple[float, str] | None = None,
 ) -> Path:
     """Bar chart with optional error bars and one labelled horizontal reference line."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(labels)), 3.6))
     x = np.arange(len(labels))
     ax.bar(x, means, yerr=stds, capsize=4, color="#4878a8")
@@ -351,10 +351,10 @@ def plot_bars(
     ax.set_xticks(x, labels, rotation=25, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
-def _save(plt, fig, path: str | Path) -> Path:
+def save_figure(plt, fig, path: str | Path) -> Path:
     """Lay out, write as PNG (120 dpi, parent folders created) and close the figure."""
     fig.tight_layout()
     path = Path(path)
@@ -377,7 +377,7 @@ def plot_lines(
     """One line per series with its interval as a band: ``series[name] = (means, lows, highs)``
     at ``x``. Lines are drawn with a small horizontal offset each (and a marker of their own) so
     that two series with the same values stay visible side by side; NaN bounds draw no band."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     xs = np.asarray(x, dtype=float)
     span = (np.log(xs.max()) - np.log(xs.min())) if log_x and len(xs) > 1 else float(np.ptp(xs)) or 1.0
@@ -396,14 +396,14 @@ def plot_lines(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_grouped(
     groups: Mapping[str, Mapping[int, float]], path: str | Path, *, xlabel: str, ylabel: str, title: str
 ) -> Path:
     """Grouped bars: one group per key of the inner maps (e.g. depth), one bar per series."""
-    plt = _pyplot()
+    plt = pyplot()
     keys = sorted({k for series in groups.values() for k in series})
     fig, ax = plt.subplots(figsize=(min(10.0, 3.0 + 1.2 * len(keys)), 3.6))
     width = 0.8 / max(1, len(groups))
@@ -414,14 +414,14 @@ def plot_grouped(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_root_allocation(
     values: Sequence[float], budgets: Sequence[int], allocations: Sequence[Sequence[int]], path: str | Path
 ) -> Path:
     """m_i against the root budget, one line per prompt (labelled by its predicted v)."""
-    plt = _pyplot()
+    plt = pyplot()
     alloc = np.asarray(allocations)
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for i, v in enumerate(values):
@@ -430,4 +430,4 @@ def plot_root_allocation(
     ax.set_ylabel("rollouts m_i")
     ax.set_title("TRACE root allocation as the budget grows")
     ax.legend(fontsize=7)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)

@@ -8,6 +8,10 @@ Install: ``pip install --no-deps bfcl-eval`` (its declared dependencies pin old
 numpy/faiss and pull API clients that the multi-turn backends do not need; the
 backends need only ``mpmath``).
 
+Tiers (:func:`sample_tasks`): ``multi_turn``, the entries themselves; ``single_call``, the
+first user turn of an entry whose ground truth is one call (:func:`single_call_task`), the
+family's easiest honest tier.
+
 Split: entry ``multi_turn_<category>_<i>`` shares its scenario with the same ``i`` in
 the other three categories, so the split is by scenario index ``i``, identical across
 categories: the 40 indices (of 200) with the smallest
@@ -160,9 +164,13 @@ def function_docs(entry: dict) -> tuple[list[dict], dict[int, list[dict]]]:
     Mirrors ``bfcl_eval.utils.populate_test_cases_with_predefined_functions``: the docs
     of every involved class in order; for miss_func entries each held-out function is
     removed from the start list and revealed at its turn. (The data's
-    ``excluded_function`` field is not used by bfcl-eval, so it is not used here.)
+    ``excluded_function`` field is not used by bfcl-eval, so it is not used here.) An
+    entry with a ``functions`` list (a :func:`single_call_task`) shows only those.
     """
     docs = [dict(d) for name in entry["involved_classes"] for d in class_function_docs(name)]
+    if entry.get("functions") is not None:
+        shown = set(entry["functions"])
+        docs = [d for d in docs if d["name"] in shown]
     revealed: dict[int, list[dict]] = {}
     for turn, names in (entry.get("missed_function") or {}).items():
         revealed[int(turn)] = []
@@ -213,6 +221,21 @@ def tool_call_system_prompt(docs: Sequence[dict]) -> str:
         '"arguments": <args-json-object>}\n</tool_call>'
     )
     return text
+
+
+#: The example value of each BFCL parameter type in :func:`example_call`.
+EXAMPLE_VALUES = {"string": "example", "integer": 1, "float": 1.0, "boolean": True, "array": ["example"],
+                  "dict": {}, "tuple": ["example"], "any": "example"}
+
+
+def example_call(doc: dict) -> tuple[str, dict[str, Any]]:
+    """A call of the function ``doc`` describes, built from its schema alone: each required
+    parameter set to the example value of its type (:data:`EXAMPLE_VALUES`). Returns
+    ``(name, kwargs)`` for :func:`environments.bfcl.parsing.render_action`."""
+    params = doc.get("parameters") or {}
+    props = params.get("properties") or {}
+    return doc["name"], {k: EXAMPLE_VALUES.get(props.get(k, {}).get("type"), "example")
+                         for k in params.get("required") or ()}
 
 
 def holdout_user_prompt(docs: Sequence[dict]) -> str:
@@ -291,7 +314,18 @@ def load_tasks(category: str, split: str = "all") -> list[Task]:
 
 
 def load_task(task_id: str) -> Task:
-    """The task for an entry id (any category)."""
+    """The task for an entry id (any category), or for a single-call task's id
+    (:data:`SINGLE_CALL_ID`)."""
+    if "/" in task_id:
+        entry_id, _, rest = task_id.partition("/")
+        functions = rest.removeprefix("single_call/f")
+        made = (single_call_task(load_task(entry_id), int(functions))
+                if rest.startswith("single_call/f") and functions.isdigit() else None)
+        if made is None:
+            raise KeyError(f"unknown BFCL task id {task_id!r}: expected an entry id or "
+                           f"{SINGLE_CALL_ID.format(entry='<entry id>', functions='<n>')} of an entry whose first "
+                           "turn is one call")
+        return made
     get_entry(task_id)  # raises a clear KeyError for unknown ids
     for task in _tasks(category_of(task_id)):
         if task.id == task_id:
@@ -319,6 +353,10 @@ def validate_task(task: Task) -> Task:
     unknown = [c for c in task.metadata["involved_classes"] if c not in BACKEND_CLASSES]
     if unknown:
         raise ValueError(f"BFCL task {task.id!r}: unknown backend classes {unknown}; expected some of {BACKEND_CLASSES}")
+    shown = task.metadata.get("functions")
+    if shown is not None and (not isinstance(shown, list) or not shown or not all(isinstance(n, str) for n in shown)):
+        raise ValueError(f"BFCL task {task.id!r}: metadata['functions'] must be a non-empty list of function names, "
+                         f"got {shown!r:.200}")
     task_category(task)
     return task
 
@@ -339,16 +377,72 @@ def task_entry(task: Task) -> dict:
         "involved_classes": list(meta["involved_classes"]),
         "missed_function": dict(meta.get("missed_function") or {}),
         "ground_truth": task.answer,
+        **({"functions": list(meta["functions"])} if meta.get("functions") is not None else {}),
     }
 
 
-def sample_tasks(n: int, seed: int = 0, category: str = "multi_turn_base", split: str = "train") -> list[Task]:
-    """``n`` distinct tasks of one category and split, drawn without replacement with a
-    seeded permutation (the benches' candidate pools)."""
+# --- the single-call tier ------------------------------------------------------------
+
+#: Task tiers of the family (:func:`sample_tasks`): the BFCL entries themselves, or the
+#: easiest honest tier, one user turn whose ground truth is a single call.
+TIERS = ("multi_turn", "single_call")
+#: The id of a single-call task: the entry's id, the tier, the functions shown
+#: (``multi_turn_base_12/single_call/f1``); :func:`load_task` reads it back.
+SINGLE_CALL_ID = "{entry}/single_call/f{functions}"
+
+
+def single_call_task(task: Task, functions: int = 1) -> Task | None:
+    """The first user turn of a BFCL entry as a task of its own, when that turn's ground
+    truth is exactly one call (``None`` otherwise).
+
+    Same scenario (initial state, involved classes), same checker: the env runs the
+    official turn checks on that one turn (state equality with the ground-truth run, the
+    ground-truth result among the model's results), so its reward is 1 exactly when BFCL
+    would pass that turn. ``functions`` is how many function docs the prompt shows: the
+    needed function plus ``functions - 1`` others of the involved classes (a fixed draw
+    per entry, kept in doc order); 0 shows every function of the involved classes, as
+    the entry does. ``metadata["functions"]`` lists the names shown.
+    """
+    if functions < 0:
+        raise ValueError(f"functions must be >= 0 (0: every function of the involved classes), got {functions!r}")
+    if len(task.answer[0]) != 1:
+        return None
+    entry = task_entry(task)
+    docs = [d["name"] for d in function_docs(entry)[0]]
+    needed = task.answer[0][0].split("(", 1)[0].strip()
+    if needed not in docs:
+        return None  # the turn's function is held out at the start (miss_func)
+    if functions:
+        import numpy as np
+
+        others = [name for name in docs if name != needed]
+        seed = int(hashlib.sha256(f"bfcl-single-call/{task.id}".encode()).hexdigest()[:16], 16)
+        picked = {needed, *np.random.default_rng(seed).permutation(others)[: functions - 1].tolist()}
+        docs = [name for name in docs if name in picked]
+    meta = task.metadata
+    return Task(id=SINGLE_CALL_ID.format(entry=task.id, functions=functions), prompt=task.prompt, answer=[list(task.answer[0])], source="bfcl",
+                metadata={**meta, "question": [meta["question"][0]], "missed_function": {}, "functions": docs,
+                          "tier": "single_call"})
+
+
+def single_call_tasks(category: str = "multi_turn_base", split: str = "train", functions: int = 1) -> list[Task]:
+    """Every :func:`single_call_task` of one category and split, in file order (98 of the
+    200 ``multi_turn_base`` entries; 78 in ``train``)."""
+    made = (single_call_task(t, functions) for t in load_tasks(category, split))
+    return [t for t in made if t is not None]
+
+
+def sample_tasks(n: int, seed: int = 0, category: str = "multi_turn_base", split: str = "train",
+                 tier: str = "multi_turn", functions: int = 1) -> list[Task]:
+    """``n`` distinct tasks of one category, split and tier (:data:`TIERS`), drawn without
+    replacement with a seeded permutation (the benches' candidate pools). ``functions``
+    applies to the ``single_call`` tier (:func:`single_call_task`)."""
     import numpy as np
 
-    tasks = load_tasks(category, split)
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
+    tasks = load_tasks(category, split) if tier == "multi_turn" else single_call_tasks(category, split, functions)
     if not 0 <= n <= len(tasks):
-        raise ValueError(f"n must be in [0, {len(tasks)}] for {category}/{split}, got {n}")
+        raise ValueError(f"n must be in [0, {len(tasks)}] for {category}/{split} ({tier} tier), got {n}")
     order = np.random.default_rng(seed).permutation(len(tasks))[:n]
     return [tasks[i] for i in order]

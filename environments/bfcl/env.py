@@ -15,7 +15,8 @@ prompting format): a list of calls ``[cd(folder='document'), ls()]``;
 ## Observation Space
 ``ChatObservation``. At reset: a system message (BFCL's default system prompt with
 the JSON function docs, or the Qwen tools block for ``tool_call``) and the first user
-turn; with ``tool_prompt="template"`` (``tool_call`` only) just the first user turn,
+turn (``few_shot`` and ``call_examples`` put demonstrated exchanges between them); with
+``tool_prompt="template"`` (``tool_call`` only) just the first user turn,
 and ``info["tools"]`` carries the functions for the chat template to render. After a response with calls: one ``tool`` message per call (``name`` is the
 decoded call, ``content`` its result or error). After a response without a decodable
 call (the model is talking to the user, as in BFCL's inference loop): the next user
@@ -76,6 +77,28 @@ from environments.bfcl.parsing import ACTION_FORMATS, MAX_ACTION_CHARS, decode, 
 
 #: Where the function docs go: the system message, or ``info["tools"]`` for the chat template.
 TOOL_PROMPTS = ("system", "template")
+#: A one-shot demonstration of BFCL's python format (a call, its result, then a reply
+#: without calls that ends the user turn), inserted after the system message when
+#: ``few_shot=True``; tiny models imitate it. Its function may not be among the task's.
+FEW_SHOT_DEMO = (
+    Message("user", "Please make a new folder called 'drafts' in the current directory."),
+    Message("assistant", "[mkdir(dir_name='drafts')]"),
+    Message("tool", "None", name="mkdir(dir_name='drafts')"),
+    Message("assistant", "I created the folder 'drafts'."),
+)
+#: What a task's difficulty depends on, for the no-contrast warning (``DifficultyKnobs``);
+#: the measured success rates are in docs/environments/bfcl.md.
+DIFFICULTY_KNOBS = {
+    "tier": "task kwarg tier=single_call: the first user turn of an entry whose ground truth is one call, "
+            "graded by the same turn checks (the easiest tier; tier=multi_turn: whole entries)",
+    "functions": "task kwarg functions=N (single_call tier): the prompt shows the needed function and N-1 others "
+                 "(0: every function of the involved classes)",
+    "few_shot": "env kwarg few_shot=true: one demonstrated call and reply after the system message",
+    "call_examples": "env kwarg call_examples=true: each shown function called once with example values of its "
+                     "parameter types, as a demonstrated exchange after the system message",
+    "category": "env and task kwarg category: multi_turn_base is the easiest; long_context, miss_func, miss_param add "
+                "long state, held-out functions, missing parameters",
+}
 #: BFCL's MAXIMUM_STEP_LIMIT: call steps allowed per user turn.
 MAX_STEPS_PER_TURN = 20
 #: The response ``reference_actions`` uses to end a user turn (it holds no call).
@@ -157,6 +180,10 @@ class BFCLEnv(gymnasium.Env):
         action_format: ``python`` (BFCL prompting format) or ``tool_call`` (Qwen style).
         max_steps_per_turn: call steps allowed per user turn before force-termination.
         max_action_chars: longer responses are not parsed (they hold no call).
+        few_shot: start with :data:`FEW_SHOT_DEMO` after the system message (``python``
+            format with ``tool_prompt="system"`` only).
+        call_examples: then one demonstrated call of each shown function, with example
+            values of its parameter types (``python`` format, ``tool_prompt="system"``).
         tool_prompt: ``system`` (default): the function docs are in the system message,
             as BFCL prompts; ``template`` (``tool_call`` format only): no system
             message, the schemas go to ``info["tools"]`` for the chat template (e.g.
@@ -166,6 +193,7 @@ class BFCLEnv(gymnasium.Env):
 
     metadata = {"render_modes": []}
     snapshot_mode = "state"
+    difficulty_knobs = DIFFICULTY_KNOBS
 
     @classmethod
     def load_tasks(cls, n: int, seed: int = 0, category: str = "multi_turn_base", split: str = "all") -> list[Task]:
@@ -178,7 +206,8 @@ class BFCLEnv(gymnasium.Env):
     def __init__(self, category: str = "multi_turn_base", split: str = "all", action_format: str = "python",
                  max_steps_per_turn: int = MAX_STEPS_PER_TURN, max_action_chars: int = MAX_ACTION_CHARS,
                  tool_prompt: str = "system", max_result_chars: int = MAX_RESULT_CHARS,
-                 max_observation_chars: int = MAX_OBSERVATION_CHARS, max_state_bytes: int = MAX_STATE_BYTES):
+                 max_observation_chars: int = MAX_OBSERVATION_CHARS, max_state_bytes: int = MAX_STATE_BYTES,
+                 few_shot: bool = False, call_examples: bool = False):
         data.check_category(category)
         if split not in data.SPLITS:
             raise ValueError(f"split must be one of {data.SPLITS}, got {split!r}")
@@ -196,7 +225,12 @@ class BFCLEnv(gymnasium.Env):
             raise ValueError(f"tool_prompt must be one of {TOOL_PROMPTS}, got {tool_prompt!r}")
         if tool_prompt == "template" and action_format != "tool_call":
             raise ValueError("tool_prompt='template' needs action_format='tool_call' (BFCL's python format lists docs in the prompt)")
-        self.tool_prompt = tool_prompt
+        for name, value in (("few_shot", few_shot), ("call_examples", call_examples)):
+            if value and (action_format != "python" or tool_prompt != "system"):
+                raise ValueError(f"{name}=True demonstrates the python format after the system message: it needs "
+                                 f"action_format='python' and tool_prompt='system', got {action_format!r}, "
+                                 f"{tool_prompt!r}")
+        self.tool_prompt, self.few_shot, self.call_examples = tool_prompt, few_shot, call_examples
         self.category, self.split, self.action_format = category, split, action_format
         self.max_steps_per_turn, self.max_action_chars = max_steps_per_turn, max_action_chars
         self.max_result_chars, self.max_observation_chars = max_result_chars, max_observation_chars
@@ -236,7 +270,8 @@ class BFCLEnv(gymnasium.Env):
         self._load_docs()
         obs = self._user_turn(0)
         if self.tool_prompt == "system":
-            obs = [Message("system", self._system_prompt(self._docs)), *obs]
+            obs = [Message("system", self._system_prompt(self._docs)), *(FEW_SHOT_DEMO if self.few_shot else ()),
+                   *(self._call_examples() if self.call_examples else ()), *obs]
         info = {
             "task_id": task.id,
             "category": data.task_category(task),
@@ -331,6 +366,18 @@ class BFCLEnv(gymnasium.Env):
         if turn in self._holdout:
             return [Message("user", data.holdout_user_prompt(self._holdout[turn]))]
         return [Message(m["role"], m["content"]) for m in self._task.metadata["question"][turn]]
+
+    def _call_examples(self) -> list[Message]:
+        """Per shown function, a request to call it with example values and the call
+        (:func:`~environments.bfcl.data.example_call`); the values come from the schema,
+        never from the task, and every shown function gets one, so none is singled out."""
+        demo = []
+        for doc in self._docs:
+            name, kwargs = data.example_call(doc)
+            args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+            demo += [Message("user", f"Example: call {name}" + (f" with {args}." if args else ".")),
+                     Message("assistant", render_action([(name, kwargs)], "python"))]
+        return demo
 
     def _available_docs(self) -> list[dict]:
         """Docs shown so far: the initial ones plus those revealed up to this turn."""

@@ -99,6 +99,16 @@ FEW_SHOT_DEMO = (
     ("assistant", "<answer> Norland </answer>"),
 )
 REWARDS = ("em", "f1")
+#: What a question's difficulty depends on, for the no-contrast warning (``DifficultyKnobs``);
+#: SmolLM2-135M's measured success rates are in docs/environments/wiki_qa.md.
+DIFFICULTY_KNOBS = {
+    "single_hop_share": "task kwarg single_hop_share=1.0: only questions whose answer one search returns "
+                        "(the easiest tier; 0.0: only two-hop questions)",
+    "few_shot": "env kwarg few_shot=true: one demonstrated search-search-answer episode after the system prompt",
+    "offline_scale": "env kwarg offline_scale (and task kwarg scale) below 1: a smaller world, fewer distractor "
+                     "passages",
+    "max_turns": "agent max_turns (and env max_turns): searches allowed before the answer",
+}
 
 
 def format_passages(hits: Sequence[tuple[str, str, float | None]]) -> str:
@@ -136,6 +146,7 @@ class WikiQAEnv(gymnasium.Env):
 
     metadata = {"render_modes": []}
     snapshot_mode = "state"
+    difficulty_knobs = DIFFICULTY_KNOBS
 
     #: A turn ends at its first closing tag (``StopStrings``), as in Search-R1: the env
     #: answers a search right away, and the model cannot write its own "results".

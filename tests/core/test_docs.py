@@ -18,7 +18,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 TUTORIALS = ["adding-an-environment.md", "strategies.md", "ecosystem.md"]
 #: top-level modules the tutorials write (dropped after the page so nothing leaks into other tests)
-TUTORIAL_MODULES = ("arith_envs", "my_strategies", "my_skyrl_env", "vf_reverse", "coin_env", "dice_adapter")
+TUTORIAL_MODULES = ("arith_envs", "my_strategies", "my_skyrl_env", "vf_reverse", "coin_env", "dice_adapter",
+                    "thompson_plugin", "my_pilot_commit")
 
 
 def python_blocks(page: Path) -> list[str]:

@@ -51,7 +51,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "banks": {"agent", "budget", "config", "config_sections", "predictor", "report", "runs", "step", "tree", "types",
               "utils"},
     "bench": {"agent", "allocation", "banks", "budget", "config", "config_sections", "engines", "env", "models",
-              "predictor", "report", "sim", "step", "types", "utils"},
+              "predictor", "report", "runs", "sim", "step", "types", "utils"},
     "train": {"agent", "budget", "config", "config_sections", "engines", "env", "models", "predictor", "report", "runs",
               "step", "tree", "types", "utils"},
 }

@@ -24,7 +24,9 @@ def measured(n: int) -> ThreadDecision:
     return ThreadDecision(n, "measured", 2, None, 0.0, 0.0, 2.0 - n)
 
 
-def test_the_count_is_the_users_word_else_one_whatever_the_load_gave():
+def test_the_count_is_the_users_word_else_one_whatever_the_load_gave(monkeypatch):
+    # no thread policy ran in this process (an earlier in-process CLI call may have run one)
+    monkeypatch.setattr("trace_gym.utils.threads._DECISION", None)
     # an idle box (2 measured) and a busy one (1 measured) give the same count
     assert determinism.fixed_threads({"OMP_NUM_THREADS": "2"}, measured(2)) == (1, "the fixed default")
     assert determinism.fixed_threads({"OMP_NUM_THREADS": "1"}, measured(1)) == (1, "the fixed default")

@@ -24,7 +24,7 @@ the rounds stay wide to the end. The recorder reports prompts per minute and an 
 after each prompt.
 
 Durability: each prompt is written the moment its last
-branch returns, as one fsync'd line (:class:`~trace_gym.banks.format.BankWriter`). A
+branch returns, as one fsync'd line (:class:`~trace_gym.banks.writer.BankWriter`). A
 killed recording keeps every prompt it wrote; rerunning the same call cuts a partial
 last line (or, when the recording was killed while writing its header, starts afresh),
 skips the prompts already there and records each remaining prompt exactly once; the

@@ -27,6 +27,7 @@ requests (common random numbers).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Sequence
@@ -104,6 +105,13 @@ def charge(ledger: BudgetLedger, episodes: Sequence[Mapping[str, Any]], replayed
             ledger.add_replayed_env_steps(int(steps))
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _permutation(seed: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """``np.random.default_rng(seed).permutation(n)`` as Python ints, made once per process
+    (every arm of a repetition draws in the same orders; a Generator costs tens of microseconds)."""
+    return tuple(np.random.default_rng(list(seed)).permutation(n).tolist())
+
+
 @dataclass
 class BankDraws:
     """Which recorded rollouts one arm has used (draws without replacement), and what it asked for.
@@ -131,8 +139,8 @@ class BankDraws:
               requested: dict) -> list[int | None]:
         requested[key] = requested.get(key, 0) + count
         start = used.get(key, 0)
-        order = np.random.default_rng(seed).permutation(recorded)
-        picks = [int(order[n]) if n < recorded else None for n in range(start, start + count)]
+        order = _permutation(tuple(seed), recorded)
+        picks = [order[n] if n < recorded else None for n in range(start, start + count)]
         used[key] = min(start + count, recorded)
         self.exhausted += sum(p is None for p in picks)
         return picks
@@ -185,6 +193,7 @@ class BankBranchRunner:
         self._records: dict[Hashable, BankPrompt] = {}
         self._trees: dict[Hashable, BankTree] = {}
         self._pending: list[BranchResult] = []
+        self._contexts: dict[tuple[Hashable, int], Context] = {}
 
     def prompt_context(self, candidate: BankPrompt) -> Context:
         if self.anchored:
@@ -192,6 +201,13 @@ class BankBranchRunner:
         return Context(candidate.prompt)
 
     def node_context(self, key: Hashable, node_id: int) -> Context:
+        # a node's path and texts never change, so its context is made once (scoring and learning both read it)
+        known = self._contexts.get((key, node_id))
+        if known is None:
+            known = self._contexts[(key, node_id)] = self._node_context(key, node_id)
+        return known
+
+    def _node_context(self, key: Hashable, node_id: int) -> Context:
         tree, record = self._trees[key], self._records[key]
         ctx = node_context(tree, node_id, record.prompt)
         if not self.anchored:

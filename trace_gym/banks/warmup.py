@@ -71,16 +71,24 @@ def full_trees(bank: Bank, indices: Sequence[int], seed: int) -> tuple[BankBranc
     return runner, step
 
 
+def warmup_batches(bank: Bank, indices: Sequence[int], seed: int,
+                   batch: int = WARMUP_BATCH) -> list[tuple[BankBranchRunner, StepResult]]:
+    """The warm-up's trees, ``batch`` prompts at a time (:func:`full_trees`). :func:`warm_up`
+    only reads them, so a bench builds them once for every repetition and predictor kind."""
+    return [full_trees(bank, indices[lo:lo + batch], seed) for lo in range(0, len(indices), batch)]
+
+
 def warm_up(predictor: Any, bank: Bank, indices: Sequence[int], *, seed: int, prefix_share: float,
-            batch: int = WARMUP_BATCH) -> dict[str, Any]:
-    """Train ``predictor`` on the recorded rollouts of ``indices`` (see the module docstring).
+            batch: int = WARMUP_BATCH, batches: Sequence[tuple[BankBranchRunner, StepResult]] | None = None,
+            ) -> dict[str, Any]:
+    """Train ``predictor`` on the recorded rollouts of ``indices`` (see the module docstring);
+    ``batches``: :func:`warmup_batches` of the same arguments, built before.
 
     Returns what it read: ``{"prompts", "roots", "continuations", "updates", "samples", "seconds"}``.
     """
     start = time.perf_counter()
     stats = {"prompts": len(indices), "roots": 0, "continuations": 0, "updates": 0, "samples": 0}
-    for lo in range(0, len(indices), batch):
-        runner, step = full_trees(bank, indices[lo:lo + batch], seed)
+    for runner, step in warmup_batches(bank, indices, seed, batch) if batches is None else batches:
         learning = update_predictor(step, predictor, runner, prefix_share, root_rollouts_only=True)
         stats["roots"] += sum(1 for t in step.trees for b in t.branches if not b.is_continuation)
         stats["continuations"] += sum(1 for t in step.trees for b in t.branches if b.is_continuation)

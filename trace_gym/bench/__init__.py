@@ -7,11 +7,13 @@
   (a rollout bank);
 - :mod:`~trace_gym.bench.checks`: the verdict (paired differences, checks, the headline);
 - :mod:`~trace_gym.bench.report`: the printed and plotted report;
-  :mod:`~trace_gym.bench.sweep`: one bench per root budget.
+  :mod:`~trace_gym.bench.sweep`: one bench per root budget;
+- :mod:`~trace_gym.bench.rank`: every arm ranked and paired with the references;
+  :mod:`~trace_gym.bench.pair`: bench results paired after the fact (``compare A.json B.json``).
 
 May import: ``agent``, ``allocation``, ``banks``, ``budget``, ``config``,
-``config_sections``, ``engines``, ``env``, ``models``, ``predictor``, ``report``, ``sim``,
-``step``, ``types``, ``utils``.
+``config_sections``, ``engines``, ``env``, ``models``, ``predictor``, ``report``, ``runs``,
+``sim``, ``step``, ``types``, ``utils``.
 """
 
 

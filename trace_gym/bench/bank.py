@@ -48,7 +48,7 @@ from trace_gym.banks.format import Bank, open_bank
 from trace_gym.banks.replay import BankBranchRunner, BankDraws, BankOraclePredictor, recorded_prefix_rate
 from trace_gym.bench.loop import Arm, arms_with_oracle, run_bench
 from trace_gym.bench.modes import BenchMode
-from trace_gym.banks.warmup import held_out_prompts, warm_up
+from trace_gym.banks.warmup import held_out_prompts, warm_up, warmup_batches
 from trace_gym.step.driver import StepResult, run_step
 from trace_gym.bench.config import BankBenchConfig
 from trace_gym.predictor.kinds import PREDICTORS, make_predictor
@@ -94,7 +94,8 @@ class BankRepetition:
             kwargs = cfg.predictor_kwargs if arm.predictor == cfg.predictor else {}
             template = make_predictor(arm.predictor, kwargs, model_path=source.policy_path, seed=self.seed)
             if source.held_out:
-                stats = warm_up(template, source.bank, source.held_out, seed=cfg.seed, prefix_share=cfg.prefix_share)
+                stats = warm_up(template, source.bank, source.held_out, seed=cfg.seed, prefix_share=cfg.prefix_share,
+                                batches=source.warmup_batches())
                 if arm.predictor == cfg.predictor:
                     source.warmups.append(stats)
             self._templates[arm.predictor] = template
@@ -189,12 +190,23 @@ class BankSource:
         if note:
             self.say(note)
         self.config = cfg = dataclasses.replace(cfg, candidates=candidates, root_budget=root_budget)
+        if cfg.epochs:  # every measured prompt visited `epochs` times (the pools cycle through them)
+            steps = cfg.warmup_steps + math.ceil(cfg.epochs * len(self.measurable) / cfg.candidates)
+            self.config = cfg = dataclasses.replace(cfg, steps=steps)
         self.warmups: list[dict[str, Any]] = []
+        self._warmup_batches: list | None = None
         self.repetitions, self.steps, self.warmup_steps = cfg.seeds, cfg.steps, cfg.warmup_steps
         self.budget_unit, self.nominal_budget = cfg.budget_unit, cfg.nominal_budget
         self.policy_path = None
         if "model_path" in PREDICTORS[cfg.predictor].needs:  # the critic reads the recorded policy's own LM
             self.policy_path = policy_folder(self.bank.manifest)
+
+    def warmup_batches(self) -> list:
+        """The warm-up's trees (:func:`trace_gym.banks.warmup.warmup_batches`), built at the first
+        call and read by every repetition's and predictor kind's warm-up."""
+        if self._warmup_batches is None:
+            self._warmup_batches = warmup_batches(self.bank, self.held_out, self.config.seed)
+        return self._warmup_batches
 
     def arms(self, strategies: Mapping[str, Strategy]) -> dict[str, Arm]:
         cfg = self.config
@@ -239,9 +251,18 @@ def run_bank_bench(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], *, 
         progress: show a progress bar.
         say: receives one-line progress messages and the all-same-reward warnings.
         out_dir: unused (the bank bench writes no files of its own).
+
+    With ``cfg.embedding_cache`` the frozen encoder's calls go through the bank's store on
+    disk (:func:`trace_gym.predictor.embeddings.bank_store`: the same vectors, read instead of computed
+    when this exact call was made before); ``results["embedding_cache"]`` says how many calls
+    it read and computed (``None`` with the cache off).
     """
+    from trace_gym.predictor.embeddings import bank_store, use_store
+
     source = BankSource(cfg, say or (lambda msg: None))
-    return run_bench(source, strategies, progress=progress, say=say)
+    with use_store(bank_store(source.bank.scan.sha256) if cfg.embedding_cache else None) as store:
+        results = run_bench(source, strategies, progress=progress, say=say)
+    return results | {"embedding_cache": store.summary() if store is not None else None}
 
 
 def intro(results: Mapping[str, Any]) -> list[str]:
@@ -343,9 +364,10 @@ def check_groups_fit(cfg: BankBenchConfig, strategies: Mapping[str, Strategy], m
     """
     from trace_gym.allocation.allocators import GroupSized
 
+    # a wave strategy has no root allocator of fixed groups: it plans its own waves within the budget
     need = {name: groups_needed(s.budget_split(cfg.nominal_budget)[0], s.root_allocator.group_size)
             for name, s in strategies.items()
-            if isinstance(s.root_allocator, GroupSized) and s.root_allocator.group_size >= 2}
+            if isinstance(getattr(s, "root_allocator", None), GroupSized) and s.root_allocator.group_size >= 2}
     over = sorted(name for name, n in need.items() if n > cfg.candidates)
     if over:
         fits = largest_root_budget(cfg.candidates, cfg.group_size, cfg.continuations_per_root)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trace_gym.config import doc
-from trace_gym.config_sections import (AgentLimits, BudgetShape, PredictorChoice, Reproducibility, check_sections,
-                                       positive, section_default)
+from trace_gym.config_sections import (AgentLimits, BenchTarget, BudgetShape, PredictorChoice, Reproducibility,
+                                       check_sections, positive, section_default)
 from trace_gym.predictor.kinds import predictor_names
 
 #: What a bench equalises across strategies: the nominal budget or the exact generated tokens.
@@ -44,7 +44,7 @@ _STRATEGIES = doc("comma-separated strategy names (default: all)")
 
 # ---------------------------------------------------------------------- bench --sim
 @dataclass(frozen=True)
-class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
+class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget):
     """``trace-gym bench --sim``: strategies on simulated tasks with a known success martingale.
 
     The default is paper-like: a GRPO baseline with groups of 8 that are mixed about
@@ -106,7 +106,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
 
 # ---------------------------------------------------------------------- bench --env
 @dataclass(frozen=True)
-class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
+class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility, BenchTarget):
     """``trace-gym bench --env ENV``: strategies on real rollouts of a real policy (no training).
 
     The default is sized for the 2-core CPU machine: SmolLM2-135M on generated math
@@ -138,7 +138,7 @@ class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility)
 
 # ---------------------------------------------------------------------- bench --bank
 @dataclass(frozen=True)
-class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
+class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget):
     """``trace-gym bench --bank FILE``: strategies replayed on a recorded rollout bank.
 
     The default is sized for a bank of a few hundred prompts with R = 8 roots and K = 4
@@ -167,15 +167,25 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility):
         "group_size a smaller bank's candidates hold"))
     oracle_upper_bound: bool = field(default=True, metadata=doc(
         "also run TRACE with the bank's empirical rates as its predictor, labelled as an upper bound"))
+    embedding_cache: bool = field(default=True, metadata=doc(
+        "keep the frozen encoder's embeddings of the bank's texts on disk under the trace_gym cache "
+        "($TRACE_GYM_CACHE/embeddings/<bank checksum>), so the next run reads them (the same numbers; "
+        "docs/benchmarking.md, Speed of a bank bench); false: embed afresh"))
     budget_unit: str = field(default="nominal", metadata=doc(
         "what is equalised across strategies: nominal (M (1 + N/2)) | tokens (the recorded generated tokens)"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
     deterministic: bool = section_default(Reproducibility, "deterministic", True)
     seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)"))
+    epochs: int = field(default=0, metadata=doc(
+        "passes over the measured prompts (0: run `steps` steps): the steps become warmup_steps + ceil(epochs x "
+        "measured prompts / candidates), each visit of a prompt drawing fresh recorded rollouts without "
+        "replacement, so methods that read a prompt's history see it recur"))
 
     def __post_init__(self) -> None:
         check_sections(self)
         positive(self, "seeds", "steps", *(["candidates"] if self.candidates is not None else []))
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or not 0 <= self.epochs <= 1000:
+            raise ValueError(f"epochs must be an integer in [0, 1000], got {self.epochs!r}")
         _check_measured_steps(self)
         _check_unit(self)

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from trace_gym.bench.checks import Roles, bench_checks, paired_table, verdict
+from trace_gym.bench.rank import ranking
 from trace_gym.budget import BudgetLedger
 from trace_gym.step.strategy_boundary import DEFAULT_STRATEGY_TIMEOUT_S, StrategyPlay, StrategyViolation
 from trace_gym.allocation.waves import is_wave_strategy
@@ -90,6 +91,7 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
     pairs = report.contrast_pairs_by_depth(trees)
     n_pairs = float(sum(pairs.values()))
     mixed = float(sum(t.is_mixed() for t in trees if t.leaves()))
+    in_mixed = sum(effective_samples(t) for t in trees if t.leaves() and t.is_mixed())
     tokens = max(ledger.generated_tokens, 1)
     env_steps = max(ledger.env_steps, 1)
     return {
@@ -100,6 +102,7 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
         "pairs_per_env_step": n_pairs / env_steps,
         "mixed_per_1k_tokens": 1e3 * mixed / tokens,
         "pairs_per_unit": n_pairs / max(ledger.nominal, 1e-12),
+        "effective_samples_per_unit": in_mixed / max(ledger.nominal, 1e-12),
         "distinct_prompts": len(trees) / steps,
         "rollouts_per_prompt": ledger.rollouts / max(1, len(trees)),
         "nominal_cost": ledger.nominal / steps,
@@ -114,6 +117,27 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
         "allocator_ms": 1e3 * ledger.seconds.get("allocation", 0.0) / steps,
         "contrast_pairs_by_depth": {str(d): c / steps for d, c in sorted(pairs.items())},
     }
+
+
+def effective_samples(tree: Any) -> float:
+    """A tree's rollouts in trajectory-equivalents (root 1, continuation 1/2): what it holds
+    of the budget (counted where the tree is mixed: its rollouts carry a group-relative signal)."""
+    conts = sum(1 for b in tree.branches if b.is_continuation)
+    return (len(tree.branches) - conts) + conts / 2
+
+
+def tokens_to_target(steps: Sequence[Any], target: int) -> float:
+    """Exact generated tokens until ``target`` mixed groups were collected over ``steps`` (in
+    order; counted at the end of each wave, :attr:`~trace_gym.step.driver.StepResult.progress`);
+    NaN when they never were."""
+    tokens = mixed = 0
+    for out in steps:
+        for step_tokens, step_mixed in out.progress:
+            if mixed + step_mixed >= target:
+                return float(tokens + step_tokens)
+        tokens += out.ledger.generated_tokens
+        mixed += out.progress[-1][1] if out.progress else 0
+    return math.nan
 
 
 def step_record(out: Any, measured: bool) -> dict[str, Any]:
@@ -386,6 +410,7 @@ def judge(results: dict[str, Any], roles: Roles) -> dict[str, Any]:
     results["paired"] = paired_table(results, roles)
     results["checks"] = bench_checks(results, roles)
     results["verdict"] = verdict(results, roles)
+    results["ranking"] = ranking(results)
     return results
 
 
@@ -421,7 +446,9 @@ def _run_arm(source: BenchSource, rep: Any, arm: Arm, target_tokens: list[float]
             target_tokens.extend([math.nan] * (source.steps - len(target_tokens)))
         return {"violation": str(exc)}, None
     trees = [t for out in measured for t in out.trees]
-    row = (tree_metrics(trees, ledger, len(measured)) | {"budget_scale": scale, "waves_per_step": _mean(waves)}
+    target = getattr(source.config, "mixed_groups_target", None)
+    reach = {"tokens_to_target": tokens_to_target(measured, target)} if target else {}
+    row = (tree_metrics(trees, ledger, len(measured)) | {"budget_scale": scale, "waves_per_step": _mean(waves)} | reach
            | pooled_quality(measured) | rep.measure(arm, measured) | {"by_step": by_step})
     rep.after_arm(arm, measured)
     return row, reward_warning(trees, getattr(source, "difficulty_knobs", None))

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from trace_gym.bench.checks import HEADLINE, interval_text
 from trace_gym.bench.modes import bench_mode
 from trace_gym.step.learning import brief_repeats
+from trace_gym.bench.rank import plot_ranking, ranking_section
 from trace_gym.predictor.quality import QUALITY_KEYS
 
 _COLUMNS: list[tuple[str, str]] = [
@@ -152,7 +153,7 @@ def format_bench(results: Mapping[str, Any]) -> str:
     for name, why in (results.get("violations") or {}).items():
         lines += ["", f"**NO VERDICT for {name}:** {why}"]
     lines += ["", strategy_table(results), ""]
-    for section in (paired_section, step_section, quality_section):
+    for section in (paired_section, ranking_section, step_section, quality_section):
         part = section(results)
         lines += part + ([""] if part else [])
     if results.get("warnings"):
@@ -256,6 +257,7 @@ def write_bench_plots(results: Mapping[str, Any], out_dir: str) -> list[str]:
                             out / "contrast_pairs_by_depth.png", xlabel="anchor depth",
                             ylabel="contrast pairs per step", title="Contrast pairs by anchor depth"),
     ]
+    paths += plot_ranking(results, out)
     demo = results.get("root_allocation_demo")
     if demo:
         paths.append(report.plot_root_allocation(demo["values"], demo["budgets"], demo["allocations"],

@@ -7,9 +7,35 @@ import argparse
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from trace_gym.bench.pair import is_bench_json
+
+    names = args.names.split(",") if args.names else None
+    benches = [is_bench_json(p) for p in args.runs]
+    if any(benches):
+        if not all(benches):
+            raise ValueError("compare pairs bench results (bench --json files) or run/eval dirs, not both: "
+                             f"{', '.join(p for p, b in zip(args.runs, benches) if not b)} is not a bench result")
+        return _pair_benches(args, names)
     from trace_gym.runs.compare import run_compare
 
-    run_compare(args.runs, args.out, names=args.names.split(",") if args.names else None)
+    run_compare(args.runs, args.out, names=names)
+    return 0
+
+
+def _pair_benches(args: argparse.Namespace, names: list[str] | None) -> int:
+    import json
+    from pathlib import Path
+
+    from trace_gym.bench.pair import format_paired, pair_bench_files
+    from trace_gym.bench.rank import plot_ranking
+
+    results = pair_bench_files(args.runs, names)
+    print(format_paired(results))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "paired.json").write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {', '.join([str(out / 'paired.json'), *plot_ranking(results, out)])}")
     return 0
 
 
@@ -21,7 +47,8 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         "paired with the first folder's on the tasks both evaluated (Agresti-Min 95 % interval); a run dir "
         "contributes its last evaluation.")
     p.add_argument("runs", nargs="+", metavar="DIR", help="run dirs or eval output dirs (seeds of one config are "
-                   "grouped)")
+                   "grouped), or bench results (bench --json files of the same draws: their arms paired after the "
+                   "fact, ranked and checked as one bench)")
     p.add_argument("--names", metavar="A,B,...", help="row labels, one per DIR in order (default: the folders' names)")
     p.add_argument("--out", default=None, help="folder for compare.md and the PNG plots")
     p.set_defaults(func=cmd_compare)

@@ -5,6 +5,8 @@
 - :mod:`~trace_gym.predictor.critic`: the LM critic (a causal LM with a scalar head);
 - :mod:`~trace_gym.predictor.memory`: what a predictor remembers (replay buffer, evidence);
 - :mod:`~trace_gym.predictor.quality`: what selection needs from it, measured where used.
+- :mod:`~trace_gym.predictor.embeddings`: the frozen encoder's embeddings, once per process
+  and (a bank bench's ``embedding_cache``) on disk per encode call.
 
 May import: ``engines``, ``models``, ``report``, ``utils``.
 """

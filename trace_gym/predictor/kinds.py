@@ -21,13 +21,12 @@ success probability.
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from trace_gym.predictor.embeddings import shared_encoder
 from trace_gym.predictor.memory import prompt_key, regress_head, with_prompt_evidence
 from trace_gym.utils.targets import load_target
 
@@ -137,23 +136,6 @@ def _depth_features(depths: np.ndarray) -> np.ndarray:
     return np.stack([(d == 0).astype(np.float32), np.log1p(d)], axis=1)
 
 
-#: (encoder folder, device) -> (frozen SentenceTransformer, its embedding LRU cache).
-_ENCODERS: dict[tuple[str, str], tuple[Any, OrderedDict]] = {}
-
-
-def _shared_encoder(key: tuple[str, str]) -> tuple[Any, OrderedDict]:
-    """The process's one frozen encoder (and embedding cache) for ``(folder, device)``; each
-    predictor trims the shared cache to its own ``cache_size`` after it adds to it."""
-    if key not in _ENCODERS:
-        from sentence_transformers import SentenceTransformer
-
-        from trace_gym.models import quiet_third_party
-
-        quiet_third_party()
-        _ENCODERS[key] = (SentenceTransformer(key[0], device=key[1]), OrderedDict())
-    return _ENCODERS[key]
-
-
 class EmbeddingPredictor:
     """Frozen sentence embeddings + a small MLP head, trained online.
 
@@ -191,12 +173,15 @@ class EmbeddingPredictor:
             is a speed knob only and no longer changes what is embedded (it used to cut
             the history to its last ``history_chars`` characters, of which MiniLM then
             read only the first 256 word pieces, not the end).
-        cache_size: embeddings kept in an LRU cache keyed by a hash of the text embedded.
+        cache_size: embeddings kept in an LRU cache keyed by a hash of the text embedded
+            (and as many history ends, :meth:`recent_history`).
 
-    The encoder is frozen, so it and its embedding cache are shared by every
-    ``EmbeddingPredictor`` of the same encoder folder and device in the process
-    (:func:`_shared_encoder`): a bench that builds a fresh predictor per strategy and seed
-    loads MiniLM once and embeds each text once, and a deep copy copies only the head.
+    The encoder is frozen, so it and its caches are shared by every ``EmbeddingPredictor``
+    of the same encoder folder and device in the process
+    (:func:`trace_gym.predictor.embeddings.shared_encoder`): a bench that builds a fresh predictor per
+    strategy and seed loads MiniLM once and embeds each text once, and a deep copy copies
+    only the head. Inside :func:`trace_gym.predictor.embeddings.use_store` its encode calls are also
+    kept on disk (``bench --bank``'s ``embedding_cache``).
         prior: initial prediction (the head's output bias starts at logit(prior)).
         device: torch device of the encoder and the head.
         seed: torch seed for the head's initialisation.
@@ -217,7 +202,7 @@ class EmbeddingPredictor:
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
         self._encoder_key = (str(encoder_path), str(device))
-        _shared_encoder(self._encoder_key)
+        shared_encoder(self._encoder_key)
         dim = self.encoder.get_embedding_dimension()
         torch.manual_seed(seed)
         in_dim = 2 * dim + 2
@@ -245,26 +230,24 @@ class EmbeddingPredictor:
     @property
     def encoder(self) -> Any:
         """The frozen sentence encoder (shared; see the class docstring)."""
-        return _shared_encoder(self._encoder_key)[0]
-
-    @property
-    def _cache(self) -> OrderedDict:
-        return _shared_encoder(self._encoder_key)[1]
+        return shared_encoder(self._encoder_key).encoder
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        keys = [hashlib.blake2b(t.encode(), digest_size=16).hexdigest() for t in texts]
-        missing = sorted({k: t for k, t in zip(keys, texts) if k not in self._cache}.items())
+        from trace_gym.predictor.embeddings import encode, text_key, trim
+
+        cache = shared_encoder(self._encoder_key).vectors
+        keys = [text_key(t) for t in texts]
+        missing = sorted({k: t for k, t in zip(keys, texts) if k not in cache}.items())
         if missing:
-            vecs = self.encoder.encode([t for _, t in missing], batch_size=64, convert_to_numpy=True,
-                                       normalize_embeddings=True, show_progress_bar=False)
+            vecs = encode(self.encoder, self._encoder_key, [t for _, t in missing], batch_size=64,
+                          convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
             for (k, _), v in zip(missing, vecs):
-                self._cache[k] = v.astype(np.float32)
+                cache[k] = v.astype(np.float32)
         out = []
         for k in keys:
-            self._cache.move_to_end(k)
-            out.append(self._cache[k])
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+            cache.move_to_end(k)
+            out.append(cache[k])
+        trim(cache, self._cache_size)
         return np.stack(out)
 
     def recent_history(self, histories: Sequence[str]) -> list[str]:
@@ -276,43 +259,14 @@ class EmbeddingPredictor:
         punctuation) before it splits them into pieces, so text cut at a word start
         re-tokenises to exactly those last pieces. Only a final word longer than the
         limit is cut inside the word, from the earliest piece that still fits.
-        """
-        out = list(histories)
-        window = {i: self.history_chars for i, h in enumerate(out) if h}
-        while window:  # one batched tokenizer call per round; most finish in the first
-            rows = list(window)
-            texts = [out[i][-window[i]:] for i in rows]
-            enc = self.encoder.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
-                                         truncation=False, verbose=False)
-            for b, i in enumerate(rows):
-                history, text = out[i], texts[b]
-                words, offsets = enc.word_ids(b), enc["offset_mapping"][b]
-                whole, n = len(text) == len(history), len(words)
-                if whole and n <= self.history_pieces:
-                    del window[i]  # it fits: unchanged
-                    continue
-                # the window may cut its first word, so only the pieces after that word are the history's own
-                first_exact = 0 if whole else next((j for j in range(n) if words[j] != words[0]), n)
-                if n - first_exact < self.history_pieces:
-                    window[i] *= 4
-                    continue
-                start = n - self.history_pieces
-                while start < n and words[start] == words[start - 1]:
-                    start += 1  # to the next word start
-                cut = len(history) - len(text)
-                out[i] = history[cut + offsets[start][0]:] if start < n else self._cut_inside_word(
-                    history, cut, offsets, n)
-                del window[i]
-        return out
 
-    def _cut_inside_word(self, history: str, cut: int, offsets, n: int) -> str:
-        """The tail of a word longer than the limit, from the earliest piece that re-tokenises within it."""
-        for j in range(n - self.history_pieces, n):
-            tail = history[cut + offsets[j][0]:]
-            if len(self.encoder.tokenizer(tail, add_special_tokens=False, verbose=False)["input_ids"]) \
-                    <= self.history_pieces:
-                return tail
-        return history[cut + offsets[n - 1][0]:]
+        Each history is tokenised once per process: where its end starts is kept in the
+        shared encoder's LRU (:func:`trace_gym.predictor.embeddings.recent_history`).
+        """
+        from trace_gym.predictor.embeddings import recent_history
+
+        return recent_history(shared_encoder(self._encoder_key), histories, self.history_pieces, self.history_chars,
+                              self._cache_size)
 
     def features(self, contexts: Sequence[Context]) -> np.ndarray:
         """Head input, shape ``(n, 2 * embedding_dim + 2)``."""

@@ -324,7 +324,7 @@ def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]
     interval at every evaluation as an error bar (:func:`_accuracy_bars`), and the groups'
     points are spread sideways by a small share of the axis, so two groups with the same
     values are both seen, not one drawn over the other."""
-    plt = report._pyplot()
+    plt = report.pyplot()
     out = Path(out_dir)
     paths = []
     axes = {"nominal budget": "nominal_budget", "generated tokens": "generated_tokens", "wall-clock s": "step_seconds"}
@@ -363,7 +363,7 @@ def plot_runs(groups: Mapping[str, list[Run]], out_dir: str | Path) -> list[str]
             ax.set_ylabel(ylabel + (" (95 % CI)" if ykey == "accuracy" else ""))
         axs[0].legend(fontsize=8)
         fig.suptitle(f"{ylabel} against budget, tokens and time")
-        paths.append(str(report._save(plt, fig, out / f"{ykey}.png")))
+        paths.append(str(report.save_figure(plt, fig, out / f"{ykey}.png")))
     return paths
 
 

@@ -180,7 +180,7 @@ def paired_table(arms: Sequence[Arm]) -> str:
 def plot_arms(arms: Sequence[Arm], path: str | Path) -> Path:
     """``accuracy.png`` of eval arms: per suite, each arm's accuracy with its 95 % interval as
     an error bar, the arms side by side (never drawn over one another)."""
-    plt = report._pyplot()
+    plt = report.pyplot()
     suites = list(dict.fromkeys([s for arm in arms for s in arm.suites]))
     fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(suites) * max(1, len(arms)) ** 0.5 + 2), 3.6))
     width = 0.8 / max(1, len(arms))
@@ -200,4 +200,4 @@ def plot_arms(arms: Sequence[Arm], path: str | Path) -> Path:
     ax.set_ylabel("held-out accuracy (95 % CI)")
     ax.legend(fontsize=8)
     fig.suptitle("held-out accuracy per suite")
-    return report._save(plt, fig, path)
+    return report.save_figure(plt, fig, path)

@@ -152,6 +152,8 @@ class StepResult:
         ledger: nominal and exact costs of this step.
         waves: the longest chain of generation rounds one prompt went through (a one-shot
             flat strategy: 1; with continuations: 2).
+        progress: ``(generated tokens, mixed trees)`` of the step so far, after each wave
+            (what a budget-to-target metric reads).
         learning: the predictor update of the step (``None`` when ``learn=False``).
         extras: what a runner or bench source adds (a bank's draw sizes, the candidates'
             true rates for the predictor-quality measures as ``extras["truth"]``, ...).
@@ -170,6 +172,7 @@ class StepResult:
     fallback_first: bool = False
     prefixes_seen: int = 0
     waves: int = 0
+    progress: list[tuple[int, int]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -301,6 +304,7 @@ class _StepRun:
         self.spent_by = np.zeros(n, dtype=np.int64)  # units each candidate's own plans spent in this wave
         self.errors: list[dict[str, Any]] = []
         self.prefix_predictions: list[tuple[int, int, float]] = []
+        self.progress: list[tuple[int, int]] = []
         self.wave = 0
 
     # -- views
@@ -389,6 +393,8 @@ class _StepRun:
                 for result in self.runner.advance(self.ledger):
                     self._returned(result)
             self.reserve[:] = 0  # what the wave's reserves left goes back to the step's budget
+            self.progress.append((self.ledger.generated_tokens,
+                                  sum(t.is_mixed() for t in self.trees.values() if t.leaves())))
             self.wave += 1
 
     def _charge(self, cost: int, left: int, what: str) -> None:
@@ -447,6 +453,6 @@ class _StepRun:
         step = StepResult(self.values, self.roots.copy(), self.reserved_total.copy(), [self.trees[k] for k in keys],
                           np.asarray(keys, dtype=np.int64), plans=plans, prefix_predictions=self.prefix_predictions,
                           errors=self.errors, ledger=self.ledger, fallback_first=self.single_turn,
-                          waves=int(self.depth.max()) if len(self.depth) else 0)
+                          waves=int(self.depth.max()) if len(self.depth) else 0, progress=self.progress)
         step.prefixes_seen = sum(len(t.expansion_candidates()) for t in step.trees)
         return step

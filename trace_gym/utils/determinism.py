@@ -247,9 +247,13 @@ def applied(cfg: Any) -> Iterator[DeterministicMode | None]:
 def engine_note(engine: Any) -> str | None:
     """One warning line when deterministic mode is on and ``engine`` does not declare
     ``deterministic = True`` (its samples may differ between runs of one config and seed),
-    else ``None``."""
-    if _ACTIVE is None or getattr(engine, "deterministic", False):
-        return None
+    else ``None`` (also for ``engine=None``: a source with no engine samples nothing).
+
+    >>> engine_note(None) is None
+    True
+    """
+    if _ACTIVE is None or engine is None or getattr(engine, "deterministic", False):
+        return None  # no engine (a bank bench replays recorded samples): nothing to promise
     why = getattr(engine, "nondeterminism", None) or "it does not declare itself deterministic"
     return (f"WARNING: deterministic mode: the {type(engine).__name__} engine cannot promise the same samples for the "
             f"same config and seed ({why}); use engine=hf for that")
