@@ -101,7 +101,15 @@ class BudgetShape:
 
 @dataclass(frozen=True)
 class AgentLimits:
-    """The agent section: the limits of one episode of the agent loop (tokens, turns, sampling)."""
+    """The agent section: the limits of one episode of the agent loop (tokens, turns, sampling).
+
+    Its defaults (3 turns of at most 160 tokens, 1024 tokens an episode) are the commands' and
+    smaller than :class:`trace_gym.agent.loop.AgentConfig`'s (8 turns of 384 tokens, 2048 an
+    episode) on purpose: a command's default run is sized for the 2-core CPU machine and
+    SmolLM2-135M (design.md), while ``AgentConfig()`` is the library's default for a caller
+    that builds an agent loop itself. Each limit below that ``AgentConfig`` has is passed to
+    it by name (:meth:`agent_config`), so the two never disagree on what a limit means.
+    """
 
     max_turns: int = field(default=3, metadata=_in("agent", "turns per episode"))
     max_turn_tokens: int = field(default=160, metadata=_in("agent", "generated tokens per turn"))
@@ -109,11 +117,14 @@ class AgentLimits:
     temperature: float = field(default=1.0, metadata=_in("agent", "rollout sampling temperature"))
 
     def agent_config(self) -> Any:
-        """The :class:`trace_gym.agent.loop.AgentConfig` of these limits."""
+        """The :class:`trace_gym.agent.loop.AgentConfig` of these limits: each field of this
+        section that ``AgentConfig`` has, by name (``temperature`` is the sampler's, not the
+        loop's); the loop's other settings keep ``AgentConfig``'s defaults."""
         from trace_gym.agent.loop import AgentConfig
 
-        return AgentConfig(max_turn_tokens=self.max_turn_tokens, max_episode_tokens=self.max_episode_tokens,
-                           max_turns=self.max_turns)
+        loop_fields = {f.name for f in dataclasses.fields(AgentConfig)}
+        return AgentConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AgentLimits)
+                              if f.name in loop_fields})
 
     def _check_agent(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):

@@ -111,3 +111,20 @@ def test_the_prefix_share_default_has_one_home():
     assert written == ["trace_gym/step/learning.py"]
     assert PredictorChoice().prefix_share == PREFIX_SHARE
     assert inspect.signature(predictor_spearman).parameters["prefix_share"].default == PREFIX_SHARE
+
+
+def test_agent_limits_reach_the_loop_by_name_and_their_defaults_differ_on_purpose():
+    """Each limit of the agent section that the loop has reaches ``AgentConfig`` by name; the
+    section's defaults are the commands' CPU-sized ones, and its docstring gives both sets."""
+    from trace_gym.agent.loop import AgentConfig
+    from trace_gym.config_sections import AgentLimits
+    from trace_gym.train.config import TrainConfig
+
+    loop = TrainConfig(max_turns=2, max_turn_tokens=7, max_episode_tokens=99).agent_config()
+    assert (loop.max_turns, loop.max_turn_tokens, loop.max_episode_tokens) == (2, 7, 99)
+    assert loop.env_workers == AgentConfig().env_workers  # what the section does not set keeps the loop's default
+    shared = {f.name for f in dataclasses.fields(AgentLimits)} & {f.name for f in dataclasses.fields(AgentConfig)}
+    assert shared == {"max_turns", "max_turn_tokens", "max_episode_tokens"}
+    for name in sorted(shared):
+        ours, loops = getattr(AgentLimits(), name), getattr(AgentConfig(), name)
+        assert ours != loops and f"{ours}" in AgentLimits.__doc__ and f"{loops}" in AgentLimits.__doc__, name
