@@ -72,7 +72,7 @@ def test_repeated_advice_is_said_once_and_different_advice_whole():
     knobs = env_difficulty_knobs(_KnobbedEnv)
     failed = reward_warning([_failed_tree()], knobs)
     won = reward_warning([_failed_tree(reward=1.0)], knobs)
-    lines = [f"step 1: {failed}", f"step 2: {failed}", f"step 3: {won}", f"step 4: {failed}", "an unrelated line"]
+    lines = [failed.at("step 1"), failed.at("step 2"), won.at("step 3"), failed.at("step 4"), "an unrelated line"]
     brief = brief_repeats(lines)
     assert brief[0] == lines[0] and brief[2] == lines[2] and brief[4] == lines[4]
     for i in (1, 3):
@@ -81,3 +81,17 @@ def test_repeated_advice_is_said_once_and_different_advice_whole():
                             "group-relative update learns nothing; what to change: as above")
     other = reward_warning([_failed_tree()], {"levels": "another text"})
     assert brief_repeats([failed, other])[1] == other  # other knobs: other advice, whole
+
+
+def test_the_advice_is_carried_with_the_warning_not_read_back_from_its_text():
+    import copy
+    import json
+    import pickle
+
+    failed = reward_warning([_failed_tree()], env_difficulty_knobs(_KnobbedEnv)).at("step 1")
+    lookalike = "a plugin's own line; make the tasks " + failed.advice  # the same words, not a warning of ours
+    assert brief_repeats([failed, lookalike]) == [failed, lookalike]
+    for kept in (pickle.loads(pickle.dumps(failed)), copy.deepcopy(failed)):
+        assert (kept, kept.head, kept.advice) == (failed, failed.head, failed.advice)
+    assert json.loads(json.dumps({"warnings": [failed]})) == {"warnings": [str(failed)]}
+    assert failed.head.startswith("step 1: every one of") and str(failed) == f"{failed.head}; make the tasks {failed.advice}"

@@ -380,7 +380,7 @@ def _run_arms(source: BenchSource, strategies: Mapping[str, Strategy], progress:
             elif r == 0 and replay:
                 recorded[name] = play
             if warning:
-                warnings.append(f"{rep.label}, {name}: {warning}")
+                warnings.append(warning.at(f"{rep.label}, {name}"))
                 if say is not None:
                     say(f"WARNING: {brief_repeats(warnings)[-1]}")
             per_rep[name].append(row)

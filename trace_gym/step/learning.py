@@ -99,7 +99,29 @@ def knob_hint(knobs: Mapping[str, str] | None) -> str:
     return "; this env's difficulty knobs: " + "; ".join(f"{name}: {text}" for name, text in knobs.items())
 
 
-def reward_warning(trees: Sequence[RolloutTree], knobs: Mapping[str, str] | None = None) -> str | None:
+class NoContrast(str):
+    """A no-contrast warning (:func:`reward_warning`): its text, with what it found (``head``)
+    and what to change (``advice``: after ``"; make the tasks "``) kept apart, so a repeat can
+    say the advice once (:func:`brief_repeats`) without reading the text back. It is a ``str``
+    (the text whole) wherever warnings are printed or written to JSON."""
+
+    head: str
+    advice: str
+
+    def __new__(cls, head: str, advice: str) -> NoContrast:
+        line = super().__new__(cls, f"{head}; make the tasks {advice}")
+        line.head, line.advice = head, advice
+        return line
+
+    def at(self, where: str) -> NoContrast:
+        """The same warning said of ``where`` (``"step 3"``, ``"seed 0, trace"``): ``"where: text"``."""
+        return NoContrast(f"{where}: {self.head}", self.advice)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:  # pickled and copied with its parts
+        return NoContrast, (self.head, self.advice)
+
+
+def reward_warning(trees: Sequence[RolloutTree], knobs: Mapping[str, str] | None = None) -> NoContrast | None:
     """A one-line warning when every finished leaf has the same outcome (all 0 or all 1):
     then no prompt is mixed and no strategy can find contrast; a group-relative update
     learns nothing. It ends with the env's own difficulty ``knobs`` (:func:`knob_hint`).
@@ -114,28 +136,25 @@ def reward_warning(trees: Sequence[RolloutTree], knobs: Mapping[str, str] | None
     seen = f"reward {low:g}" if low == high else f"rewards {low:g} to {high:g}"
     outcome = (f"failed ({seen}, below the success threshold {SUCCESS_THRESHOLD:g})" if wins == 0
                else f"succeeded ({seen})")
-    return (f"every one of the {len(rewards)} rollouts {outcome}: no prompt is mixed, so there is no "
-            f"contrast to find and a group-relative update learns nothing{_ADVICE}"
-            + ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder")
-            + knob_hint(knobs))
-
-
-#: where a no-contrast warning's advice (what to change, the env's knobs) starts
-_ADVICE = "; make the tasks "
+    return NoContrast(f"every one of the {len(rewards)} rollouts {outcome}: no prompt is mixed, so there is no "
+                      "contrast to find and a group-relative update learns nothing",
+                      ("easier, the policy stronger or the turn/token limits larger" if wins == 0 else "harder")
+                      + knob_hint(knobs))
 
 
 def brief_repeats(warnings: Sequence[str]) -> list[str]:
-    """``warnings`` (of :func:`reward_warning`, each maybe prefixed with where it arose)
-    with the advice of every repeat cut to "as above": the first one with a given advice
-    keeps it whole, so a run whose every arm or step found no contrast says the advice once."""
+    """``warnings`` with the advice of every repeated :class:`NoContrast` cut to "as above": the
+    first one with a given advice keeps it whole, so a run whose every arm or step found no
+    contrast says the advice once. Any other line is kept whole."""
     seen: set[str] = set()
     out = []
     for line in warnings:
-        head, sep, advice = line.partition(_ADVICE)
-        if sep and advice in seen:
-            out.append(f"{head}; what to change: as above")
+        advice = getattr(line, "advice", None)
+        if advice is not None and advice in seen:
+            out.append(f"{line.head}; what to change: as above")
         else:
-            seen.add(advice)
+            if advice is not None:
+                seen.add(advice)
             out.append(line)
     return out
 

@@ -217,7 +217,7 @@ def _loop(cfg: TrainConfig, setup: TrainSetup, run: RunDir, resume: Any, tasks: 
             fallback_first=fallback_first)
         fallback_first = forecast_fallback_first(batch)
         if batch.learning.warning:  # all 0 or all 1: no contrast, nothing to learn
-            said.append(f"step {step}: {batch.learning.warning}")
+            said.append(batch.learning.warning.at(f"step {step}"))
             tqdm.write(f"WARNING: {brief_repeats(said)[-1]}", file=sys.stderr)
         # 7. evaluate every K steps (and at the end)
         evaluation, eval_seconds = None, 0.0
