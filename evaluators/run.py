@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_gym.config import doc
+from trace_gym.env.datafiles import HELDOUT_FRACTION
 from trace_gym.runs.policies import find_policy
 from trace_gym.runs.files import atomic_write_text, iter_json_lines, read_json_file
 from trace_gym.runs.weights import weights_hash
@@ -54,7 +55,7 @@ class EvalConfig:
     data_dir: str = field(default="", metadata=doc(
         "folder with local copies of the hub suites (<suite>.jsonl / .parquet / .json or <suite>/); "
         "a missing file is an error, not a hub download"))
-    heldout_fraction: float = field(default=0.2, metadata=doc(
+    heldout_fraction: float = field(default=HELDOUT_FRACTION, metadata=doc(
         "held-out share of the generated family and of an env id's tasks (0 for an env id: no split)"))
     max_turns: int = field(default=0, metadata=doc("turns per episode (0: the suite's default, listed above)"))
     max_turn_tokens: int = field(default=0, metadata=doc(
@@ -247,18 +248,54 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
         tasks = suites.load_suite_tasks(spec, limit, path, cfg.heldout_fraction)
     if engine is None:
         engine = make_engine(cfg.engine, folder, **cfg.engine_kwargs)
-    limits = {k: getattr(cfg, k) for k in ("max_turns", "max_turn_tokens", "max_episode_tokens") if getattr(cfg, k)}
-    result = suites.evaluate(engine, suite, limit=limit, samples=cfg.samples,
-                             temperature=cfg.temperature, seed=cfg.seed, pass_k=cfg.pass_k,
-                             data_path=path, heldout_fraction=cfg.heldout_fraction,
-                             progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs, tasks=tasks,
-                             transcripts=cfg.dump_episodes)
+    result = run_suite(cfg, suite, engine, data=path, tasks=tasks)
     transcripts = result.pop("transcripts", None)
     cached.parent.mkdir(parents=True, exist_ok=True)
     if transcripts is not None:
         _write_jsonl(episodes_file, transcripts)
     atomic_write_text(cached, json.dumps(result))
     return result | {"cached": False} | ({"transcripts": transcripts} if transcripts is not None else {}), engine
+
+
+def run_suite(cfg: EvalConfig, suite: str, engine: Any, *, data: str | None = None,
+              tasks: Sequence[Any] | None = None) -> dict[str, Any]:
+    """One suite run on ``engine`` with ``cfg``'s settings, no cache (:func:`evaluators.suites.evaluate`):
+    ``data`` the suite's local file (:func:`data_path`), ``tasks`` already loaded ones (else loaded here)."""
+    from evaluators import suites
+
+    limits = {k: getattr(cfg, k) for k in ("max_turns", "max_turn_tokens", "max_episode_tokens") if getattr(cfg, k)}
+    return suites.evaluate(engine, suite, limit=cfg.limit or None, samples=cfg.samples, temperature=cfg.temperature,
+                           seed=cfg.seed, pass_k=cfg.pass_k, data_path=data, heldout_fraction=cfg.heldout_fraction,
+                           progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs, tasks=tasks,
+                           transcripts=cfg.dump_episodes)
+
+
+def training_eval_config(cfg: Any) -> EvalConfig:
+    """The evaluation settings of a training run (``cfg``: a :class:`~trace_gym.train.config.TrainConfig`):
+    its ``eval_suite`` on ``eval_tasks`` tasks, ``eval_samples`` samples each (greedy for one), with the
+    run's policy, seed, engine, held-out split, agent limits and env kwargs. Checks the suite name."""
+    return EvalConfig(policy=(cfg.policy,), suites=(cfg.eval_suite,), limit=cfg.eval_tasks, samples=cfg.eval_samples,
+                      temperature=0.0 if cfg.eval_samples == 1 else cfg.temperature, seed=cfg.seed,
+                      engine=cfg.engine, heldout_fraction=cfg.heldout_fraction, max_turns=cfg.max_turns,
+                      max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
+                      env_kwargs=cfg.env_kwargs, progress=cfg.progress)
+
+
+@dataclass(frozen=True)
+class TrainingEvaluator:
+    """A training run's evaluation, ``(engine, step) -> result`` (``TrainSetup.evaluate``): step 0,
+    the initial policy, through the cache ``trace-gym eval`` with these settings uses; later steps
+    run afresh on the trained engine (their weights are new)."""
+
+    cfg: EvalConfig
+
+    def __call__(self, engine: Any, step: int) -> dict[str, Any]:
+        suite = self.cfg.suites[0]
+        if step == 0:
+            from trace_gym.models import resolve_model
+
+            return evaluate_cached(self.cfg, Path(resolve_model(self.cfg.policy[0])), suite, engine)[0]
+        return run_suite(self.cfg, suite, engine)
 
 
 def read_cached(path: Path) -> dict[str, Any] | None:

@@ -14,7 +14,8 @@ from evaluators.run import EvalConfig, run_eval
 from trace_gym.runs.policies import resolve_policy
 from trace_gym.runs.weights import weights_hash
 from evaluators.math.metrics import avg_at_k, mean_interval, pass_at_k, wilson_interval
-from evaluators.suites import SUITES, TRAIN_DATA, generated_heldout, generated_train
+from environments.train_data import TRAIN_DATA, generated_train
+from evaluators.suites import SUITES, generated_heldout
 
 
 def test_pass_at_k_matches_brute_force():

@@ -164,6 +164,12 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+#: The share of a task family's prompts held out of training for evaluation, by prompt hash
+#: (:func:`split_tasks`): the default of ``trace-gym train`` and ``trace-gym eval`` alike, so the
+#: prompts one trains on are never the ones the other scores.
+HELDOUT_FRACTION = 0.2
+
+
 def split_tasks(tasks: Sequence[Any], split: str, heldout_fraction: float) -> list[Any]:
     """The ``"train"`` or ``"heldout"`` part of ``tasks`` (``Task``s), by a hash of the prompt text.
 

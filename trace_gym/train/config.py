@@ -14,6 +14,7 @@ from trace_gym.config import doc
 from trace_gym.config_sections import (AgentLimits, BudgetShape, PredictorChoice, Reproducibility, check_sections,
                                        positive)
 from trace_gym.engines import ENGINES
+from trace_gym.env.datafiles import HELDOUT_FRACTION
 from trace_gym.predictor.kinds import reads_a_model
 from trace_gym.train.trainer import TrainerConfig
 
@@ -34,7 +35,7 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
     data: str = field(default="", metadata=doc(
         "training data: empty for the env family's own tasks, else a dataset name (e.g. deepscaler)"))
     data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
-    heldout_fraction: float = field(default=0.2, metadata=doc(
+    heldout_fraction: float = field(default=HELDOUT_FRACTION, metadata=doc(
         "share of the family's prompts (by prompt hash) kept out of training for held-out evaluation"))
     train_pool: int = field(default=512, metadata=doc("training prompts drawn from the data"))
     strategy: str = field(default="trace", metadata=doc("rollout allocation strategy (trace-gym strategies)"))
