@@ -122,17 +122,17 @@ def test_beyond_what_was_recorded_is_exhausted_and_there_is_no_verdict(tmp_path)
     assert max(row["roots_needed"] for row in s["uniform"]["per_rep"]) == 8
     assert max(row["continuations_needed"] for row in s["trace"]["per_rep"]) > 1
     guard, *rest = res["checks"]
-    assert guard["status"] == "FAIL" and "NO VERDICT" in guard["detail"]
-    assert "at least 8 roots per prompt" in guard["detail"] and "R = 4" in guard["detail"]
-    verdicts = [c for c in rest if c["name"].startswith("trace") and not c["detail"].startswith("needs")]
-    assert verdicts and all(c["status"] == "SKIP" and "no verdict" in c["detail"] for c in verdicts)
+    assert guard.status == "FAIL" and "NO VERDICT" in guard.detail
+    assert "at least 8 roots per prompt" in guard.detail and "R = 4" in guard.detail
+    verdicts = [c for c in rest if c.name.startswith("trace") and not c.detail.startswith("needs")]
+    assert verdicts and all(c.status == "SKIP" and "no verdict" in c.detail for c in verdicts)
     printed = format_bench(res)
     assert "NO VERDICT" in printed and "rollout bank" in printed and "exhausted" in printed
     # a bank big enough for the same bench passes the guard
     big = write_synthetic_bank(tmp_path / "big.jsonl.gz", successes, roots=16, continuations=8)
     ok = bench_on(big, seeds=2, steps=2, warmup_steps=0, candidates=12, root_budget=16, group_size=8,
                   continuations_per_root=3, strategies=("uniform", "trace"))
-    assert ok["checks"][0]["status"] == "PASS"
+    assert ok["checks"][0].status == "PASS"
 
 
 def test_replay_leaves_are_a_subset_of_the_recording(tmp_path):
@@ -394,8 +394,8 @@ def test_bank_bench_every_predictor_kind_oracle_and_token_mode(tmp_path):
     assert "by prefix depth" in printed and "upper bound" in printed and "left-out prefixes" in printed
     tokens = bench_on(path, seeds=2, steps=2, warmup_steps=0, candidates=16, root_budget=8, group_size=4,
                       budget_unit="tokens", strategies=("uniform", "trace"))
-    check = next(c for c in tokens["checks"] if c["name"].startswith("equal generated tokens"))
-    assert check["status"] == "PASS", check
+    check = next(c for c in tokens["checks"] if c.name.startswith("equal generated tokens"))
+    assert check.status == "PASS", check
     with pytest.raises(ValueError, match="predictor must be one of .*got 'oracle'"):
         BankBenchConfig(bank=str(path), predictor="oracle")
     with pytest.raises(ValueError, match="the bank's policy 'synthetic' cannot be found here"):  # exists nowhere

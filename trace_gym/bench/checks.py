@@ -27,12 +27,48 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 #: Largest share of refused (``exhausted``) branches a rollout-bank bench gives a verdict with.
 EXHAUSTED_LIMIT = 0.01
 #: Relative tolerance of the token-budget check (per run).
 TOKEN_CHECK_TOLERANCE = 0.02
+
+
+#: What a check can say (the module docstring says when each).
+Status = Literal["PASS", "FAIL", "NOT SHOWN", "SKIP"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of a bench: a claim (``name``), what the bench showed of it (``status``) and the
+    numbers behind that (``detail``). ``results["checks"]`` holds these; a bench's JSON holds
+    each as ``{"name", "status", "detail"}`` (:meth:`to_json`, read back by :meth:`from_json`)."""
+
+    name: str
+    status: Status
+    detail: str
+
+    def __post_init__(self) -> None:
+        if self.status not in ("PASS", "FAIL", "NOT SHOWN", "SKIP"):
+            raise ValueError(f"a check's status is PASS, FAIL, NOT SHOWN or SKIP, got {self.status!r}")
+
+    @property
+    def failed(self) -> bool:
+        """Whether the bench showed the opposite of the claim (``bench --strict`` exits 1)."""
+        return self.status == "FAIL"
+
+    def line(self) -> str:
+        """The report's line: ``"STATUS: name (detail)"``."""
+        return f"{self.status}: {self.name} ({self.detail})"
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> Check:
+        """A check of a bench's JSON (``bench --json``)."""
+        return cls(str(record["name"]), record["status"], str(record["detail"]))
 
 
 @dataclass(frozen=True)
@@ -181,7 +217,7 @@ def _skip(rows: Mapping[str, Any], needs: Sequence[str], no_verdict: bool) -> st
 
 
 def above_check(rows: Mapping[str, Any], a: str, b: str, metric: Metric, no_verdict: bool,
-                scale: float = 1.0, claim: str = "") -> dict[str, Any]:
+                scale: float = 1.0, claim: str = "") -> Check:
     """The claim "``a`` above ``scale`` x ``b`` on ``metric``": PASS only when the paired interval
     shows it, FAIL when it shows the opposite, NOT SHOWN otherwise, SKIP when degenerate."""
     name = claim or f"{a} {metric.label} above {b}"
@@ -189,41 +225,40 @@ def above_check(rows: Mapping[str, Any], a: str, b: str, metric: Metric, no_verd
     if skip is None and scale != 1.0 and no_contrast({b: rows[b]}):
         skip = f"no contrast: {b} found no mixed prompt in any repetition, so a ratio to it is undefined"
     if skip is not None:
-        return {"name": name, "status": "SKIP", "detail": skip}
+        return Check(name, "SKIP", skip)
     p = paired(rows, a, b, metric, scale)
     status = {1: "PASS", -1: "FAIL", 0: "NOT SHOWN"}[p["shown"]]
     what = f"{a} - {scale:g} x {b}" if scale != 1.0 else "difference"
-    return {"name": name, "status": status,
-            "detail": f"{p['mean_a']:.3f} vs {p['mean_b']:.3f}; {what} {interval_text(p)}"}
+    return Check(name, status, f"{p['mean_a']:.3f} vs {p['mean_b']:.3f}; {what} {interval_text(p)}")
 
 
 def between_check(rows: Mapping[str, Any], low: str, mid: str, high: str, metric: Metric,
-                  no_verdict: bool) -> dict[str, Any]:
+                  no_verdict: bool) -> Check:
     """The claim ``low < mid < high`` on ``metric``: PASS only when both paired differences are shown."""
     name = f"{mid} {metric.label} between {low} and {high}"
     skip = _skip(rows, (low, mid, high), no_verdict)
     if skip is not None:
-        return {"name": name, "status": "SKIP", "detail": skip}
+        return Check(name, "SKIP", skip)
     up, down = paired(rows, mid, low, metric), paired(rows, high, mid, metric)
     status = ("PASS" if up["shown"] == 1 and down["shown"] == 1 else
               "FAIL" if up["shown"] == -1 or down["shown"] == -1 else "NOT SHOWN")
-    return {"name": name, "status": status,
-            "detail": f"{rows[low][metric.key]:.3f} < {rows[mid][metric.key]:.3f} < {rows[high][metric.key]:.3f}; "
-                      f"{mid} - {low} {interval_text(up)}, {high} - {mid} {interval_text(down)}"}
+    return Check(name, status,
+                 f"{rows[low][metric.key]:.3f} < {rows[mid][metric.key]:.3f} < {rows[high][metric.key]:.3f}; "
+                 f"{mid} - {low} {interval_text(up)}, {high} - {mid} {interval_text(down)}")
 
 
-def bench_checks(results: Mapping[str, Any], roles: Roles = Roles()) -> list[dict[str, Any]]:
+def bench_checks(results: Mapping[str, Any], roles: Roles = Roles()) -> list[Check]:
     """The checks, on the headline rows: the bank guard (:func:`exhaustion_check`), the method
     above the baseline on every headline metric, the paper's ">= 2x" on the effective ratio,
     the method above every other strategy on the effective ratio and mixed prompts per step,
     its two ablations between the baseline and it, and the equal-budget check (costs, not
     outcomes: it holds whatever the rewards)."""
     rows = headline_rows(results)
-    checks: list[dict[str, Any]] = []
+    checks: list[Check] = []
     guard = exhaustion_check(results)
     if guard is not None:
         checks.append(guard)
-    no_verdict = guard is not None and guard["status"] == "FAIL"
+    no_verdict = guard is not None and guard.failed
     method, base = roles.method, roles.baseline
     for metric in HEADLINE:
         checks.append(above_check(rows, method, base, metric, no_verdict))
@@ -242,7 +277,7 @@ def bench_checks(results: Mapping[str, Any], roles: Roles = Roles()) -> list[dic
     return checks
 
 
-def budget_check(results: Mapping[str, Any], rows: Mapping[str, Any], baseline: str = "uniform") -> dict[str, Any]:
+def budget_check(results: Mapping[str, Any], rows: Mapping[str, Any], baseline: str = "uniform") -> Check:
     """Every strategy (upper bounds included) spent the same budget per step: the nominal one
     (a strategy that acts in waves may stop below it by its own rule, never above), or in
     token mode generated tokens within :data:`TOKEN_CHECK_TOLERANCE` of the baseline's."""
@@ -250,14 +285,14 @@ def budget_check(results: Mapping[str, Any], rows: Mapping[str, Any], baseline: 
     if results["config"].get("budget_unit", "nominal") == "tokens":
         name = f"equal generated tokens (every strategy within 2 % of {baseline}'s)"
         if not rows:
-            return {"name": name, "status": "SKIP", "detail": "no strategy ran"}
+            return Check(name, "SKIP", "no strategy ran")
         reference = rows.get(baseline, everyone[0])["generated_tokens"]
         worst = max(abs(v["generated_tokens"] / max(reference, 1) - 1) for v in everyone)
-        return {"name": name, "status": "PASS" if worst <= TOKEN_CHECK_TOLERANCE else "FAIL",
-                "detail": f"per step: {reference:,.0f} tokens; largest deviation {100 * worst:.2f} %"}
+        return Check(name, "PASS" if worst <= TOKEN_CHECK_TOLERANCE else "FAIL",
+                     f"per step: {reference:,.0f} tokens; largest deviation {100 * worst:.2f} %")
     name = "equal nominal budget"
     if not rows:
-        return {"name": name, "status": "SKIP", "detail": "no strategy ran"}
+        return Check(name, "SKIP", "no strategy ran")
     budget = results["nominal_budget"]
     costs = {n: v["nominal_cost"] for n, v in results["strategies"].items()}
     waves = {n for n, v in results["strategies"].items() if v.get("acts_in_waves")}
@@ -268,7 +303,7 @@ def budget_check(results: Mapping[str, Any], rows: Mapping[str, Any], baseline: 
         detail += "; below it by their own rule: " + ", ".join(f"{n} {c:.3g}" for n, c in sorted(under.items()))
     if over:
         detail += "; not equal to it: " + ", ".join(f"{n} {c:.3g}" for n, c in sorted(over.items()))
-    return {"name": name, "status": "FAIL" if over else "PASS", "detail": detail}
+    return Check(name, "FAIL" if over else "PASS", detail)
 
 
 # ---------------------------------------------------------------------- the headline line
@@ -280,8 +315,8 @@ def verdict(results: Mapping[str, Any], roles: Roles = Roles()) -> str:
     if method not in rows or base not in rows:
         return f"no verdict: the {method}-vs-{base} headline needs both strategies in the run"
     guard = exhaustion_check(results)
-    if guard is not None and guard["status"] == "FAIL":
-        detail = guard["detail"]
+    if guard is not None and guard.failed:
+        detail = guard.detail
         return detail if detail.startswith("NO VERDICT") else f"NO VERDICT: {detail}"
     if no_contrast({n: rows[n] for n in (method, base)}):
         from trace_gym.step.learning import knob_hint
@@ -307,7 +342,7 @@ def verdict(results: Mapping[str, Any], roles: Roles = Roles()) -> str:
     return f"{head}: {said(parts[0])}; {said(parts[1])}; predictor {rows[method]['predictor']}"
 
 
-def exhaustion_check(results: Mapping[str, Any]) -> dict[str, Any] | None:
+def exhaustion_check(results: Mapping[str, Any]) -> Check | None:
     """On a rollout bank (rows with ``exhausted_share``): PASS when every headline row had at
     most :data:`EXHAUSTED_LIMIT` of its branches refused in every repetition; else FAIL, naming
     the rows (their worst repetition's share) and the bank sizes the bench needed (the most
@@ -332,11 +367,11 @@ def exhaustion_check(results: Mapping[str, Any]) -> dict[str, Any] | None:
     if not over:
         worst = max(share.values())
         note = "".join(f"; {x}" for x in spent)
-        return {"name": name, "status": "PASS", "detail": f"largest exhausted share {100 * worst:.2f} %; {have}{note}"}
+        return Check(name, "PASS", f"largest exhausted share {100 * worst:.2f} %; {have}{note}")
     roots = max(int(r.get("roots_needed", 0)) for v in rows.values() for r in v["per_rep"])
     conts = max(int(r.get("continuations_needed", 0)) for v in rows.values() for r in v["per_rep"])
     shares = ", ".join(f"{n} {100 * x:.1f} %" for n, x in sorted(over.items(), key=lambda kv: -kv[1]))
-    return {"name": name, "status": "FAIL",
-            "detail": f"NO VERDICT: exhausted share {shares}; this bench needs a bank with at least {roots} roots per "
-                      f"prompt and {conts} continuations per recorded prefix ({have}); record a larger bank or lower "
-                      "the budget, the steps or the group size"}
+    return Check(name, "FAIL",
+                 f"NO VERDICT: exhausted share {shares}; this bench needs a bank with at least {roots} roots per "
+                 f"prompt and {conts} continuations per recorded prefix ({have}); record a larger bank or lower "
+                 "the budget, the steps or the group size")

@@ -108,5 +108,5 @@ def format_paired(results: Mapping[str, Any]) -> str:
     for name, why in (results.get("violations") or {}).items():
         lines += [f"**NO VERDICT for {name}:** {why}", ""]
     lines += paired_section(results) + [""] + ranking_section(results)
-    lines += ["### Checks", ""] + [f"{c['status']}: {c['name']} ({c['detail']})" for c in results["checks"]]
+    lines += ["### Checks", ""] + [c.line() for c in results["checks"]]
     return "\n".join(lines)

@@ -11,10 +11,11 @@ study, the root-allocation demo). PNG plots: :func:`write_bench_plots`.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Mapping
 
-from trace_gym.bench.checks import HEADLINE, interval_text
+from trace_gym.bench.checks import HEADLINE, Check, interval_text
 from trace_gym.bench.modes import bench_mode
 from trace_gym.step.learning import brief_repeats
 from trace_gym.bench.rank import plot_ranking, ranking_section
@@ -138,6 +139,17 @@ def quality_section(results: Mapping[str, Any]) -> list[str]:
             "mean predicted minus mean true rate.", "", markdown_table(headers, rows)]
 
 
+def results_json(results: Mapping[str, Any]) -> str:
+    """``results`` (of a bench, a sweep or a pairing) as the JSON ``--json`` writes: each
+    :class:`~trace_gym.bench.checks.Check` as ``{"name", "status", "detail"}``."""
+    def record(obj: Any) -> Any:
+        if isinstance(obj, Check):
+            return obj.to_json()
+        raise TypeError(f"a bench result holds a {type(obj).__name__}, which JSON cannot hold: {obj!r}")
+
+    return json.dumps(results, indent=2, default=record)
+
+
 def format_bench(results: Mapping[str, Any]) -> str:
     """The printed report (markdown), in the order of the module docstring."""
     mode = bench_mode(results["mode"])
@@ -159,7 +171,7 @@ def format_bench(results: Mapping[str, Any]) -> str:
     if results.get("warnings"):
         lines += ["### Warnings", "", *[f"- {w}" for w in brief_repeats(results["warnings"])], ""]
     lines += ["### Checks", ""]
-    lines += [f"{c['status']}: {c['name']} ({c['detail']})" for c in results["checks"]]
+    lines += [c.line() for c in results["checks"]]
     for section in (_depth_section, _truncations, _target_study, _root_demo):
         lines += section(results)
     return "\n".join(lines)

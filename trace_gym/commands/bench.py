@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from trace_gym.bench.checks import Roles
 from trace_gym.bench.modes import bench_modes
-from trace_gym.bench.report import format_bench, write_bench_plots
+from trace_gym.bench.report import format_bench, results_json, write_bench_plots
 from trace_gym.commands import add_config_flags, add_config_parser, command_config
 from trace_gym.utils.suggest import did_you_mean
 from trace_gym.commands.bank import bank_path
@@ -85,7 +84,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _write_json(args, results)
     if args.out:
         print(f"wrote {', '.join(results['plots'] + results.get('episode_files', []))}")
-    failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
+    failed = [c for c in results.get("checks", []) if c.failed]
     return 1 if (failed and args.strict) or results.get("violations") else 0
 
 
@@ -134,14 +133,14 @@ def _sweep(args: argparse.Namespace, cfg: Any, run) -> int:
     _write_json(args, sweep)
     if args.out:
         print(f"wrote {', '.join(sweep['plots'])}")
-    failed = [c for b in sweep["benches"] for c in b.get("checks", []) if c["status"] == "FAIL"]
+    failed = [c for b in sweep["benches"] for c in b.get("checks", []) if c.failed]
     return 1 if failed and args.strict else 0
 
 
 def _write_json(args: argparse.Namespace, results: dict[str, Any]) -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(results_json(results))
         print(f"\nwrote {args.json}")
 
 

@@ -23,10 +23,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _pair_benches(args: argparse.Namespace, names: list[str] | None) -> int:
-    import json
     from pathlib import Path
 
     from trace_gym.bench.pair import format_paired, pair_bench_files
+    from trace_gym.bench.report import results_json
     from trace_gym.bench.rank import plot_ranking
 
     results = pair_bench_files(args.runs, names)
@@ -34,7 +34,7 @@ def _pair_benches(args: argparse.Namespace, names: list[str] | None) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "paired.json").write_text(json.dumps(results, indent=2))
+        (out / "paired.json").write_text(results_json(results))
         print(f"\nwrote {', '.join([str(out / 'paired.json'), *plot_ranking(results, out)])}")
     return 0
 
