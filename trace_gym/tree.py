@@ -111,11 +111,6 @@ class Node:
     children: list[int] = field(default_factory=list)
 
     @property
-    def is_leaf(self) -> bool:
-        """A finished episode (a node with a reward)."""
-        return self.terminal
-
-    @property
     def success(self) -> bool:
         """Leaf reward at or above :data:`SUCCESS_THRESHOLD`; False for non-leaves."""
         return self.terminal and self.reward is not None and self.reward >= SUCCESS_THRESHOLD

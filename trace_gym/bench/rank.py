@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from trace_gym.bench.checks import METRICS, Metric, interval_text, paired
 
@@ -172,8 +172,3 @@ def plot_ranking(results: Mapping[str, Any], out_dir: str | Path) -> list[str]:
     axes[0].invert_yaxis()
     paths.append(save_figure(plt, fig, out / "paired.png"))
     return [str(p) for p in paths]
-
-
-def rank_names(results: Mapping[str, Any]) -> Sequence[str]:
-    """The arms in ranking order."""
-    return [e["arm"] for e in (results.get("ranking") or {}).get("rows", [])]
