@@ -32,6 +32,14 @@ def smollm2_path():
 
 
 @pytest.fixture(scope="session")
+def tokenizer(smollm2_path):
+    """SmolLM2-135M's tokenizer (read only: a test that must change one loads its own)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory, smollm2_path):
     from trace_gym.models import tiny_random_model
 

@@ -204,6 +204,20 @@ def test_the_root_holds_few_modules():
     assert len(root) <= MAX_ROOT_MODULES, root
 
 
+#: The folders of tests/ that are not a wing of trace_gym/: its root modules and the face
+#: (``core``), the other packages (``environments``, its ``ecosystem`` adapters, ``eval``,
+#: ``retrieval``), the checks across them (``security``), and what tests share (``fixtures``, ``data``).
+TESTS_BESIDE_THE_WINGS = {"core", "environments", "ecosystem", "eval", "retrieval", "security", "fixtures", "data"}
+
+
+def test_the_tests_mirror_the_wings():
+    """tests/ has one folder per wing of trace_gym/ (the face's ``commands`` is tested in ``core``)
+    and the folders above beside them, no other."""
+    wings = {p.name for p in CORE.iterdir() if (p / "__init__.py").exists()} - FACE
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert sorted(folders - TESTS_BESIDE_THE_WINGS) == sorted(wings)
+
+
 #: One interpreter imports the package (what importing any of its modules does first) and
 #: the heavy third-party libraries, then forks a fresh child per core module: the child
 #: imports that module alone and reports what it loaded. A forked child sees exactly what a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium
 import pytest
+from math_actions import code
 
 import trace_gym  # noqa: F401  (registers the ids)
 from environments.math_python.env import MathPythonEnv, extract_code_blocks, kernel_seed
@@ -13,10 +14,6 @@ from trace_gym.env.checks import check_env
 from trace_gym.types import Message, Task
 
 TASK = Task(id="t1", prompt="What is 6 times 7?", answer="42")
-
-
-def code(src: str) -> str:
-    return f"```python\n{src}\n```"
 
 
 @pytest.fixture(scope="module")

@@ -41,13 +41,6 @@ def _cells(*sources: str) -> str:
     return "\n".join(f"```python\n{s}\n```" for s in sources)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_path):  # noqa: F811
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2_path)
-
-
 def _run(tokenizer, make_env, task, script, episodes=2, max_episode_tokens=8192):
     runner = AgentRunner(ScriptedPolicy(tokenizer, script), tokenizer, make_env, SamplingParams(temperature=0.0),
                          AgentConfig(max_turn_tokens=2048, max_episode_tokens=max_episode_tokens,

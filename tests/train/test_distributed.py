@@ -24,18 +24,6 @@ pytestmark = pytest.mark.skipif(not ok, reason=why)
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    from trace_gym.train.distributed.cluster import start_ray
-
-    try:
-        handle = start_ray(num_cpus=4)
-    except Exception as exc:  # noqa: BLE001  (no cluster here: say why)
-        pytest.skip(f"a local Ray cluster cannot start here: {type(exc).__name__}: {exc}")
-    yield handle
-    handle.shutdown()
-
-
-@pytest.fixture(scope="module")
 def actors(cluster, tiny_model_path):  # noqa: F811
     from trace_gym.train.distributed.launch import launch_env_pools, launch_rollout_workers
 

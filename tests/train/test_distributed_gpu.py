@@ -24,15 +24,9 @@ pytestmark = [
 ]
 
 VLLM_KW = {"dtype": "bfloat16", "gpu_memory_utilization": 0.3, "max_model_len": 2048}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    from trace_gym.train.distributed.cluster import start_ray
-
-    handle = start_ray(num_cpus=8)
-    yield handle
-    handle.shutdown()
+#: What the ``cluster`` fixture (tests/train/conftest.py) starts here: 8 CPUs, and a failure to
+#: start is a failure (this module runs only where CUDA, vLLM and Ray are all present).
+RAY_CPUS, RAY_MUST_START = 8, True
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from trace_gym.train.batches import TokenNode, TokenTree
-from trace_gym.train.distributed.cluster import ray_available
 from trace_gym.train.distributed.trainer import combine_metrics, deal_rows
 from trace_gym.train.trainer import TrainerConfig
 
@@ -67,23 +66,6 @@ def random_trees(n_trees: int, seed: int, vocab: int = 2000) -> list[TokenTree]:
         nodes.append(TokenNode(1, toks(n_pol), n_pol, ((3, float(rng.normal())),), (), 3))
         trees.append(TokenTree(tuple(nodes)))
     return trees
-
-
-ok, why = ray_available()
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    if not ok:
-        pytest.skip(why)
-    from trace_gym.train.distributed.cluster import start_ray
-
-    try:
-        handle = start_ray(num_cpus=4)
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"a local Ray cluster cannot start here: {type(exc).__name__}: {exc}")
-    yield handle
-    handle.shutdown()
 
 
 @pytest.mark.parametrize("shard", [False, True], ids=["replicas", "fsdp2"])
