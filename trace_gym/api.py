@@ -59,7 +59,7 @@ from trace_gym.train.advantages import ESTIMATORS, AdvantageEstimator, PathAdvan
 from trace_gym.bench.report import format_bench
 from trace_gym.bench.env import run_env_bench
 from trace_gym.bench.sim import run_sim_bench
-from trace_gym.budget import BudgetLedger
+from trace_gym.budget import ROOT_UNITS, BudgetLedger
 from trace_gym.bench.config import EnvBenchConfig, SimBenchConfig
 from trace_gym.env.adapter import CopyState, ForeignEnv, ForeignEpisode, NativeState
 from trace_gym.env.checks import check_env
@@ -86,7 +86,7 @@ from trace_gym.train.config import TrainConfig
 from trace_gym.train.loop import TrainSetup, train
 from trace_gym.tree import RolloutTree
 from trace_gym.types import Message, Task
-from trace_gym.allocation.waves import ROOT_UNITS, OneShot, PrefixView, PromptHistory, StepView, Wave, WaveStrategy
+from trace_gym.allocation.waves import OneShot, PrefixView, PromptHistory, StepView, Wave, WaveStrategy
 
 
 def register_env(env_id: str, entry_point: str | Callable[..., Any],

@@ -21,6 +21,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,16 @@ from typing import Any, Callable, Iterator
 ROLLOUT_COST = 1.0
 #: Nominal cost of one continuation from a saved mid-trajectory prefix.
 CONTINUATION_COST = 0.5
+#: Whole budget units of one root rollout, a continuation costing 1 (a wave strategy's
+#: budgets are counted in these: ``ROLLOUT_COST / CONTINUATION_COST``).
+ROOT_UNITS = 2
+
+
+def budget_units(nominal_budget: float) -> int:
+    """``floor(2 B)``: the whole units of a nominal budget B (root = 2, continuation = 1)."""
+    if not (isinstance(nominal_budget, (int, float)) and math.isfinite(nominal_budget) and nominal_budget >= 0):
+        raise ValueError(f"nominal budget must be a finite number >= 0, got {nominal_budget!r}")
+    return int(math.floor(ROOT_UNITS * nominal_budget + 1e-9))
 
 
 def nominal_cost(root_rollouts: float, continuations_per_root: float = 0.0) -> float:

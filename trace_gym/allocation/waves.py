@@ -10,7 +10,7 @@ continuations per visited prefix, and optionally a *reserve*: budget units a pro
 :meth:`~WaveStrategy.plan_prompt` may spend as soon as that prompt's branches of the wave
 are back, without waiting for the wave's slowest prompt), or ``None`` to stop.
 
-Budget units: a root rollout costs :data:`ROOT_UNITS` = 2 units, a continuation 1 (the
+Budget units: a root rollout costs :data:`~trace_gym.budget.ROOT_UNITS` = 2 units, a continuation 1 (the
 nominal convention of full rollout = 1, mid-trajectory continuation = 1/2), so a nominal
 budget B is ``floor(2 B)`` units. The driver (:func:`trace_gym.step.driver.run_step`), not the
 strategy, keeps the comparison fair: a strategy sees only what it paid for, every count it
@@ -30,7 +30,6 @@ each prompt's continuations planned by ``plan_prompt`` as soon as its roots are 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -41,17 +40,8 @@ from trace_gym.allocation.planning import (
 )
 from trace_gym.allocation.strategy import Strategy
 
-#: Budget units of one root rollout (a continuation costs 1).
-ROOT_UNITS = 2
 #: Most prompts a :class:`HistoryBook` remembers (the least recently chosen go first).
 MAX_HISTORY = 1 << 20
-
-
-def budget_units(nominal_budget: float) -> int:
-    """``floor(2 B)``: the units of a nominal budget B (root = 2, continuation = 1)."""
-    if not (isinstance(nominal_budget, (int, float)) and math.isfinite(nominal_budget) and nominal_budget >= 0):
-        raise ValueError(f"nominal budget must be a finite number >= 0, got {nominal_budget!r}")
-    return int(math.floor(ROOT_UNITS * nominal_budget + 1e-9))
 
 
 def frozen(values: Any, dtype: Any) -> np.ndarray:

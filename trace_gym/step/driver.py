@@ -41,15 +41,13 @@ from typing import Any, Hashable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from trace_gym.budget import BudgetLedger
+from trace_gym.budget import ROOT_UNITS, BudgetLedger, budget_units
 from trace_gym.step.learning import PREFIX_SHARE, Learning, update_predictor
 from trace_gym.allocation.planning import ExpansionPlan
 from trace_gym.predictor.kinds import SuccessPredictor
 from trace_gym.step.strategy_boundary import Asked, StrategyBoundary, StrategyViolation
 from trace_gym.tree import SUCCESS_THRESHOLD, RolloutTree
-from trace_gym.allocation.waves import (
-    NEVER, ROOT_UNITS, HistoryBook, OneShot, PrefixView, StepView, budget_units, frozen, is_wave_strategy,
-)
+from trace_gym.allocation.waves import NEVER, HistoryBook, OneShot, PrefixView, StepView, frozen, is_wave_strategy
 
 #: Most waves one step may take (a strategy still asking after that is stopped and named).
 MAX_WAVES = 64

@@ -35,7 +35,8 @@ import numpy as np
 
 from trace_gym.env.boundary import ForeignBoundary, ForeignEnvError, PrivateRandom, error_text
 from trace_gym.env.process_state import seeded_rng_state
-from trace_gym.allocation.waves import ROOT_UNITS, StepView, Wave
+from trace_gym.allocation.waves import StepView, Wave
+from trace_gym.budget import ROOT_UNITS
 
 #: Seconds one call into a strategy may take, by default.
 DEFAULT_STRATEGY_TIMEOUT_S = 30.0
