@@ -210,8 +210,9 @@ def test_baselines_import_only_the_core_and_the_core_not_baselines():
     for path in (REPO / "baselines").glob("*.py"):
         for mod in _imports(path):
             if mod.startswith("trace_gym"):
-                assert mod in ("trace_gym.allocation.allocators", "trace_gym.tree", "trace_gym.allocation.waves",
-                               "trace_gym.predictor.kinds", "trace_gym.predictor.memory"), (path, mod)
+                assert mod in ("trace_gym.allocation.allocators", "trace_gym.tree", "trace_gym.budget",
+                               "trace_gym.allocation.waves", "trace_gym.predictor.kinds",
+                               "trace_gym.predictor.memory"), (path, mod)
             assert not mod.startswith(("environments", "evaluators", "retrieval_index")), (path, mod)
     for name in ("tree", "budget", "allocation/planning", "sim/simulator", "report", "allocation/strategy", "step/driver",
                  "agent/rollout", "agent/loop", "env/contract"):
