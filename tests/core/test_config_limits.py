@@ -35,7 +35,7 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(trace_gym.engines, "make_engine", tripped)
     monkeypatch.setattr(trace_gym.models, "resolve_model", tripped)
-    monkeypatch.setattr(bench, "mode_runner", lambda mode, args: tripped)
+    monkeypatch.setattr(bench, "mode_runner", lambda *args, **kwargs: tripped)
 
 
 def refused(argv: list[str], capsys) -> str:

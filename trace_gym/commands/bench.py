@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.bench_checks import Roles
-from trace_gym.bench_modes import bench_modes
+from trace_gym.bench_modes import bench_mode, bench_modes
 from trace_gym.bench_report import format_bench, write_bench_plots
 from trace_gym.commands import add_config_flags, add_config_parser, command_config
 from trace_gym.suggest import did_you_mean
@@ -75,7 +75,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if mode == "sim" and cfg.calibrate_from:
         cfg = dataclasses.replace(cfg, calibrate_from=bank_path(cfg.calibrate_from))
     load_plugins(cfg.plugins)
-    run = mode_runner(mode, args)
+    # what the mode's run requires (its env family), resolved now: a bad env or kwarg is one line before any work
+    resources = {name: RESOURCES[name](cfg) for name in bench_mode(mode).requires}
+    run = mode_runner(mode, args, resources)
     if args.root_budgets:
         return _sweep(args, cfg, run)
     results = run(cfg)
@@ -89,11 +91,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if (failed and args.strict) or results.get("violations") else 0
 
 
-def mode_runner(mode: str, args: argparse.Namespace):
+def mode_runner(mode: str, args: argparse.Namespace, resources: dict[str, Any] | None = None):
     """``cfg -> results`` of ``mode``: the strategies shaped for ``cfg``, the mode's run (with the
-    resources it requires), then judged with the user's roles (``--baseline``, ``--pairs``)."""
+    resources it requires: ``resources`` where resolved already, else resolved from ``cfg``), then
+    judged with the user's roles (``--baseline``, ``--pairs``)."""
     from trace_gym import bench
-    from trace_gym.bench_modes import bench_mode
     from trace_gym.strategies import shaped_strategies
 
     entry = bench_mode(mode)
@@ -102,12 +104,12 @@ def mode_runner(mode: str, args: argparse.Namespace):
     def run(cfg: Any) -> dict[str, Any]:
         strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
                                        continuations_per_root=cfg.continuations_per_root)
-        resources = {name: RESOURCES[name](cfg) for name in entry.requires}
+        given = {name: RESOURCES[name](cfg) for name in entry.requires} if resources is None else resources
         if "policy" in {f.name for f in dataclasses.fields(cfg)}:  # a mode that loads a model: checked first
             from trace_gym.policies import with_policy
 
             cfg = with_policy(cfg)
-        results = entry.run(cfg, strategies, progress=True, say=say, out_dir=args.out, **resources)
+        results = entry.run(cfg, strategies, progress=True, say=say, out_dir=args.out, **given)
         roles = bench_roles(args, results)
         return bench.judge(results, roles) if roles != Roles() else results
 
