@@ -93,6 +93,18 @@ class EvalConfig:
                              "set samples=1 or temperature > 0")
 
 
+def check_suite_env_kwargs(cfg: EvalConfig, suite: str) -> None:
+    """The config's ``env_kwargs`` (over the suite's own) checked against the constructor of the
+    suite's env (:func:`trace_gym.registry.check_family_kwargs`), before any policy loads."""
+    from evaluators.suites import get_suite
+    from trace_gym.registry import EnvFamily, check_family_kwargs
+
+    if cfg.env_kwargs:
+        spec = get_suite(suite, cfg.task_kwargs)
+        check_family_kwargs(EnvFamily(spec.env_id, "", {}, {**dict(spec.env_kwargs), **cfg.env_kwargs}),
+                            cfg.env_kwargs, {})
+
+
 def _cache_dir(cfg: EvalConfig) -> Path:
     from trace_gym.models import cache_root
 
@@ -293,8 +305,12 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
     """Evaluate every policy on every suite (cached); writes ``results.json`` and ``results.md``."""
     from trace_gym.models import quiet_third_party
 
+    from trace_gym.output_paths import check_config_outputs, write_output_text
+
+    check_config_outputs(cfg)  # out: a folder that can be written, before any policy loads
     for suite in cfg.suites:  # input errors first, in one line, before any backend imports or download starts
         data_path(cfg, suite)
+        check_suite_env_kwargs(cfg, suite)
     quiet_third_party()
     out = out or sys.stdout
     policies = [find_policy(spec) for spec in cfg.policy]  # every spec checked before any download
@@ -318,10 +334,10 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
         finally:
             if engine is not None:
                 engine.close()
-    atomic_write_text(Path(cfg.out) / "results.json", json.dumps(rows, indent=2))  # `compare` reads it
     text = format_results(rows)
-    atomic_write_text(Path(cfg.out) / "results.md", text + "\n")
-    print(text, file=out)
+    print(text, file=out)  # first: a write that fails below is one line, the table already shown
+    write_output_text(Path(cfg.out) / "results.json", json.dumps(rows, indent=2), key="out")  # `compare` reads it
+    write_output_text(Path(cfg.out) / "results.md", text + "\n", key="out")
     return rows
 
 

@@ -124,7 +124,7 @@ def declared_problem(f: dataclasses.Field, tp: Any, value: Any) -> str | None:
                 word = _number_word(tp)
                 if word == "a number" and within.finite:
                     word = "a finite number"
-                each = "every item " if isinstance(value, tuple) else ""
+                each = "every item to be " if isinstance(value, tuple) else ""
                 return f"expected {each}{word} in {within}, got {shown(item)}"
     kind = f.metadata.get("output")
     if kind is not None and isinstance(value, str) and not value.strip():

@@ -80,7 +80,8 @@ def kwargs_problem(callee: Callable[..., Any], kwargs: Mapping[str, Any], *,
     any_name = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     unknown = [k for k in kwargs if k not in takes and not any_name]
     if unknown:
-        return (f"does not take {', '.join(map(repr, unknown))}; it takes {', '.join(takes) or 'none'}"
+        listed = ", ".join(takes[:12]) + (f" and {len(takes) - 12} more" if len(takes) > 12 else "")
+        return (f"does not take {', '.join(map(repr, unknown))}; it takes {listed or 'none'}"
                 f"{did_you_mean(str(unknown[0]), takes)}")
     hints = _hints(callee)
     for key, value in kwargs.items():

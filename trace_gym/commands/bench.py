@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from trace_gym.bench_checks import Roles
@@ -61,8 +60,13 @@ def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> 
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from trace_gym.output_paths import check_output
     from trace_gym.registry import load_plugins
 
+    if args.json:  # where the results go, checked before any work (a bench can run for hours)
+        check_output(args.json, "file", key="--json")
+    if args.out:
+        check_output(args.out, "folder", key="--out")
     modes = bench_modes()
     chosen = [name for name in modes if getattr(args, name, None)]
     if len(chosen) != 1:
@@ -81,12 +85,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.root_budgets:
         return _sweep(args, cfg, run)
     results = run(cfg)
-    if args.out:
-        results["plots"] = write_bench_plots(results, args.out)
-    print(format_bench(results))
-    _write_json(args, results)
-    if args.out:
-        print(f"wrote {', '.join(results['plots'] + results.get('episode_files', []))}")
+    _report(args, results, write_bench_plots, format_bench, results.get("episode_files", []))
     failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
     return 1 if (failed and args.strict) or results.get("violations") else 0
 
@@ -130,21 +129,31 @@ def _sweep(args: argparse.Namespace, cfg: Any, run) -> int:
     from trace_gym.bench_sweep import format_sweep, parse_budgets, run_sweep, write_sweep_plots
 
     sweep = run_sweep(cfg, parse_budgets(args.root_budgets), run)
-    if args.out:
-        sweep["plots"] = write_sweep_plots(sweep, args.out)
-    print(format_sweep(sweep))
-    _write_json(args, sweep)
-    if args.out:
-        print(f"wrote {', '.join(sweep['plots'])}")
+    _report(args, sweep, write_sweep_plots, format_sweep, [])
     failed = [c for b in sweep["benches"] for c in b.get("checks", []) if c["status"] == "FAIL"]
     return 1 if failed and args.strict else 0
 
 
-def _write_json(args: argparse.Namespace, results: dict[str, Any]) -> None:
+def _report(args: argparse.Namespace, results: dict[str, Any], write_plots: Any, text: Any, files: list[str]) -> None:
+    """The plots into ``--out``, the table, the JSON into ``--json``. A write that fails (the path
+    changed while the bench ran) is one ``ValueError`` line after the rest is printed and kept:
+    the JSON where it could go (:func:`~trace_gym.output_paths.write_output_text`)."""
+    from trace_gym.output_paths import write_failure, write_output_text
+
+    failure = None
+    if args.out:
+        try:
+            results["plots"] = write_plots(results, args.out)
+        except OSError as exc:
+            results["plots"], failure = [], write_failure("--out", args.out, exc)
+    print(text(results))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        write_output_text(args.json, json.dumps(results, indent=2), key="--json")
         print(f"\nwrote {args.json}")
+    if failure is not None:
+        raise ValueError(failure)
+    if args.out:
+        print(f"wrote {', '.join(results['plots'] + files)}")
 
 
 def bench_roles(args: argparse.Namespace, results: dict[str, Any]) -> Roles:
