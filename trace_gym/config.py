@@ -423,8 +423,9 @@ def to_yaml(cfg: Any) -> str:
 
 
 def config_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """``(name, type name, default, help)`` for every field of ``cls``; a nested section
-    lists its own fields as ``section.name`` instead of itself."""
+    """``(name, type name, default, help)`` for every field of ``cls`` (the help ends with the
+    declared range, ``(in [1, 1000000])``); a nested section lists its own fields as
+    ``section.name`` instead of itself."""
     types_ = field_types(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -433,5 +434,7 @@ def config_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        out.append((prefix + f.name, type_name(types_[f.name]), default, f.metadata.get("help", "")))
+        within = f.metadata.get("within")  # the declared range is part of what --help says
+        text = f.metadata.get("help", "") + (f" (in {within})" if within is not None else "")
+        out.append((prefix + f.name, type_name(types_[f.name]), default, text))
     return out

@@ -132,11 +132,12 @@ def declared_problem(f: dataclasses.Field, tp: Any, value: Any) -> str | None:
     return None
 
 
-def check_declared(cfg: Any) -> None:
+def check_declared(cfg: Any, prefix: str = "") -> None:
     """Hold a built config (one made in Python, not read by the loader) to what its fields
-    declare; ``ValueError`` naming the first field that breaks it (``pool_size: expected ...``)."""
+    declare; ``ValueError`` naming the first field that breaks it (``pool_size: expected ...``;
+    ``prefix`` names a section's keys as the command line does, ``trainer.``)."""
     types_ = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         problem = declared_problem(f, types_[f.name], getattr(cfg, f.name))
         if problem is not None:
-            raise ValueError(f"{f.name}: {problem}")
+            raise ValueError(f"{prefix}{f.name}: {problem}")

@@ -112,7 +112,7 @@ class TrainerConfig:
         within="[0, 4096]"))
 
     def __post_init__(self) -> None:
-        check_declared(self)  # every number's declared range (finite), e.g. lr in (0, 1]
+        check_declared(self, "trainer.")  # every number's declared range (finite), e.g. lr in (0, 1]
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.loss_aggregation not in LOSS_AGGREGATIONS:

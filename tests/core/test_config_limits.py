@@ -110,7 +110,7 @@ def test_a_config_built_in_python_is_held_to_the_same_ranges():
 
     with pytest.raises(ValueError, match=r"^pool_size: expected an int in \[1, 1000000\], got 100000000000$"):
         SimBenchConfig(pool_size=10**11)
-    with pytest.raises(ValueError, match=r"^lr: expected a finite number in \(0, 1\], got inf$"):
+    with pytest.raises(ValueError, match=r"^trainer.lr: expected a finite number in \(0, 1\], got inf$"):
         TrainerConfig(lr=float("inf"))
     with pytest.raises(ValueError, match=r"^advantage_eps: expected a finite number"):
         TrainConfig(advantage_eps=float("nan"))
