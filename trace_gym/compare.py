@@ -389,7 +389,7 @@ def run_compare(paths: Sequence[str], out_dir: str | None = None, *, names: Sequ
     arms (:mod:`trace_gym.compare_arms`) paired with the first on the tasks they share.
     Rows are labelled by ``names`` (default: the folders' names)."""
     from trace_gym import compare_arms
-    from trace_gym.run_files import atomic_write_text
+    from trace_gym.output_paths import write_output_text
 
     out = out or sys.stdout
     labels = arm_names(paths, names)
@@ -413,9 +413,8 @@ def run_compare(paths: Sequence[str], out_dir: str | None = None, *, names: Sequ
         if out_dir:
             plots = [str(compare_arms.plot_arms(arms, Path(out_dir) / "accuracy.png"))]
     text = "\n\n".join(parts)
-    if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(out_dir) / "compare.md", text + "\n")
-        text += "\n\nwrote " + ", ".join([str(Path(out_dir) / "compare.md"), *plots])
+    if out_dir:  # checked when the command started; a folder changed since then keeps the table beside it
+        written = write_output_text(Path(out_dir) / "compare.md", text + "\n", key="--out")
+        text += "\n\nwrote " + ", ".join([str(written), *plots])
     print(text, file=out)
     return text

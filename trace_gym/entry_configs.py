@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trace_gym.config import doc
+from trace_gym.config_fields import MAX_COUNT, SEEDS
 from trace_gym.config_sections import (AgentLimits, BenchTarget, BudgetShape, PredictorChoice, Reproducibility,
                                        check_sections, section_default)
 from trace_gym.engines import ENGINES
@@ -45,12 +46,6 @@ ENTRY_CONFIGS: dict[str, str] = {
     "bank record": "trace_gym.entry_configs:BankRecordConfig",
     "eval": "evaluators.run:EvalConfig",
 }
-
-
-def _positive(cfg: Any, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)!r}")
 
 
 def _check_unit(cfg: Any) -> None:
@@ -82,19 +77,22 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
 
     PREDICTOR_READS: ClassVar[str] = "sim"
 
-    seeds: int = field(default=3, metadata=doc("independent seeds (a fresh task pool each)"))
-    steps: int = field(default=5, metadata=doc("allocation steps per seed (a fresh candidate pool each)"))
-    warmup_steps: int = field(default=1, metadata=doc("first steps run (the predictor trains) but not measured"))
-    pool_size: int = field(default=4096, metadata=doc("simulated tasks in the dataset"))
-    candidates: int = field(default=256, metadata=doc("candidate prompts scored per step"))
+    seeds: int = field(default=3, metadata=doc("independent seeds (a fresh task pool each)", within="[1, 10000]"))
+    steps: int = field(default=5, metadata=doc(
+        "allocation steps per seed (a fresh candidate pool each)", within="[1, 100000]"))
+    warmup_steps: int = field(default=1, metadata=doc(
+        "first steps run (the predictor trains) but not measured", within="[0, 100000]"))
+    pool_size: int = field(default=4096, metadata=doc("simulated tasks in the dataset", within=f"[1, {MAX_COUNT}]"))
+    candidates: int = field(default=256, metadata=doc("candidate prompts scored per step", within=f"[1, {MAX_COUNT}]"))
     root_budget: int = section_default(BudgetShape, "root_budget", 256)
     group_size: int = section_default(BudgetShape, "group_size", 8)
     predictor: str = section_default(PredictorChoice, "predictor", "learned", help=(
         "predictor of every predictor-driven strategy: " + " | ".join(predictor_names("sim"))))
-    noisy_spearman: float = field(default=0.8, metadata=doc("prompt-level Spearman of the noisy oracle"))
+    noisy_spearman: float = field(default=0.8, metadata=doc(
+        "prompt-level Spearman of the noisy oracle", within="(0, 1]"))
     feature_spearman: float = field(default=0.8, metadata=doc(
         "prompt-level Spearman between the task feature a learned predictor sees and the true success (a "
-        "modelling assumption; see docs/strategies.md)"))
+        "modelling assumption; see docs/strategies.md)", within="(0, 1]"))
     oracle_upper_bound: bool = field(default=True, metadata=doc(
         "also run TRACE with the oracle predictor, labelled as an upper bound"))
     budget_unit: str = field(default="nominal", metadata=doc(
@@ -102,28 +100,26 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
     deterministic: bool = section_default(Reproducibility, "deterministic", True)
-    target_mixed: float = field(default=0.27, metadata=doc("P(uniform group of G is mixed) to calibrate to"))
-    mean_success: float = field(default=0.5, metadata=doc("mean task success probability"))
-    step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
-    min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)"))
-    max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)"))
+    target_mixed: float = field(default=0.27, metadata=doc(
+        "P(uniform group of G is mixed) to calibrate to", within="(0, 1)"))
+    mean_success: float = field(default=0.5, metadata=doc("mean task success probability", within="(0, 1)"))
+    step_concentration: float = field(default=3.0, metadata=doc(
+        "kappa of the per-turn beta-splitting martingale", within="(0, 1000000]"))
+    min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)", within="[1, 1000]"))
+    max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)", within="[1, 1000]"))
     calibrate_from: str = field(default="", metadata=doc(
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns and feature_spearman "
         "from its measurements (trace_gym/calibrate.py), and print them"))
-    demo_values: tuple[float, ...] = field(
-        default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc("predicted values of the root-allocation demo"))
-    demo_budgets: tuple[int, ...] = field(
-        default=(2, 4, 8, 12, 16, 24, 32, 48, 64), metadata=doc("root budgets of the root-allocation demo"))
+    demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
+        "predicted values of the root-allocation demo", within="[0, 1]"))
+    demo_budgets: tuple[int, ...] = field(default=(2, 4, 8, 12, 16, 24, 32, 48, 64), metadata=doc(
+        "root budgets of the root-allocation demo", within=f"[2, {MAX_COUNT}]"))
 
     def __post_init__(self) -> None:
         check_sections(self)
-        _positive(self, "seeds", "steps", "pool_size", "candidates")
         _check_measured_steps(self)
         if self.candidates > self.pool_size:
             raise ValueError(f"candidates {self.candidates} exceed pool_size {self.pool_size}")
-        for name in ("noisy_spearman", "feature_spearman"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
         _check_unit(self)
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns!r}, {self.max_turns!r}")
@@ -143,22 +139,20 @@ class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility,
     task_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the task loader"))
     policy: str = field(default="smollm2-135m", metadata=doc("model name, local HF folder, hub id or RUN[@STEP]"))
     engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
-    seeds: int = field(default=1, metadata=doc("independent repetitions (fresh pools each)"))
-    candidates: int = field(default=24, metadata=doc("candidate prompts per repetition"))
-    warmup_budget: int = field(default=16, metadata=doc("rollouts of the predictor warm-up batch (0: none)"))
+    seeds: int = field(default=1, metadata=doc("independent repetitions (fresh pools each)", within="[1, 10000]"))
+    candidates: int = field(default=24, metadata=doc("candidate prompts per repetition", within=f"[1, {MAX_COUNT}]"))
+    warmup_budget: int = field(default=16, metadata=doc(
+        "rollouts of the predictor warm-up batch (0: none)", within=f"[0, {MAX_COUNT}]"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
     deterministic: bool = section_default(Reproducibility, "deterministic", True)
     dump_episodes: int = field(default=0, metadata=doc(
-        "write this many full transcripts per strategy (messages, actions, rewards) into --out"))
-    seed: int = field(default=0, metadata=doc("base seed (tasks, envs, sampling)"))
+        "write this many full transcripts per strategy (messages, actions, rewards) into --out",
+        within=f"[0, {MAX_COUNT}]"))
+    seed: int = field(default=0, metadata=doc("base seed (tasks, envs, sampling)", within=SEEDS))
 
     def __post_init__(self) -> None:
         check_sections(self)
-        _positive(self, "seeds", "candidates")
-        if self.dump_episodes < 0 or self.warmup_budget < 0:
-            raise ValueError(f"dump_episodes and warmup_budget must be >= 0, got {self.dump_episodes!r}, "
-                             f"{self.warmup_budget!r}")
 
 
 # ---------------------------------------------------------------------- bench --bank
@@ -178,15 +172,19 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget
     """
 
     bank: str = field(default="", metadata=doc("the rollout bank file (trace-gym bank record --out FILE)"))
-    seeds: int = field(default=10, metadata=doc("independent repetitions (fresh candidate draws and rollout draws)"))
-    steps: int = field(default=3, metadata=doc("allocation steps per repetition (a fresh candidate pool each)"))
-    warmup_steps: int = field(default=0, metadata=doc("first steps run (the predictor trains) but not measured"))
+    seeds: int = field(default=10, metadata=doc(
+        "independent repetitions (fresh candidate draws and rollout draws)", within="[1, 10000]"))
+    steps: int = field(default=3, metadata=doc(
+        "allocation steps per repetition (a fresh candidate pool each)", within="[1, 100000]"))
+    warmup_steps: int = field(default=0, metadata=doc(
+        "first steps run (the predictor trains) but not measured", within="[0, 100000]"))
     warmup_prompts: int | None = field(default=None, metadata=doc(
         "prompts held out of every measured pool (a slice seeded by seed); their recorded rollouts train every "
         "learned predictor before step 0, charged to no arm (0: a cold start; default: 64, at most a quarter of "
-        "the bank)"))
+        "the bank)", within=f"[0, {MAX_COUNT}]"))
     candidates: int | None = field(default=None, metadata=doc(
-        "candidate prompts scored per step; unset: 64, or every prompt a smaller bank has left after the warm-up"))
+        "candidate prompts scored per step; unset: 64, or every prompt a smaller bank has left after the warm-up",
+        within=f"[1, {MAX_COUNT}]"))
     root_budget: int | None = section_default(BudgetShape, "root_budget", None, help=(
         "M: root rollouts of a tree strategy per step; unset: 16, or the largest whose fixed groups of "
         "group_size a smaller bank's candidates hold"))
@@ -201,17 +199,14 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
     deterministic: bool = section_default(Reproducibility, "deterministic", True)
-    seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)"))
+    seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)", within=SEEDS))
     epochs: int = field(default=0, metadata=doc(
         "passes over the measured prompts (0: run `steps` steps): the steps become warmup_steps + ceil(epochs x "
         "measured prompts / candidates), each visit of a prompt drawing fresh recorded rollouts without "
-        "replacement, so methods that read a prompt's history see it recur"))
+        "replacement, so methods that read a prompt's history see it recur", within="[0, 1000]"))
 
     def __post_init__(self) -> None:
         check_sections(self)
-        _positive(self, "seeds", "steps", *(["candidates"] if self.candidates is not None else []))
-        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or not 0 <= self.epochs <= 1000:
-            raise ValueError(f"epochs must be an integer in [0, 1000], got {self.epochs!r}")
         _check_measured_steps(self)
         _check_unit(self)
 
@@ -222,7 +217,8 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
     """``trace-gym train``: one training run. Every field is a YAML key or a ``key=value``
     override; the ``trainer`` section (``trainer.lr=...``) holds the policy update's settings."""
 
-    run_dir: str = field(default="runs/train", metadata=doc("run directory (config, metrics, checkpoints)"))
+    run_dir: str = field(default="runs/train", metadata=doc(
+        "run directory (config, metrics, checkpoints)", output="folder"))
     policy: str = field(default="smollm2-135m", metadata=doc("model name, HF folder, hub id or RUN[@STEP] of the initial policy"))
     engine: str = field(default="hf", metadata=doc("rollout engine: " + " | ".join(["auto", *ENGINES])))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc(
@@ -234,28 +230,34 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
         "training data: empty for the env family's own tasks, else a dataset name (e.g. deepscaler)"))
     data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
     heldout_fraction: float = field(default=0.2, metadata=doc(
-        "share of the family's prompts (by prompt hash) kept out of training for held-out evaluation"))
-    train_pool: int = field(default=512, metadata=doc("training prompts drawn from the data"))
+        "share of the family's prompts (by prompt hash) kept out of training for held-out evaluation",
+        within="[0, 1)"))
+    train_pool: int = field(default=512, metadata=doc("training prompts drawn from the data", within="[1, 10000000]"))
     strategy: str = field(default="trace", metadata=doc("rollout allocation strategy (trace-gym strategies)"))
     advantage: str = field(default="treerpo", metadata=doc(
         "advantage estimator: one of the estimator table (trace-gym train --help lists it; plugins may add more)"))
     advantage_std_normalize: bool = field(default=True, metadata=doc("divide by the group std (false: Dr. GRPO)"))
-    advantage_eps: float = field(default=1e-6, metadata=doc("epsilon added to group stds"))
-    steps: int = field(default=4, metadata=doc("training steps (policy updates)"))
-    seed: int = field(default=0, metadata=doc("base seed (data order, sampling, envs, allocation)"))
-    candidates: int = field(default=16, metadata=doc("candidate prompts scored per step"))
+    advantage_eps: float = field(default=1e-6, metadata=doc("epsilon added to group stds", within="[0, 1]"))
+    steps: int = field(default=4, metadata=doc("training steps (policy updates)", within="[1, 10000000]"))
+    seed: int = field(default=0, metadata=doc("base seed (data order, sampling, envs, allocation)", within=SEEDS))
+    candidates: int = field(default=16, metadata=doc("candidate prompts scored per step", within=f"[1, {MAX_COUNT}]"))
     critic_model: str = field(default="", metadata=doc(
         "the lm_critic's backbone: a known name, folder or hub id (empty: the policy; the paper: a 0.6B critic)"))
     allow_cpu_critic: bool = field(default=False, metadata=doc(
         "let an lm_critic run on the CPU beside a CUDA policy (refused otherwise: it would be slow)"))
-    eval_every: int = field(default=0, metadata=doc("evaluate every K steps and at the end (0: never)"))
+    eval_every: int = field(default=0, metadata=doc(
+        "evaluate every K steps and at the end (0: never)", within="[0, 10000000]"))
     eval_at_start: bool = field(default=False, metadata=doc("also evaluate the initial policy (step 0)"))
     eval_suite: str = field(default="generated", metadata=doc("suite evaluated during training"))
-    eval_tasks: int = field(default=32, metadata=doc("tasks of the suite evaluated during training"))
-    eval_samples: int = field(default=1, metadata=doc("samples per task during training evaluations"))
-    checkpoint_every: int = field(default=1, metadata=doc("checkpoint every K steps (and at the last step)"))
+    eval_tasks: int = field(default=32, metadata=doc(
+        "tasks of the suite evaluated during training", within=f"[1, {MAX_COUNT}]"))
+    eval_samples: int = field(default=1, metadata=doc(
+        "samples per task during training evaluations", within="[1, 10000]"))
+    checkpoint_every: int = field(default=1, metadata=doc(
+        "checkpoint every K steps (and at the last step)", within="[1, 10000000]"))
     keep_checkpoints: int = field(default=2, metadata=doc(
-        "newest checkpoints kept (0: all); only the newest keeps the optimiser state, the others weights only"))
+        "newest checkpoints kept (0: all); only the newest keeps the optimiser state, the others weights only",
+        within=f"[0, {MAX_COUNT}]"))
     keep_final_state: bool = field(default=True, metadata=doc(
         "keep the last step's optimiser, predictor and RNG state, so a rerun with more steps resumes exactly "
         "(false: a finished run keeps weights only, a third of the size)"))
@@ -274,7 +276,6 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
         from trace_gym.advantages import ESTIMATORS
 
         check_sections(self)
-        _positive(self, "steps", "candidates", "train_pool", "checkpoint_every", "eval_tasks", "eval_samples")
         if self.engine not in ("auto", *ENGINES):
             raise ValueError(f"engine must be one of {['auto', *ENGINES]}, got {self.engine!r}")
         if self.advantage not in ESTIMATORS:
@@ -285,10 +286,6 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
         from trace_gym.reporters import check_reporter_names
 
         check_reporter_names(self.report_to)
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction must lie in [0, 1), got {self.heldout_fraction!r}")
-        if self.eval_every < 0 or self.keep_checkpoints < 0:
-            raise ValueError("eval_every and keep_checkpoints must be >= 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if reads_a_model(self.predictor) and self.device == "cuda" and not self.allow_cpu_critic \
@@ -311,7 +308,8 @@ RESUMABLE_KEYS = frozenset({"progress", "tensorboard", "report_to", "keep_checkp
 class BankRecordConfig(AgentLimits):
     """``trace-gym bank record``: record a rollout bank from a real policy."""
 
-    out: str = field(default="runs/bank.jsonl.gz", metadata=doc("the bank file (.jsonl.gz); an existing one resumes"))
+    out: str = field(default="runs/bank.jsonl.gz", metadata=doc(
+        "the bank file (.jsonl.gz); an existing one resumes", output="file"))
     env: str = field(default="math_python", metadata=doc("env family or registered env id (trace-gym envs)"))
     env_kwargs: dict = field(default_factory=dict, metadata=doc("extra env keyword arguments"))
     task_kwargs: dict = field(default_factory=dict, metadata=doc("extra task-loader keyword arguments"))
@@ -321,23 +319,20 @@ class BankRecordConfig(AgentLimits):
     policy: str = field(default="smollm2-135m", metadata=doc("model name, local HF folder, hub id or RUN[@STEP]"))
     engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
-    prompts: int = field(default=256, metadata=doc("P: prompts recorded"))
-    roots: int = field(default=8, metadata=doc("R: root rollouts per prompt"))
-    continuations: int = field(default=4, metadata=doc("K: continuations per recorded prefix"))
+    prompts: int = field(default=256, metadata=doc("P: prompts recorded", within="[1, 10000000]"))
+    roots: int = field(default=8, metadata=doc(
+        "R: root rollouts per prompt (>= 2: a group of one has no contrast)", within="[2, 100000]"))
+    continuations: int = field(default=4, metadata=doc("K: continuations per recorded prefix", within="[0, 100000]"))
     max_prefixes_per_root: int = field(default=0, metadata=doc(
-        "cap on the prefixes recorded per root, evenly spaced over its turns (0: every prefix)"))
+        "cap on the prefixes recorded per root, evenly spaced over its turns (0: every prefix)", within="[0, 100000]"))
     max_turn_tokens: int = section_default(AgentLimits, "max_turn_tokens", 96)
-    seed: int = field(default=0, metadata=doc("task seed and base of the env and sampling seeds"))
-    batch_prompts: int = field(default=8, metadata=doc("prompts in flight at once (memory: one batch)"))
+    seed: int = field(default=0, metadata=doc("task seed and base of the env and sampling seeds", within=SEEDS))
+    batch_prompts: int = field(default=8, metadata=doc(
+        "prompts in flight at once (memory: one batch)", within="[1, 100000]"))
     progress: bool = field(default=True, metadata=doc("progress bar with prompts/min and ETA (false: a line per "
                                                         "prompt written)"))
 
     def __post_init__(self) -> None:
         check_sections(self)
-        _positive(self, "prompts", "roots", "batch_prompts")
-        if self.roots < 2:
-            raise ValueError(f"roots must be >= 2 (a group of one has no contrast), got {self.roots!r}")
-        if self.continuations < 0 or self.max_prefixes_per_root < 0:
-            raise ValueError("continuations and max_prefixes_per_root must be >= 0")
         if not self.out.endswith(".jsonl.gz"):
             raise ValueError(f"out must end with .jsonl.gz (a gzip'd JSON-lines bank), got {self.out!r}")

@@ -83,7 +83,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     from trace_gym.policies import with_policy
     from trace_gym.types import SamplingParams
 
-    cfg = with_policy(command_config(BankRecordConfig, args))  # a bad policy: one line, before anything is written
+    from trace_gym.output_paths import check_config_outputs
+
+    cfg = command_config(BankRecordConfig, args)
+    check_config_outputs(cfg)  # out: a file path that can be written, before the policy loads
+    cfg = with_policy(cfg)  # a bad policy: one line, before anything is written
     family = resolve_record(cfg)
     if args.dry_run:
         print(dry_run(cfg, family))
@@ -122,15 +126,17 @@ def _say(progress: bool) -> Any:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from trace_gym.banks import bank_stats, format_bank_stats
+    from trace_gym.output_paths import check_output, write_output_text
 
+    if args.json:
+        check_output(args.json, "file", key="--json")
     path = bank_path(args.bank)
     stats = bank_stats(path, predictor=_learned_predictor(args.predictor, path))
     print(format_bank_stats(stats))
     if args.json:
         import json
 
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(stats, indent=2, default=str))
+        write_output_text(args.json, json.dumps(stats, indent=2, default=str), key="--json")
     return 0
 
 

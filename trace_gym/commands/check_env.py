@@ -12,7 +12,6 @@ failed, 2 for a bad env id, check name or option.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from trace_gym.suggest import did_you_mean
@@ -39,15 +38,15 @@ def check_names(only: str | None) -> tuple[str, ...]:
 
 
 def _json_object(flag: str, text: str | None) -> dict[str, Any]:
+    """The JSON object of ``--flag`` (the config loader's bounded parse: depth, size, string keys)."""
+    from trace_gym.config import coerce
+
     if not text:
         return {}
     try:
-        value = json.loads(text)
+        return coerce(dict, text)
     except ValueError as exc:
-        raise ValueError(f"--{flag} {text!r} is not JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--{flag} must be a JSON object, got {text!r}")
-    return value
+        raise ValueError(f"--{flag}: {exc}") from None
 
 
 def cmd_check_env(args: argparse.Namespace) -> int:
@@ -62,7 +61,7 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     load_plugins()
     quiet_third_party()
     family = resolve_env(args.env, _json_object("env-kwargs", args.env_kwargs),
-                         _json_object("task-kwargs", args.task_kwargs))
+                         _json_object("task-kwargs", args.task_kwargs), keys=("--env-kwargs", "--task-kwargs"))
     tasks = family.load_tasks(args.tasks, seed=args.seed)
     env = family.make_env()
     print(f"check-env {args.env} ({family.env_id}): {len(tasks)} task(s) from seed {args.seed}, "
