@@ -82,6 +82,8 @@ class BoundedEnv:
                                                                            max_steps)))
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("env", "raw", "boundary"):  # not set yet (a failed __init__): no recursion
+            raise AttributeError(name)
         return getattr(self.raw, name)
 
 
