@@ -136,10 +136,12 @@ class RunDir:
         try:  # never through a link: the lock is this directory's own file
             fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise ValueError(f"run dir {str(self.path)!r}: {LOCK} is a link (to {os.readlink(self.path / LOCK)}); a "
-                             "run locks its own directory's file only (remove the link)") from None
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"run dir {str(self.path)!r}: {LOCK} is a link (to {os.readlink(self.path / LOCK)}); "
+                                 "a run locks its own directory's file only (remove the link)") from None
+            what = "is a folder, not the run's lock file (remove it)" if exc.errno == errno.EISDIR else \
+                f"cannot be opened ({exc.strerror})"
+            raise ValueError(f"run dir {str(self.path)!r}: {LOCK} {what}") from None
         handle = os.fdopen(fd, "r+b")  # held open for the run's life
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

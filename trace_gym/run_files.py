@@ -98,17 +98,18 @@ def open_regular(path: str | Path) -> BinaryIO:
 
 
 def read_json_file(path: str | Path, *, max_bytes: int = MAX_JSON_FILE_BYTES,
-                   max_depth: int = MAX_RUN_JSON_DEPTH) -> Any:
+                   max_depth: int = MAX_RUN_JSON_DEPTH, unique_keys: bool = False) -> Any:
     """The JSON value of ``path``, read to at most ``max_bytes`` and parsed within
     ``max_depth``; ``ValueError`` naming the file and why (too large, too deep, not UTF-8,
-    not JSON, a number past Python's digit limit). ``OSError`` when it cannot be read."""
+    not JSON, a number past Python's digit limit, with ``unique_keys`` a key given twice in
+    one object). ``OSError`` when it cannot be read."""
     path = Path(path)
     with open_regular(path) as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path.name} is more than {max_bytes:,} bytes long")
     try:
-        return loads_record(data, max_depth=max_depth)
+        return loads_record(data, max_depth=max_depth, unique_keys=unique_keys)
     except JSONRefused as exc:
         raise ValueError(f"{path.name} {exc}") from None
 
