@@ -187,3 +187,49 @@ def test_a_bank_recorded_with_absolute_paths_still_opens_resumes_and_finds_its_p
     assert len(bank) == 2 and bank.manifest["policy_path"] == str(folder)
     runs = [r for r in map(json.loads, gzip.open(path, "rt")) if r["kind"] == "run"]
     assert [r["command"] for r in runs] == [old["command"], ["trace-gym"]]
+
+
+# ---------------------------------------------------------------------- the recorder's memory
+def test_the_prefix_cache_forgets_a_prompt_leaves_first_and_keeps_what_others_build_on():
+    import numpy as np
+    import torch
+
+    from trace_gym.engines.prefix_cache import PrefixKVCache
+
+    cache = PrefixKVCache(1 << 20)
+
+    def put(tokens):
+        seq = np.asarray(tokens, dtype=np.int64)
+        cache.put(seq, lambda start: [(torch.zeros(1, len(seq) - start, 2), torch.zeros(1, len(seq) - start, 2))])
+
+    put([1, 2, 3, 4])           # prompt A
+    put([1, 2, 3, 4, 5, 6])     # A's completion, built on A's entry
+    put([1, 2, 7, 8])           # prompt B shares [1, 2] with A: built on A's entry too
+    assert len(cache) == 3
+    freed = cache.forget(np.array([1, 2, 3, 4]))
+    assert freed > 0 and len(cache) == 2  # A's completion went; A's entry stays: B builds on it
+    assert cache.lookup(np.array([1, 2, 3, 4, 5, 6]))[1] == 4 and cache.lookup(np.array([1, 2, 7, 8]))[1] == 4
+    cache.forget(np.array([1, 2, 7, 8]))
+    cache.forget(np.array([1, 2, 3, 4]))
+    assert len(cache) == 0 and cache.nbytes == 0
+
+
+def test_the_recorder_leaves_no_written_prompt_in_the_engines_cache(tiny_engine, tmp_path):
+    from trace_gym.registry import env_family
+    from trace_gym.types import SamplingParams
+
+    tiny_engine.reset_prefix_cache()
+    cache, seen = tiny_engine.prefix_cache, []
+
+    def say(msg):
+        if msg.startswith("prompt "):
+            seen.append((len(cache), cache.nbytes))
+
+    record_bank(str(tmp_path / "tiny.jsonl.gz"), engine=tiny_engine, family=env_family("guess_number"), prompts=6,
+                roots=3, continuations=1, sampling=SamplingParams(max_tokens=6, temperature=1.0, seed=1),
+                agent_config=AgentConfig(max_turn_tokens=6, max_episode_tokens=512, max_turns=3), batch_prompts=2,
+                say=say)
+    assert len(seen) == 6
+    # what stays cached is the prompts in flight at most (2 of them), never every prompt written
+    assert max(n for n, _ in seen) <= seen[0][0] * 2 + 2, seen
+    assert len(cache) <= 1, seen  # all written: at most an entry another prompt built on

@@ -17,7 +17,9 @@ R (1 + min(T - 1, cap) K (1 - t/T)) rollouts; the cap is what keeps long episode
 (BFCL, 10+ turns) within a recording budget.
 
 Scheduling: ``batch_prompts`` prompts are in flight at once (memory: that many prompts'
-episodes and snapshots, never the bank), all their roots and branches in the same
+episodes and snapshots and the engine's cached KV of them, never the bank: a written
+prompt's KV is dropped from the engine's prefix cache, :func:`_forget_prompt`), all their
+roots and branches in the same
 generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.AgentRunner`);
 the moment a prompt is written the next one's roots start (``schedule="rolling"``), so
 the rounds stay wide to the end. The recorder reports prompts per minute and an ETA
@@ -144,10 +146,21 @@ def _record_stream(agent: Any, todo: Sequence[tuple[int, Any]], cfg: dict[str, A
                     _expand(agent, st, k, cap, ledger)
             if st.live == 0:
                 yield _prompt_record(state.pop(p))
+                _forget_prompt(agent.engine, st)
                 if schedule == "rolling":
                     refill()
         if not state:
             refill()
+
+
+def _forget_prompt(engine: Any, st: _Prompt) -> None:
+    """Let the engine drop what it cached of a written prompt (``forget_prefix``, where it has
+    one: the HF engine's prefix KV cache), which no later prompt extends: without it the cache
+    kept every finished prompt's KV until its byte budget (1 GiB) was full."""
+    forget = getattr(engine, "forget_prefix", None)
+    if callable(forget):
+        for ids in {tuple(ep.prompt_ids) for ep in st.roots if ep.prompt_ids}:
+            forget(ids)
 
 
 def rate_text(recorded: int, remaining: int, seconds: float) -> str:
