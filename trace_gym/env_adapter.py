@@ -262,8 +262,14 @@ class ForeignEnv(gymnasium.Env):
             reply = self.boundary.reset_reply(self._foreign("reset", self.episode.begin, task, seed, private_rng=True))
             self._whole = self.boundary.fingerprint
             return reply
-        except BaseException:
+        except ForeignEnvError:  # named by the boundary already
+            self._task = None
+            raise
+        except Exception as exc:  # the wrapped env's own error, or its reply outside the contract
             self._task = None  # no episode began: step() must not act on it
+            raise named_error(exc, self.env_key, "reset") from exc
+        except BaseException:
+            self._task = None
             raise
 
     def _apply(self, action: str) -> GymStep:
@@ -362,6 +368,24 @@ class ForeignEnv(gymnasium.Env):
             release = getattr(self.episode, "close", None)
             if callable(release):
                 release()
+
+
+def named_error(exc: Exception, where: str, what: str) -> Exception:
+    """``exc`` as the caller gets it: one line that names the env (``where``) and the call, of
+    ``exc``'s own type where that type takes the message (so a caller's ``except`` clauses
+    still hold), else a :class:`~trace_gym.env_boundary.ForeignEnvError`; ``exc`` itself when
+    its message names the env already."""
+    text = " ".join(error_text(exc).split())  # one line
+    if where in text:
+        return exc
+    text = f"{where}: its {what} raised {text}"
+    try:
+        named = type(exc)(text)
+        if str(named) == text:
+            return named
+    except Exception:  # noqa: BLE001  (a type whose constructor wants more than a message)
+        pass
+    return ForeignEnvError(text)
 
 
 def __getattr__(name: str) -> Any:

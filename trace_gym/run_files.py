@@ -70,7 +70,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 # ---------------------------------------------------------------------- one writer at a time
-def exclusive_lock(lock: str | Path, owner: str, advice: str) -> BinaryIO:
+def exclusive_lock(lock: str | Path, owner: str, advice: str, user: str = "the run") -> BinaryIO:
     """Take an exclusive ``flock`` on the file ``lock`` (created if missing) and write the
     holder into it: ``pid P on HOST since YYYY-MM-DD HH:MM:SS (argv)``. Returns the open
     file: the lock is held while it stays open, and released when it is closed or the
@@ -79,7 +79,8 @@ def exclusive_lock(lock: str | Path, owner: str, advice: str) -> BinaryIO:
 
     Raises:
         ValueError: another process holds the lock (``"<owner> is in use by <holder>;
-            <advice>"``), or ``lock`` is a link (never followed) or a folder.
+            <advice>"``), or ``lock`` is a link (never followed), a folder (``user``: whose
+            lock file it should be, in that message) or cannot be opened.
     """
     import fcntl
     import socket
@@ -94,9 +95,9 @@ def exclusive_lock(lock: str | Path, owner: str, advice: str) -> BinaryIO:
             if exc.errno == errno.ELOOP:
                 raise ValueError(f"{owner}: {lock.name} is a link (to {os.readlink(lock)}); a lock is taken on its "
                                  "own file only (remove the link)") from None
-            if exc.errno == errno.EISDIR:
-                raise ValueError(f"{owner}: {lock} is a folder, where its lock file belongs (remove it)") from None
-            raise
+            what = f"is a folder, not {user}'s lock file (remove it)" if exc.errno == errno.EISDIR else \
+                f"cannot be opened ({exc.strerror})"
+            raise ValueError(f"{owner}: {lock.name} {what}") from None
         handle = os.fdopen(fd, "r+b")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

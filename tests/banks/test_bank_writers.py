@@ -108,7 +108,7 @@ def test_one_process_cannot_hold_two_writers_of_one_bank_and_a_closed_writer_let
     assert [e.task_id for e in open_bank(path).entries] == ["synth/0", "synth/1"]
     assert not lock_path(path).exists()
     (tmp_path / "dir.jsonl.gz.lock").mkdir()  # a folder where the lock belongs: one line
-    with pytest.raises(ValueError, match=r"dir.jsonl.gz.lock is a folder"):
+    with pytest.raises(ValueError, match=r"dir.jsonl.gz.lock is a folder, not the writer's lock file \(remove it\)"):
         BankWriter(tmp_path / "dir.jsonl.gz", manifest)
 
 

@@ -211,7 +211,7 @@ def lock_bank(bank: str | os.PathLike) -> BinaryIO:
     bank = Path(bank)
     bank.parent.mkdir(parents=True, exist_ok=True)
     return exclusive_lock(lock_path(bank), f"bank {str(bank)!r}",
-                          "wait for that recording to end, or record into another file")
+                          "wait for that recording to end, or record into another file", user="the writer")
 
 
 def torn_header(path: str | os.PathLike, limit: int = 1 << 20) -> int | None:
