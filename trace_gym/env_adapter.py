@@ -81,11 +81,12 @@ class ForeignEpisode(Protocol):
         snapshot_strategies: the strategies the driver supports; the first is the default.
             ``copy`` needs :class:`CopyState`, ``native`` :class:`NativeState`.
         global_rng: the wrapped env draws from the ``random``/``numpy.random`` globals;
-            each env then owns a private copy of that state, swapped in around every
-            begin, act and prepare (seeded from the episode seed at ``reset``), so envs
-            never perturb each other and ``copy``/``replay`` snapshots stay exact. Read at
+            each env then owns generators of its own, which those globals draw from on
+            the thread that runs its begin, act and prepare (seeded from the episode seed
+            at ``reset``; :func:`trace_gym.process_state.bind_generators`), so envs never
+            perturb each other and ``copy``/``replay`` snapshots stay exact. Read at
             every call: an instance may set its own before its first reset (an I/O-bound
-            env that draws no randomness can skip the lock it costs).
+            env that draws no randomness can skip the state copy it costs per call).
         env_key: what a snapshot records as its maker (checked by ``restore``).
 
     Optional methods, looked up by name: ``prepare()`` (called once through the boundary,
