@@ -22,6 +22,7 @@ file and what is wrong (or, where documented, a skipped line or a cache miss), n
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -66,6 +67,73 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+# ---------------------------------------------------------------------- one writer at a time
+def exclusive_lock(lock: str | Path, owner: str, advice: str, user: str = "the run") -> BinaryIO:
+    """Take an exclusive ``flock`` on the file ``lock`` (created if missing) and write the
+    holder into it: ``pid P on HOST since YYYY-MM-DD HH:MM:SS (argv)``. Returns the open
+    file: the lock is held while it stays open, and released when it is closed or the
+    process ends, however it ends (:func:`release_lock`). The run dir's lock and the bank
+    writer's use it.
+
+    Raises:
+        ValueError: another process holds the lock (``"<owner> is in use by <holder>;
+            <advice>"``), or ``lock`` is a link (never followed), a folder (``user``: whose
+            lock file it should be, in that message) or cannot be opened.
+    """
+    import fcntl
+    import socket
+    import sys
+    import time
+
+    lock = Path(lock)
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"{owner}: {lock.name} is a link (to {os.readlink(lock)}); a lock is taken on its "
+                                 "own file only (remove the link)") from None
+            what = f"is a folder, not {user}'s lock file (remove it)" if exc.errno == errno.EISDIR else \
+                f"cannot be opened ({exc.strerror})"
+            raise ValueError(f"{owner}: {lock.name} {what}") from None
+        handle = os.fdopen(fd, "r+b")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            handle.close()
+            raise ValueError(f"{owner} is in use by {holder}; {advice}") from None
+        if _same_file(lock, fd):
+            break
+        handle.close()  # its holder removed it as we opened it (release_lock): lock the file now at the path
+    handle.truncate(0)
+    argv = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                 f"({argv})\n".encode())
+    handle.flush()
+    return handle
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def release_lock(handle: BinaryIO | None, lock: str | Path, *, remove: bool = False) -> None:
+    """Release :func:`exclusive_lock`'s lock; with ``remove``, delete the lock file first
+    (while still held: a process that opened it meanwhile sees it gone and retries)."""
+    if handle is None or handle.closed:
+        return
+    if remove and _same_file(Path(lock), handle.fileno()):
+        Path(lock).unlink(missing_ok=True)
+    handle.close()
 
 
 # ---------------------------------------------------------------------- reading

@@ -78,9 +78,11 @@ def dry_run(cfg: BankRecordConfig, family: Any) -> str:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from trace_gym.banks import record_bank
+    from trace_gym.banks.writer import lock_bank, lock_path
     from trace_gym.engines import make_engine
     from trace_gym.models import quiet_third_party, resolve_model
     from trace_gym.policies import with_policy
+    from trace_gym.run_files import release_lock
     from trace_gym.types import SamplingParams
 
     from trace_gym.output_paths import check_config_outputs
@@ -92,9 +94,14 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run(cfg, family))
         return 0
-    quiet_third_party()
-    policy_path = resolve_model(cfg.policy)
-    engine = make_engine(cfg.engine, policy_path, **cfg.engine_kwargs)
+    lock = lock_bank(cfg.out)  # a second recorder of this file: one line naming the first, before the model loads
+    try:
+        quiet_third_party()
+        policy_path = resolve_model(cfg.policy)
+        engine = make_engine(cfg.engine, policy_path, **cfg.engine_kwargs)
+    except BaseException:
+        release_lock(lock, lock_path(cfg.out), remove=True)
+        raise
     try:
         summary = record_bank(
             cfg.out, engine=engine, family=family, prompts=cfg.prompts, roots=cfg.roots,
@@ -102,9 +109,10 @@ def cmd_record(args: argparse.Namespace) -> int:
             sampling=SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed),
             agent_config=cfg.agent_config(),
             seed=cfg.seed, batch_prompts=cfg.batch_prompts, policy=cfg.policy, policy_path=str(policy_path),
-            progress=cfg.progress, say=_say(cfg.progress))
+            progress=cfg.progress, say=_say(cfg.progress), lock=lock)
     finally:
         engine.close()
+        release_lock(lock, lock_path(cfg.out), remove=True)  # the writer released it already, unless it never began
     state = "complete" if summary["complete"] else "incomplete"
     rate = f", {summary['prompts_per_minute']:.1f} prompts/min" if summary.get("prompts_per_minute") else ""
     print(f"wrote {summary['path']}: {summary['prompts']} prompts ({summary['recorded']} recorded now, "
