@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from trace_gym.config import doc
+from trace_gym.config import check_declared, doc
 from trace_gym.env.datafiles import HELDOUT_FRACTION
-from trace_gym.runs.policies import find_policy
 from trace_gym.runs.files import atomic_write_text, iter_json_lines, read_json_file
+from trace_gym.runs.policies import find_policy
 from trace_gym.runs.weights import weights_hash
+from trace_gym.utils.config_fields import SEEDS
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,12 @@ class EvalConfig:
     suites: tuple[str, ...] = field(default=("generated",), metadata=doc(
         "suite names or registered env ids with a task loader, comma-separated"))
     limit: int = field(default=64, metadata=doc(
-        "tasks per suite (per category for bfcl); 0: all (64 for an env id)"))
-    samples: int = field(default=1, metadata=doc("samples per task (k of avg@k)"))
-    pass_k: tuple[int, ...] = field(default=(1,), metadata=doc("k values of the unbiased pass@k"))
-    temperature: float = field(default=0.0, metadata=doc("0: greedy; > 0: sampled with the fixed seed"))
-    seed: int = field(default=0, metadata=doc("sampling and env seed"))
+        "tasks per suite (per category for bfcl); 0: all (64 for an env id)", within="[0, 10000000]"))
+    samples: int = field(default=1, metadata=doc("samples per task (k of avg@k)", within="[1, 100000]"))
+    pass_k: tuple[int, ...] = field(default=(1,), metadata=doc("k values of the unbiased pass@k", within="[1, 100000]"))
+    temperature: float = field(default=0.0, metadata=doc(
+        "0: greedy; > 0: sampled with the fixed seed", within="[0, 100]"))
+    seed: int = field(default=0, metadata=doc("sampling and env seed", within=SEEDS))
     engine: str = field(default="hf", metadata=doc("rollout engine: auto | hf | vllm"))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
     env_kwargs: dict = field(default_factory=dict, metadata=doc(
@@ -56,23 +58,25 @@ class EvalConfig:
         "folder with local copies of the hub suites (<suite>.jsonl / .parquet / .json or <suite>/); "
         "a missing file is an error, not a hub download"))
     heldout_fraction: float = field(default=HELDOUT_FRACTION, metadata=doc(
-        "held-out share of the generated family and of an env id's tasks (0 for an env id: no split)"))
-    max_turns: int = field(default=0, metadata=doc("turns per episode (0: the suite's default, listed above)"))
+        "held-out share of the generated family and of an env id's tasks (0 for an env id: no split)", within="[0, 1)"))
+    max_turns: int = field(default=0, metadata=doc(
+        "turns per episode (0: the suite's default, listed above)", within="[0, 10000]"))
     max_turn_tokens: int = field(default=0, metadata=doc(
-        "generated tokens per turn (0: the suite's default, listed above)"))
+        "generated tokens per turn (0: the suite's default, listed above)", within="[0, 1000000]"))
     max_episode_tokens: int = field(default=0, metadata=doc(
-        "context limit per episode, tokens (0: the suite's default, listed above)"))
-    out: str = field(default="runs/eval", metadata=doc("folder for results.json and results.md"))
+        "context limit per episode, tokens (0: the suite's default, listed above)", within="[0, 10000000]"))
+    out: str = field(default="runs/eval", metadata=doc("folder for results.json and results.md", output="folder"))
     cache: bool = field(default=True, metadata=doc("reuse cached results of the same weights and settings"))
     cache_dir: str = field(default="", metadata=doc("cache folder (default $TRACE_GYM_CACHE/eval)"))
     progress: bool = field(default=True, metadata=doc("progress bars (episodes done, turns generated)"))
     dump_episodes: int = field(default=0, metadata=doc(
         "write this many transcripts per policy and suite into out (episodes-<policy>-<suite>.jsonl): "
-        "messages, the extracted answer, the grader's verdict"))
+        "messages, the extracted answer, the grader's verdict", within="[0, 1000000]"))
 
     def __post_init__(self) -> None:
         from evaluators.suites import SUITES, get_suite
 
+        check_declared(self)  # every number's declared range (finite: temperature=nan is refused here)
         if not self.suites:
             raise ValueError("suites is empty; give a suite name or an env id")
         for name in self.suites:
@@ -80,22 +84,26 @@ class EvalConfig:
         if self.task_kwargs and all(name in SUITES for name in self.suites):
             raise ValueError(f"task_kwargs applies to suites that are env ids or families; {', '.join(self.suites)} "
                              "load their own tasks (data_dir gives their files)")
-        if self.dump_episodes < 0:
-            raise ValueError(f"dump_episodes must be >= 0, got {self.dump_episodes!r}")
-        for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0: the suite's default), got {getattr(self, name)!r}")
         if not self.policy:
             raise ValueError("policy is empty; give a model name, an HF folder or a run dir")
-        if self.samples < 1 or self.limit < 0 or self.temperature < 0:
-            raise ValueError(f"need samples >= 1, limit >= 0, temperature >= 0; got {self.samples}, {self.limit}, "
-                             f"{self.temperature}")
         bad = [k for k in self.pass_k if not 1 <= k <= self.samples]
         if bad:
             raise ValueError(f"pass_k values {bad} must lie in [1, samples={self.samples}]")
         if self.temperature == 0 and self.samples > 1:
             raise ValueError(f"greedy decoding (temperature 0) gives {self.samples} identical samples; "
                              "set samples=1 or temperature > 0")
+
+
+def check_suite_env_kwargs(cfg: EvalConfig, suite: str) -> None:
+    """The config's ``env_kwargs`` (over the suite's own) checked against the constructor of the
+    suite's env (:func:`trace_gym.registry.check_family_kwargs`), before any policy loads."""
+    from evaluators.suites import get_suite
+    from trace_gym.registry import EnvFamily, check_family_kwargs
+
+    if cfg.env_kwargs:
+        spec = get_suite(suite, cfg.task_kwargs)
+        check_family_kwargs(EnvFamily(spec.env_id, "", {}, {**dict(spec.env_kwargs), **cfg.env_kwargs}),
+                            cfg.env_kwargs, {})
 
 
 def _cache_dir(cfg: EvalConfig) -> Path:
@@ -334,8 +342,12 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
     """Evaluate every policy on every suite (cached); writes ``results.json`` and ``results.md``."""
     from trace_gym.models import quiet_third_party
 
+    from trace_gym.runs.output_paths import check_config_outputs, write_output_text
+
+    check_config_outputs(cfg)  # out: a folder that can be written, before any policy loads
     for suite in cfg.suites:  # input errors first, in one line, before any backend imports or download starts
         data_path(cfg, suite)
+        check_suite_env_kwargs(cfg, suite)
     quiet_third_party()
     out = out or sys.stdout
     policies = [find_policy(spec) for spec in cfg.policy]  # every spec checked before any download
@@ -359,10 +371,10 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
         finally:
             if engine is not None:
                 engine.close()
-    atomic_write_text(Path(cfg.out) / "results.json", json.dumps(rows, indent=2))  # `compare` reads it
     text = format_results(rows)
-    atomic_write_text(Path(cfg.out) / "results.md", text + "\n")
-    print(text, file=out)
+    print(text, file=out)  # first: a write that fails below is one line, the table already shown
+    write_output_text(Path(cfg.out) / "results.json", json.dumps(rows, indent=2), key="out")  # `compare` reads it
+    write_output_text(Path(cfg.out) / "results.md", text + "\n", key="out")
     return rows
 
 

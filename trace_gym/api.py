@@ -34,7 +34,7 @@ Training:
     ``TrainConfig``, ``TrainSetup``, ``train``; the advantage estimators:
     ``AdvantageEstimator`` (the Protocol; it returns ``PathAdvantages`` per leaf or a
     ``{node: A}`` mapping), ``ESTIMATORS`` and ``register_estimator``
-    (or the ``trace_gym.advantages`` entry-point group); the success predictors:
+    (or the ``trace_gym.train.advantages`` entry-point group); the success predictors:
     ``SuccessPredictor``, ``PREDICTORS``, ``make_predictor``, ``register_predictor``.
 """
 

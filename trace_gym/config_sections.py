@@ -31,23 +31,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from trace_gym.config import doc
-from trace_gym.predictor.kinds import check_predictor_name, predictor_names
+from trace_gym.config import check_declared, doc
+from trace_gym.predictor.kinds import check_predictor_kwargs, check_predictor_name, predictor_names
 from trace_gym.step.learning import PREFIX_SHARE
+from trace_gym.utils.config_fields import MAX_COUNT, SEEDS
 
-__all__ = ["AgentLimits", "BenchTarget", "BudgetShape", "PredictorChoice", "Reproducibility", "SECTIONS",
-           "check_sections", "positive", "section_default", "section_of"]
-
-
-def _in(section: str, text: str | Callable[[], str]) -> dict[str, Any]:
-    return {**doc(text), "section": section}
+__all__ = ["AgentLimits", "BenchTarget", "BudgetShape", "MAX_COUNT", "PredictorChoice", "Reproducibility", "SECTIONS",
+           "SEEDS", "check_sections", "section_default", "section_of"]
 
 
-def positive(cfg: Any, *names: str) -> None:
-    """Raise a one-line ``ValueError`` naming the first of ``names`` whose value in ``cfg`` is below 1."""
-    for name in names:
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)!r}")
+def _in(section: str, text: str | Callable[[], str], within: str | None = None) -> dict[str, Any]:
+    return {**doc(text, within=within), "section": section}
 
 
 def section_of(f: dataclasses.Field) -> str | None:
@@ -69,14 +63,15 @@ class BudgetShape:
     """The budget section: the tree shape (M roots, N continuations per root) and the fixed
     group size G of the group strategies, at the same nominal budget ``M (1 + N/2)``."""
 
-    root_budget: int = field(default=8, metadata=_in("budget", "M: root rollouts of a tree strategy per step"))
+    root_budget: int = field(default=8, metadata=_in(
+        "budget", "M: root rollouts of a tree strategy per step", within=f"[2, {MAX_COUNT}]"))
     continuations_per_root: int = field(default=2, metadata=_in(
-        "budget", "N: continuations per root; nominal budget = M (1 + N/2)"))
+        "budget", "N: continuations per root; nominal budget = M (1 + N/2)", within="[0, 1024]"))
     group_size: int = field(default=4, metadata=_in(
-        "budget", "G: group size of every fixed-group strategy (uniform, pcl)"))
+        "budget", "G: group size of every fixed-group strategy (uniform, pcl)", within=f"[1, {MAX_COUNT}]"))
     strategy_timeout_s: float = field(default=30.0, metadata=_in(
         "budget", "seconds one call into a strategy's code may take (its boundary's deadline; past it the arm "
-                  "gets no verdict)"))
+                  "gets no verdict)", within="(0, 86400)"))
 
     @property
     def nominal_budget(self) -> float:
@@ -87,16 +82,6 @@ class BudgetShape:
             raise ValueError(f"{type(self).__name__}.root_budget is None: its entry point sizes it first")
         return nominal_cost(self.root_budget, self.continuations_per_root)
 
-    def _check_budget(self) -> None:
-        # None: an entry point that sizes M itself (bench --bank: to the bank's prompts)
-        if (self.root_budget is not None and self.root_budget < 2) or self.continuations_per_root < 0:
-            raise ValueError(f"need root_budget >= 2 and continuations_per_root >= 0, got "
-                             f"{self.root_budget!r}, {self.continuations_per_root!r}")
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size!r}")
-        t = self.strategy_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 86_400:
-            raise ValueError(f"strategy_timeout_s must be a number of seconds in (0, 86400), got {t!r}")
 
 
 @dataclass(frozen=True)
@@ -111,10 +96,12 @@ class AgentLimits:
     it by name (:meth:`agent_config`), so the two never disagree on what a limit means.
     """
 
-    max_turns: int = field(default=3, metadata=_in("agent", "turns per episode"))
-    max_turn_tokens: int = field(default=160, metadata=_in("agent", "generated tokens per turn"))
-    max_episode_tokens: int = field(default=1024, metadata=_in("agent", "context limit per episode, tokens"))
-    temperature: float = field(default=1.0, metadata=_in("agent", "rollout sampling temperature"))
+    max_turns: int = field(default=3, metadata=_in("agent", "turns per episode", within="[1, 10000]"))
+    max_turn_tokens: int = field(default=160, metadata=_in(
+        "agent", "generated tokens per turn", within=f"[1, {MAX_COUNT}]"))
+    max_episode_tokens: int = field(default=1024, metadata=_in(
+        "agent", "context limit per episode, tokens", within="[1, 10000000]"))
+    temperature: float = field(default=1.0, metadata=_in("agent", "rollout sampling temperature", within="[0, 100]"))
 
     def agent_config(self) -> Any:
         """The :class:`trace_gym.agent.loop.AgentConfig` of these limits: each field of this
@@ -125,13 +112,6 @@ class AgentLimits:
         loop_fields = {f.name for f in dataclasses.fields(AgentConfig)}
         return AgentConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AgentLimits)
                               if f.name in loop_fields})
-
-    def _check_agent(self) -> None:
-        for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
 
 
 @dataclass(frozen=True)
@@ -149,12 +129,12 @@ class PredictorChoice:
         "predictor", "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", "
         "\"dtype\": \"bfloat16\"}"))
     prefix_share: float = field(default=PREFIX_SHARE, metadata=_in(
-        "predictor", "share of the predictor's batch weight on prefix samples (the paper: about 6 %)"))
+        "predictor", "share of the predictor's batch weight on prefix samples (the paper: about 6 %)",
+        within="[0, 1)"))
 
     def _check_predictor(self) -> None:
         check_predictor_name(self.predictor, self.PREDICTOR_READS)
-        if not 0 <= self.prefix_share < 1:
-            raise ValueError(f"prefix_share must lie in [0, 1), got {self.prefix_share!r}")
+        check_predictor_kwargs(self.predictor, self.predictor_kwargs)  # against the kind's signature
 
 
 @dataclass(frozen=True)
@@ -179,22 +159,19 @@ class BenchTarget:
 
     mixed_groups_target: int = field(default=8, metadata=_in(
         "target", "mixed groups an arm must collect over its measured steps; its exact generated tokens until then "
-                  "are the budget-to-target metric (tokens to target)"))
-
-    def _check_target(self) -> None:
-        n = self.mixed_groups_target
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
-            raise ValueError(f"mixed_groups_target must be an integer in [1, 1000000], got {n!r}")
+                  "are the budget-to-target metric (tokens to target)", within=f"[1, {MAX_COUNT}]"))
 
 
-#: Every section, and the check each brings.
-SECTIONS: dict[type, str] = {BudgetShape: "_check_budget", AgentLimits: "_check_agent",
-                             PredictorChoice: "_check_predictor", Reproducibility: "_check_reproducibility",
-                             BenchTarget: "_check_target"}
+#: Every section, and the check it brings beyond its fields' declared ranges (``None``: none).
+SECTIONS: dict[type, str | None] = {BudgetShape: None, AgentLimits: None, PredictorChoice: "_check_predictor",
+                                    Reproducibility: "_check_reproducibility", BenchTarget: None}
 
 
 def check_sections(cfg: Any) -> None:
-    """Run the checks of every section ``cfg`` is composed of (``ValueError`` naming the key)."""
+    """Hold ``cfg`` to its fields' declarations (:func:`trace_gym.config.check_declared`: each
+    number's range, finite), then run the checks of every section it is composed of
+    (``ValueError`` naming the key)."""
+    check_declared(cfg)
     for section, check in SECTIONS.items():
-        if isinstance(cfg, section):
+        if check is not None and isinstance(cfg, section):
             getattr(cfg, check)()

@@ -89,7 +89,7 @@ def model_config(name_or_path: str | os.PathLike) -> Any:
     from transformers import AutoConfig
 
     ref = os.fspath(name_or_path)
-    folder = model_dir(ref) if ref in MODELS else Path(ref).expanduser()
+    folder = model_dir(ref) if ref in MODELS else Path(os.path.expanduser(ref))
     if (folder / "config.json").is_file():
         return AutoConfig.from_pretrained(folder)
     if ref in ARCHITECTURES:
@@ -322,7 +322,7 @@ def locate_model(name_or_path: str | os.PathLike) -> Path | None:
     ref = os.fspath(name_or_path)
     if ref in MODELS:
         return model_dir(ref)
-    path = Path(ref).expanduser()
+    path = Path(os.path.expanduser(ref))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model folder {path} has no config.json")
@@ -347,7 +347,7 @@ def missing_local_path(ref: str) -> str | None:
 
     from trace_gym.utils.suggest import did_you_mean
 
-    path = Path(ref).expanduser()
+    path = Path(os.path.expanduser(ref))
     if ref.count("/") != 1 or path.is_dir() or not path.parent.is_dir():
         return None
     try:  # a bounded look: the folder may be huge or unreadable
@@ -434,7 +434,7 @@ def tiny_random_model(
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    src = Path(tokenizer_from).expanduser()
+    src = Path(os.path.expanduser(tokenizer_from))
     tokenizer_only = src.is_dir() and (src / "tokenizer_config.json").is_file() and not (src / "config.json").is_file()
     tokenizer = AutoTokenizer.from_pretrained(src if tokenizer_only else resolve_model(tokenizer_from))
     config = LlamaConfig(

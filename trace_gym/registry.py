@@ -17,7 +17,7 @@ Plugins (see ``docs/adding-an-environment.md`` and ``docs/strategies.md``) arriv
   carry a ``load_tasks`` classmethod);
 - the group ``trace_gym.strategies``: ``<name> = "pkg.module:OBJECT"``, a ``Strategy``, or
   a zero-argument function returning one or a ``{name: Strategy}`` dict;
-- the group ``trace_gym.advantages``: ``<name> = "pkg.module:function"``, an advantage
+- the group ``trace_gym.train.advantages``: ``<name> = "pkg.module:function"``, an advantage
   estimator ``fn(tree, *, eps, std_normalize) -> {node id: advantage}``;
 - ``--plugin MODULE`` (config key ``plugins``): a module that is not installed (the
   current folder is on the import path, as with ``python -m``); importing it runs its own
@@ -173,7 +173,7 @@ def _report(source: str, exc: BaseException) -> None:
 
 def load_plugins(modules: Sequence[str] = ()) -> list[str]:
     """Load every plugin once: registration functions of ``trace_gym.envs``, strategies of
-    ``trace_gym.strategies``, estimators of ``trace_gym.advantages``, and the given modules (``--plugin``; imported every call
+    ``trace_gym.strategies``, estimators of ``trace_gym.train.advantages``, and the given modules (``--plugin``; imported every call
     that names them, which is a no-op after the first).
 
     Returns the env ids the plugins added. Failures of installed plugins are logged in one
@@ -318,13 +318,49 @@ def _task_loader_for(env_id: str) -> Callable[..., list] | str:
     return loader
 
 
+def check_family_kwargs(family: EnvFamily, env_kwargs: Mapping[str, Any], task_kwargs: Mapping[str, Any],
+                        keys: tuple[str, str] = ("env_kwargs", "task_kwargs")) -> EnvFamily:
+    """``family`` once the user's env and task-loader keyword arguments (``keys`` name them in
+    the error) fit the env's constructor and its task loader (names and plain types:
+    :func:`trace_gym.utils.signatures.kwargs_problem`), before any env is made or task loaded.
+
+    Raises:
+        ValueError: one line naming the key, the callee and the bad keyword.
+    """
+    from gymnasium.envs.registration import load_env_creator, registry
+
+    from trace_gym.utils.signatures import kwargs_problem
+
+    checks = []
+    if env_kwargs:
+        register_envs(plugins=False)  # the built-in ids, by string: nothing imported
+    if env_kwargs and family.env_id in registry:
+        entry = registry[family.env_id].entry_point
+        checks.append((keys[0], lambda: entry if callable(entry) else load_env_creator(entry), family.env_kwargs, ()))
+    if task_kwargs:
+        loader = family.task_loader
+        checks.append((keys[1], lambda: load_target(loader) if isinstance(loader, str) else loader,
+                       family.loader_kwargs, ("n", "seed")))
+    for key, callee, kwargs, supplied in checks:
+        try:
+            target = callee()
+        except Exception:  # noqa: BLE001  (an entry point that does not import: making the env names that)
+            continue
+        problem = kwargs_problem(target, kwargs, supplied=supplied)
+        if problem is not None:
+            raise ValueError(f"{key}: {getattr(target, '__qualname__', family.env_id)} {problem}")
+    return family
+
+
 def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
-                task_kwargs: Mapping[str, Any] | None = None) -> EnvFamily:
+                task_kwargs: Mapping[str, Any] | None = None, *,
+                keys: tuple[str, str] = ("env_kwargs", "task_kwargs")) -> EnvFamily:
     """The env a command names: a family short name (:data:`ENV_FAMILIES`), any
     registered id (``trace_gym/ArithChain-v0``, ``ArithChain-v0``, ``my_ns/Env-v1``), or
     another ecosystem's env by prefix (:data:`ECOSYSTEMS`: ``gem:<id>``,
     ``reasoning_gym:<dataset>?size=50``), with extra env and task-loader keyword
-    arguments on top."""
+    arguments on top, checked against the env's constructor and task loader
+    (:func:`check_family_kwargs`; ``keys`` name them in its errors)."""
     from gymnasium.envs.registration import registry
 
     env_kwargs, task_kwargs = dict(env_kwargs or {}), dict(task_kwargs or {})
@@ -333,8 +369,9 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
         return ecosystem_family(prefix, rest, env_kwargs, task_kwargs)
     if name in ENV_FAMILIES:
         fam = ENV_FAMILIES[name]
-        return _family(fam.env_id, fam.task_loader, {**fam.loader_kwargs, **task_kwargs},
-                       {**fam.env_kwargs, **env_kwargs}, fam.description)
+        return check_family_kwargs(_family(fam.env_id, fam.task_loader, {**fam.loader_kwargs, **task_kwargs},
+                                           {**fam.env_kwargs, **env_kwargs}, fam.description),
+                                   env_kwargs, task_kwargs, keys)
     register_envs()
     env_id = name if name in registry else f"{NAMESPACE}/{name}"
     if env_id not in registry:
@@ -346,7 +383,8 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
         near = did_you_mean(short, [*ENV_FAMILIES, *(i.split("/", 1)[1] for i in ids)])
         raise ValueError(f"unknown env {name!r}: not an env family ({sorted(ENV_FAMILIES)}) nor a registered id "
                          f"({ids}){near}; plugins load from installed entry points or --plugin MODULE")
-    return _family(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs, plugins=tuple(PLUGIN_MODULES))
+    return check_family_kwargs(_family(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs,
+                                       plugins=tuple(PLUGIN_MODULES)), env_kwargs, task_kwargs, keys)
 
 
 def ecosystem_module(prefix: str) -> EcosystemModule:

@@ -51,9 +51,11 @@ not a number, or gave no reply within ``call_timeout_s`` (``info["env_error"]``;
 ``copy`` (default): a pickled deep copy of the GEM env object (the games' state is plain
 Python) with the private global-RNG state. GEM envs draw from the process-global
 ``random``/``numpy.random`` (``reset(seed)`` calls ``random.seed``), so ``global_rng`` is
-set: each :class:`GemEnv` owns a copy of that state, swapped in around every GEM call
-(under one lock, which a call given up at its deadline releases at once), and the
-process's own RNG is never touched; the rest of the process state a GEM call changes
+set: each :class:`GemEnv` owns generators of its own, which the global functions draw from
+on the thread that runs its GEM call (:func:`trace_gym.env.process_state.bind_generators`; no
+lock is held across a GEM call, so a hung GEM step holds up no other env, and GEM envs
+stepped at once on the agent loop's threads each draw exactly what they draw alone), and
+the process's own RNG is never touched; the rest of the process state a GEM call changes
 (``gem.make`` configures the root logger) is put back after it. ``replay``: the task, seed
 and actions, re-applied to a fresh GEM env (cheaper snapshots of envs that hold large
 static data, such as a word list; each restore re-runs the episode's steps).

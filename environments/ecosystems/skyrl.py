@@ -38,9 +38,9 @@ env raised (``info["env_error"]``).
 a ``ToolGroup`` (its tool table holds lambdas, which do not pickle) is rebuilt from its
 attributes. ``replay``: the sample and the actions, re-applied to a fresh env. With
 ``private_rng`` (default) the env draws from its own copy of the global ``random`` /
-``numpy.random`` state, seeded from the episode seed; that serialises steps across threads
-(one lock, released at once for a call given up at its deadline), so turn it off for
-I/O-bound envs (``search``) that use no global randomness. A step's ``done`` must be a
+``numpy.random`` state, seeded from the episode seed (generators bound to the thread of each
+call: no lock, steps of several envs run at once; a state copy per call), so turn it off
+for I/O-bound envs (``search``) that use no global randomness. A step's ``done`` must be a
 bool and its reward a number (a missing reward is 0.0): anything else, like an exception
 or no reply within ``call_timeout_s``, is an error turn (the adapter's boundary,
 :class:`~trace_gym.env.boundary.ForeignBoundary`).

@@ -322,6 +322,7 @@ def test_a_resume_cuts_a_damaged_tail_and_keeps_what_came_before(tmp_path):
     writer = BankWriter(path, {"roots": 2, "continuations": 1})
     writer.start_run()
     writer.add(synthetic_record(0, 1, 2, 1))
+    writer.close()  # as a killed recorder's lock is let go
     with open(path, "ab") as f:  # a line the disk lost: its header arrived, its data did not
         f.write(b"\x1f\x8b\x08\x00" + bytes(60))
     with pytest.raises(BankError, match="corrupt gzip data in the member at byte"):

@@ -113,5 +113,5 @@ def test_epochs_revisit_every_measured_prompt():
     rep = source.repetition(0)
     seen = [i for step in range(source.steps) for i in rep.pools[step]]
     assert sorted(seen) == sorted(source.measurable * 2)  # each measured prompt exactly twice
-    with pytest.raises(ValueError, match="epochs must be an integer in \\[0, 1000\\]"):
+    with pytest.raises(ValueError, match=r"epochs: expected an int in \[0, 1000\], got -1"):
         BankBenchConfig(epochs=-1)

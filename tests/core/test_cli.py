@@ -155,7 +155,7 @@ def test_bank_record_configs_dry_run(path, capsys, tmp_path):
 
 def test_bank_record_refuses_bad_settings(capsys):
     assert cli.main(["bank", "record", "--dry-run", "roots=1"]) == 2
-    assert "roots must be >= 2" in capsys.readouterr().err
+    assert "roots: expected an int in [2, 100000], got 1" in capsys.readouterr().err
     assert cli.main(["bank", "record", "--dry-run", "out=x.json"]) == 2
     assert "must end with .jsonl.gz" in capsys.readouterr().err
     assert cli.main(["bank", "stats", "no-such-bank"]) == 2

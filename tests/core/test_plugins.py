@@ -109,7 +109,7 @@ def write_plugin(site: Path, *, installed: bool = True, broken: bool = False) ->
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 0.1\n")
         entry_points = ("[trace_gym.envs]\nEcho-v0 = echo_plugin:EchoEnv\n\n"
                         "[trace_gym.tasks]\nEcho-v0 = echo_plugin:load_tasks\n\n"
-                        "[trace_gym.advantages]\nevery_turn = echo_plugin:every_turn_counts\n\n"
+                        "[trace_gym.train.advantages]\nevery_turn = echo_plugin:every_turn_counts\n\n"
                         "[trace_gym.strategies]\ngreedy_half = echo_plugin:greedy_half\n")
         if broken:
             entry_points += "broken_one = no_such_module_xyz:thing\n"

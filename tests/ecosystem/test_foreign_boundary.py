@@ -11,7 +11,7 @@ trace_gym/env/process_state.py), on a GEM-style game whose replies pass through 
   class of its own) end that episode only, through ``AgentRunner`` too; a KeyboardInterrupt
   delivered to the main thread (a real Ctrl-C) still stops the caller;
 * a hung call (blocked, or a pure-Python loop) ends its episode at the deadline, in two envs
-  at once, while another env that needs the same process-state lock goes on;
+  at once, while another env that draws from the global RNGs too goes on;
 * process state a foreign call changes (cwd, recursion limit, environment variables, ...)
   is put back after reset and step.
 """
@@ -269,7 +269,7 @@ def test_hung_steps_in_two_envs_end_at_the_deadline_and_another_env_goes_on():
         t0 = time.monotonic()
         with ThreadPoolExecutor(2) as pool:
             steps = [pool.submit(env.step, "5") for env in hung]
-            time.sleep(0.2)  # both hung steps are in flight, one of them holding the RNG lock
+            time.sleep(0.2)  # both hung steps are in flight
             played = _play(healthy, actions)
             still_hung = not release.is_set()
             results = [f.result(timeout=120) for f in steps]

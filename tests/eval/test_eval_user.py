@@ -259,7 +259,7 @@ def test_dump_episodes_writes_messages_answer_and_verdict(tmp_path, tiny_model_p
     assert main(args) == 0  # a cached repeat writes the same transcripts again
     (again,) = json.loads((out / "results.json").read_text())
     assert again["cached"] and [json.loads(x) for x in path.read_text().splitlines()] == records
-    with pytest.raises(ValueError, match="dump_episodes must be >= 0"):
+    with pytest.raises(ValueError, match=r"dump_episodes: expected an int in \[0, 1000000\], got -1"):
         EvalConfig(dump_episodes=-1)
 
 

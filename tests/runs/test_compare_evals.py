@@ -118,3 +118,89 @@ def test_a_mistyped_flag_is_one_did_you_mean_line(argv, want, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and want in err[0], err
+
+
+# issue 44 B: what compare is given that it cannot count right, each one line (exit 2)
+def _dup_task_id(root):
+    (root / "x").mkdir()
+    (root / "x" / "results.json").write_text('[{"policy": "p", "suite": "s", "per_task": '
+                                             '{"s/0": [1.0], "s/0": [0.0], "s/1": [1.0]}}]')
+    return root / "x", "repeats the key 's/0' in one object, where JSON keeps only the last"
+
+
+def _dup_policy_suite(root):
+    return _eval_dir(root / "x", [_row("p", "s", [1, 0]), _row("p", "s", [0, 0])]), \
+        "row 1: policy 'p' on suite 's' again (row 0 has it)"
+
+
+def _symlink_loop(root):
+    (root / "loop").symlink_to(root / "loop")
+    return root / "loop", "'loop' cannot be read (Too many levels of symbolic links)"
+
+
+def _run_with(root, file, text, said, mode="w"):
+    """A run dir ``x`` whose ``file`` is written (or appended to) with ``text``; ``said``."""
+    run = make_run(root / "x", "trace", 0, [0.2, 0.3], after=[1, 0], before=[0, 0])
+    with open(run / file, mode) as f:
+        f.write(text)
+    return run, said
+
+
+def _per_task_a_list(root):
+    return _run_with(root, "evals/step-2.json", json.dumps({"accuracy": 0.5, "per_task": [1.0, 0.0]}),
+                     "evals/step-2.json: per_task is list, expected an object")
+
+
+def _dup_task_id_in_a_run(root):
+    return _run_with(root, "evals/step-2.json", '{"accuracy": 0.5, "per_task": {"t0": [1.0], "t0": [0.0]}}',
+                     "repeats the key 't0'")
+
+
+def _seconds_a_list(root):
+    return _run_with(root, "metrics.jsonl", json.dumps({"step": 3, "reward": 0.1, "seconds": [1, 2]}) + "\n",
+                     "metrics.jsonl step 3: seconds is '[1, 2]', expected an object of phase -> seconds", "a")
+
+
+def _reward_a_string(root):
+    return _run_with(root, "metrics.jsonl", json.dumps({"step": 3, "reward": "high"}) + "\n",
+                     "metrics.jsonl step 3: reward is 'high', expected a number", "a")
+
+
+BAD_INPUTS = {f.__name__.strip("_"): f for f in (_dup_task_id, _dup_policy_suite, _symlink_loop, _per_task_a_list,
+                                                 _dup_task_id_in_a_run, _seconds_a_list, _reward_a_string)}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_what_compare_cannot_count_right_is_one_line(tmp_path, monkeypatch, capsys, case):
+    good = _eval_dir(tmp_path / "good", [_row("p", "s", [1, 0])]) if case in ("dup_task_id", "dup_policy_suite") \
+        else make_run(tmp_path / "good", "uniform", 0, [0.2, 0.3], after=[1, 0], before=[0, 0])
+    monkeypatch.chdir(tmp_path)
+    bad, said = BAD_INPUTS[case](tmp_path)
+    assert main(["compare", "good", str(bad.relative_to(tmp_path))]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and captured.out == "", captured
+    assert good.exists()
+
+
+def test_a_bar_in_a_name_is_escaped_and_keeps_the_table_whole(tmp_path):
+    a = _eval_dir(tmp_path / "a", [_row("p", "s", [1, 0, 1])])
+    text = run_compare([a, a], names=["x|y", "two\nlines"])
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    unescaped = [line.replace("\\|", "") for line in table]
+    assert len({line.count("|") for line in unescaped}) == 1  # every row as many cells as the header
+    assert table[0].count("minus x\\|y") == 1 and any(line.startswith("| two lines ") for line in table)
+
+
+def test_a_step_repeated_by_a_torn_resume_is_counted_once_the_later_record_winning(tmp_path):
+    run = make_run(tmp_path / "r", "trace", 0, [0.2, 0.4], after=[1, 0], before=[0, 0])
+    with open(run / "metrics.jsonl", "a") as f:  # step 2 again, as a resume that tore its write leaves it
+        f.write(json.dumps({"step": 2, "reward": 0.8, "nominal_budget": 16.0, "generated_tokens": 200,
+                            "step_seconds": 10.0, "effective_ratio": 0.4}) + "\n")
+    text = run_compare([run])
+    assert "note: run 'r': metrics.jsonl gives step(s) 2 more than once (a resumed run's torn write); each step " \
+        "is counted once, its later record" in text
+    row = next(line for line in text.splitlines() if line.startswith("| r (1 seed)"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    # 2 steps; effective ratio (0.1 + 0.4) / 2 and reward (0.2 + 0.8) / 2, the later step 2 counted; budget 2 x 16
+    assert cells[1:6] == ["2", "0.250", "0.500", "32", "300"]

@@ -142,3 +142,56 @@ def test_a_hub_failure_is_said_whole_or_marked_where_it_was_cut():
     assert f"(LocalEntryNotFoundError: {said});" in line and "\n" not in line  # whole: 241 characters
     long = hub_failure("org/model", RuntimeError("word " * 300))
     assert "characters cut ...]" in long and len(long) < 600
+
+
+def _run_whose_checkpoints_is_a_file(root: Path) -> None:
+    (root / "run").mkdir()
+    (root / "run" / "config.yaml").write_text("x: 1\n")
+    (root / "run" / "checkpoints").write_text("not a folder")
+
+
+#: issue 44 D: spec -> (what to plant under the current folder, a piece of the one line)
+BAD_SPECS = {
+    "run": (_run_whose_checkpoints_is_a_file, "'run' looks like a run dir, but its checkpoints is not a folder"),
+    "run@3": (_run_whose_checkpoints_is_a_file, "'run' looks like a run dir, but its checkpoints is not a folder"),
+    "~nosuchuser_t44/model": (lambda root: None, "'~nosuchuser_t44' names no user of this machine"),
+    "~nosuchuser_t44/run@2": (lambda root: None, "'~nosuchuser_t44' names no user of this machine"),
+}
+
+
+@pytest.mark.parametrize("spec", BAD_SPECS)
+def test_a_policy_spec_that_cannot_be_read_is_one_line(tmp_path, monkeypatch, capsys, spec):
+    plant, said = BAD_SPECS[spec]
+    plant(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"^policy {spec!r}: ") as caught:
+        find_policy(spec)
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+    assert cli.main(["eval", "--policy", spec, f"out={tmp_path / 'ev'}"]) == 2  # the command: one line, exit 2
+    assert said in _one_line(capsys, "eval", spec) and not (tmp_path / "ev").exists()
+
+
+@pytest.mark.parametrize("name", ["qwen@v2", "qwen@2", "a@b@3"])
+def test_a_model_folder_with_an_at_sign_is_a_model_folder_not_run_at_step(tmp_path, monkeypatch, name):
+    """A path-like spec is tried as a path first: ``models/qwen@v2`` that exists is that
+    folder (it was split at the first ``@`` and refused as RUN@STEP)."""
+    folder = tmp_path / "models" / name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    for spec in (f"models/{name}", str(folder)):
+        policy = find_policy(spec)
+        assert (policy.ref, policy.base) == (spec, True)
+
+
+@pytest.mark.parametrize("plant", ["folder", "folder_with_a_file"])
+def test_a_lock_that_is_a_folder_is_one_line(tmp_path, plant):
+    from trace_gym.runs.run_dir import RunDir
+
+    (tmp_path / "run" / ".lock").mkdir(parents=True)
+    if plant == "folder_with_a_file":
+        (tmp_path / "run" / ".lock" / "x").write_text("x")
+    with pytest.raises(ValueError) as caught:
+        RunDir(tmp_path / "run").start("a: 1\n")
+    assert str(caught.value) == f"run dir {str(tmp_path / 'run')!r}: .lock is a folder, not the run's lock file " \
+        "(remove it)"

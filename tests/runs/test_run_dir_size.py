@@ -144,3 +144,105 @@ def test_dropping_is_crash_safe_and_tolerates_only_what_it_dropped(tmp_path):
     (two / "extra.pt").write_bytes(b"x")
     assert "extra.pt is not listed" in verify_checkpoint(two, 2, required=TRAINING_STEP_FILES)
     run.close()
+
+
+# ---------------------------------------------------------------------- issue 44 H: reporters
+class _Counting:
+    """A backend that counts its calls and raises where ``fail`` says (``init``, ``log``, ``close``)."""
+
+    calls: list = []
+    fail = ""
+
+    def __init__(self, run_dir, config):
+        if self.fail == "init":
+            raise OSError(f"cannot open {run_dir / 'sink'}")
+
+    def log(self, scalars, step):
+        type(self).calls.append(step)
+        if self.fail == "log":
+            raise RuntimeError("the sink went away")
+
+    def close(self):
+        type(self).calls.append("close")
+        if self.fail == "close":
+            raise RuntimeError("already gone")
+
+
+def _tensorboard_surrogate(run_dir, reporter):
+    reporter.log({"reward": 1.0, "bad \udc80 name": 2.0}, 1)
+
+
+def _tensorboard_folder_deleted(run_dir, reporter):
+    import shutil
+
+    reporter.log({"reward": 1.0}, 1)
+    shutil.rmtree(run_dir / "tb")
+    reporter.log({"reward": 1.0}, 2)
+
+
+def _counting(fail):
+    def run(run_dir, reporter):
+        reporter.log({"reward": 1.0}, 1)
+        reporter.log({"reward": 1.0}, 2)
+    run.fail = fail
+    return run
+
+
+#: case -> (backend, what happens to it, a piece of the one warning)
+FAILING_LATER = {
+    "surrogate_metric_name": ("tensorboard", _tensorboard_surrogate, "tensorboard failed at step 1 (UnicodeEncodeError"),
+    "events_folder_deleted": ("tensorboard", _tensorboard_folder_deleted, "tensorboard failed "),
+    "log_raises": ("counting", _counting("log"), "counting failed at step 1 (RuntimeError: the sink went away)"),
+    "close_raises": ("counting", _counting("close"), "counting failed closing (RuntimeError: already gone)"),
+}
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # no writer thread dies either
+@pytest.mark.parametrize("case", FAILING_LATER)
+def test_a_reporter_that_fails_after_it_started_warns_once_and_is_switched_off(tmp_path, monkeypatch, caplog, case):
+    backend, happen, said = FAILING_LATER[case]
+    if backend == "tensorboard":
+        pytest.importorskip("tensorboard")
+    monkeypatch.setitem(reporters.REPORTERS, "counting", ("", "", _Counting))
+    monkeypatch.setattr(_Counting, "calls", [])
+    monkeypatch.setattr(_Counting, "fail", getattr(happen, "fail", ""))
+    with caplog.at_level("WARNING", logger="trace_gym.runs.reporters"):
+        (reporter,) = reporters.make_reporters([backend], tmp_path, {})
+        happen(tmp_path, reporter)  # nothing raises out of log ...
+        reporter.log({"reward": 1.0}, 3)
+        reporter.close()  # ... nor out of close
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trace_gym.runs.reporters"]
+    assert len(warnings) == 1 and said in warnings[0] and "switched off" in warnings[0], warnings
+    if case == "log_raises":
+        assert _Counting.calls == [1, "close"]  # off after its failure: steps 2 and 3 never reached it
+
+
+@pytest.mark.parametrize("case", ["tb_is_a_file", "backend_cannot_open"])
+def test_a_reporter_that_cannot_start_is_one_line_before_training(tmp_path, tiny_model_path, capsys, monkeypatch,
+                                                                  case):
+    monkeypatch.setitem(reporters.REPORTERS, "counting", ("", "", _Counting))
+    monkeypatch.setattr(_Counting, "fail", "init")
+    run = tmp_path / "run"
+    run.mkdir()
+    if case == "tb_is_a_file":
+        pytest.importorskip("tensorboard")
+        (run / "tb").write_text("a file where the events folder goes")
+    backend = "tensorboard" if case == "tb_is_a_file" else "counting"
+    assert main(argv(run, tiny_model_path, "steps=1", f"report_to={backend}")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"report_to: {backend} could not start in {str(run)!r} (" in err[0], err
+    assert ("FileExistsError" if case == "tb_is_a_file" else "OSError: cannot open") in err[0]
+    metrics = run / "metrics.jsonl"
+    assert (not metrics.exists() or metrics.read_text() == "") and not list((run / "checkpoints").glob("step-*"))
+
+
+def test_training_goes_on_when_a_reporter_fails(tmp_path, tiny_model_path, monkeypatch, caplog):
+    monkeypatch.setitem(reporters.REPORTERS, "counting", ("", "", _Counting))
+    monkeypatch.setattr(_Counting, "calls", [])
+    monkeypatch.setattr(_Counting, "fail", "log")
+    with caplog.at_level("WARNING", logger="trace_gym.runs.reporters"):
+        assert main(argv(tmp_path / "r", tiny_model_path, "steps=2", "report_to=counting")) == 0
+    steps = [json.loads(line)["step"] for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and _Counting.calls == [1, "close"]  # metrics.jsonl is the record
+    assert [r.getMessage().split(" (")[0] for r in caplog.records if r.name == "trace_gym.runs.reporters"] == [
+        "report_to: counting failed at step 1"]

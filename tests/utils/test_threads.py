@@ -146,3 +146,75 @@ def test_overrides_win_and_a_shared_machine_gets_passive_waiting(monkeypatch):
     d = T.apply_thread_policy(env)  # measured on this machine: within [1, cores], and written for OpenMP
     assert d.source == "measured" and 1 <= d.threads <= T.available_cores() and d.others >= 0
     assert env["OMP_NUM_THREADS"] == str(d.threads) and "thread(s) of" in d.describe()
+
+
+# ------------------------------------------------------------------ issue 44 E: overrides read strictly
+#: (the environment, the threads decided, its source, a piece of the one warning or None)
+OVERRIDES = {
+    "superscript_two": ({"TRACE_GYM_THREADS": "²", "OMP_NUM_THREADS": "1"}, 1, "OMP_NUM_THREADS",
+                        "$TRACE_GYM_THREADS='²' is not a whole number of threads >= 1"),
+    "superscript_three": ({"OMP_NUM_THREADS": "³"}, None, "measured", "$OMP_NUM_THREADS='³' is not a whole"),
+    "arabic_indic_three": ({"TRACE_GYM_THREADS": "٣"}, None, "measured", "$TRACE_GYM_THREADS='٣' is not"),
+    "ten_to_the_twenty": ({"TRACE_GYM_THREADS": "1" + "0" * 20}, 1024, "TRACE_GYM_THREADS",
+                          "asks for more than 1024 threads; capped at 1024"),
+    "five_thousand_digits": ({"OMP_NUM_THREADS": "9" * 5000}, 1024, "OMP_NUM_THREADS", "capped at"),
+    "openmp_list": ({"OMP_NUM_THREADS": "2,1"}, 2, "OMP_NUM_THREADS", None),
+    "a_list_is_not_ours": ({"TRACE_GYM_THREADS": "2,1", "OMP_NUM_THREADS": "3"}, 3, "OMP_NUM_THREADS",
+                           "$TRACE_GYM_THREADS='2,1' is not a whole number"),
+}
+
+
+@pytest.mark.parametrize("case", OVERRIDES)
+def test_a_thread_override_is_read_strictly_never_a_crash(monkeypatch, caplog, case):
+    """``isdigit`` took ``²`` and ``int`` refused it: every command died at start-up. Now a
+    bad value is one warning and passed over, a huge one capped, an OpenMP list kept."""
+    given, threads, source, warning = OVERRIDES[case]
+    monkeypatch.setattr(T, "available_cores", lambda: 4)
+    env = dict(given)
+    with caplog.at_level("WARNING", logger="trace_gym.utils.threads"):
+        decision = T.apply_thread_policy(env)
+    assert decision.source == source and (threads is None or decision.threads == threads)
+    assert 1 <= decision.threads <= 1024 == T.MAX_THREADS  # the documented cap
+    said = [r.getMessage() for r in caplog.records if r.name == "trace_gym.utils.threads"]
+    assert (said == []) if warning is None else (len(said) == 1 and warning in said[0]), said
+    if case == "openmp_list":
+        assert env["OMP_NUM_THREADS"] == "2,1"  # the user's valid list, not overwritten
+    else:  # what OpenMP reads is a count it accepts: the user's, or the decided one
+        assert T.thread_override("OMP_NUM_THREADS", env["OMP_NUM_THREADS"]) == (decision.threads, None)
+
+
+#: planted /proc files: name -> (stat, self/stat, uptime); None leaves the file out
+GARBLED_PROC = {
+    "letters_in_a_counter": ("cpu  1 2 3 4\ncpu0 12 x 3 4 5 6 7 8\n", None, None),
+    "an_empty_and_a_bare_line": ("\n\ncpu0\ncpu\n", None, None),
+    "self_stat_cut_short": (None, "123 (python) S 1 2", "100.0 50.0\n"),
+    "self_stat_garbage": (None, "garbage", "100.0 50.0\n"),
+    "uptime_not_a_number": (None, "1 (p) " + "0 " * 30, "abc def\n"),
+    "uptime_nan": (None, "1 (p) " + "0 " * 30, "nan nan\n"),
+    "uptime_empty": (None, "1 (p) " + "0 " * 30, ""),
+    "not_text": (b"\xff\xfe cpu0 1 2\n", b"\x80\x81", b"\xff"),
+}
+
+
+@pytest.mark.parametrize("case", GARBLED_PROC)
+def test_a_garbled_proc_file_means_unknown(tmp_path, case):
+    stat, self_stat, uptime = GARBLED_PROC[case]
+    (tmp_path / "self").mkdir()
+    for name, text in (("stat", stat), ("self/stat", self_stat), ("uptime", uptime)):
+        if text is not None:
+            (tmp_path / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    cpus = {0, 1}
+    if stat is not None:
+        assert T.read_cpu_lines(cpus, str(tmp_path)) is None
+    if uptime is not None:
+        assert T.read_process_age(str(tmp_path)) is None
+    decision = T.decide_threads({}, sample_seconds=0.0, proc=str(tmp_path))
+    assert decision.source == "measured" and 1 <= decision.threads <= T.available_cores()
+
+
+def test_well_formed_proc_text_still_parses():
+    assert T.parse_cpu_lines("cpu  9 9 9 9\ncpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 1 1 1 1\nintr 5\n", {0, 1}) == [
+        [1, 2, 3, 4, 5, 6, 7, 8], [1, 1, 1, 1, 0, 0, 0, 0]]
+    stat = "42 (a) b) S " + " ".join(str(i) for i in range(1, 30))  # a command name holding ") "
+    # field 22 (start time) is the 20th after the last ")" (field 3, the state, is the 1st): 19 ticks of 100 a second
+    assert T.parse_process_age(stat, "12.5 3.0\n", 100.0) == pytest.approx(12.5 - 0.19)

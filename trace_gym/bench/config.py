@@ -21,8 +21,9 @@ from typing import Any, ClassVar
 
 from trace_gym.config import doc
 from trace_gym.config_sections import (AgentLimits, BenchTarget, BudgetShape, PredictorChoice, Reproducibility,
-                                       check_sections, positive, section_default)
+                                       check_sections, section_default)
 from trace_gym.predictor.kinds import predictor_names
+from trace_gym.utils.config_fields import MAX_COUNT, SEEDS
 
 #: What a bench equalises across strategies: the nominal budget or the exact generated tokens.
 BUDGET_UNITS = ("nominal", "tokens")
@@ -57,19 +58,22 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
 
     PREDICTOR_READS: ClassVar[str] = "sim"
 
-    seeds: int = field(default=3, metadata=doc("independent seeds (a fresh task pool each)"))
-    steps: int = field(default=5, metadata=doc("allocation steps per seed (a fresh candidate pool each)"))
-    warmup_steps: int = field(default=1, metadata=doc("first steps run (the predictor trains) but not measured"))
-    pool_size: int = field(default=4096, metadata=doc("simulated tasks in the dataset"))
-    candidates: int = field(default=256, metadata=doc("candidate prompts scored per step"))
+    seeds: int = field(default=3, metadata=doc("independent seeds (a fresh task pool each)", within="[1, 10000]"))
+    steps: int = field(default=5, metadata=doc(
+        "allocation steps per seed (a fresh candidate pool each)", within="[1, 100000]"))
+    warmup_steps: int = field(default=1, metadata=doc(
+        "first steps run (the predictor trains) but not measured", within="[0, 100000]"))
+    pool_size: int = field(default=4096, metadata=doc("simulated tasks in the dataset", within=f"[1, {MAX_COUNT}]"))
+    candidates: int = field(default=256, metadata=doc("candidate prompts scored per step", within=f"[1, {MAX_COUNT}]"))
     root_budget: int = section_default(BudgetShape, "root_budget", 256)
     group_size: int = section_default(BudgetShape, "group_size", 8)
     predictor: str = section_default(PredictorChoice, "predictor", "learned", help=lambda: (
         "predictor of every predictor-driven strategy: " + " | ".join(predictor_names("sim"))))
-    noisy_spearman: float = field(default=0.8, metadata=doc("prompt-level Spearman of the noisy oracle"))
+    noisy_spearman: float = field(default=0.8, metadata=doc(
+        "prompt-level Spearman of the noisy oracle", within="(0, 1]"))
     feature_spearman: float = field(default=0.8, metadata=doc(
         "prompt-level Spearman between the task feature a learned predictor sees and the true success (a "
-        "modelling assumption; see docs/strategies.md)"))
+        "modelling assumption; see docs/strategies.md)", within="(0, 1]"))
     oracle_upper_bound: bool = field(default=True, metadata=doc(
         "also run TRACE with the oracle predictor, labelled as an upper bound"))
     budget_unit: str = field(default="nominal", metadata=doc(
@@ -77,28 +81,26 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
     deterministic: bool = section_default(Reproducibility, "deterministic", True)
-    target_mixed: float = field(default=0.27, metadata=doc("P(uniform group of G is mixed) to calibrate to"))
-    mean_success: float = field(default=0.5, metadata=doc("mean task success probability"))
-    step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
-    min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)"))
-    max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)"))
+    target_mixed: float = field(default=0.27, metadata=doc(
+        "P(uniform group of G is mixed) to calibrate to", within="(0, 1)"))
+    mean_success: float = field(default=0.5, metadata=doc("mean task success probability", within="(0, 1)"))
+    step_concentration: float = field(default=3.0, metadata=doc(
+        "kappa of the per-turn beta-splitting martingale", within="(0, 1000000]"))
+    min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)", within="[1, 1000]"))
+    max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)", within="[1, 1000]"))
     calibrate_from: str = field(default="", metadata=doc(
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns and feature_spearman "
         "from its measurements (trace_gym/sim/calibrate.py), and print them"))
-    demo_values: tuple[float, ...] = field(
-        default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc("predicted values of the root-allocation demo"))
-    demo_budgets: tuple[int, ...] = field(
-        default=(2, 4, 8, 12, 16, 24, 32, 48, 64), metadata=doc("root budgets of the root-allocation demo"))
+    demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
+        "predicted values of the root-allocation demo", within="[0, 1]"))
+    demo_budgets: tuple[int, ...] = field(default=(2, 4, 8, 12, 16, 24, 32, 48, 64), metadata=doc(
+        "root budgets of the root-allocation demo", within=f"[2, {MAX_COUNT}]"))
 
     def __post_init__(self) -> None:
         check_sections(self)
-        positive(self, "seeds", "steps", "pool_size", "candidates")
         _check_measured_steps(self)
         if self.candidates > self.pool_size:
             raise ValueError(f"candidates {self.candidates} exceed pool_size {self.pool_size}")
-        for name in ("noisy_spearman", "feature_spearman"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
         _check_unit(self)
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns!r}, {self.max_turns!r}")
@@ -118,22 +120,20 @@ class EnvBenchConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility,
     task_kwargs: dict = field(default_factory=dict, metadata=doc("JSON object of keyword arguments for the task loader"))
     policy: str = field(default="smollm2-135m", metadata=doc("model name, local HF folder, hub id or RUN[@STEP]"))
     engine: str = field(default="auto", metadata=doc("rollout engine: auto | hf | vllm"))
-    seeds: int = field(default=1, metadata=doc("independent repetitions (fresh pools each)"))
-    candidates: int = field(default=24, metadata=doc("candidate prompts per repetition"))
-    warmup_budget: int = field(default=16, metadata=doc("rollouts of the predictor warm-up batch (0: none)"))
+    seeds: int = field(default=1, metadata=doc("independent repetitions (fresh pools each)", within="[1, 10000]"))
+    candidates: int = field(default=24, metadata=doc("candidate prompts per repetition", within=f"[1, {MAX_COUNT}]"))
+    warmup_budget: int = field(default=16, metadata=doc(
+        "rollouts of the predictor warm-up batch (0: none)", within=f"[0, {MAX_COUNT}]"))
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
     deterministic: bool = section_default(Reproducibility, "deterministic", True)
     dump_episodes: int = field(default=0, metadata=doc(
-        "write this many full transcripts per strategy (messages, actions, rewards) into --out"))
-    seed: int = field(default=0, metadata=doc("base seed (tasks, envs, sampling)"))
+        "write this many full transcripts per strategy (messages, actions, rewards) into --out",
+        within=f"[0, {MAX_COUNT}]"))
+    seed: int = field(default=0, metadata=doc("base seed (tasks, envs, sampling)", within=SEEDS))
 
     def __post_init__(self) -> None:
         check_sections(self)
-        positive(self, "seeds", "candidates")
-        if self.dump_episodes < 0 or self.warmup_budget < 0:
-            raise ValueError(f"dump_episodes and warmup_budget must be >= 0, got {self.dump_episodes!r}, "
-                             f"{self.warmup_budget!r}")
 
 
 # ---------------------------------------------------------------------- bench --bank
@@ -153,15 +153,19 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget
     """
 
     bank: str = field(default="", metadata=doc("the rollout bank file (trace-gym bank record --out FILE)"))
-    seeds: int = field(default=10, metadata=doc("independent repetitions (fresh candidate draws and rollout draws)"))
-    steps: int = field(default=3, metadata=doc("allocation steps per repetition (a fresh candidate pool each)"))
-    warmup_steps: int = field(default=0, metadata=doc("first steps run (the predictor trains) but not measured"))
+    seeds: int = field(default=10, metadata=doc(
+        "independent repetitions (fresh candidate draws and rollout draws)", within="[1, 10000]"))
+    steps: int = field(default=3, metadata=doc(
+        "allocation steps per repetition (a fresh candidate pool each)", within="[1, 100000]"))
+    warmup_steps: int = field(default=0, metadata=doc(
+        "first steps run (the predictor trains) but not measured", within="[0, 100000]"))
     warmup_prompts: int | None = field(default=None, metadata=doc(
         "prompts held out of every measured pool (a slice seeded by seed); their recorded rollouts train every "
         "learned predictor before step 0, charged to no arm (0: a cold start; default: 64, at most a quarter of "
-        "the bank)"))
+        "the bank)", within=f"[0, {MAX_COUNT}]"))
     candidates: int | None = field(default=None, metadata=doc(
-        "candidate prompts scored per step; unset: 64, or every prompt a smaller bank has left after the warm-up"))
+        "candidate prompts scored per step; unset: 64, or every prompt a smaller bank has left after the warm-up",
+        within=f"[1, {MAX_COUNT}]"))
     root_budget: int | None = section_default(BudgetShape, "root_budget", None, help=(
         "M: root rollouts of a tree strategy per step; unset: 16, or the largest whose fixed groups of "
         "group_size a smaller bank's candidates hold"))
@@ -176,16 +180,13 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget
     strategies: tuple[str, ...] = field(default=(), metadata=_STRATEGIES)
     plugins: tuple[str, ...] = field(default=(), metadata=_PLUGINS)
     deterministic: bool = section_default(Reproducibility, "deterministic", True)
-    seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)"))
+    seed: int = field(default=0, metadata=doc("base seed (candidate draws, rollout draws, predictors)", within=SEEDS))
     epochs: int = field(default=0, metadata=doc(
         "passes over the measured prompts (0: run `steps` steps): the steps become warmup_steps + ceil(epochs x "
         "measured prompts / candidates), each visit of a prompt drawing fresh recorded rollouts without "
-        "replacement, so methods that read a prompt's history see it recur"))
+        "replacement, so methods that read a prompt's history see it recur", within="[0, 1000]"))
 
     def __post_init__(self) -> None:
         check_sections(self)
-        positive(self, "seeds", "steps", *(["candidates"] if self.candidates is not None else []))
-        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or not 0 <= self.epochs <= 1000:
-            raise ValueError(f"epochs must be an integer in [0, 1000], got {self.epochs!r}")
         _check_measured_steps(self)
         _check_unit(self)

@@ -67,10 +67,14 @@ class SimRepetition:
 
         from trace_gym.predictor.kinds import PREDICTORS
 
+        # the user's predictor_kwargs configure the configured kind; an arm's own kind (the oracle
+        # upper bound, a strategy's predictor) is built as declared
+        kwargs = dict(self.cfg.predictor_kwargs) if arm.predictor == self.cfg.predictor else {}
         # a per-prompt kind (an arm's own: MoPPS's posterior, Knapsack's rates) keys simulated prompts by task
-        per_prompt = "key_of" in inspect.signature(PREDICTORS[arm.predictor].factory()).parameters
-        return make_predictor(arm.predictor, {"key_of": sim_task} if per_prompt else None, features=self.pool.features,
-                              world=self.world, spearman=self.cfg.noisy_spearman, seed=self.seed)
+        if "key_of" in inspect.signature(PREDICTORS[arm.predictor].factory()).parameters:
+            kwargs["key_of"] = sim_task
+        return make_predictor(arm.predictor, kwargs, features=self.pool.features, world=self.world,
+                              spearman=self.cfg.noisy_spearman, seed=self.seed)
 
     def rng(self, arm: Arm) -> np.random.Generator:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])

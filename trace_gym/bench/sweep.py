@@ -19,11 +19,18 @@ from trace_gym.bench.checks import HEADLINE
 
 
 def parse_budgets(text: str) -> tuple[int, ...]:
-    """``"8,16,32"`` -> ``(8, 16, 32)``; ValueError naming a bad item (each an integer >= 2, no repeats)."""
+    """``"8,16,32"`` -> ``(8, 16, 32)``; ValueError naming a bad item (each an integer in
+    ``root_budget``'s declared range, written in ASCII digits; no repeats)."""
+    from trace_gym.utils.config_fields import shown
+    from trace_gym.config_sections import BudgetShape
+
+    within = BudgetShape.__dataclass_fields__["root_budget"].metadata["within"]
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
-        if not item.isdigit() or int(item) < 2:
-            raise ValueError(f"--root-budgets: expected integers >= 2 separated by commas, got {item!r}")
+        # isdigit() alone accepts "²", which int() refuses; 20 digits keep int() cheap (the range is smaller)
+        if not (item.isascii() and item.isdigit() and len(item) <= 20) or int(item) not in within:
+            raise ValueError(f"--root-budgets: expected integers in {within} (root_budget's range) separated by "
+                             f"commas, got {shown(item)}")
         out.append(int(item))
     if not out or len(set(out)) != len(out):
         raise ValueError(f"--root-budgets: expected distinct root budgets, got {text!r}")

@@ -78,19 +78,30 @@ def dry_run(cfg: BankRecordConfig, family: Any) -> str:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from trace_gym.banks import record_bank
+    from trace_gym.banks.writer import lock_bank, lock_path
     from trace_gym.engines import make_engine
     from trace_gym.models import quiet_third_party, resolve_model
     from trace_gym.runs.policies import with_policy
+    from trace_gym.runs.files import release_lock
     from trace_gym.types import SamplingParams
 
-    cfg = with_policy(command_config(BankRecordConfig, args))  # a bad policy: one line, before anything is written
+    from trace_gym.runs.output_paths import check_config_outputs
+
+    cfg = command_config(BankRecordConfig, args)
+    check_config_outputs(cfg)  # out: a file path that can be written, before the policy loads
+    cfg = with_policy(cfg)  # a bad policy: one line, before anything is written
     family = resolve_record(cfg)
     if args.dry_run:
         print(dry_run(cfg, family))
         return 0
-    quiet_third_party()
-    policy_path = resolve_model(cfg.policy)
-    engine = make_engine(cfg.engine, policy_path, **cfg.engine_kwargs)
+    lock = lock_bank(cfg.out)  # a second recorder of this file: one line naming the first, before the model loads
+    try:
+        quiet_third_party()
+        policy_path = resolve_model(cfg.policy)
+        engine = make_engine(cfg.engine, policy_path, **cfg.engine_kwargs)
+    except BaseException:
+        release_lock(lock, lock_path(cfg.out), remove=True)
+        raise
     try:
         summary = record_bank(
             cfg.out, engine=engine, family=family, prompts=cfg.prompts, roots=cfg.roots,
@@ -98,9 +109,10 @@ def cmd_record(args: argparse.Namespace) -> int:
             sampling=SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed),
             agent_config=cfg.agent_config(),
             seed=cfg.seed, batch_prompts=cfg.batch_prompts, policy=cfg.policy, policy_path=str(policy_path),
-            progress=cfg.progress, say=_say(cfg.progress))
+            progress=cfg.progress, say=_say(cfg.progress), lock=lock)
     finally:
         engine.close()
+        release_lock(lock, lock_path(cfg.out), remove=True)  # the writer released it already, unless it never began
     state = "complete" if summary["complete"] else "incomplete"
     rate = f", {summary['prompts_per_minute']:.1f} prompts/min" if summary.get("prompts_per_minute") else ""
     print(f"wrote {summary['path']}: {summary['prompts']} prompts ({summary['recorded']} recorded now, "
@@ -122,15 +134,17 @@ def _say(progress: bool) -> Any:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from trace_gym.banks import bank_stats, format_bank_stats
+    from trace_gym.runs.output_paths import check_output, write_output_text
 
+    if args.json:
+        check_output(args.json, "file", key="--json")
     path = bank_path(args.bank)
     stats = bank_stats(path, predictor=_learned_predictor(args.predictor, path))
     print(format_bank_stats(stats))
     if args.json:
         import json
 
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(stats, indent=2, default=str))
+        write_output_text(args.json, json.dumps(stats, indent=2, default=str), key="--json")
     return 0
 
 

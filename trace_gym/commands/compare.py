@@ -8,7 +8,10 @@ import argparse
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from trace_gym.bench.pair import is_bench_json
+    from trace_gym.runs.output_paths import check_output
 
+    if args.out:  # before any run is read
+        check_output(args.out, "folder", key="--out")
     names = args.names.split(",") if args.names else None
     benches = [is_bench_json(p) for p in args.runs]
     if any(benches):
@@ -32,10 +35,11 @@ def _pair_benches(args: argparse.Namespace, names: list[str] | None) -> int:
     results = pair_bench_files(args.runs, names)
     print(format_paired(results))
     if args.out:
+        from trace_gym.runs.output_paths import write_output_text
+
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "paired.json").write_text(results_json(results))
-        print(f"\nwrote {', '.join([str(out / 'paired.json'), *plot_ranking(results, out)])}")
+        written = write_output_text(out / "paired.json", results_json(results), key="--out")
+        print(f"\nwrote {', '.join([str(written), *plot_ranking(results, out)])}")
     return 0
 
 

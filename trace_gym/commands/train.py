@@ -73,8 +73,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trace_gym.train.loop import train
     from trace_gym.train.dry_run import dry_run
 
+    from trace_gym.runs.output_paths import check_config_outputs
+
     load_plugins()  # installed plugins: envs, strategies and estimators named by the config
-    cfg = with_policy(command_config(TrainConfig, args, {"ray": args.ray}))  # before the run dir exists
+    cfg = command_config(TrainConfig, args, {"ray": args.ray})
+    check_config_outputs(cfg)  # run_dir: a folder that can be written, before anything loads
+    cfg = with_policy(cfg)  # before the run dir exists
     if cfg.critic_model and cfg.predictor == "lm_critic":
         cfg = with_policy(cfg, key="critic_model")
     setup = resolve_train_setup(cfg)

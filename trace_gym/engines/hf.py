@@ -457,6 +457,12 @@ class HFEngine:
     def reset_prefix_cache(self) -> None:
         self.prefix_cache.clear()
 
+    def forget_prefix(self, tokens: Sequence[int]) -> int:
+        """Drop the cached KV of every sequence that starts with ``tokens`` (a finished prompt:
+        the bank recorder calls it, so the cache holds the prompts in flight, not every prompt
+        until its byte budget is full); returns the bytes freed."""
+        return self.prefix_cache.forget(np.asarray(tokens, dtype=np.int64))
+
     def close(self) -> None:
         self.prefix_cache.clear()
         self.model = None  # type: ignore[assignment]

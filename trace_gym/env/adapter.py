@@ -81,11 +81,12 @@ class ForeignEpisode(Protocol):
         snapshot_strategies: the strategies the driver supports; the first is the default.
             ``copy`` needs :class:`CopyState`, ``native`` :class:`NativeState`.
         global_rng: the wrapped env draws from the ``random``/``numpy.random`` globals;
-            each env then owns a private copy of that state, swapped in around every
-            begin, act and prepare (seeded from the episode seed at ``reset``), so envs
-            never perturb each other and ``copy``/``replay`` snapshots stay exact. Read at
+            each env then owns generators of its own, which those globals draw from on
+            the thread that runs its begin, act and prepare (seeded from the episode seed
+            at ``reset``; :func:`trace_gym.env.process_state.bind_generators`), so envs never
+            perturb each other and ``copy``/``replay`` snapshots stay exact. Read at
             every call: an instance may set its own before its first reset (an I/O-bound
-            env that draws no randomness can skip the lock it costs).
+            env that draws no randomness can skip the state copy it costs per call).
         env_key: what a snapshot records as its maker (checked by ``restore``).
 
     Optional methods, looked up by name: ``prepare()`` (called once through the boundary,
@@ -262,8 +263,14 @@ class ForeignEnv(gymnasium.Env):
             reply = self.boundary.reset_reply(self._foreign("reset", self.episode.begin, task, seed, private_rng=True))
             self._whole = self.boundary.fingerprint
             return reply
-        except BaseException:
+        except ForeignEnvError:  # named by the boundary already
+            self._task = None
+            raise
+        except Exception as exc:  # the wrapped env's own error, or its reply outside the contract
             self._task = None  # no episode began: step() must not act on it
+            raise named_error(exc, self.env_key, "reset") from exc
+        except BaseException:
+            self._task = None
             raise
 
     def _apply(self, action: str) -> GymStep:
@@ -362,6 +369,24 @@ class ForeignEnv(gymnasium.Env):
             release = getattr(self.episode, "close", None)
             if callable(release):
                 release()
+
+
+def named_error(exc: Exception, where: str, what: str) -> Exception:
+    """``exc`` as the caller gets it: one line that names the env (``where``) and the call, of
+    ``exc``'s own type where that type takes the message (so a caller's ``except`` clauses
+    still hold), else a :class:`~trace_gym.env.boundary.ForeignEnvError`; ``exc`` itself when
+    its message names the env already."""
+    text = " ".join(error_text(exc).split())  # one line
+    if where in text:
+        return exc
+    text = f"{where}: its {what} raised {text}"
+    try:
+        named = type(exc)(text)
+        if str(named) == text:
+            return named
+    except Exception:  # noqa: BLE001  (a type whose constructor wants more than a message)
+        pass
+    return ForeignEnvError(text)
 
 
 def __getattr__(name: str) -> Any:

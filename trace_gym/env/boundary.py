@@ -6,9 +6,9 @@ code through, and what it checks each reply with. It guarantees:
 * **a deadline per call** (``call_timeout_s``): each call runs on a helper thread of its
   own; a call with no reply by then is given up: its episode ends (a step: truncated,
   with ``info["env_error"]``; a reset: :class:`ForeignEnvError`), the locks and process
-  state it held are released and put back at once, so other envs waiting for the RNG
-  lock go on (a call's own deadline starts once it has that lock), and the helper is sent
-  an exception so that a pure-Python loop stops. An instance whose call is still
+  state it held are released and put back at once, and the helper is sent an exception
+  so that a pure-Python loop stops. No lock is held across a foreign call, so a hung
+  call holds up no other env's calls (the private RNG below is per thread). An instance whose call is still
   running :data:`GIVE_UP_GRACE_S` later takes no further call (:class:`ForeignEnvError`;
   make a new env).
 * **exceptions contained**: an ``Exception`` of the foreign code reaches the adapter as it
@@ -19,8 +19,11 @@ code through, and what it checks each reply with. It guarantees:
   a helper thread was raised by foreign code, while a ``KeyboardInterrupt`` from a SIGINT
   (the user's Ctrl-C, ``kill -INT``, or foreign code calling ``os.kill`` on us, which
   cannot be told apart) lands in the waiting caller, gives the call up and propagates.
-* **process state put back** after each call (:mod:`trace_gym.env.process_state`), and the
-  private global-RNG state of envs that draw from ``random``/``numpy.random``.
+* **process state put back** after each call (:mod:`trace_gym.env.process_state`), and
+  private global RNGs for envs that draw from ``random``/``numpy.random``: the call's
+  helper thread is bound to a working copy of the env's own generators
+  (:func:`~trace_gym.env.process_state.bind_generators`), which become the env's when the
+  call returns (a call given up leaves the env's generators as they were).
 * **replies inside the contract** (:meth:`ForeignBoundary.observation`,
   :meth:`~ForeignBoundary.step_reply`, :meth:`~ForeignBoundary.reset_reply`): every text
   cleaned (:func:`~trace_gym.utils.textsafe.clean_text`: lone surrogates written as ``\\udXXX``)
@@ -53,7 +56,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from trace_gym.env import process_state
-from trace_gym.env.process_state import BASELINE, GLOBAL_RNG_LOCK, global_rng_state, set_global_rng
+from trace_gym.env.process_state import BASELINE, GLOBAL_RNG_LOCK, PrivateGenerators, bind_generators, global_rng_state
 from trace_gym.utils.textsafe import JSONRefused, cap_text, clean_text, clean_value, loads_bounded
 from trace_gym.types import Message
 
@@ -122,11 +125,20 @@ def shown(value: Any) -> str:
 
 
 class PrivateRandom:
-    """The ``(random, numpy.random)`` state an env draws from in place of the globals
-    (``None``: the globals as they are, until its first call)."""
+    """The ``(random, numpy.random)`` generators an env draws from in place of the globals
+    (``None``: a copy of the process's, made at its first call); :attr:`state` reads and
+    sets them as a ``(random, numpy.random)`` state tuple."""
 
     def __init__(self) -> None:
-        self.state: tuple | None = None
+        self.generators: PrivateGenerators | None = None
+
+    @property
+    def state(self) -> tuple | None:
+        return None if self.generators is None else self.generators.state
+
+    @state.setter
+    def state(self, value: tuple | None) -> None:
+        self.generators = None if value is None else PrivateGenerators(value)
 
 
 class _Call:
@@ -135,10 +147,10 @@ class _Call:
     def __init__(self, what: str, fn: Callable[..., Any], args: tuple, rng: PrivateRandom | None):
         self.what, self.fn, self.args, self.rng = what, fn, args, rng
         self.started, self.done, self.guard = threading.Event(), threading.Event(), threading.Lock()
-        self.closed = self.given_up = self.holds_rng = self.entered = False
+        self.closed = self.given_up = self.entered = False
         self.value: Any = None
         self.error: BaseException | None = None
-        self.host_rng: tuple | None = None
+        self.work: PrivateGenerators | None = None  # the helper's working copy of the env's generators
         self.ident: int | None = None
         self.changed: list[str] = []  # process state items put back when it ended
 
@@ -207,9 +219,6 @@ class ForeignBoundary:
             raise ForeignEnvError(f"{where}: its {self._stuck_what} was given up and is still running; "
                                   f"{self.subject} takes no further call"
                                   + (" (make a new env)" if self.subject == "the env" else ""))
-        if rng is not None and GLOBAL_RNG_LOCK.held_by_me():
-            raise RuntimeError(f"{where}: a foreign {what} called while this thread holds the process-state lock "
-                               "(inside process_state_kept()) would wait for itself")
         call = _Call(what, fn, args, rng)
         helper = threading.Thread(target=self._run, args=(call, contextvars.copy_context()), daemon=True,
                                   name=f"foreign-{what}")
@@ -233,7 +242,7 @@ class ForeignBoundary:
         raise ForeignEnvError(f"{where}: {self.subject}'s {what} raised {error_text(call.error)}") from call.error
 
     def _run(self, call: _Call, context: contextvars.Context) -> None:
-        """The helper thread: begin the call (taking the RNG lock for a private RNG), run it, end it."""
+        """The helper thread: begin the call (bound to the env's private generators), run it, end it."""
         _INSIDE.depth = 1
         process_state.bind_thread(call)
         call.ident = threading.get_ident()
@@ -254,18 +263,14 @@ class ForeignBoundary:
 
     @staticmethod
     def _begin(call: _Call) -> bool:
-        """Take the RNG lock (waiting for other envs' calls), swap the private state in and
-        note the host's process state; whether the call is to run (not given up meanwhile)."""
+        """Bind this thread to a working copy of the env's generators and note the host's
+        process state; whether the call is to run (not given up before it began)."""
         if call.rng is not None:
-            GLOBAL_RNG_LOCK.acquire()
+            call.work = PrivateGenerators(global_rng_state() if call.rng.state is None else call.rng.state)
+            bind_generators(call.work)  # this helper thread's global RNG functions draw from it alone
         with call.guard:
-            if call.closed:  # given up while it waited for the lock
-                GLOBAL_RNG_LOCK.release_for(call.ident)
+            if call.closed:  # given up before it began (the caller was interrupted)
                 return False
-            if call.rng is not None:
-                call.holds_rng, call.host_rng = True, global_rng_state()
-                if call.rng.state is not None:
-                    set_global_rng(call.rng.state)
             BASELINE.enter()
             call.entered = True
             call.started.set()
@@ -275,11 +280,9 @@ class ForeignBoundary:
     def _end(call: _Call) -> None:
         """Put back what the call held (under ``call.guard``, once)."""
         call.closed = True
-        if call.holds_rng:
-            if not call.given_up:
-                call.rng.state = global_rng_state()  # the private state the call left, even when it raised
-            set_global_rng(call.host_rng)
-        GLOBAL_RNG_LOCK.release_for(call.ident)
+        if call.work is not None and not call.given_up:
+            call.rng.generators = call.work  # what the call left, even when it raised
+        GLOBAL_RNG_LOCK.release_for(call.ident)  # held by an import inside the call (process_state_kept)
         if call.entered:
             call.changed = BASELINE.leave()
 
@@ -299,7 +302,7 @@ class ForeignBoundary:
             call.given_up = True
             self._end(call)
             call.started.set()
-            if call.entered:  # not one still waiting for the RNG lock: it finds the call closed and lets go
+            if call.entered:  # not one that has not begun: it finds the call closed and lets go
                 _raise_in(helper, CallGivenUp)
         return True
 

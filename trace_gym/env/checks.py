@@ -14,27 +14,57 @@ those recordings. So any one check runs alone::
     run = CheckRun(env, tasks)
     snapshot_roundtrip(run)  # or check_env(env, tasks, only=("snapshot_roundtrip",))
 
+The whole kit runs the env behind its boundary (:class:`~trace_gym.env.play.BoundedEnv`):
+each call into the env has ``call_timeout_s`` seconds (a hung ``reset`` or ``step`` fails
+the check that made it, naming the call and the deadline); an ``sys.exit`` or other
+``BaseException`` of the env fails it too, named, instead of ending the caller; the
+options are checked before the env is touched (:func:`check_options`), and reference
+actions are taken lazily (at most ``max_steps`` of them).
+
 Playing episodes and the cross-process worker of :func:`snapshot_pickle_process` live in
 :mod:`trace_gym.env.play`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import pickle
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from trace_gym.env.boundary import DEFAULT_CALL_TIMEOUT_S, ForeignEnvError, error_text
 from trace_gym.env.contract import SNAPSHOT_MODES, EnvCheckError, EnvFactory, ReplayDivergence, Snapshot
 from trace_gym.env.play import (
-    Step, actions_for, check_messages, check_step_types, cross_process, default_make_env, diff, play, record,
+    BoundedEnv, Step, actions_for, check_messages, check_step_types, cross_process, default_make_env, diff, play,
+    record,
 )
 from trace_gym.types import Message, Task
 
 #: Why the checks that need fresh env instances skip without a factory.
 NO_FACTORY = "no make_env and env has no spec"
+
+
+def check_options(*, max_steps: Any = 12, seed: Any = 0, process_timeout: Any = 300.0,
+                  call_timeout_s: Any = DEFAULT_CALL_TIMEOUT_S) -> None:
+    """``ValueError`` (one line naming the option and the value) for an option of
+    :func:`check_env` out of range: ``max_steps`` an int >= 1, ``seed`` an int >= 0,
+    ``process_timeout`` and ``call_timeout_s`` finite seconds > 0. Checked before the env
+    is touched, so a bad option is never blamed on the env."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+    if not whole(max_steps) or max_steps < 1:
+        raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+    if not whole(seed) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0 (Gymnasium seeds no further down), got {seed!r}")
+    for name, value in (("process_timeout", process_timeout), ("call_timeout_s", call_timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
 # --- one run of the kit ---------------------------------------------------------------
@@ -69,6 +99,8 @@ class CheckRun:
 
     ``make_env`` defaults from ``env.spec``; ``skipped`` collects check name -> why.
     :attr:`recordings` plays the tasks on first use and keeps them for later checks.
+    ``base`` is the env behind its boundary (:class:`~trace_gym.env.play.BoundedEnv`, each
+    call within ``call_timeout_s`` seconds); :meth:`bounded` puts a fresh instance there too.
     """
 
     env: Any
@@ -80,15 +112,36 @@ class CheckRun:
     seed: int = 0
     process_timeout: float = 300.0
     skipped: dict[str, str] = field(default_factory=dict)
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.tasks:
             raise ValueError("check_env needs at least one task")
-        self.base = self.env.unwrapped if hasattr(self.env, "unwrapped") else self.env
+        check_options(max_steps=self.max_steps, seed=self.seed, process_timeout=self.process_timeout,
+                      call_timeout_s=self.call_timeout_s)
+        self.base = self.bounded(self.env)
         self.make_env = self.make_env or default_make_env(self.env)
         self._recordings: list[Recording] | None = None
         #: ``native``, or the :mod:`trace_gym.env.adapter` strategy of an adapted env
         self.snapshot_strategy: str = getattr(self.base, "snapshot_strategy", "native")
+
+    def bounded(self, env: Any) -> BoundedEnv:
+        """``env`` behind a boundary of its own, with this run's ``call_timeout_s``."""
+        return BoundedEnv(env, self.call_timeout_s)
+
+    @contextlib.contextmanager
+    def closing(self, close: bool = True) -> Iterator[None]:
+        """Close the env under check after the block (with ``close``), unless a call given up
+        on still runs in it; after a block that raised, an error of ``close`` is dropped."""
+        try:
+            yield
+        except BaseException:
+            if close and not self.base.stuck:
+                with contextlib.suppress(Exception):
+                    self.base.close()
+            raise
+        if close and not self.base.stuck:
+            self.base.close()
 
     @property
     def recordings(self) -> list[Recording]:
@@ -99,7 +152,7 @@ class CheckRun:
 
     def _play_task(self, task: Task) -> Recording:
         where, base = f"task {task.id!r}", self.base
-        acts = actions_for(self.env, task, self.actions, self.max_steps, self.seed)
+        acts = actions_for(self.base, task, self.actions, self.max_steps, self.seed)
         obs0, info0 = base.reset(seed=self.seed, options={"task": task})
         check_messages("message_schema", obs0, f"{where} reset", first=True)
         if not isinstance(info0, dict):
@@ -126,21 +179,36 @@ def _n_snapshots(run: CheckRun) -> int:
 
 
 def gymnasium_api(run: CheckRun) -> int:
-    """Gymnasium's own ``check_env`` (spaces, seeded reset, step determinism)."""
+    """Gymnasium's own ``check_env`` (spaces, seeded reset, step determinism), its resets and
+    steps made through the env's boundary."""
+    import functools
+
+    import gymnasium
     from gymnasium.utils.env_checker import check_env as gym_check_env
 
+    class Bounded(gymnasium.Wrapper):  # what Gymnasium's checker calls (reset and step), bounded
+        def step(self, action):
+            return run.base.step(action)
+
+    raw, view = run.base.raw, run.base.raw
+    if isinstance(raw, gymnasium.Env):  # else Gymnasium's checker refuses it, touching nothing
+        view = Bounded(raw)
+        # Gymnasium reads reset's signature (does it take seed, options?): the env's own, not a wrapper's
+        view.reset = functools.wraps(raw.reset)(lambda *a, **kw: run.base.call("reset", lambda: raw.reset(*a, **kw)))
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            gym_check_env(run.base, skip_render_check=True, skip_close_check=True)
+            warnings.simplefilter("ignore")  # among them: "the env is wrapped" (by Bounded)
+            gym_check_env(view, skip_render_check=True, skip_close_check=True)
+    except ForeignEnvError:
+        raise  # a call past its deadline or an exit: check_env names it
     except Exception as exc:
-        raise EnvCheckError("gymnasium_api", f"{type(exc).__name__}: {exc}") from exc
+        raise EnvCheckError("gymnasium_api", error_text(exc)) from exc
     return 1
 
 
 def protocol(run: CheckRun) -> int:
     """``snapshot``/``restore`` exist and ``snapshot_mode`` is one of :data:`SNAPSHOT_MODES`."""
-    base = run.base
+    base = run.base.raw
     mode = getattr(base, "snapshot_mode", None)
     if mode not in SNAPSHOT_MODES or not callable(getattr(base, "snapshot", None)) or not callable(
         getattr(base, "restore", None)
@@ -231,7 +299,7 @@ def branch_isolation(run: CheckRun) -> int:
     the original suffix; a second env instance (from ``make_env``; skipped without one)
     restored from the same snapshot replays identically."""
     base, rng = run.base, np.random.default_rng(run.seed)
-    second = run.make_env() if run.make_env is not None else None
+    second = run.bounded(run.make_env()) if run.make_env is not None else None
     if second is None:
         run.skipped["branch_isolation/second_instance"] = NO_FACTORY
     for rec in run.recordings:
@@ -257,8 +325,8 @@ def branch_isolation(run: CheckRun) -> int:
                 )
             if second is not None:
                 second.reset(seed=run.seed + 1)
-                second.unwrapped.restore(snap)
-                problem = diff(rec.trajectory[t:], play(second.unwrapped, suffix))
+                second.restore(snap)
+                problem = diff(rec.trajectory[t:], play(second, suffix))
                 if problem:
                     raise EnvCheckError(
                         "branch_isolation", f"{where}: a second instance restored from turn {t}, {problem}"
@@ -266,7 +334,7 @@ def branch_isolation(run: CheckRun) -> int:
             if pickle.dumps(snap) != blob:
                 raise EnvCheckError(
                     "branch_isolation", f"{where}: a second instance restored from turn {t} changed the snapshot")
-    if second is not None:
+    if second is not None and not second.stuck:
         second.close()
     return _n_snapshots(run)
 
@@ -291,8 +359,10 @@ def snapshot_pickle_process(run: CheckRun) -> int | None:
 def close_idempotent(run: CheckRun) -> int:
     """``close()`` twice raises nothing (this closes the env)."""
     try:
-        run.env.close()
-        run.env.close()
+        run.base.close()
+        run.base.close()
+    except ForeignEnvError:
+        raise
     except Exception as exc:
         raise EnvCheckError("close_idempotent", f"close() twice raised {type(exc).__name__}: {exc}") from exc
     return 1
@@ -336,6 +406,7 @@ def check_env(
     process_timeout: float = 300.0,
     only: Sequence[str] | None = None,
     on_check: Callable[[str, int | None, CheckReport], None] | None = None,
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
 ) -> CheckReport:
     """Check that ``env`` honours the agent-environment contract on ``tasks``.
 
@@ -355,31 +426,48 @@ def check_env(
             cross-process checks are skipped and reported in ``CheckReport.skipped``.
         max_steps, seed: at most this many actions per task; the reset seed.
         gymnasium_checks: run Gymnasium's checker first.
-        process_timeout: seconds allowed for the cross-process worker.
-        only: run just these checks (names in ``CHECKS``, run in its order), e.g.
-            ``only=("snapshot_roundtrip",)``. A check also runs alone when called:
-            ``env_checks.snapshot_roundtrip(CheckRun(env, tasks))``.
+        process_timeout, call_timeout_s: seconds for the cross-process worker, and for each call
+            into the env (:class:`~trace_gym.env.play.BoundedEnv`); finite, > 0.
+        only: run just these checks (names in ``CHECKS``, run in its order), e.g. ``only=("snapshot_roundtrip",)``;
+            a check also runs alone: ``env_checks.snapshot_roundtrip(CheckRun(env, tasks))``.
         on_check: ``(name, cases or None if skipped, report so far)`` after each check (``check-env``).
 
     Returns:
-        A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure, and
-        ``ValueError`` for no tasks or a name ``only`` has that is not a check.
+        A :class:`CheckReport`. Raises :class:`EnvCheckError` on the first failure (a call
+        past its deadline and an exit of the env included), and ``ValueError`` for no tasks,
+        an option out of range (:func:`check_options`) or a name in ``only`` that is no check.
     """
+    names = _check_names(only)
+    run = CheckRun(env, tasks, actions, branch_actions, make_env, max_steps, seed, process_timeout,
+                   call_timeout_s=call_timeout_s)
+    report = CheckReport(skipped=run.skipped, snapshot_strategy=run.snapshot_strategy)
+    with run.closing("close_idempotent" not in names):  # that check closes the env itself (twice)
+        for name in (n for n in CHECKS if n in names and (gymnasium_checks or n != "gymnasium_api")):
+            passed = _run_check(name, run)
+            if passed is not None:
+                report.ok(name, passed)
+            if on_check is not None:
+                on_check(name, passed, report)
+    return report
+
+
+def _check_names(only: Sequence[str] | str | None) -> tuple[str, ...]:
+    """The checks ``only`` names (all of them for ``None``); ``ValueError`` for a name that is no check."""
     names = (only,) if isinstance(only, str) else tuple(CHECKS if only is None else only)
     unknown = [name for name in names if name not in CHECKS]
     if unknown:
         raise ValueError(f"check_env(only=...): {unknown} are not checks; the checks are {list(CHECKS)}")
-    run = CheckRun(env, tasks, actions, branch_actions, make_env, max_steps, seed, process_timeout)
-    report = CheckReport(skipped=run.skipped, snapshot_strategy=run.snapshot_strategy)
+    return names
+
+
+def _run_check(name: str, run: CheckRun) -> int | None:
+    """``CHECKS[name](run)``, with a call past its deadline and an exit of the env
+    (``sys.exit``, any ``BaseException`` but ``KeyboardInterrupt``) turned into its failure."""
     try:
-        for name, check in CHECKS.items():
-            if name in names and (gymnasium_checks or name != "gymnasium_api"):
-                passed = check(run)
-                if passed is not None:
-                    report.ok(name, passed)
-                if on_check is not None:
-                    on_check(name, passed, report)
-    finally:
-        if "close_idempotent" not in names:  # that check closes the env itself (twice)
-            env.close()
-    return report
+        return CHECKS[name](run)
+    except ForeignEnvError as exc:
+        raise EnvCheckError(name, str(exc)) from exc
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001  (sys.exit & co. off the boundary: the env's main-thread code)
+        raise EnvCheckError(name, f"the env raised {error_text(exc)}") from exc

@@ -13,11 +13,13 @@ restore per item, each runnable alone), and:
   What one env changes during its call is also seen by the others until that call ends;
   a change the host itself makes while a foreign call runs is undone too.
 * the process-global ``random`` / ``numpy.random`` states are not in the table: an env
-  that draws from them gets a private copy swapped in around its calls under
-  :data:`GLOBAL_RNG_LOCK` (:func:`global_rng`), the one lock of process state. The
-  boundary (:mod:`trace_gym.env.boundary`) breaks that lock for a call it gave up on, so a
-  hung env holds up another for its deadline at most; it is reentrant for the thread that
-  holds it.
+  that draws from them gets generators of its own (:class:`PrivateGenerators`), bound to
+  the thread that runs its call (:func:`bind_generators`: the global functions are made
+  per thread once, :func:`install_per_thread_generators`), so envs on other threads and
+  the process itself never see its draws, and no lock is held across a foreign call: a
+  hung env holds up no other. :data:`GLOBAL_RNG_LOCK` only serialises code outside the
+  boundary (:func:`global_rng`); the boundary breaks it for a call it gave up on, and it is
+  reentrant for the thread that holds it.
 * :func:`process_state_kept` wraps code outside a boundary call (imports of ecosystem
   packages, building an env on the main thread): the RNGs and every item as they were.
 
@@ -327,8 +329,108 @@ class StateLock:
         self.release()
 
 
-#: Held while the process-global RNGs hold an env's private state (and around imports).
+#: Held around imports and code outside the boundary (:func:`process_state_kept`), never
+#: across a foreign call: an env's private generators are per thread (:func:`bind_generators`).
 GLOBAL_RNG_LOCK = StateLock()
+
+
+# ---------------------------------------------------------------------- the global RNGs, per thread
+class PrivateGenerators:
+    """One env's own ``random.Random`` and ``numpy.random.RandomState``, made from a
+    ``(random, numpy.random)`` state tuple: what the process-global ``random`` and
+    ``numpy.random`` functions draw from on a thread bound to them (:func:`bind_generators`)."""
+
+    def __init__(self, state: tuple):
+        self.random = random.Random()
+        self.random.setstate(state[0])
+        self.numpy = np.random.RandomState()
+        self.numpy.set_state(state[1])
+
+    @property
+    def state(self) -> tuple:
+        return self.random.getstate(), self.numpy.get_state()
+
+
+_GENERATORS = threading.local()  # .bound: the PrivateGenerators of the foreign call this thread runs
+_INSTALL_LOCK = threading.Lock()
+_NUMPY_ALIASES = {"seed": "seed", "ranf": "random_sample", "sample": "random_sample"}
+
+
+def _bound() -> PrivateGenerators | None:
+    return getattr(_GENERATORS, "bound", None)
+
+
+class _PerThreadRandom(random.Random):
+    """The class of ``random``'s hidden instance once :func:`install_per_thread_generators` ran:
+    every draw, seed and state call goes to the generators bound on the calling thread, else
+    to the process's own state (the methods every other one draws through)."""
+
+    def random(self) -> float:
+        own = _bound()
+        return super().random() if own is None else own.random.random()
+
+    def getrandbits(self, k: int) -> int:
+        own = _bound()
+        return super().getrandbits(k) if own is None else own.random.getrandbits(k)
+
+    def seed(self, *args: Any, **kwargs: Any) -> None:
+        own = _bound()
+        return super().seed(*args, **kwargs) if own is None else own.random.seed(*args, **kwargs)
+
+    def getstate(self) -> tuple:
+        own = _bound()
+        return super().getstate() if own is None else own.random.getstate()
+
+    def setstate(self, state: tuple) -> None:
+        own = _bound()
+        return super().setstate(state) if own is None else own.random.setstate(state)
+
+    def gauss(self, mu: float = 0.0, sigma: float = 1.0) -> float:  # it caches a draw on the instance
+        own = _bound()
+        return super().gauss(mu, sigma) if own is None else own.random.gauss(mu, sigma)
+
+
+def _numpy_function(name: str) -> Any:
+    """``numpy.random.<name>`` drawing from the generators bound on the calling thread, else the process's."""
+    method = _NUMPY_ALIASES.get(name, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        own = _bound()
+        return getattr(np.random.mtrand._rand if own is None else own.numpy, method)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = getattr(np.random, name).__doc__
+    return call
+
+
+def install_per_thread_generators() -> None:
+    """Make the process-global ``random`` and ``numpy.random`` functions per thread: on a
+    thread bound to an env's :class:`PrivateGenerators` they draw from those, elsewhere from
+    the process's own state as before. Once per process (idempotent); ``random``'s hidden
+    instance gets :class:`_PerThreadRandom` as its class and the module's functions are bound
+    again, and each legacy ``numpy.random`` function (a method of its hidden ``RandomState``,
+    or ``seed``) is replaced by one that dispatches. A function imported by name before this
+    ran (``from random import shuffle`` is bound to the instance, so it dispatches;
+    ``from random import random`` and ``from numpy.random import randint`` do not) keeps
+    drawing from the process's state. Costs about 1 us more per draw of the global functions."""
+    with _INSTALL_LOCK:
+        if type(random._inst) is _PerThreadRandom:
+            return
+        random._inst.__class__ = _PerThreadRandom
+        for name in dir(random):
+            if getattr(getattr(random, name), "__self__", None) is random._inst:
+                setattr(random, name, getattr(random._inst, name))
+        legacy = np.random.mtrand._rand
+        for name in dir(np.random):
+            if getattr(getattr(np.random, name), "__self__", None) is legacy or name in _NUMPY_ALIASES:
+                setattr(np.random, name, _numpy_function(name))
+
+
+def bind_generators(generators: PrivateGenerators | None) -> None:
+    """Make ``generators`` what the global RNG functions draw from on this thread (``None``:
+    the process's own again); :func:`install_per_thread_generators` first."""
+    install_per_thread_generators()
+    _GENERATORS.bound = generators
 
 
 def global_rng_state() -> tuple:

@@ -413,6 +413,30 @@ def check_predictor_name(name: str, reads: str, key: str = "predictor") -> None:
                          f"{did_you_mean(str(name), predictor_names(reads))}")
 
 
+def check_predictor_kwargs(name: str, kwargs: dict | None) -> None:
+    """The user's ``predictor_kwargs`` for kind ``name`` checked against its factory's
+    signature (names, plain types: :func:`trace_gym.utils.signatures.kwargs_problem`) and dtype,
+    building nothing; ``ValueError`` naming the key, the kind and the bad keyword. A kind
+    not in :data:`PREDICTORS` is left to :func:`check_predictor_name`."""
+    if not kwargs or name not in PREDICTORS:
+        return
+    from trace_gym.utils.signatures import kwargs_problem
+
+    kind = PREDICTORS[name]
+    run_keys = set(kind.needs) | {"seed"}
+    clash = sorted(run_keys & set(kwargs))
+    if clash:
+        raise ValueError(f"predictor_kwargs: {', '.join(map(repr, clash))} comes from the config's seed or "
+                         f"policy; remove it from predictor_kwargs")
+    problem = kwargs_problem(kind.factory(), kwargs, supplied=run_keys)
+    if problem is not None:
+        raise ValueError(f"predictor_kwargs: {name} {problem}")
+    from trace_gym.engines.dtypes import DTYPES
+
+    if "dtype" in kwargs and kwargs["dtype"] not in DTYPES:
+        raise ValueError(f"predictor_kwargs: dtype must be one of {', '.join(DTYPES)}, got {kwargs['dtype']!r}")
+
+
 def predictor_spec(name: str, kwargs: dict | None = None, **supplied) -> tuple:
     """``(factory, kwargs)`` that :func:`make_predictor` calls, checked without building.
 
@@ -436,20 +460,7 @@ def predictor_spec(name: str, kwargs: dict | None = None, **supplied) -> tuple:
         value = supplied.get(need)
         if value is None or (isinstance(value, str) and value in ("", "None")):
             raise ValueError(f"the {name} predictor needs {need} (supplied by the run, e.g. the policy folder)")
-    run_keys = set(kind.needs) | {"seed"}
-    clash = sorted(run_keys & set(kwargs))
-    if clash:
-        raise ValueError(f"predictor_kwargs: {', '.join(map(repr, clash))} comes from the config's seed or "
-                         f"policy; remove it from predictor_kwargs")
-    takes = sorted(n for n in params if n not in run_keys)
-    bad = sorted(set(kwargs) - set(takes))
-    if bad:
-        raise ValueError(f"predictor_kwargs: {name} does not take {', '.join(map(repr, bad))}; "
-                         f"it takes {', '.join(takes) or 'none'}")
-    from trace_gym.engines.dtypes import DTYPES
-
-    if "dtype" in kwargs and kwargs["dtype"] not in DTYPES:
-        raise ValueError(f"predictor_kwargs: dtype must be one of {', '.join(DTYPES)}, got {kwargs['dtype']!r}")
+    check_predictor_kwargs(name, kwargs)
     built = {k: v for k, v in supplied.items() if k in params and (k in kind.needs or k == "seed")}
     return factory, {**built, **kwargs}
 

@@ -18,6 +18,7 @@ Every file is read bounded (:mod:`trace_gym.runs.files`).
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import os

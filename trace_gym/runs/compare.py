@@ -59,6 +59,8 @@ class Run:
     evals: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: the label the user gave (``--names``), else the folder's name
     name: str = ""
+    #: what the table should say about how the run was read (a step its metrics repeat)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -78,10 +80,66 @@ class Run:
         return out
 
 
+#: The metrics a table reads from each ``metrics.jsonl`` line: a number (or null) each.
+METRIC_NUMBERS = ("reward", "effective_ratio", "nominal_budget", "generated_tokens", "step_seconds",
+                  "prefill_tokens_uncached", "env_steps")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _checked_metrics(path: str | Path, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The run's metrics one record per step, in step order, and the notes on how they were
+    read: a step given twice (a resume that tore its last write) is counted once, the later
+    record winning. ``ValueError`` naming the step and field for a value of the wrong type."""
+    by_step: dict[int, dict[str, Any]] = {}
+    repeated: list[int] = []
+    for record in records:
+        where = f"run {str(path)!r}: metrics.jsonl step {record['step']}"
+        for key in METRIC_NUMBERS:
+            if record.get(key) is not None and not _is_number(record[key]):
+                raise ValueError(f"{where}: {key} is {str(record[key])[:60]!r}, expected a number")
+        seconds = record.get("seconds", {})
+        if type(seconds) is not dict or not all(_is_number(v) for v in seconds.values()):
+            raise ValueError(f"{where}: seconds is {str(seconds)[:60]!r}, expected an object of phase -> seconds")
+        if record["step"] in by_step:
+            repeated.append(record["step"])
+        by_step[record["step"]] = record
+    notes = []
+    if repeated:
+        shown = ", ".join(map(str, sorted(set(repeated))[:5])) + (" ..." if len(set(repeated)) > 5 else "")
+        notes.append(f"note: run {Path(path).name!r}: metrics.jsonl gives step(s) {shown} more than once (a "
+                     "resumed run's torn write); each step is counted once, its later record")
+    return [by_step[s] for s in sorted(by_step)], notes
+
+
+def _read_eval(run_path: str | Path, f: Path) -> dict[str, Any]:
+    """``evals/step-N.json``, read bounded and checked for what the tables read (a numeric
+    ``accuracy``; ``per_task`` of reward lists, each task once; ``accuracy_ci`` two numbers)."""
+    from trace_gym.runs.compare_arms import per_task_rewards
+    from trace_gym.runs.files import read_json_file
+
+    where = f"run {str(run_path)!r}: evals/{f.name}"
+    try:
+        ev = read_json_file(f, unique_keys=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{where} is unreadable ({exc})") from None
+    if type(ev) is not dict or not _is_number(ev.get("accuracy")):
+        raise ValueError(f"{where} is not an evaluation (no numeric accuracy)")
+    if ev.get("per_task") is not None:
+        per_task_rewards(ev["per_task"], where)
+    ci = ev.get("accuracy_ci")
+    if ci is not None and not (type(ci) is list and len(ci) == 2 and all(_is_number(v) for v in ci)):
+        raise ValueError(f"{where}: accuracy_ci is {str(ci)[:60]!r}, expected [lower, upper]")
+    return ev
+
+
 def load_run(path: str | Path, name: str = "") -> Run:
     """A run directory as written by ``trace-gym train`` (every file read bounded:
     :mod:`trace_gym.runs.files`); ValueError when it is not one, or when a file in it is
-    too large or of the wrong shape (naming it)."""
+    too large or of the wrong shape (naming it). A step its metrics give twice is counted
+    once (:func:`_checked_metrics`), and said in ``Run.notes``."""
     import yaml
 
     from trace_gym.runs.run_dir import MAX_CONFIG_BYTES
@@ -92,7 +150,7 @@ def load_run(path: str | Path, name: str = "") -> Run:
     if not rd.config_path.exists():
         raise ValueError(f"{str(path)!r} is neither a run directory (no config.yaml) nor an eval output dir "
                          "(no results.json)")
-    metrics = rd.read_metrics()
+    metrics, notes = _checked_metrics(path, rd.read_metrics())
     if not metrics:
         raise ValueError(f"run {str(path)!r} has no finished step in metrics.jsonl")
     evals = {}
@@ -100,13 +158,7 @@ def load_run(path: str | Path, name: str = "") -> Run:
         step = f.stem.split("-")[1]
         if not (step.isascii() and step.isdigit()) or len(step) > 15:  # "step-٣" is not step 3
             continue  # not a file the run wrote
-        try:
-            ev = read_json_file(f)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"run {str(path)!r}: evals/{f.name} is unreadable ({exc})") from None
-        if type(ev) is not dict or not isinstance(ev.get("accuracy"), (int, float)):
-            raise ValueError(f"run {str(path)!r}: evals/{f.name} is not an evaluation (no numeric accuracy)")
-        evals[int(step)] = ev
+        evals[int(step)] = _read_eval(path, f)
     with open_regular(rd.config_path) as fh:
         text = fh.read(MAX_CONFIG_BYTES + 1)
     if len(text) > MAX_CONFIG_BYTES:
@@ -117,7 +169,7 @@ def load_run(path: str | Path, name: str = "") -> Run:
         raise ValueError(f"run {str(path)!r}: config.yaml is unreadable ({str(exc)[:200]})") from None
     if type(config) is not dict:
         raise ValueError(f"run {str(path)!r}: config.yaml is a {type(config).__name__}, expected a mapping")
-    return Run(rd.path, config, metrics, evals, name)
+    return Run(rd.path, config, metrics, evals, name, notes)
 
 
 def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -380,6 +432,20 @@ def arm_names(paths: Sequence[str | Path], names: Sequence[str] | None = None) -
     return [b if base.count(b) == 1 else str(p) for b, p in zip(base, paths)]
 
 
+def readable_paths(paths: Sequence[str | Path]) -> None:
+    """``ValueError`` (one line naming it) for a path that cannot be looked at: a symlink
+    loop, a folder that may not be entered, a name too long."""
+    import os
+
+    for p in paths:
+        try:
+            os.stat(p)
+        except FileNotFoundError:
+            continue  # said where it is read ("neither a run directory nor ...")
+        except OSError as exc:
+            raise ValueError(f"{str(p)!r} cannot be read ({exc.strerror})") from None
+
+
 def run_compare(paths: Sequence[str], out_dir: str | None = None, *, names: Sequence[str] | None = None,
                 out: Any = None) -> str:
     """Load, tabulate and plot; returns the markdown.
@@ -389,9 +455,10 @@ def run_compare(paths: Sequence[str], out_dir: str | None = None, *, names: Sequ
     arms (:mod:`trace_gym.runs.compare_arms`) paired with the first on the tasks they share.
     Rows are labelled by ``names`` (default: the folders' names)."""
     from trace_gym.runs import compare_arms
-    from trace_gym.runs.files import atomic_write_text
+    from trace_gym.runs.output_paths import write_output_text
 
     out = out or sys.stdout
+    readable_paths(paths)
     labels = arm_names(paths, names)
     evals = [compare_arms.is_eval_dir(p) for p in paths]
     runs = [load_run(p, n) for p, n, e in zip(paths, labels, evals) if not e]
@@ -399,6 +466,7 @@ def run_compare(paths: Sequence[str], out_dir: str | None = None, *, names: Sequ
     warning = mixed_warning(runs)
     if warning:
         parts.append(warning)
+    parts += [note for run in runs for note in run.notes]
     if runs and not any(evals):
         groups = group_runs(runs)
         parts.append(compare_table(groups))
@@ -413,9 +481,8 @@ def run_compare(paths: Sequence[str], out_dir: str | None = None, *, names: Sequ
         if out_dir:
             plots = [str(compare_arms.plot_arms(arms, Path(out_dir) / "accuracy.png"))]
     text = "\n\n".join(parts)
-    if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(out_dir) / "compare.md", text + "\n")
-        text += "\n\nwrote " + ", ".join([str(Path(out_dir) / "compare.md"), *plots])
+    if out_dir:  # checked when the command started; a folder changed since then keeps the table beside it
+        written = write_output_text(Path(out_dir) / "compare.md", text + "\n", key="--out")
+        text += "\n\nwrote " + ", ".join([str(written), *plots])
     print(text, file=out)
     return text

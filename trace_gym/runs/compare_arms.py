@@ -101,18 +101,20 @@ def load_eval_arms(path: str | Path, name: str) -> list[Arm]:
     ``name``, or ``name:LABEL`` when the dir holds several policies).
 
     Raises:
-        ValueError: the file is too large, not JSON, or not a list of result rows with a
-            string ``suite`` and a ``per_task`` of reward lists (naming the row and field).
+        ValueError: the file is too large, not JSON, gives a key twice in one object (a task
+            id), or is not a list of result rows with a string ``suite`` and a ``per_task`` of
+            reward lists, each (policy, suite) once (naming the row and field).
     """
     file = Path(path) / EVAL_RESULTS
     try:
-        rows = read_json_file(file, max_bytes=MAX_EVAL_RESULTS_BYTES)
+        rows = read_json_file(file, max_bytes=MAX_EVAL_RESULTS_BYTES, unique_keys=True)  # a task id twice: refused
     except (OSError, ValueError) as exc:
         raise ValueError(f"{file}: unreadable eval results ({exc})") from None
     if type(rows) is not list or not rows:
         raise ValueError(f"{file}: expected a non-empty list of result rows (what `trace-gym eval` writes), "
                          f"got {type(rows).__name__}")
     by_policy: dict[str, dict[str, dict[str, list[float]]]] = {}
+    first: dict[tuple[str, str], int] = {}  # (policy, suite) -> the row that gave it
     for i, row in enumerate(rows):
         where = f"{file} row {i}"
         if type(row) is not dict or type(row.get("suite")) is not str:
@@ -120,6 +122,10 @@ def load_eval_arms(path: str | Path, name: str) -> list[Arm]:
         policy = row.get("policy", row.get("label", "policy"))
         if type(policy) is not str:
             raise ValueError(f"{where}: policy is {type(policy).__name__}, expected a string")
+        if (policy, row["suite"]) in first:
+            raise ValueError(f"{where}: policy {policy!r} on suite {row['suite']!r} again (row "
+                             f"{first[policy, row['suite']]} has it); each policy and suite once, or which counts?")
+        first[policy, row["suite"]] = i
         by_policy.setdefault(policy, {})[row["suite"]] = per_task_rewards(row.get("per_task"), where)
     several = len(by_policy) > 1
     return [Arm(f"{name}:{policy}" if several else name, str(file), suites) for policy, suites in by_policy.items()]

@@ -21,6 +21,7 @@ A checkpoint's own rules (its manifest, when it counts): :mod:`trace_gym.runs.ch
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import secrets
@@ -59,6 +60,73 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+# ---------------------------------------------------------------------- one writer at a time
+def exclusive_lock(lock: str | Path, owner: str, advice: str, user: str = "the run") -> BinaryIO:
+    """Take an exclusive ``flock`` on the file ``lock`` (created if missing) and write the
+    holder into it: ``pid P on HOST since YYYY-MM-DD HH:MM:SS (argv)``. Returns the open
+    file: the lock is held while it stays open, and released when it is closed or the
+    process ends, however it ends (:func:`release_lock`). The run dir's lock and the bank
+    writer's use it.
+
+    Raises:
+        ValueError: another process holds the lock (``"<owner> is in use by <holder>;
+            <advice>"``), or ``lock`` is a link (never followed), a folder (``user``: whose
+            lock file it should be, in that message) or cannot be opened.
+    """
+    import fcntl
+    import socket
+    import sys
+    import time
+
+    lock = Path(lock)
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"{owner}: {lock.name} is a link (to {os.readlink(lock)}); a lock is taken on its "
+                                 "own file only (remove the link)") from None
+            what = f"is a folder, not {user}'s lock file (remove it)" if exc.errno == errno.EISDIR else \
+                f"cannot be opened ({exc.strerror})"
+            raise ValueError(f"{owner}: {lock.name} {what}") from None
+        handle = os.fdopen(fd, "r+b")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            handle.close()
+            raise ValueError(f"{owner} is in use by {holder}; {advice}") from None
+        if _same_file(lock, fd):
+            break
+        handle.close()  # its holder removed it as we opened it (release_lock): lock the file now at the path
+    handle.truncate(0)
+    argv = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                 f"({argv})\n".encode())
+    handle.flush()
+    return handle
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def release_lock(handle: BinaryIO | None, lock: str | Path, *, remove: bool = False) -> None:
+    """Release :func:`exclusive_lock`'s lock; with ``remove``, delete the lock file first
+    (while still held: a process that opened it meanwhile sees it gone and retries)."""
+    if handle is None or handle.closed:
+        return
+    if remove and _same_file(Path(lock), handle.fileno()):
+        Path(lock).unlink(missing_ok=True)
+    handle.close()
+
+
 # ---------------------------------------------------------------------- reading
 class NotRegularFile(ValueError):
     """:func:`open_regular`'s refusal; ``is_dir`` tells a folder from a FIFO, socket or device."""
@@ -89,17 +157,18 @@ def open_regular(path: str | Path) -> BinaryIO:
 
 
 def read_json_file(path: str | Path, *, max_bytes: int = MAX_JSON_FILE_BYTES,
-                   max_depth: int = MAX_RUN_JSON_DEPTH) -> Any:
+                   max_depth: int = MAX_RUN_JSON_DEPTH, unique_keys: bool = False) -> Any:
     """The JSON value of ``path``, read to at most ``max_bytes`` and parsed within
     ``max_depth``; ``ValueError`` naming the file and why (too large, too deep, not UTF-8,
-    not JSON, a number past Python's digit limit). ``OSError`` when it cannot be read."""
+    not JSON, a number past Python's digit limit, with ``unique_keys`` a key given twice in
+    one object). ``OSError`` when it cannot be read."""
     path = Path(path)
     with open_regular(path) as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path.name} is more than {max_bytes:,} bytes long")
     try:
-        return loads_record(data, max_depth=max_depth)
+        return loads_record(data, max_depth=max_depth, unique_keys=unique_keys)
     except JSONRefused as exc:
         raise ValueError(f"{path.name} {exc}") from None
 

@@ -74,13 +74,16 @@ def find_policy(spec: str, *, key: str = "policy") -> Policy:
     from trace_gym.models import MODELS, locate_model, missing_local_path
 
     spec = str(spec)
-    path, _, step = spec.partition("@")
-    run = Path(path)
+    path, step = _split_step(spec, key)
+    run = Path(os.path.expanduser(path))
     if not step and (inside := checkpoint_of(run)) is not None:
         run, step = inside  # a step folder of a run (or its policy/): that run's checkpoint, RUN@N
     if is_run_dir(run):
         if step and not (step.isascii() and step.isdigit() and len(step) <= 15):
             raise ValueError(f"{key} {spec[:200]!r}: the step after @ must be an integer of at most 15 digits")
+        if not (run / "checkpoints").is_dir():
+            raise ValueError(f"{key} {spec[:200]!r}: {str(run)!r} looks like a run dir, but its checkpoints is not "
+                             "a folder")
         return _checkpoint_policy(spec, run, int(step) if step else None)
     if step:
         raise ValueError(f"{key} {spec!r}: {path!r} is not a run directory (no config.yaml + checkpoints/)")
@@ -96,6 +99,24 @@ def find_policy(spec: str, *, key: str = "policy") -> Policy:
         raise ValueError(f"{key} {spec!r} is neither a model folder, a run dir nor a known model name"
                          f"{did_you_mean(path, sorted(MODELS))}; known: {sorted(MODELS)}") from None
     return Policy(spec, path, path, True)
+
+
+def _split_step(spec: str, key: str) -> tuple[str, str]:
+    """``(path, step)`` of ``RUN@STEP`` (``step`` empty without one). A spec that names an
+    existing path whole is that path, ``@`` and all (a model folder ``models/qwen@v2``);
+    else it splits at its last ``@`` (a run dir may hold one: ``runs/a@b@3``).
+
+    Raises:
+        ValueError: ``~user`` names no user of this machine.
+    """
+    head = spec.split("/", 1)[0]
+    if head.startswith("~") and os.path.expanduser(head) == head:
+        raise ValueError(f"{key} {spec[:200]!r}: {head!r} names no user of this machine (~ is your home, ~NAME "
+                         "that user's)")
+    if os.path.lexists(os.path.expanduser(spec)):
+        return spec, ""
+    path, at, step = spec.rpartition("@")
+    return (path, step) if at else (spec, "")
 
 
 def checkpoint_of(path: Path) -> tuple[Path, str] | None:

@@ -11,15 +11,24 @@ which checks that it imports), and each writes offline, inside the run dir:
 - ``mlflow``: a local file store ``RUN/mlruns`` (``mlflow ui --backend-store-uri RUN/mlruns``).
 
 A chosen backend that is not installed is one line naming the package to install (exit 2).
+The backends start before training does (before any model loads), and one that cannot start
+(a ``tb`` that is a file) is one line too (exit 2). After that a backend that fails (a metric
+name with a lone surrogate, an events folder deleted under it) warns once and is switched
+off for the rest of the run: ``metrics.jsonl`` is the record, and training goes on.
 A :class:`Reporter` is any object with ``log(scalars, step)`` and ``close()``;
 :func:`register_reporter` adds one under a name (a plugin's).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from trace_gym.utils.textsafe import clean_text
+
+_log = logging.getLogger(__name__)
 
 
 class Reporter(Protocol):
@@ -34,11 +43,17 @@ class _TensorBoard:
     def __init__(self, run_dir: Path, config: Mapping[str, Any]):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(run_dir / "tb"))
+        self.folder = run_dir / "tb"
+        self.writer = SummaryWriter(str(self.folder))
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
+        # a folder deleted under the writer fails here, in this call, not later in the writer's
+        # own thread (which dies with a traceback); each step is flushed, so it finds none pending
+        if not self.folder.is_dir():
+            raise FileNotFoundError(f"the events folder {self.folder} is gone")
         for key, value in scalars.items():
             self.writer.add_scalar(key, value, step)
+        self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
@@ -113,10 +128,58 @@ def require_installed(names: Sequence[str]) -> None:
                              f"written, or drop {name} from report_to")
 
 
+def _said(exc: BaseException) -> str:
+    return clean_text(f"{type(exc).__name__}: {exc}")[:300]
+
+
+class Guarded:
+    """A started backend whose failures never reach training: the first one (in ``log`` or
+    ``close``) warns once, naming the backend, and switches it off (``close`` is still
+    tried, quietly, to release what it holds)."""
+
+    def __init__(self, name: str, reporter: Reporter):
+        self.name, self.reporter, self.off = name, reporter, False
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        if self.off:
+            return
+        try:
+            self.reporter.log(scalars, step)
+        except Exception as exc:  # noqa: BLE001  (a third-party writer: whatever it raises)
+            self._fail(f"at step {step}", exc)
+
+    def close(self) -> None:
+        try:
+            self.reporter.close()
+        except Exception as exc:  # noqa: BLE001
+            if not self.off:
+                self._fail("closing", exc)
+
+    def _fail(self, when: str, exc: Exception) -> None:
+        self.off = True
+        _log.warning("report_to: %s failed %s (%s); switched off for the rest of the run (metrics.jsonl has every "
+                     "step)", self.name, when, _said(exc))
+
+
 def make_reporters(names: Sequence[str], run_dir: str | Path, config: Mapping[str, Any]) -> list[Reporter]:
-    """The chosen backends, started on ``run_dir`` (each imported only now)."""
+    """The chosen backends, started on ``run_dir`` (each imported only now), each
+    :class:`Guarded`.
+
+    Raises:
+        ValueError: a backend not installed, or one that cannot start (one line naming it and
+            why; the ones started before it are closed).
+    """
     require_installed(names)
-    return [REPORTERS[name][2](Path(run_dir), config) for name in dict.fromkeys(names)]
+    started: list[Reporter] = []
+    for name in dict.fromkeys(names):
+        try:
+            started.append(Guarded(name, REPORTERS[name][2](Path(run_dir), config)))
+        except Exception as exc:  # noqa: BLE001  (a third-party writer: whatever it raises)
+            for reporter in started:
+                reporter.close()
+            raise ValueError(f"report_to: {name} could not start in {str(run_dir)!r} ({_said(exc)}); fix that, or "
+                             f"drop {name} from report_to (metrics.jsonl is always written)") from exc
+    return started
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:

@@ -53,20 +53,17 @@ Crash safety (SIGKILL at any instant):
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import socket
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trace_gym.runs.checkpoint import (CHECKPOINT, COMMIT_FILES, drop_checkpoint_files, is_resumable,
                                       verify_checkpoint, write_manifest)
-from trace_gym.runs.files import atomic_write_text, is_step, iter_json_lines, link_outside, open_regular, read_json_file
+from trace_gym.runs.files import (atomic_write_text, exclusive_lock, is_step, iter_json_lines, link_outside, open_regular,
+                                  read_json_file, release_lock)
 
 LOCK = ".lock"
 #: The entries of a run dir a run reads or writes (each must stay inside the directory it locks).
@@ -118,39 +115,17 @@ class RunDir:
     # -- one run at a time
     def lock(self) -> None:
         """Take the directory's exclusive lock (idempotent), or raise ``ValueError`` naming
-        the run that holds it."""
-        import fcntl
-
+        the run that holds it (:func:`~trace_gym.runs.files.exclusive_lock`)."""
         if self._lock is not None:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        try:  # never through a link: the lock is this directory's own file
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise ValueError(f"run dir {str(self.path)!r}: {LOCK} is a link (to {os.readlink(self.path / LOCK)}); a "
-                             "run locks its own directory's file only (remove the link)") from None
-        handle = os.fdopen(fd, "r+b")  # held open for the run's life
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(handle.fileno(), 4096, 0).decode("utf-8", "replace").strip() or "another process"
-            handle.close()
-            raise ValueError(f"run dir {str(self.path)!r} is in use by {holder}; wait for that run to end, "
-                             "or use another run_dir") from None
-        handle.truncate(0)
-        argv = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
-                     f"({argv})\n".encode())
-        handle.flush()
-        self._lock = handle
+        self._lock = exclusive_lock(self.path / LOCK, f"run dir {str(self.path)!r}",
+                                    "wait for that run to end, or use another run_dir")
 
     def close(self) -> None:
         """Release the lock (it is released too when this object is collected or the process ends)."""
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
+        release_lock(self._lock, self.path / LOCK)
+        self._lock = None
 
     # -- start / resume
     def start(self, config_yaml: str, *, compare: Callable[[str, str], list[str]] | None = None) -> Resume | None:

@@ -103,12 +103,17 @@ class LearnedPredictor:
 
     Features per state, with separate weights for prompts (t = 0) and prefixes
     (t > 0): [1{t=0}, 1{t=0} f, 1{t>0}, 1{t>0} f, 1{t>0} signal], f the task features.
-    Each ``update`` adds the batch to a replay memory of the last ``memory`` examples
-    (the sim's policy is stationary, so old targets stay valid) and runs
-    ``newton_steps`` Newton (IRLS) steps, warm-started from the previous weights, on
-    the weighted cross-entropy against the soft targets (minimised by the true
-    success probability), with L2 penalty ``l2``. Before the first update every
-    prediction is 0.5.
+    Each ``update`` fits the last ``memory`` examples seen, its own batch last (the sim's
+    policy is stationary, so old targets stay valid): ``newton_steps`` Newton (IRLS)
+    steps, warm-started from the previous weights, on the weighted cross-entropy against
+    the soft targets (minimised by the true success probability), with L2 penalty
+    ``l2``. ``memory = 0`` keeps no replay memory: each update fits its own batch alone
+    (a batch longer than ``memory > 0`` keeps its last ``memory`` examples). Before the
+    first update every prediction is 0.5.
+
+    Raises:
+        ValueError: ``memory`` that is not an integer >= 0, ``newton_steps`` not >= 1,
+            ``l2`` not a finite number >= 0 (one line naming the value).
     """
 
     features: np.ndarray  # (n_tasks, feature_dim), from the pool
@@ -119,6 +124,16 @@ class LearnedPredictor:
     _x: np.ndarray | None = None
     _y: np.ndarray | None = None
     _w: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.memory, bool) or not isinstance(self.memory, (int, np.integer)) or self.memory < 0:
+            raise ValueError(f"learned predictor: memory must be an integer >= 0 (examples kept; 0: none), "
+                             f"got {self.memory!r}")
+        if isinstance(self.newton_steps, bool) or not isinstance(self.newton_steps, (int, np.integer)) \
+                or self.newton_steps < 1:
+            raise ValueError(f"learned predictor: newton_steps must be an integer >= 1, got {self.newton_steps!r}")
+        if isinstance(self.l2, bool) or not isinstance(self.l2, (int, float)) or not 0 <= self.l2 < float("inf"):
+            raise ValueError(f"learned predictor: l2 must be a finite number >= 0, got {self.l2!r}")
 
     def _phi(self, contexts: Sequence[SimState]) -> np.ndarray:
         n = len(contexts)
@@ -141,11 +156,11 @@ class LearnedPredictor:
         if y.shape != (len(x),) or (y < 0).any() or (y > 1).any():
             raise ValueError(f"targets must be {len(x)} values in [0, 1], got shape {y.shape}")
         w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
-        if self._x is not None:
-            x = np.vstack([self._x, x])[-self.memory :]
-            y = np.concatenate([self._y, y])[-self.memory :]
-            w = np.concatenate([self._w, w])[-self.memory :]
-        self._x, self._y, self._w = x, y, w
+        if self.memory:  # the last `memory` examples, this batch's last ([-0:] would keep them all)
+            if self._x is not None:
+                x, y, w = np.vstack([self._x, x]), np.concatenate([self._y, y]), np.concatenate([self._w, w])
+            x, y, w = x[-self.memory:], y[-self.memory:], w[-self.memory:]
+            self._x, self._y, self._w = x, y, w
         w = w / w.sum()
         if self.weights is None:
             self.weights = np.zeros(x.shape[1])

@@ -37,7 +37,7 @@ Groups and normalisation, shared by all estimators:
 Rewards need not be 0/1: BFCL's partial credit or an F1 score go through unchanged.
 
 Estimators (``ESTIMATORS`` names them; a new one is one entry, from a user's package with
-:func:`register_estimator` or the ``trace_gym.advantages`` entry-point group):
+:func:`register_estimator` or the ``trace_gym.train.advantages`` entry-point group):
 
 ``grpo``
     Flat GRPO: the group is every leaf of the prompt, ``A_i = (R_i - mean) / (std + eps)``,
@@ -222,7 +222,7 @@ ESTIMATORS: dict[str, AdvantageEstimator] = {
     "tree_grpo": tree_grpo,
 }
 #: The entry-point group through which installed packages add estimators.
-ENTRY_POINT_GROUP = "trace_gym.advantages"
+ENTRY_POINT_GROUP = "trace_gym.train.advantages"
 _BUILTIN = frozenset(ESTIMATORS)
 
 

@@ -11,12 +11,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from trace_gym.config import doc
-from trace_gym.config_sections import (AgentLimits, BudgetShape, PredictorChoice, Reproducibility, check_sections,
-                                       positive)
+from trace_gym.config_sections import AgentLimits, BudgetShape, PredictorChoice, Reproducibility, check_sections
 from trace_gym.engines import ENGINES
 from trace_gym.env.datafiles import HELDOUT_FRACTION
 from trace_gym.predictor.kinds import reads_a_model
 from trace_gym.train.trainer import TrainerConfig
+from trace_gym.utils.config_fields import MAX_COUNT, SEEDS
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
     """``trace-gym train``: one training run. Every field is a YAML key or a ``key=value``
     override; the ``trainer`` section (``trainer.lr=...``) holds the policy update's settings."""
 
-    run_dir: str = field(default="runs/train", metadata=doc("run directory (config, metrics, checkpoints)"))
+    run_dir: str = field(default="runs/train", metadata=doc(
+        "run directory (config, metrics, checkpoints)", output="folder"))
     policy: str = field(default="smollm2-135m", metadata=doc("model name, HF folder, hub id or RUN[@STEP] of the initial policy"))
     engine: str = field(default="hf", metadata=doc("rollout engine: " + " | ".join(["auto", *ENGINES])))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc(
@@ -36,28 +37,34 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
         "training data: empty for the env family's own tasks, else a dataset name (e.g. deepscaler)"))
     data_path: str = field(default="", metadata=doc("local file or folder of `data` (empty: the hub)"))
     heldout_fraction: float = field(default=HELDOUT_FRACTION, metadata=doc(
-        "share of the family's prompts (by prompt hash) kept out of training for held-out evaluation"))
-    train_pool: int = field(default=512, metadata=doc("training prompts drawn from the data"))
+        "share of the family's prompts (by prompt hash) kept out of training for held-out evaluation",
+        within="[0, 1)"))
+    train_pool: int = field(default=512, metadata=doc("training prompts drawn from the data", within="[1, 10000000]"))
     strategy: str = field(default="trace", metadata=doc("rollout allocation strategy (trace-gym strategies)"))
     advantage: str = field(default="treerpo", metadata=doc(
         "advantage estimator: one of the estimator table (trace-gym train --help lists it; plugins may add more)"))
     advantage_std_normalize: bool = field(default=True, metadata=doc("divide by the group std (false: Dr. GRPO)"))
-    advantage_eps: float = field(default=1e-6, metadata=doc("epsilon added to group stds"))
-    steps: int = field(default=4, metadata=doc("training steps (policy updates)"))
-    seed: int = field(default=0, metadata=doc("base seed (data order, sampling, envs, allocation)"))
-    candidates: int = field(default=16, metadata=doc("candidate prompts scored per step"))
+    advantage_eps: float = field(default=1e-6, metadata=doc("epsilon added to group stds", within="[0, 1]"))
+    steps: int = field(default=4, metadata=doc("training steps (policy updates)", within="[1, 10000000]"))
+    seed: int = field(default=0, metadata=doc("base seed (data order, sampling, envs, allocation)", within=SEEDS))
+    candidates: int = field(default=16, metadata=doc("candidate prompts scored per step", within=f"[1, {MAX_COUNT}]"))
     critic_model: str = field(default="", metadata=doc(
         "the lm_critic's backbone: a known name, folder or hub id (empty: the policy; the paper: a 0.6B critic)"))
     allow_cpu_critic: bool = field(default=False, metadata=doc(
         "let an lm_critic run on the CPU beside a CUDA policy (refused otherwise: it would be slow)"))
-    eval_every: int = field(default=0, metadata=doc("evaluate every K steps and at the end (0: never)"))
+    eval_every: int = field(default=0, metadata=doc(
+        "evaluate every K steps and at the end (0: never)", within="[0, 10000000]"))
     eval_at_start: bool = field(default=False, metadata=doc("also evaluate the initial policy (step 0)"))
     eval_suite: str = field(default="generated", metadata=doc("suite evaluated during training"))
-    eval_tasks: int = field(default=32, metadata=doc("tasks of the suite evaluated during training"))
-    eval_samples: int = field(default=1, metadata=doc("samples per task during training evaluations"))
-    checkpoint_every: int = field(default=1, metadata=doc("checkpoint every K steps (and at the last step)"))
+    eval_tasks: int = field(default=32, metadata=doc(
+        "tasks of the suite evaluated during training", within=f"[1, {MAX_COUNT}]"))
+    eval_samples: int = field(default=1, metadata=doc(
+        "samples per task during training evaluations", within="[1, 10000]"))
+    checkpoint_every: int = field(default=1, metadata=doc(
+        "checkpoint every K steps (and at the last step)", within="[1, 10000000]"))
     keep_checkpoints: int = field(default=2, metadata=doc(
-        "newest checkpoints kept (0: all); only the newest keeps the optimiser state, the others weights only"))
+        "newest checkpoints kept (0: all); only the newest keeps the optimiser state, the others weights only",
+        within=f"[0, {MAX_COUNT}]"))
     keep_final_state: bool = field(default=True, metadata=doc(
         "keep the last step's optimiser, predictor and RNG state, so a rerun with more steps resumes exactly "
         "(false: a finished run keeps weights only, a third of the size)"))
@@ -76,7 +83,6 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
         from trace_gym.train.advantages import ESTIMATORS
 
         check_sections(self)
-        positive(self, "steps", "candidates", "train_pool", "checkpoint_every", "eval_tasks", "eval_samples")
         if self.engine not in ("auto", *ENGINES):
             raise ValueError(f"engine must be one of {['auto', *ENGINES]}, got {self.engine!r}")
         if self.advantage not in ESTIMATORS:
@@ -87,10 +93,6 @@ class TrainConfig(BudgetShape, AgentLimits, PredictorChoice, Reproducibility):
         from trace_gym.runs.reporters import check_reporter_names
 
         check_reporter_names(self.report_to)
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction must lie in [0, 1), got {self.heldout_fraction!r}")
-        if self.eval_every < 0 or self.keep_checkpoints < 0:
-            raise ValueError("eval_every and keep_checkpoints must be >= 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if reads_a_model(self.predictor) and self.device == "cuda" and not self.allow_cpu_critic \

@@ -162,6 +162,10 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
                              "(keep_final_state: false), so it cannot continue exactly; use a new run_dir (policy="
                              f"{cfg.run_dir}@{start} is not a model folder: eval it, or start from its checkpoint's "
                              "policy/ folder)")
+        # started before any model loads: one that cannot start (a tb that is a file) is one line
+        reporters = make_reporters(report_backends(cfg), run.path, dataclasses.asdict(cfg))
+        for reporter in reporters:
+            closing.callback(reporter.close)
         weights = resume.policy_path if resume else base_policy
         if backend is None:
             backend = backend_for(cfg)
@@ -172,9 +176,6 @@ def train(cfg: TrainConfig, setup: TrainSetup, *, out: Any = None, backend: Any 
         closing.callback(engine.close)
         if (note := determinism.engine_note(engine)) is not None:
             print(note, file=sys.stderr)
-        reporters = make_reporters(report_backends(cfg), run.path, dataclasses.asdict(cfg))
-        for reporter in reporters:
-            closing.callback(reporter.close)
         _loop(cfg, setup, run, resume, tasks, str(base_policy), trainer, engine, backend, reporters, say, out)
     return {"run_dir": cfg.run_dir, "steps": cfg.steps, "metrics": run.read_metrics()}
 

@@ -85,11 +85,6 @@ _BLAS: Any = None  # threadpoolctl's limiter: gives numpy's BLAS its count back
 _HOOK: Any = None  # the import hook waiting for torch (:class:`_WhenTorchLoads`)
 
 
-def _positive(value: str | None) -> int | None:
-    value = (value or "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
 def fixed_threads(env: Mapping[str, str] | None = None,
                   decision: threads.ThreadDecision | None = None) -> tuple[int, str]:
     """The thread count of deterministic mode and its source: the user's
@@ -109,7 +104,7 @@ def fixed_threads(env: Mapping[str, str] | None = None,
             return decision.threads, f"${decision.source}"
         return FIXED_THREADS, "the fixed default"
     for name in (threads.THREADS_ENV, "OMP_NUM_THREADS"):
-        if (n := _positive(env.get(name))) is not None:
+        if (n := threads.thread_override(name, env.get(name))[0]) is not None:
             return n, f"${name}"
     return FIXED_THREADS, "the fixed default"
 

@@ -162,25 +162,40 @@ def nesting_problem(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     return None
 
 
-def loads_record(data: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_bytes: int | None = None) -> Any:
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (``json.loads``'s ``object_pairs_hook``)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise JSONRefused(f"repeats the key {clean_text(key[:100])!r} in one object, where JSON keeps only the last")
+    return out
+
+
+def loads_record(data: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_bytes: int | None = None,
+                 unique_keys: bool = False) -> Any:
     """``json.loads(data)`` of one record of a file (UTF-8 bytes), bounded before it is
     parsed: at most ``max_bytes`` bytes and ``max_depth`` levels (:func:`nesting_problem`).
     Numbers are bounded by Python's own int-to-str limit (4,300 digits), whose
     ``ValueError`` is refused here like every other failure: one :class:`JSONRefused`
-    naming it, never another type."""
+    naming it, never another type. With ``unique_keys`` an object that gives a key twice
+    is refused too (``json.loads`` keeps the last silently), at the cost of a Python hook
+    per object (for files of results, not for long logs)."""
     if max_bytes is not None and len(data) > max_bytes:
         raise JSONRefused(f"is {len(data):,} bytes long, more than the {max_bytes:,} allowed")
     problem = nesting_problem(bytes(data), max_depth)
     if problem is not None:
         raise JSONRefused(problem)
     try:
-        return json.loads(data)
+        return json.loads(data, object_pairs_hook=_unique_keys) if unique_keys else json.loads(data)
     except json.JSONDecodeError as exc:
         raise JSONRefused(f"is not valid JSON ({exc.msg} at character {exc.pos})") from None
     except UnicodeDecodeError as exc:
         raise JSONRefused(f"is not UTF-8 (byte {exc.start})") from None
     except MemoryError:
         raise JSONRefused(f"is too large to parse ({len(data):,} bytes: out of memory)") from None
+    except JSONRefused:
+        raise  # a key given twice
     except (ValueError, RecursionError) as exc:  # a number past the digit limit; the rest a net
         raise JSONRefused(f"is not valid JSON ({type(exc).__name__}: {clean_text(str(exc)[:120])})") from None
 

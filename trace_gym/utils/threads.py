@@ -30,6 +30,11 @@ two cores do not burn each other's time; on an idle machine OpenMP's default sta
 passive waits slow small-op generation there (:func:`wait_policy`;
 ``benchmarks/bench_threads.py`` measures both settings idle and beside a busy process).
 The budget is decided once, at start; a neighbour that comes or goes later is not seen.
+An override is read strictly (:func:`thread_override`): a whole number of ASCII digits
+(``OMP_NUM_THREADS`` may also be an OpenMP list, ``2,1``: its first level counts, and the
+list stays as the user wrote it); anything else (``²``, ``٣``, ``2.5``, ``0``) is ignored with
+one warning, and a count past :data:`MAX_THREADS` is capped at it with one warning. A ``/proc``
+file that cannot be read or parsed means "unknown" (that figure is left out), never an error.
 Under deterministic mode (``deterministic: true``, :mod:`trace_gym.utils.determinism`) the count
 follows no load: once the config is read it is replaced by the user's count or a fixed one.
 """
@@ -37,6 +42,7 @@ follows no load: once the config is read it is replaced by the user's count or a
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
@@ -47,6 +53,11 @@ from typing import Iterator, Mapping, MutableMapping, Sequence
 THREADS_ENV = "TRACE_GYM_THREADS"
 #: Seconds of ``/proc/stat`` sampled to see what the other processes use right now.
 SAMPLE_SECONDS = 0.25
+#: Most threads an override may ask for (more is capped, with a warning): far above any
+#: machine's cores, far below the counts OpenMP refuses or torch's int32 setter overflows on.
+MAX_THREADS = 1024
+
+_log = logging.getLogger(__name__)
 
 
 def available_cores() -> int:
@@ -57,12 +68,37 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def thread_override(name: str, value: str | None) -> tuple[int | None, str | None]:
+    """``(threads, warning)`` of the environment variable ``name`` set to ``value``.
+
+    A whole number >= 1 of ASCII digits is that count (at most :data:`MAX_THREADS`: more is
+    capped, with a warning); for ``OMP_NUM_THREADS`` an OpenMP list of them (``2,1``, one
+    count per nesting level) gives its first. Anything else (``²``, ``٣``, which
+    ``str.isdigit`` accepts and ``int`` refuses or reads; ``2.5``, ``0``, ``-1``) is
+    ``(None, warning)``: ignored. Unset or blank is ``(None, None)``.
+
+    >>> thread_override("OMP_NUM_THREADS", "2,1"), thread_override("TRACE_GYM_THREADS", "2,1")[0]
+    ((2, None), None)
+    """
+    text = (value or "").strip()
+    if not text:
+        return None, None
+    levels = [t.strip() for t in text.split(",")] if name == "OMP_NUM_THREADS" else [text]
+    if not all(t.isascii() and t.isdecimal() and t.lstrip("0") for t in levels):
+        return None, (f"${name}={text[:40]!r} is not a whole number of threads >= 1 written in ASCII digits"
+                      f"{' (or an OpenMP list such as 2,1)' if name == 'OMP_NUM_THREADS' else ''}; ignored")
+    first = levels[0].lstrip("0")
+    if len(first) > 4 or int(first) > MAX_THREADS:  # its length first: int() of 4,301+ digits raises
+        return MAX_THREADS, f"${name}={text[:40]!r} asks for more than {MAX_THREADS} threads; capped at {MAX_THREADS}"
+    return int(first), None
+
+
 def default_threads(fallback: int | None = None) -> int:
-    """``$OMP_NUM_THREADS`` when it is a positive integer (the user's word, e.g. the test
-    suite's 1), else ``fallback``, else every available core."""
-    env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
+    """``$OMP_NUM_THREADS`` when it is a valid count (the user's word, e.g. the test suite's 1;
+    :func:`thread_override`, silently here), else ``fallback``, else every available core."""
+    n, _ = thread_override("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
+    if n is not None:
+        return n
     return fallback if fallback is not None else available_cores()
 
 
@@ -125,10 +161,11 @@ def parse_cfs_quota(quota: str, period: str) -> float | None:
 
 
 def _read(path: str) -> str | None:
+    """The text of ``path`` (at most 1 MiB), ``None`` when it cannot be read or decoded."""
     try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
+        with open(path, encoding="ascii") as f:
+            return f.read(1 << 20)
+    except (OSError, ValueError):  # missing, unreadable, not ASCII
         return None
 
 
@@ -197,30 +234,52 @@ def thread_budget(cores: int, quota: float | None, others: float) -> int:
     return max(1, min(cap, cap - int(math.floor(others + 0.5))))
 
 
-def _positive(value: str | None) -> int | None:
-    value = (value or "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
+def _counter(text: str) -> bool:
+    return text.isascii() and text.isdecimal() and len(text) <= 20
 
 
-def _cpu_lines(cpus: set[int]) -> list[list[int]] | None:
-    text = _read("/proc/stat")
-    if text is None:
-        return None
+def parse_cpu_lines(text: str | None, cpus: set[int]) -> list[list[int]] | None:
+    """The jiffy counters (user .. steal, 8 per CPU) of the ``cpuN`` lines of a ``/proc/stat``
+    text for the CPUs in ``cpus``; ``None`` (unknown) when the text is missing, names none of
+    them, or a line of theirs is garbled (a counter that is not a whole number)."""
     rows = []
-    for line in text.splitlines():
-        name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
-            rows.append([int(v) for v in fields[:8]] + [0] * (8 - len(fields[:8])))
+    for line in (text or "").splitlines():
+        name, *fields = line.split() or [""]
+        if not (name.startswith("cpu") and _counter(name[3:]) and int(name[3:]) in cpus):
+            continue
+        if not fields or not all(_counter(v) for v in fields[:8]):
+            return None
+        rows.append([int(v) for v in fields[:8]] + [0] * (8 - len(fields[:8])))
     return rows or None
 
 
-def _process_age() -> float | None:
-    """Seconds since this process started (``/proc/self/stat`` start time vs ``/proc/uptime``)."""
-    stat, uptime = _read("/proc/self/stat"), _read("/proc/uptime")
-    if stat is None or uptime is None:
+def parse_process_age(stat: str | None, uptime: str | None, ticks_per_second: float) -> float | None:
+    """Seconds a process has run: ``/proc/uptime``'s first field less the start time (field
+    22, in clock ticks) of its ``/proc/PID/stat`` text; ``None`` (unknown) when either text is
+    missing or garbled."""
+    try:
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        up = float(uptime.split()[0])
+    except (AttributeError, IndexError, ValueError):  # None, a short or garbled line
         return None
-    start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
-    return max(0.0, float(uptime.split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK"))
+    if not (math.isfinite(up) and start_ticks >= 0 and ticks_per_second > 0):
+        return None
+    return max(0.0, up - start_ticks / ticks_per_second)
+
+
+def read_cpu_lines(cpus: set[int], proc: str = "/proc") -> list[list[int]] | None:
+    """:func:`parse_cpu_lines` of ``PROC/stat``."""
+    return parse_cpu_lines(_read(os.path.join(proc, "stat")), cpus)
+
+
+def read_process_age(proc: str = "/proc") -> float | None:
+    """Seconds since this process started (:func:`parse_process_age` of ``PROC/self/stat``
+    and ``PROC/uptime``)."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError):
+        return None
+    return parse_process_age(_read(os.path.join(proc, "self", "stat")), _read(os.path.join(proc, "uptime")), ticks)
 
 
 @dataclass(frozen=True)
@@ -235,6 +294,8 @@ class ThreadDecision:
     load_1m: float | None = None
     own_share: float | None = None
     others: float | None = None
+    #: an override past :data:`MAX_THREADS`, capped (its variable is then rewritten)
+    capped: bool = False
 
     def describe(self) -> str:
         if self.source != "measured":
@@ -244,27 +305,32 @@ class ThreadDecision:
                 f"load {self.load_1m:.2f}, own share {self.own_share:.2f}; ${THREADS_ENV} overrides)")
 
 
-def decide_threads(env: Mapping[str, str] | None = None, sample_seconds: float = SAMPLE_SECONDS) -> ThreadDecision:
+def decide_threads(env: Mapping[str, str] | None = None, sample_seconds: float = SAMPLE_SECONDS,
+                   proc: str = "/proc") -> ThreadDecision:
     """The process budget: the override of ``env`` (``TRACE_GYM_THREADS``, then
-    ``OMP_NUM_THREADS``), else :func:`thread_budget` of what this machine shows now
-    (sampling ``/proc/stat`` for ``sample_seconds``)."""
+    ``OMP_NUM_THREADS``; :func:`thread_override`, a bad one warned about and passed over),
+    else :func:`thread_budget` of what this machine shows now (sampling ``PROC/stat`` for
+    ``sample_seconds``; a figure that cannot be read is left out)."""
     env = os.environ if env is None else env
     cores = available_cores()
     for name in (THREADS_ENV, "OMP_NUM_THREADS"):
-        if (n := _positive(env.get(name))) is not None:
-            return ThreadDecision(n, name, cores)
+        n, warning = thread_override(name, env.get(name))
+        if warning is not None:
+            _log.warning("%s", warning)
+        if n is not None:
+            return ThreadDecision(n, name, cores, capped=warning is not None)
     quota = cpu_quota()
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(cores))
-    own0, before = time.process_time(), _cpu_lines(cpus)
+    own0, before = time.process_time(), read_cpu_lines(cpus, proc)
     time.sleep(sample_seconds)
-    own_busy = (time.process_time() - own0) / sample_seconds
-    after = _cpu_lines(cpus)
-    sampled = busy_cores(before, after) if before and after else None
+    own_busy = (time.process_time() - own0) / sample_seconds if sample_seconds > 0 else 0.0
+    after = read_cpu_lines(cpus, proc)
+    sampled = busy_cores(before, after) if before and after and len(before) == len(after) else None
     try:
         load = os.getloadavg()[0]
     except OSError:
         load = None
-    age = _process_age()
+    age = read_process_age(proc)
     share = own_load_share(time.process_time(), age) if age is not None else 0.0
     others = others_load(load, share, sampled, own_busy)
     return ThreadDecision(thread_budget(cores, quota, others), "measured", cores, quota, load, share, others)
@@ -307,7 +373,7 @@ def apply_thread_policy(env: MutableMapping[str, str] | None = None) -> ThreadDe
         policy = wait_policy(decision.threads, decision.cores)
         if policy is not None:
             env.setdefault("OMP_WAIT_POLICY", policy)
-        if decision.source != "OMP_NUM_THREADS":
+        if decision.source != "OMP_NUM_THREADS" or decision.capped:  # the user's valid value (2,1) stays
             env["OMP_NUM_THREADS"] = str(decision.threads)
         if env is not os.environ:
             return decision
