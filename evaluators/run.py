@@ -8,7 +8,7 @@ Evaluation results are cached per (weights hash, suite, samples, seed, the conte
 of every data file read, and every other setting that changes the numbers) under
 ``$TRACE_GYM_CACHE/eval``, so a repeat is instant and an edited data file is re-evaluated.
 Every cache file is written atomically per writer (a temp file of its own, then
-``os.replace``: :func:`trace_gym.run_files.atomic_write_text`), so concurrent evals never
+``os.replace``: :func:`trace_gym.runs.files.atomic_write_text`), so concurrent evals never
 interleave in one file, and read bounded: an entry that is torn, interleaved, too deep
 or not a result is a cache miss (evaluated again), never an error.
 """
@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_gym.config import check_declared, doc
-from trace_gym.config_fields import SEEDS
-from trace_gym.policies import find_policy
-from trace_gym.run_files import atomic_write_text, iter_json_lines, read_json_file
-from trace_gym.weights import weights_hash
+from trace_gym.env.datafiles import HELDOUT_FRACTION
+from trace_gym.runs.files import atomic_write_text, iter_json_lines, read_json_file
+from trace_gym.runs.policies import find_policy
+from trace_gym.runs.weights import weights_hash
+from trace_gym.utils.config_fields import SEEDS
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class EvalConfig:
     data_dir: str = field(default="", metadata=doc(
         "folder with local copies of the hub suites (<suite>.jsonl / .parquet / .json or <suite>/); "
         "a missing file is an error, not a hub download"))
-    heldout_fraction: float = field(default=0.2, metadata=doc(
+    heldout_fraction: float = field(default=HELDOUT_FRACTION, metadata=doc(
         "held-out share of the generated family and of an env id's tasks (0 for an env id: no split)", within="[0, 1)"))
     max_turns: int = field(default=0, metadata=doc(
         "turns per episode (0: the suite's default, listed above)", within="[0, 10000]"))
@@ -231,8 +232,8 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     stored. Returns ``(result, engine or None)``; with ``cfg.dump_episodes`` the result's
     ``"transcripts"`` holds that many (kept beside the cached result, so a cached repeat
     has them too; a cache entry without enough of them is recomputed). ``digest``: the
-    weights hash when the caller has it (:meth:`trace_gym.policies.Policy.weights_hash`),
-    else :func:`~trace_gym.weights.weights_hash` of ``folder``. Writes nothing into ``folder``."""
+    weights hash when the caller has it (:meth:`trace_gym.runs.policies.Policy.weights_hash`),
+    else :func:`~trace_gym.runs.weights.weights_hash` of ``folder``. Writes nothing into ``folder``."""
     from evaluators import suites
     from trace_gym.engines import make_engine
 
@@ -255,12 +256,7 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
         tasks = suites.load_suite_tasks(spec, limit, path, cfg.heldout_fraction)
     if engine is None:
         engine = make_engine(cfg.engine, folder, **cfg.engine_kwargs)
-    limits = {k: getattr(cfg, k) for k in ("max_turns", "max_turn_tokens", "max_episode_tokens") if getattr(cfg, k)}
-    result = suites.evaluate(engine, suite, limit=limit, samples=cfg.samples,
-                             temperature=cfg.temperature, seed=cfg.seed, pass_k=cfg.pass_k,
-                             data_path=path, heldout_fraction=cfg.heldout_fraction,
-                             progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs, tasks=tasks,
-                             transcripts=cfg.dump_episodes)
+    result = run_suite(cfg, suite, engine, data=path, tasks=tasks)
     transcripts = result.pop("transcripts", None)
     cached.parent.mkdir(parents=True, exist_ok=True)
     if transcripts is not None:
@@ -269,9 +265,50 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     return result | {"cached": False} | ({"transcripts": transcripts} if transcripts is not None else {}), engine
 
 
+def run_suite(cfg: EvalConfig, suite: str, engine: Any, *, data: str | None = None,
+              tasks: Sequence[Any] | None = None) -> dict[str, Any]:
+    """One suite run on ``engine`` with ``cfg``'s settings, no cache (:func:`evaluators.suites.evaluate`):
+    ``data`` the suite's local file (:func:`data_path`), ``tasks`` already loaded ones (else loaded here)."""
+    from evaluators import suites
+
+    limits = {k: getattr(cfg, k) for k in ("max_turns", "max_turn_tokens", "max_episode_tokens") if getattr(cfg, k)}
+    return suites.evaluate(engine, suite, limit=cfg.limit or None, samples=cfg.samples, temperature=cfg.temperature,
+                           seed=cfg.seed, pass_k=cfg.pass_k, data_path=data, heldout_fraction=cfg.heldout_fraction,
+                           progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs, tasks=tasks,
+                           transcripts=cfg.dump_episodes)
+
+
+def training_eval_config(cfg: Any) -> EvalConfig:
+    """The evaluation settings of a training run (``cfg``: a :class:`~trace_gym.train.config.TrainConfig`):
+    its ``eval_suite`` on ``eval_tasks`` tasks, ``eval_samples`` samples each (greedy for one), with the
+    run's policy, seed, engine, held-out split, agent limits and env kwargs. Checks the suite name."""
+    return EvalConfig(policy=(cfg.policy,), suites=(cfg.eval_suite,), limit=cfg.eval_tasks, samples=cfg.eval_samples,
+                      temperature=0.0 if cfg.eval_samples == 1 else cfg.temperature, seed=cfg.seed,
+                      engine=cfg.engine, heldout_fraction=cfg.heldout_fraction, max_turns=cfg.max_turns,
+                      max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
+                      env_kwargs=cfg.env_kwargs, progress=cfg.progress)
+
+
+@dataclass(frozen=True)
+class TrainingEvaluator:
+    """A training run's evaluation, ``(engine, step) -> result`` (``TrainSetup.evaluate``): step 0,
+    the initial policy, through the cache ``trace-gym eval`` with these settings uses; later steps
+    run afresh on the trained engine (their weights are new)."""
+
+    cfg: EvalConfig
+
+    def __call__(self, engine: Any, step: int) -> dict[str, Any]:
+        suite = self.cfg.suites[0]
+        if step == 0:
+            from trace_gym.models import resolve_model
+
+            return evaluate_cached(self.cfg, Path(resolve_model(self.cfg.policy[0])), suite, engine)[0]
+        return run_suite(self.cfg, suite, engine)
+
+
 def read_cached(path: Path) -> dict[str, Any] | None:
     """A cached suite result, or ``None`` (a miss): no file, or one that is torn, interleaved,
-    too large or deep (read bounded: :func:`trace_gym.run_files.read_json_file`), or not an
+    too large or deep (read bounded: :func:`trace_gym.runs.files.read_json_file`), or not an
     object with integer ``tasks`` and ``samples``."""
     try:
         result = read_json_file(path)
@@ -305,7 +342,7 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
     """Evaluate every policy on every suite (cached); writes ``results.json`` and ``results.md``."""
     from trace_gym.models import quiet_third_party
 
-    from trace_gym.output_paths import check_config_outputs, write_output_text
+    from trace_gym.runs.output_paths import check_config_outputs, write_output_text
 
     check_config_outputs(cfg)  # out: a folder that can be written, before any policy loads
     for suite in cfg.suites:  # input errors first, in one line, before any backend imports or download starts

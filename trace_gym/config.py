@@ -14,17 +14,18 @@ everything else is derived from that declaration:
   (dotted keys reach into nested sections such as ``trainer``);
 - :func:`config_help` lists the fields (sections included) for ``--help`` texts;
 - :func:`check_declared` holds a config built in Python to the same declarations;
-- unknown keys get the closest known key (:func:`trace_gym.suggest.did_you_mean`);
+- unknown keys get the closest known key (:func:`trace_gym.utils.suggest.did_you_mean`);
 - a dict-valued field is parsed with the bounded JSON reader
-  (:func:`trace_gym.textsafe.loads_bounded`), and every YAML mapping key must be a string.
+  (:func:`trace_gym.utils.textsafe.loads_bounded`), and every YAML mapping key must be a string.
 
 argparse itself lives in ``trace_gym/cli.py`` alone; it asks this module what flags a
 config has and how to parse them.
 
 This module is the loader machinery only and imports nothing of ``trace_gym`` but the leaves
-:mod:`trace_gym.config_fields` (what a field declares: :func:`doc`), :mod:`trace_gym.suggest` and
-:mod:`trace_gym.textsafe`: the entry-point configs live in :mod:`trace_gym.entry_configs`,
-composed of the shared sections of :mod:`trace_gym.config_sections`.
+:mod:`trace_gym.utils.config_fields` (what a field declares: :func:`doc`), :mod:`trace_gym.utils.suggest`
+and :mod:`trace_gym.utils.textsafe`: each entry point's config lives beside it
+(:data:`trace_gym.commands.ENTRY_CONFIGS` lists them), composed of the shared sections of
+:mod:`trace_gym.config_sections`.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from trace_gym.config_fields import (MAX_CONFIG_DEPTH, Interval, check_declared, declared_problem, doc,  # noqa: F401
-                                     nesting_depth_over, shown)
-from trace_gym.suggest import did_you_mean
-from trace_gym.textsafe import JSONRefused, loads_bounded
+from trace_gym.utils.config_fields import (  # noqa: F401  (doc, check_declared: the config API)
+    MAX_CONFIG_DEPTH, Interval, check_declared, declared_problem, doc, nesting_depth_over, shown)
+from trace_gym.utils.suggest import did_you_mean
+from trace_gym.utils.textsafe import JSONRefused, loads_bounded
 
 C = TypeVar("C")
 
@@ -435,6 +436,7 @@ def config_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         within = f.metadata.get("within")  # the declared range is part of what --help says
-        text = f.metadata.get("help", "") + (f" (in {within})" if within is not None else "")
+        text = f.metadata.get("help", "")
+        text = (text() if callable(text) else text) + (f" (in {within})" if within is not None else "")
         out.append((prefix + f.name, type_name(types_[f.name]), default, text))
     return out

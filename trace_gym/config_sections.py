@@ -1,7 +1,8 @@
 """The sections every entry-point config is composed of, each written once.
 
-An entry-point config (:mod:`trace_gym.entry_configs`) inherits the sections it has; a
-section brings its fields (type, help text), its validation and what is derived from it:
+An entry point's config (beside it; :data:`trace_gym.commands.ENTRY_CONFIGS` lists them)
+inherits the sections it has; a section brings its fields (type, help text), its validation
+and what is derived from it:
 
 =====================  =====================================================  ==========================
 section                fields                                                 derived
@@ -11,9 +12,9 @@ section                fields                                                 de
 :class:`AgentLimits`   ``max_turns``, ``max_turn_tokens``,                    :meth:`~AgentLimits.
                        ``max_episode_tokens``, ``temperature``                agent_config`
 :class:`PredictorChoice` ``predictor``, ``predictor_kwargs``, ``prefix_share``  the name checked against
-                                                                              :data:`~trace_gym.
-                                                                              predictor.PREDICTORS`
-:class:`Reproducibility` ``deterministic``                                     :func:`trace_gym.determinism.
+                                                                              :data:`~trace_gym.predictor.
+                                                                              kinds.PREDICTORS`
+:class:`Reproducibility` ``deterministic``                                     :func:`trace_gym.utils.determinism.
                                                                               applied`
 =====================  =====================================================  ==========================
 
@@ -28,17 +29,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from trace_gym.config import check_declared, doc
-from trace_gym.config_fields import MAX_COUNT, SEEDS
-from trace_gym.predictor import check_predictor_kwargs, check_predictor_name, predictor_names
+from trace_gym.predictor.kinds import check_predictor_kwargs, check_predictor_name, predictor_names
+from trace_gym.step.learning import PREFIX_SHARE
+from trace_gym.utils.config_fields import MAX_COUNT, SEEDS
 
 __all__ = ["AgentLimits", "BenchTarget", "BudgetShape", "MAX_COUNT", "PredictorChoice", "Reproducibility", "SECTIONS",
            "SEEDS", "check_sections", "section_default", "section_of"]
 
 
-def _in(section: str, text: str, within: str | None = None) -> dict[str, Any]:
+def _in(section: str, text: str | Callable[[], str], within: str | None = None) -> dict[str, Any]:
     return {**doc(text, within=within), "section": section}
 
 
@@ -47,7 +49,7 @@ def section_of(f: dataclasses.Field) -> str | None:
     return f.metadata.get("section")
 
 
-def section_default(section: type, name: str, default: Any, help: str | None = None) -> Any:
+def section_default(section: type, name: str, default: Any, help: str | Callable[[], str] | None = None) -> Any:
     """A field of ``section`` with another default (and optionally a more specific help text)."""
     base = section.__dataclass_fields__[name]
     metadata = {**base.metadata, **({"help": help} if help else {})}
@@ -84,7 +86,15 @@ class BudgetShape:
 
 @dataclass(frozen=True)
 class AgentLimits:
-    """The agent section: the limits of one episode of the agent loop (tokens, turns, sampling)."""
+    """The agent section: the limits of one episode of the agent loop (tokens, turns, sampling).
+
+    Its defaults (3 turns of at most 160 tokens, 1024 tokens an episode) are the commands' and
+    smaller than :class:`trace_gym.agent.loop.AgentConfig`'s (8 turns of 384 tokens, 2048 an
+    episode) on purpose: a command's default run is sized for the 2-core CPU machine and
+    SmolLM2-135M (design.md), while ``AgentConfig()`` is the library's default for a caller
+    that builds an agent loop itself. Each limit below that ``AgentConfig`` has is passed to
+    it by name (:meth:`agent_config`), so the two never disagree on what a limit means.
+    """
 
     max_turns: int = field(default=3, metadata=_in("agent", "turns per episode", within="[1, 10000]"))
     max_turn_tokens: int = field(default=160, metadata=_in(
@@ -94,11 +104,14 @@ class AgentLimits:
     temperature: float = field(default=1.0, metadata=_in("agent", "rollout sampling temperature", within="[0, 100]"))
 
     def agent_config(self) -> Any:
-        """The :class:`trace_gym.agent.AgentConfig` of these limits."""
-        from trace_gym.agent import AgentConfig
+        """The :class:`trace_gym.agent.loop.AgentConfig` of these limits: each field of this
+        section that ``AgentConfig`` has, by name (``temperature`` is the sampler's, not the
+        loop's); the loop's other settings keep ``AgentConfig``'s defaults."""
+        from trace_gym.agent.loop import AgentConfig
 
-        return AgentConfig(max_turn_tokens=self.max_turn_tokens, max_episode_tokens=self.max_episode_tokens,
-                           max_turns=self.max_turns)
+        loop_fields = {f.name for f in dataclasses.fields(AgentConfig)}
+        return AgentConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AgentLimits)
+                              if f.name in loop_fields})
 
 
 @dataclass(frozen=True)
@@ -111,11 +124,11 @@ class PredictorChoice:
     PREDICTOR_READS: ClassVar[str] = "text"
 
     predictor: str = field(default="embedding", metadata=_in(
-        "predictor", "success predictor: " + " | ".join(predictor_names("text"))))
+        "predictor", lambda: "success predictor: " + " | ".join(predictor_names("text"))))
     predictor_kwargs: dict = field(default_factory=dict, metadata=_in(
         "predictor", "JSON object of the predictor's keyword arguments, e.g. {\"device\": \"cuda\", "
         "\"dtype\": \"bfloat16\"}"))
-    prefix_share: float = field(default=0.06, metadata=_in(
+    prefix_share: float = field(default=PREFIX_SHARE, metadata=_in(
         "predictor", "share of the predictor's batch weight on prefix samples (the paper: about 6 %)",
         within="[0, 1)"))
 
@@ -127,7 +140,7 @@ class PredictorChoice:
 @dataclass(frozen=True)
 class Reproducibility:
     """The reproducibility section: whether a run is a function of its config and seed only
-    (:mod:`trace_gym.determinism`: fixed CPU threads whatever the load, torch's deterministic
+    (:mod:`trace_gym.utils.determinism`: fixed CPU threads whatever the load, torch's deterministic
     algorithms, env rounds independent of timing)."""
 
     deterministic: bool = field(default=False, metadata=_in(

@@ -327,7 +327,7 @@ def locate_model(name_or_path: str | os.PathLike) -> Path | None:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model folder {path} has no config.json")
         return path
-    from trace_gym.suggest import did_you_mean
+    from trace_gym.utils.suggest import did_you_mean
 
     if ref.startswith(("/", ".", "~")) or ref.count("/") != 1:  # not org/name (which may hold dots: Qwen3-0.6B)
         raise FileNotFoundError(f"model {ref!r} is neither a known name {sorted(MODELS)} nor an existing folder"
@@ -345,7 +345,7 @@ def missing_local_path(ref: str) -> str | None:
     ``None`` otherwise."""
     import itertools
 
-    from trace_gym.suggest import did_you_mean
+    from trace_gym.utils.suggest import did_you_mean
 
     path = Path(os.path.expanduser(ref))
     if ref.count("/") != 1 or path.is_dir() or not path.parent.is_dir():
@@ -392,8 +392,8 @@ def hub_failure(ref: str, exc: BaseException) -> str:
     """The one line saying why hub id ``ref`` could not be fetched: the exception's last
     line, whole up to 400 characters (longer: marked where it was cut, never cut
     unmarked mid-word), and the known names."""
-    from trace_gym.suggest import did_you_mean
-    from trace_gym.textsafe import cap_text
+    from trace_gym.utils.suggest import did_you_mean
+    from trace_gym.utils.textsafe import cap_text
 
     last = (str(exc).strip().splitlines() or [""])[-1]
     said = cap_text(last, 400, note=" [... {omitted} characters cut ...] ")

@@ -69,9 +69,9 @@ from environments.wiki_qa.actions import PROTOCOLS, QUERY_REFUSED, TOOL_SCHEMAS,
 from environments.wiki_qa.metrics import best_exact_match, best_f1, em_reward, f1_reward, reward_f1
 from environments.wiki_qa.searchers import resolve_searcher
 from retrieval_index.protocol import QueryRejected, split_contents
-from trace_gym.textsafe import clean_text
-from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
-from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.utils.textsafe import clean_text
+from trace_gym.env.contract import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
+from trace_gym.env.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 
 SYSTEM_PROMPT_TAGS = (

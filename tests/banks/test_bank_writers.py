@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from bank_fixtures import ScriptedPolicy, small_family, synthetic_record
 
-from trace_gym.agent import AgentConfig
+from trace_gym.agent.loop import AgentConfig
 from trace_gym.banks import BankWriter, open_bank, read_header, record_bank
 from trace_gym.banks.writer import lock_path, portable_command, portable_path, shared_policy_path
 
@@ -28,7 +28,7 @@ HOLDER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from bank_fixtures import ScriptedPolicy, small_family
-    from trace_gym.agent import AgentConfig
+    from trace_gym.agent.loop import AgentConfig
     from trace_gym.banks import record_bank
 
     def say(msg):
@@ -164,7 +164,7 @@ def test_the_manifest_names_the_policy_by_name_and_checksum_never_by_the_recorde
 
 
 def test_a_bank_recorded_with_absolute_paths_still_opens_resumes_and_finds_its_policy(tmp_path, monkeypatch):
-    from trace_gym.bench_bank import policy_folder
+    from trace_gym.bench.bank import policy_folder
 
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")

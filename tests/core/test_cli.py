@@ -85,7 +85,8 @@ def test_every_config_command_takes_each_key_as_a_flag_sections_included():
     """One key space, two spellings: ``--root-budget 6`` = ``root_budget=6``, ``--trainer.lr`` =
     ``trainer.lr=``, for train, eval, bench and bank record alike (generated from the config)."""
     from trace_gym.commands import command_config
-    from trace_gym.entry_configs import BankRecordConfig, TrainConfig
+    from trace_gym.banks.config import BankRecordConfig
+    from trace_gym.train.config import TrainConfig
 
     parser = cli.build_parser()
     args = parser.parse_args(["train", "--root-budget", "6", "--trainer.lr", "3e-6", "--max-turns", "2"])

@@ -83,7 +83,7 @@ def test_sizes_are_bounded_in_one_line_naming_the_bound(argv, words, capsys, no_
 def test_every_numeric_field_of_every_entry_config_declares_its_range():
     """The declaration is the check: a count or a rate without a declared range would take anything."""
     from trace_gym.config import field_types
-    from trace_gym.entry_configs import ENTRY_CONFIGS
+    from trace_gym.commands import ENTRY_CONFIGS
 
     def numeric(tp) -> bool:
         args = typing.get_args(tp)
@@ -105,8 +105,9 @@ def test_every_numeric_field_of_every_entry_config_declares_its_range():
 
 
 def test_a_config_built_in_python_is_held_to_the_same_ranges():
-    from trace_gym.entry_configs import SimBenchConfig, TrainConfig
-    from trace_gym.trainer import TrainerConfig
+    from trace_gym.bench.config import SimBenchConfig
+    from trace_gym.train.config import TrainConfig
+    from trace_gym.train.trainer import TrainerConfig
 
     with pytest.raises(ValueError, match=r"^pool_size: expected an int in \[1, 1000000\], got 100000000000$"):
         SimBenchConfig(pool_size=10**11)
@@ -150,8 +151,8 @@ def test_an_unknown_or_ill_typed_kwarg_is_refused_before_the_work(argv, words, t
 
 def test_bench_sim_passes_predictor_kwargs_to_the_predictor():
     """Before issue 44 the simulator built every predictor without the user's kwargs."""
-    from trace_gym.bench_sim import SimSource
-    from trace_gym.entry_configs import SimBenchConfig
+    from trace_gym.bench.sim import SimSource
+    from trace_gym.bench.config import SimBenchConfig
 
     cfg = SimBenchConfig(seeds=1, steps=2, pool_size=64, candidates=16, root_budget=8,
                          predictor_kwargs={"newton_steps": 7, "l2": 0.5})

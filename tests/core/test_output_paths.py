@@ -71,7 +71,7 @@ def test_a_bad_output_path_is_one_line_before_the_work(case, places, tmp_path, c
 
 @pytest.mark.parametrize("kind, bad", [("file", "folder"), ("folder", "file"), ("file", "parent file")])
 def test_output_problem_names_what_is_in_the_way(kind, bad, places):
-    from trace_gym.output_paths import check_output
+    from trace_gym.runs.output_paths import check_output
 
     folder, file = places
     path = {"folder": folder, "file": file, "parent file": file / "x" / "r.json"}[bad]
@@ -83,7 +83,7 @@ def test_output_problem_names_what_is_in_the_way(kind, bad, places):
 
 
 def test_a_write_that_fails_at_the_end_keeps_the_text_beside(places):
-    from trace_gym.output_paths import write_output_text
+    from trace_gym.runs.output_paths import write_output_text
 
     folder, _ = places
     with pytest.raises(ValueError, match=f"^--json '{folder}' could not be written .*; the results are in ") as info:

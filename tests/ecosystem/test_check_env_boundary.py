@@ -157,8 +157,8 @@ def test_the_python_api_turns_an_exit_into_the_failing_check(hostile):
     option is a ValueError before any check runs."""
     import hostile_t44
 
-    from trace_gym.env import EnvCheckError
-    from trace_gym.env_checks import check_env
+    from trace_gym.env.contract import EnvCheckError
+    from trace_gym.env.checks import check_env
 
     tasks = hostile_t44.make_tasks(1)
     with pytest.raises(EnvCheckError, match=r"^\[seeded_determinism\] ExitInReset: the env's reset raised "

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from foreign_envs import HotColdEpisode, hot_cold_tasks
-from trace_gym.env_adapter import ForeignEnv
-from trace_gym.env_boundary import ForeignEnvError, ForeignReplyError
+from trace_gym.env.adapter import ForeignEnv
+from trace_gym.env.boundary import ForeignEnvError, ForeignReplyError
 from trace_gym.types import Message
 
 

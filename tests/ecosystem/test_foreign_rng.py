@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from trace_gym.env_adapter import ForeignEnv
+from trace_gym.env.adapter import ForeignEnv
 from trace_gym.types import Message, Task
 
 HUNG_DEADLINE_S = 600.0  # a hung call's deadline: what a second env would wait for under a lock

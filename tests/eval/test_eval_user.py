@@ -183,7 +183,7 @@ def test_register_suite_names_a_plugin_suite_for_eval_and_train(tmp_path, tiny_m
     assert row["suite"] == "echo_suite" and row["tasks"] == 2
     # train's eval_suite takes a registered suite and an env id alike
     from trace_gym.commands.train import resolve_train_setup
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     for name in ("echo_suite", "EchoLocal-v0"):
         setup = resolve_train_setup(TrainConfig(eval_suite=name, eval_every=1))

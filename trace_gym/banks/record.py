@@ -1,9 +1,9 @@
 """Recording a bank: dense rollout trees of a real policy, through the agent loop of training.
 
 For each prompt, :func:`record_bank` runs R root rollouts (one
-:meth:`~trace_gym.agent.AgentRunner.start_many`: a request with ``n = R``), and as soon
+:meth:`~trace_gym.agent.loop.AgentRunner.start_many`: a request with ``n = R``), and as soon
 as they are back, K continuations from every visited prefix of every root (after each
-non-final turn; :meth:`~trace_gym.agent.AgentRunner.branch`: restore the env snapshot
+non-final turn; :meth:`~trace_gym.agent.loop.AgentRunner.branch`: restore the env snapshot
 into fresh envs, reuse the token prefix, one request with ``n = K``). The engine, the
 env factory, the agent limits and the token bookkeeping are those of training and
 ``bench --env``, so a replayed outcome is one the live loop would have produced.
@@ -20,13 +20,13 @@ Scheduling: ``batch_prompts`` prompts are in flight at once (memory: that many p
 episodes and snapshots and the engine's cached KV of them, never the bank: a written
 prompt's KV is dropped from the engine's prefix cache, :func:`_forget_prompt`), all their
 roots and branches in the same
-generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.AgentRunner`);
+generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.loop.AgentRunner`);
 the moment a prompt is written the next one's roots start (``schedule="rolling"``), so
 the rounds stay wide to the end. The recorder reports prompts per minute and an ETA
 after each prompt.
 
 Durability: each prompt is written the moment its last
-branch returns, as one fsync'd line (:class:`~trace_gym.banks.format.BankWriter`). A
+branch returns, as one fsync'd line (:class:`~trace_gym.banks.writer.BankWriter`). A
 killed recording keeps every prompt it wrote; rerunning the same call cuts a partial
 last line (or, when the recording was killed while writing its header, starts afresh),
 skips the prompts already there and records each remaining prompt exactly once; the
@@ -47,7 +47,7 @@ import numpy as np
 from trace_gym.banks.format import success
 from trace_gym.banks.writer import (BankWriter, lock_path, portable_command, portable_path, shared_policy_path,
                                     weights_hash)
-from trace_gym.run_files import release_lock
+from trace_gym.runs.files import release_lock
 from trace_gym.budget import BudgetLedger
 
 
@@ -293,7 +293,7 @@ def record_bank(out: str, *, engine: Any, family: Any, prompts: int, roots: int,
         continuations: K continuations per recorded prefix.
         max_prefixes_per_root: the per-root prefix cap (``None``: every prefix); see the module docstring.
         sampling: :class:`~trace_gym.types.SamplingParams` (``max_tokens`` comes from ``agent_config``).
-        agent_config: :class:`~trace_gym.agent.AgentConfig` (turn/episode limits).
+        agent_config: :class:`~trace_gym.agent.loop.AgentConfig` (turn/episode limits).
         seed: task seed, and base of the env seeds (root j of task p resets with
             ``seed + 1000 p + j``, :func:`trace_gym.types.env_seed`, as the live runner does).
         batch_prompts: prompts in flight at once (memory: one batch).
@@ -315,7 +315,7 @@ def record_bank(out: str, *, engine: Any, family: Any, prompts: int, roots: int,
         ``{"path", "prompts", "recorded", "skipped", "truncated_bytes", "seconds", "complete"}``
         and, after a recording, ``prompts_per_minute`` (this run's prompts over its recording time).
     """
-    from trace_gym.agent import AgentConfig
+    from trace_gym.agent.loop import AgentConfig, AgentRunner
     from trace_gym.types import SamplingParams
 
     say = say or (lambda msg: None)
@@ -350,7 +350,7 @@ def _record_into(writer: BankWriter, out: str, engine: Any, family: Any, prompts
                  agent_config: Any, cfg: dict[str, Any], progress: bool, say: Callable[[str], None]) -> dict[str, Any]:
     """:func:`record_bank` once its writer holds the bank: the prompts still to record, recorded
     (``cfg``: the counts, seed, window, schedule and command line of the call)."""
-    from trace_gym.agent import AgentRunner
+    from trace_gym.agent.loop import AgentRunner
 
     summary = {"path": str(out), "prompts": len(writer.present), "recorded": 0, "skipped": len(writer.present),
                "truncated_bytes": writer.truncated_bytes, "seconds": 0.0, "complete": writer.complete}

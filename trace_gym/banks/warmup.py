@@ -10,7 +10,7 @@ documented slice of the bank that no measured pool ever draws from:
   the bench's ``seed`` alone (the same slice for every repetition and every arm);
 - :func:`warm_up`: their recorded rollouts replayed as full trees (every recorded root,
   every recorded continuation of every recorded prefix), fed through the step's own
-  learning half (:func:`trace_gym.learning.update_predictor`: the same targets, the same
+  learning half (:func:`trace_gym.step.learning.update_predictor`: the same targets, the same
   prefix share, each prompt's root outcomes as its evidence) in batches of ``batch``
   prompts, one predictor update per batch, as if they were earlier training steps. The
   samples are the prompts and the prefixes of their root rollouts (targets: recursive
@@ -31,8 +31,8 @@ import numpy as np
 from trace_gym.banks.format import Bank
 from trace_gym.banks.replay import BankBranchRunner, BankDraws
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import StepResult
-from trace_gym.learning import update_predictor
+from trace_gym.step.driver import StepResult
+from trace_gym.step.learning import update_predictor
 
 #: Held-out prompts per predictor update of the warm-up (about one bench step's trees).
 WARMUP_BATCH = 16
@@ -104,7 +104,7 @@ def steady_state_spearman(predictor: Any, bank: Bank, warmup_prompts: int, *, se
     ``predictor`` (fresh) warmed up on the bench's held-out slice (:func:`held_out_prompts`,
     :func:`warm_up`), then scored on every other prompt against its empirical rate. This is
     the in-bench value the calibrated simulator's ``feature_spearman`` takes."""
-    from trace_gym.predictor import Context
+    from trace_gym.predictor.kinds import Context
     from trace_gym.report import spearman
 
     held = held_out_prompts(len(bank), warmup_prompts, seed)

@@ -16,7 +16,7 @@ from trace_gym.banks.format import (FORMAT, RUN_KEYS, VERSION, BankError, check_
                                     encode_line, iter_members, parse_line, scan_bank)
 from trace_gym.banks.lines import open_file
 from trace_gym.banks.schema import check_encodable, check_manifest, check_prompt_record
-from trace_gym.run_files import exclusive_lock, release_lock
+from trace_gym.runs.files import exclusive_lock, release_lock
 
 #: A header line's first bytes (gzip member header, then the JSON up to the format), for
 #: recognising a header that a killed recorder left half-written.
@@ -41,7 +41,7 @@ class BankWriter:
     (:mod:`trace_gym.banks.schema`), so the writer never writes a line a reader refuses.
 
     One writer per bank: the writer holds an exclusive lock on ``<bank>.lock``
-    (:func:`~trace_gym.run_files.exclusive_lock`, the run dir's mechanism) from before it
+    (:func:`~trace_gym.runs.files.exclusive_lock`, the run dir's mechanism) from before it
     reads the file until :meth:`close` (or the end of its process, however it ends); a
     second writer of the same file, in any process, is refused in one ``ValueError``
     naming the holder's pid, host and start time, before it reads or cuts anything.
@@ -298,9 +298,9 @@ def shared_policy_path(folder: str | os.PathLike | None, cwd: str | os.PathLike 
 
 # ---------------------------------------------------------------------- the policy's weights
 def weights_hash(folder: str | os.PathLike | None) -> str | None:
-    """:func:`trace_gym.weights.weights_hash` of the policy folder (the one definition, shared
+    """:func:`trace_gym.runs.weights.weights_hash` of the policy folder (the one definition, shared
     with the eval cache), or ``None`` without a folder or without weights files."""
-    from trace_gym.weights import weights_hash as sha256_of_weights
+    from trace_gym.runs.weights import weights_hash as sha256_of_weights
 
     if folder is None or not Path(folder).is_dir():
         return None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.commands import add_config_parser, command_config
-from trace_gym.entry_configs import BankRecordConfig
+from trace_gym.banks.config import BankRecordConfig
 
 #: Where the shipped banks live (package data).
 SHIPPED = Path(__file__).resolve().parents[1] / "banks" / "data"
@@ -25,36 +25,36 @@ class _DataFamily:
     """An env family whose prompts come from a training dataset (``data``)."""
 
     def __init__(self, family: Any, data: str, path: str | None):
-        from evaluators import suites
+        from environments.train_data import get_train_data
 
         self.family, self.data, self.path = family, data, path
         self.env_id, self.env_kwargs = family.env_id, family.env_kwargs
-        self.loader_kwargs = {"data": suites.get_train_data(data).description, "path": path}
+        self.loader_kwargs = {"data": get_train_data(data).description, "path": path}
 
     def make_env(self) -> Any:
         return self.family.make_env()
 
     def load_tasks(self, n: int, seed: int = 0) -> list:
-        from evaluators import suites
+        from environments.train_data import load_train_data
 
-        return suites.load_train_data(self.data, n, seed, self.path)
+        return load_train_data(self.data, n, seed, self.path)
 
 
 def resolve_record(cfg: BankRecordConfig) -> Any:
     """The env family (prompts from ``data`` when set) of a record config; loads no model."""
-    from evaluators import suites
+    from environments.train_data import get_train_data
     from trace_gym.registry import resolve_env
 
     family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
     if not cfg.data:
         return family
-    suites.get_train_data(cfg.data)  # an unknown name: one line, before anything loads
+    get_train_data(cfg.data)  # an unknown name: one line, before anything loads
     return _DataFamily(family, cfg.data, cfg.data_path or None)
 
 
 def dry_run(cfg: BankRecordConfig, family: Any) -> str:
     """What ``bank record`` would do, loading no model (and no remote data)."""
-    from evaluators import suites
+    from environments.train_data import get_train_data
 
     cap = cfg.max_prefixes_per_root or cfg.max_turns - 1
     per_prompt = cfg.roots * (1 + min(cfg.max_turns - 1, cap) * cfg.continuations)
@@ -67,7 +67,7 @@ def dry_run(cfg: BankRecordConfig, family: Any) -> str:
              f"{cfg.prompts * per_prompt:,} in all",
              f"  limits: {cfg.max_turns} turns x {cfg.max_turn_tokens} tokens, context {cfg.max_episode_tokens}, "
              f"temperature {cfg.temperature:g}, seed {cfg.seed}"]
-    offline = not cfg.data or suites.get_train_data(cfg.data).offline or bool(cfg.data_path)
+    offline = not cfg.data or get_train_data(cfg.data).offline or bool(cfg.data_path)
     if offline:
         tasks = family.load_tasks(min(cfg.prompts, 4), seed=cfg.seed)
         lines.append(f"  prompts load: OK (first: {tasks[0].id if tasks else '-'})")
@@ -81,11 +81,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     from trace_gym.banks.writer import lock_bank, lock_path
     from trace_gym.engines import make_engine
     from trace_gym.models import quiet_third_party, resolve_model
-    from trace_gym.policies import with_policy
-    from trace_gym.run_files import release_lock
+    from trace_gym.runs.policies import with_policy
+    from trace_gym.runs.files import release_lock
     from trace_gym.types import SamplingParams
 
-    from trace_gym.output_paths import check_config_outputs
+    from trace_gym.runs.output_paths import check_config_outputs
 
     cfg = command_config(BankRecordConfig, args)
     check_config_outputs(cfg)  # out: a file path that can be written, before the policy loads
@@ -134,7 +134,7 @@ def _say(progress: bool) -> Any:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from trace_gym.banks import bank_stats, format_bank_stats
-    from trace_gym.output_paths import check_output, write_output_text
+    from trace_gym.runs.output_paths import check_output, write_output_text
 
     if args.json:
         check_output(args.json, "file", key="--json")
@@ -153,8 +153,8 @@ def _learned_predictor(name: str, path: str) -> Any:
     if not name or name == "none":
         return None
     from trace_gym.banks import read_header
-    from trace_gym.bench_bank import policy_folder
-    from trace_gym.predictor import PREDICTORS, check_predictor_name, make_predictor
+    from trace_gym.bench.bank import policy_folder
+    from trace_gym.predictor.kinds import PREDICTORS, check_predictor_name, make_predictor
 
     check_predictor_name(name, "text", key="--predictor")
     supplied = {"model_path": policy_folder(read_header(path)["manifest"])} if "model_path" in PREDICTORS[name].needs \

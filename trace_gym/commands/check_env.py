@@ -1,4 +1,4 @@
-"""``trace-gym check-env ENV``: the conformance kit (:func:`trace_gym.env_checks.check_env`)
+"""``trace-gym check-env ENV``: the conformance kit (:func:`trace_gym.env.checks.check_env`)
 on any env id, from the command line.
 
 The env is resolved as every command resolves ``--env`` (a family, a registered id, or
@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from trace_gym.env_boundary import DEFAULT_CALL_TIMEOUT_S, error_text
-from trace_gym.suggest import did_you_mean
-from trace_gym.textsafe import clean_text
+from trace_gym.env.boundary import DEFAULT_CALL_TIMEOUT_S, error_text
+from trace_gym.utils.suggest import did_you_mean
+from trace_gym.utils.textsafe import clean_text
 
 
 def check_names(only: str | None) -> tuple[str, ...]:
@@ -28,7 +28,7 @@ def check_names(only: str | None) -> tuple[str, ...]:
     Raises:
         ValueError: a name that is no check (one line, with the closest ones).
     """
-    from trace_gym.env_checks import CHECKS
+    from trace_gym.env.checks import CHECKS
 
     if only is None:
         return tuple(CHECKS)
@@ -78,8 +78,8 @@ def env_code(what: str, make: Callable[[], Any]) -> Any:
 
 
 def cmd_check_env(args: argparse.Namespace) -> int:
-    from trace_gym.env import EnvCheckError
-    from trace_gym.env_checks import check_env, check_options
+    from trace_gym.env.checks import check_env, check_options
+    from trace_gym.env.contract import EnvCheckError
     from trace_gym.models import quiet_third_party
     from trace_gym.registry import load_plugins, resolve_env
 
@@ -133,7 +133,7 @@ def cmd_check_env(args: argparse.Namespace) -> int:
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
-    from trace_gym.env_checks import CHECKS
+    from trace_gym.env.checks import CHECKS
 
     p = subparsers.add_parser(
         "check-env", help="run the env conformance kit (check_env) on an env id",
