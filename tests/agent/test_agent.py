@@ -182,8 +182,20 @@ def _episodes(engine, make_env, tasks, min_turns=2, tries=3):
     pytest.fail(f"no episode with {min_turns}+ turns in {tries} tries")
 
 
-def test_context_is_the_concatenation_of_segments(engine):
-    runner, eps, _ = _episodes(engine, _math_env, generate_digit_sums(4, seed=2))
+@pytest.fixture(scope="module")
+def math_run(engine):
+    """One batch of math episodes on SmolLM2 (4 digit-sum tasks, up to 3 turns), shared by the
+    tests that read it or branch its episodes (each ran a batch of its own before, ~5 s each):
+    the runner, the episodes, those with 2+ turns, and the runner's ledger right after the batch."""
+    import copy
+
+    runner, eps, multi = _episodes(engine, _math_env, generate_digit_sums(4, seed=2))
+    yield runner, eps, multi, copy.deepcopy(runner.ledger)
+    runner.close()
+
+
+def test_context_is_the_concatenation_of_segments(math_run):
+    runner, eps, _, led = math_run
     for ep in eps:
         assert ep.context == ep.prompt_ids + tuple(t for turn in ep.turns for t in (*turn.action_ids, *turn.obs_ids))
         for t in ep.turns:
@@ -193,20 +205,27 @@ def test_context_is_the_concatenation_of_segments(engine):
         start = len(ep.prompt_ids)
         assert ep.turns[0].action_ids == ep.context[start:start + len(ep.turns[0].action_ids)]
         assert ep.env_closed and ep.error is None
-    led = runner.ledger  # episodes started without a ledger of their own
+    # the runner's ledger after the batch (episodes started without a ledger of their own)
     assert led.generated_tokens == sum(len(t.action_ids) for e in eps for t in e.turns)
     assert led.env_steps == sum(len(e.turns) for e in eps)
-    runner.close()
 
 
 @pytest.mark.parametrize("family", ["math_python", "bfcl"])
-def test_branching_reproduces_recorded_observation_tokens_and_env_state(engine, long_engine, family):
+def test_branching_reproduces_recorded_observation_tokens_and_env_state(request, family):
     if family == "math_python":
-        make_env, tasks = _math_env, generate_digit_sums(4, seed=5)
+        runner, _, multi, _ = request.getfixturevalue("math_run")
     else:
-        engine, make_env, tasks = long_engine, _bfcl_env, sample_tasks(2, seed=1)
-    runner, _, multi = _episodes(engine, make_env, tasks)
-    ep = multi[0]
+        runner, _, multi = _episodes(request.getfixturevalue("long_engine"), _bfcl_env, sample_tasks(2, seed=1))
+    try:
+        _branch_each_turn(runner, multi[0])
+    finally:  # the children branched and driven by hand end here, envs closed
+        if family == "math_python":
+            runner.cancel()  # math_run's runner is shared: it stays open, with nothing live
+        else:
+            runner.close()
+
+
+def _branch_each_turn(runner, ep):
     for t in range(1, len(ep.turns)):
         if ep.turns[t - 1].snapshot is None:
             break
@@ -224,7 +243,6 @@ def test_branching_reproduces_recorded_observation_tokens_and_env_state(engine, 
         if recorded.snapshot is not None:
             assert _canon(child.env.unwrapped.snapshot().state) == _canon(recorded.snapshot.state)
         child.env.close()
-    runner.close()
 
 
 class RecordingEngine:
@@ -241,22 +259,24 @@ class RecordingEngine:
         return self.engine.generate(prefixes, n, sampling)
 
 
-def test_continuations_with_one_anchor_run_as_one_request(engine):
-    runner, _, multi = _episodes(engine, _math_env, generate_digit_sums(4, seed=7))
+def test_continuations_with_one_anchor_run_as_one_request(engine, math_run):
+    runner, _, multi, _ = math_run
     ep = multi[0]
     runner.engine = RecordingEngine(engine)
-    children = runner.branch(ep, 1, k=3, anchor=("tree", 7))
-    loose = runner.branch(ep, 1, k=2)  # no anchor: nothing says they share a prefix
-    shared = len(children[0].context)
-    before = runner.ledger.prefill_tokens
-    done = runner.run(children + loose)
+    try:
+        children = runner.branch(ep, 1, k=3, anchor=("tree", 7))
+        loose = runner.branch(ep, 1, k=2)  # no anchor: nothing says they share a prefix
+        shared = len(children[0].context)
+        before = runner.ledger.prefill_tokens
+        done = runner.run(children + loose)
+    finally:
+        recorder, runner.engine = runner.engine, engine  # the shared runner gets its engine back
     assert len(done) == 5 and all(c.done and c.env_closed for c in done)
     assert all(c.turns[0].action_ids == ep.turns[0].action_ids for c in done)  # inherited turn
-    first = runner.engine.calls[0]
+    first = recorder.calls[0]
     assert sorted(first) == sorted([(shared, 3), (shared, 1), (shared, 1)])
     # the shared prefix was prefilled once for the three anchored children, not three times
     assert runner.ledger.prefill_tokens - before < 5 * shared
-    runner.close()
 
 
 def test_episode_token_limit_truncates_and_reports(engine):
@@ -416,7 +436,9 @@ def test_the_envs_closing_tags_reach_every_generate_call(engine):
     recorder = StopRecorder(engine)
     runner = AgentRunner(recorder, engine.tokenizer, family.make_env, SamplingParams(temperature=1.0, seed=3,
                                                                                      stop=("STOP",)),
-                         AgentConfig(max_turn_tokens=96, max_episode_tokens=2048, max_turns=2))
+                         # 32 tokens a turn: every tagged turn at this seed ends by its 20th token (as
+                         # with 96, where the test ran 3x as long), only the untagged 2nd turns are cut
+                         AgentConfig(max_turn_tokens=32, max_episode_tokens=2048, max_turns=2))
     try:
         done = runner.run([runner.start(t, seed=i) for i, t in enumerate(family.load_tasks(4, seed=0))])
     finally:

@@ -65,9 +65,10 @@ def test_mixed_without_replacement_against_brute_force():
 def test_uniform_replay_matches_the_hypergeometric_closed_form(tmp_path):
     successes = np.random.default_rng(3).integers(0, 9, size=40)
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", successes, roots=8, continuations=2)
-    # 5 of 20 random candidates per step get G = 4 of the 8 recorded roots: each chosen prompt is a
+    # 10 of 20 random candidates per step get G = 4 of the 8 recorded roots: each chosen prompt is a
     # uniformly random one of the bank, so E[effective ratio] is the mean hypergeometric P(mixed)
-    res = bench_on(path, seeds=300, steps=2, warmup_steps=0, candidates=20, root_budget=20, group_size=4,
+    # (150 seeds x 2 steps x 10 prompts: as many draws as 300 seeds of 5 prompts, half the steps)
+    res = bench_on(path, seeds=150, steps=2, warmup_steps=0, candidates=20, root_budget=40, group_size=4,
                    continuations_per_root=0, strategies=("uniform",))
     expected = np.mean([mixed_without_replacement(int(s), 8, 4) for s in successes])
     u = res["strategies"]["uniform"]
