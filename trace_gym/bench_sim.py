@@ -81,7 +81,8 @@ class SimRepetition:
         from trace_gym.sim import SimBranchRunner
 
         result = run_step(candidates, play.strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget,
-                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured, **play.kwargs())
+                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured, mixed_rule=self.cfg.mixed(),
+                          **play.kwargs())
         rates = self.pool.success[np.asarray(candidates, dtype=np.int64)]
         result.extras["truth"] = (rates, mixed_probability(rates, self.cfg.group_size))
         return result

@@ -155,16 +155,30 @@ class Reproducibility:
 
 @dataclass(frozen=True)
 class BenchTarget:
-    """The bench's budget-to-target measure: how many mixed groups an arm must collect."""
+    """The bench's target section: what counts a group as mixed (:mod:`trace_gym.mixed`), and how many
+    mixed groups an arm must collect for the budget-to-target measure."""
 
     mixed_groups_target: int = field(default=8, metadata=_in(
         "target", "mixed groups an arm must collect over its measured steps; its exact generated tokens until then "
                   "are the budget-to-target metric (tokens to target)"))
 
+    mixed_rule: str = field(default="threshold", metadata=_in(
+        "target", "what counts a group as mixed: threshold (a success and a failure, success = reward >= 0.5) | "
+                  "spread (reward max - min > mixed_spread; for continuous rewards, trace_gym/mixed.py)"))
+    mixed_spread: float = field(default=0.0, metadata=_in(
+        "target", "with mixed_rule=spread: the reward range a group must exceed to count as mixed (reward units)"))
+
+    def mixed(self) -> Any:
+        """The :class:`~trace_gym.mixed.MixedRule` of ``mixed_rule`` and ``mixed_spread``."""
+        from trace_gym.mixed import MixedRule
+
+        return MixedRule(self.mixed_rule, self.mixed_spread)
+
     def _check_target(self) -> None:
         n = self.mixed_groups_target
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
             raise ValueError(f"mixed_groups_target must be an integer in [1, 1000000], got {n!r}")
+        self.mixed()  # one line naming a bad mixed_rule or mixed_spread
 
 
 #: Every section, and the check each brings.
