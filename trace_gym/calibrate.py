@@ -152,5 +152,6 @@ def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict
 
 def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~trace_gym.entry_configs.SimBenchConfig` keys of a :func:`calibration` result."""
-    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman")
+    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman",
+            "predictor_level_shift", "warmup_prompts")
     return {k: calibrated[k] for k in keys if k in calibrated}

@@ -93,8 +93,15 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "predictor of every predictor-driven strategy: " + " | ".join(predictor_names("sim"))))
     noisy_spearman: float = field(default=0.8, metadata=doc("prompt-level Spearman of the noisy oracle"))
     feature_spearman: float = field(default=0.8, metadata=doc(
-        "prompt-level Spearman between the task feature a learned predictor sees and the true success (a "
-        "modelling assumption; see docs/strategies.md)"))
+        "prompt-level Spearman between the task feature a learned predictor sees and the true success, in [0, 1] "
+        "(0: the feature is noise; a modelling assumption, see docs/strategies.md; calibrate_from fits it)"))
+    predictor_level_shift: float = field(default=0.0, metadata=doc(
+        "logit offset added to the learned predictor's prompt predictions: a level error like a real predictor's "
+        "(calibrate_from fits it to the bank bench's)"))
+    warmup_prompts: int | None = field(default=None, metadata=doc(
+        "simulated tasks held out of every candidate pool whose rollouts (grown as a bank records a prompt) train "
+        "every learned predictor before step 0, as bench --bank does; unset: 0 (a cold start), or with "
+        "calibrate_from the bank bench's (64, at most a quarter of the bank)"))
     oracle_upper_bound: bool = field(default=True, metadata=doc(
         "also run TRACE with the oracle predictor, labelled as an upper bound"))
     budget_unit: str = field(default="nominal", metadata=doc(
@@ -121,12 +128,29 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         _check_measured_steps(self)
         if self.candidates > self.pool_size:
             raise ValueError(f"candidates {self.candidates} exceed pool_size {self.pool_size}")
-        for name in ("noisy_spearman", "feature_spearman"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
+        if not 0 < self.noisy_spearman <= 1:
+            raise ValueError(f"noisy_spearman must lie in (0, 1], got {self.noisy_spearman!r}")
+        if not 0 <= self.feature_spearman <= 1:
+            raise ValueError(f"feature_spearman must lie in [0, 1], got {self.feature_spearman!r}")
+        _check_sim_predictor(self)
         _check_unit(self)
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns!r}, {self.max_turns!r}")
+
+
+def _check_sim_predictor(cfg: "SimBenchConfig") -> None:
+    """The simulator's warm-up and level-shift keys (one line naming a bad value)."""
+    import math
+
+    shift = cfg.predictor_level_shift
+    if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not math.isfinite(shift):
+        raise ValueError(f"predictor_level_shift must be a finite number (logit units), got {shift!r}")
+    if shift and cfg.predictor != "learned":  # the other sim kinds are the truth, or the truth plus noise
+        raise ValueError(f"predictor_level_shift is read by the learned predictor only, got predictor={cfg.predictor!r}")
+    n = cfg.warmup_prompts
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= cfg.pool_size - cfg.candidates):
+        raise ValueError(f"warmup_prompts must be an integer in [0, pool_size - candidates = "
+                         f"{cfg.pool_size - cfg.candidates}], got {n!r}")
 
 
 # ---------------------------------------------------------------------- bench --env
