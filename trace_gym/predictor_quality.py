@@ -98,7 +98,8 @@ def selection_precision(values: Sequence[float] | np.ndarray, mixed: Sequence[fl
     if pool == len(v):  # one pool: all of them
         index = np.arange(len(v))[None, :]
     else:
-        index = np.argsort(np.random.default_rng(seed).random((draws, len(v))), axis=1)[:, :pool]
+        rng = np.random.default_rng(seed)
+        index = np.stack([rng.choice(len(v), pool, replace=False) for _ in range(draws)])  # each in random order
     order = np.argsort(-closeness(v)[index], axis=1, kind="stable")[:, :picks]
     return float(m[np.take_along_axis(index, order, axis=1)].mean())
 
