@@ -34,8 +34,7 @@ def sim_world(cfg: SimBenchConfig) -> Any:
     from trace_gym.sim_predictors import noise_for_spearman
 
     base = dict(target_mixed=cfg.target_mixed, mean_success=cfg.mean_success, group_size=cfg.group_size,
-                step_concentration=cfg.step_concentration, min_turns=cfg.min_turns, max_turns=cfg.max_turns,
-                turn_shares=tuple(cfg.turn_shares), success_turn_shares=tuple(cfg.success_turn_shares))
+                step_concentration=cfg.step_concentration, min_turns=cfg.min_turns, max_turns=cfg.max_turns)
     prior = sim.SimWorld(**base).prior()
     return sim.SimWorld(**base, feature_noise=noise_for_spearman(cfg.feature_spearman, prior))
 
@@ -235,7 +234,7 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 
 
 #: Bump when what :func:`bank_fit` computes changes (it is part of the cache entry's name).
-FIT_VERSION = 5
+FIT_VERSION = 3
 
 
 def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
@@ -293,33 +292,16 @@ def _fit_bank(bank: Any, path: str, group_size: int) -> dict[str, Any]:
         quality = steady_state_quality(make_predictor("embedding", seed=0), bank, warm, seed=defaults.seed,
                                        prefix_share=defaults.prefix_share, group_size=group_size, selection=selection)
     stats = bank_stats(path) | {"predictor": {"prompt": quality["prompt_spearman"]}}
-    found = calibration_from_stats(stats, group_size=group_size) | turn_shares_by_outcome(bank)
+    found = calibration_from_stats(stats, group_size=group_size)
     shape = RecordedShape.of_manifest(bank.manifest)
     world = sim.SimWorld(group_size=group_size, **{k: found[k] for k in ("target_mixed", "mean_success",
                                                                         "step_concentration", "min_turns",
-                                                                        "max_turns", "turn_shares",
-                                                                        "success_turn_shares") if k in found})
+                                                                        "max_turns") if k in found})
     fit = fit_predictor(world, shape, quality, warmup_prompts=warm, prefix_share=defaults.prefix_share,
                         selection=selection)
     return found | {"selection": list(selection), "feature_spearman": fit["feature_spearman"], "predictor_level_shift": fit["predictor_level_shift"],
                     "warmup_prompts": warm, "recorded_shape": dataclasses.asdict(shape), "bank_quality": quality,
                     "predictor_fit": fit, "learned_spearman": quality["prompt_spearman"]}
-
-
-def turn_shares_by_outcome(bank: Any) -> dict[str, tuple[float, ...]]:
-    """The lengths of a bank's failed and of its successful roots, as shares of each length from the
-    shortest to the longest recorded root (``turn_shares``, ``success_turn_shares``; a side with no
-    root takes the other's)."""
-    from trace_gym.calibrate import length_shares
-
-    fail, win = [], []
-    for record in bank:
-        for root in record.roots:
-            if root["turns"]:
-                (win if root["success"] else fail).append(len(root["turns"]))
-    both = fail + win
-    lo, hi = max(1, min(both)), max(1, max(both))
-    return {"turn_shares": length_shares(fail or win, lo, hi), "success_turn_shares": length_shares(win or fail, lo, hi)}
 
 
 def pcl_selection(cfg: Any, n_prompts: int, held_out: int, group_size: int) -> tuple[int, int]:

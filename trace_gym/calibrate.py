@@ -28,9 +28,7 @@ The simulator (:mod:`trace_gym.sim`) has three knobs a bank can measure:
   (:func:`trace_gym.sim_fit.fit_predictor`): a Spearman match alone left the simulated
   predictor picking far worse than the bank's.
 
-Episode lengths (``min_turns``, ``max_turns``, and each length's share, ``turn_shares``) come
-from the recorded roots' depths: the bank's histogram, not a uniform spread over its range
-(the guessing bank's roots take 4 turns 80 % of the time; the math bank's mostly 1).
+Episode lengths (``min_turns``, ``max_turns``) come from the recorded roots' depths.
 """
 
 from __future__ import annotations
@@ -127,7 +125,6 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
         out["step_concentration"] = float(np.clip(kappa, 1e-3, 1e6))
     if turns.size:
         out["min_turns"], out["max_turns"] = max(1, int(turns.min())), max(1, int(turns.max()))
-        out["turn_shares"] = length_shares(turns, out["min_turns"], out["max_turns"])
     if learned_spearman is not None and math.isfinite(learned_spearman) and learned_spearman > 0:
         out["feature_spearman"] = float(min(learned_spearman, 1.0))
     lo, hi = CONCENTRATION_BOUNDS
@@ -135,14 +132,6 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
                      "r": None if kappa is None else kappa / (kappa + 1),
                      "clipped": bool(np.isclose(a + b, lo) or np.isclose(a + b, hi))}
     return out
-
-
-def length_shares(turns: Sequence[int], min_turns: int, max_turns: int) -> tuple[float, ...]:
-    """The share of each episode length ``min_turns..max_turns`` among ``turns`` (lengths below 1
-    count as 1)."""
-    t = np.clip(np.asarray(turns, dtype=int), 1, None)
-    counts = np.bincount(t, minlength=max_turns + 1)[min_turns:max_turns + 1]
-    return tuple(float(c / counts.sum()) for c in counts)
 
 
 def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict[str, Any]:
@@ -162,7 +151,6 @@ def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict
 
 def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~trace_gym.entry_configs.SimBenchConfig` keys of a :func:`calibration` result."""
-    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "turn_shares",
-            "success_turn_shares", "feature_spearman",
+    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman",
             "predictor_level_shift", "warmup_prompts")
-    return {k: tuple(calibrated[k]) if k.endswith("turn_shares") else calibrated[k] for k in keys if k in calibrated}
+    return {k: calibrated[k] for k in keys if k in calibrated}

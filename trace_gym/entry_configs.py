@@ -114,12 +114,6 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     step_concentration: float = field(default=3.0, metadata=doc("kappa of the per-turn beta-splitting martingale"))
     min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)"))
     max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)"))
-    turn_shares: tuple[float, ...] = field(default=(), metadata=doc(
-        "probability of each episode length min_turns..max_turns, in order (empty: uniform; calibrate_from sets "
-        "the bank's histogram; with success_turn_shares: the failed episodes' lengths)"))
-    success_turn_shares: tuple[float, ...] = field(default=(), metadata=doc(
-        "with turn_shares: the successful episodes' lengths; a task of success p draws its length from "
-        "(1 - p) turn_shares + p success_turn_shares (calibrate_from sets both from the bank's roots)"))
     calibrate_from: str = field(default="", metadata=doc(
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns and feature_spearman "
         "from its measurements (trace_gym/calibrate.py), and print them"))
@@ -142,10 +136,6 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         _check_unit(self)
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns!r}, {self.max_turns!r}")
-        from trace_gym.sim import check_turn_shares
-
-        check_turn_shares(tuple(self.turn_shares), self.min_turns, self.max_turns)
-        check_turn_shares(tuple(self.success_turn_shares), self.min_turns, self.max_turns, "success_turn_shares")
 
 
 def _check_sim_predictor(cfg: "SimBenchConfig") -> None:

@@ -99,18 +99,6 @@ def calibrate_prior(target_mixed: float = 0.27, mean_success: float = 0.5, group
     return mean_success * s, (1 - mean_success) * s
 
 
-def check_turn_shares(shares: tuple[float, ...], min_turns: int, max_turns: int, name: str = "turn_shares") -> None:
-    """``ValueError`` naming ``name`` unless ``shares`` is empty or one share >= 0 per length
-    min_turns..max_turns, not all 0."""
-    if not shares:
-        return
-    want = max_turns - min_turns + 1
-    values = [float(x) for x in shares]
-    if len(values) != want or any(not np.isfinite(x) or x < 0 for x in values) or sum(values) <= 0:
-        raise ValueError(f"{name} must be {want} shares >= 0 (episode lengths {min_turns}..{max_turns}), not all "
-                         f"0, got {tuple(shares)!r}")
-
-
 # ---------------------------------------------------------------------- tasks and states
 @dataclass(frozen=True)
 class SimWorld:
@@ -121,14 +109,7 @@ class SimWorld:
             calibrated to (0.27: GRPO on DeepScaleR in the paper).
         mean_success: mean of the difficulty prior, E[p].
         group_size: G used for the calibration.
-        min_turns, max_turns: episode length T_i in {min_turns..max_turns}, uniform unless
-            ``turn_shares`` gives each length's probability (in that order; a bank's
-            histogram, :mod:`trace_gym.calibrate`).
-        success_turn_shares: with ``turn_shares``, the lengths of *successful* episodes
-            (``turn_shares`` then those of failed ones): a task of success p draws T_i from
-            (1 - p) turn_shares + p success_turn_shares, so how long an episode runs goes with
-            how hard its task is (on the math bank failed roots end after 1.2 turns and
-            successful ones after 2; on the guessing bank the reverse).
+        min_turns, max_turns: episode length T_i ~ Uniform{min_turns..max_turns}.
         step_concentration: kappa of the beta-splitting martingale (larger: each turn
             reveals less).
         feature_dim: task features a learned predictor sees; feature 0 is
@@ -145,8 +126,6 @@ class SimWorld:
     group_size: int = 8
     min_turns: int = 3
     max_turns: int = 6
-    turn_shares: tuple[float, ...] = ()
-    success_turn_shares: tuple[float, ...] = ()
     step_concentration: float = 3.0
     feature_dim: int = 4
     feature_noise: float = 6.0
@@ -158,10 +137,6 @@ class SimWorld:
     def __post_init__(self) -> None:
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}")
-        check_turn_shares(self.turn_shares, self.min_turns, self.max_turns)
-        check_turn_shares(self.success_turn_shares, self.min_turns, self.max_turns, "success_turn_shares")
-        if self.success_turn_shares and not self.turn_shares:
-            raise ValueError("success_turn_shares needs turn_shares (the failed episodes' lengths) too")
         if self.step_concentration <= 0:
             raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
         if self.feature_dim < 1:
@@ -197,14 +172,7 @@ def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPo
     feats = rng.standard_normal((n_tasks, world.feature_dim))
     if np.isfinite(world.feature_noise):  # infinite noise: feature 0 is as uninformative as the others
         feats[:, 0] = logit(p) + world.feature_noise * feats[:, 0]
-    if world.turn_shares:
-        fail = np.asarray(world.turn_shares, dtype=float)
-        win = np.asarray(world.success_turn_shares or world.turn_shares, dtype=float)
-        shares = (1 - p)[:, None] * (fail / fail.sum()) + p[:, None] * (win / win.sum())  # (n_tasks, lengths)
-        u = rng.random(n_tasks)[:, None]
-        turns = world.min_turns + np.minimum((u > np.cumsum(shares, axis=1)).sum(axis=1), len(fail) - 1)
-    else:
-        turns = rng.integers(world.min_turns, world.max_turns + 1, size=n_tasks)
+    turns = rng.integers(world.min_turns, world.max_turns + 1, size=n_tasks)
     return TaskPool(success=p, features=feats, turns=turns)
 
 

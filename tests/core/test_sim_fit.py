@@ -113,7 +113,7 @@ def test_the_sim_bench_holds_its_warm_up_tasks_out_of_every_pool():
     assert min(int(d.min()) for d in rep.draws) >= 100
 
 
-@pytest.mark.parametrize("key, value", [("warmup_prompts", 260), ("warmup_prompts", -1), ("turn_shares", "[1,2]"),
+@pytest.mark.parametrize("key, value", [("warmup_prompts", 260), ("warmup_prompts", -1),
                                         ("predictor_level_shift", math.inf), ("feature_spearman", 1.2)])
 def test_a_bad_simulator_key_is_one_line(capsys, key, value):
     from trace_gym.cli import main
@@ -137,36 +137,3 @@ def test_the_fit_recovers_the_knobs_of_a_simulated_target():
     fit = fit_predictor(world, shape, target, selection=(64, 8), grid=(0.3, 0.9), tolerance=0.0, **kw)
     assert fit["feature_spearman"] == 0.9 and fit["predictor_level_shift"] == pytest.approx(0.3, abs=1e-6)
     assert fit["reached"]["selection_precision"] == pytest.approx(target["selection_precision"])
-
-
-def test_episode_lengths_follow_the_banks_histogram():
-    from trace_gym.calibrate import calibration
-    from trace_gym.sim import make_pool
-
-    out = calibration([1, 3, 5, 7], [8] * 4, [], [], [], [1, 1, 1, 2, 3, 3], group_size=4)
-    assert (out["min_turns"], out["max_turns"]) == (1, 3) and out["turn_shares"] == pytest.approx((3 / 6, 1 / 6, 2 / 6))
-    world = SimWorld(min_turns=1, max_turns=3, turn_shares=(0.5, 0.0, 0.5))
-    turns = make_pool(world, 4000, np.random.default_rng(0)).turns
-    assert set(turns.tolist()) == {1, 3} and abs((turns == 1).mean() - 0.5) < 0.03
-    with pytest.raises(ValueError, match=r"turn_shares must be 3 shares >= 0 \(episode lengths 1..3\)"):
-        SimWorld(min_turns=1, max_turns=3, turn_shares=(0.5, 0.5))
-
-
-def test_episode_length_goes_with_the_tasks_success():
-    """Failed episodes take 1 turn, successful ones 2: a task of success p runs 2 turns with probability p."""
-    from trace_gym.sim import make_pool
-
-    world = SimWorld(min_turns=1, max_turns=2, turn_shares=(1.0, 0.0), success_turn_shares=(0.0, 1.0))
-    pool = make_pool(world, 4000, np.random.default_rng(1))
-    assert abs(float(np.mean((pool.turns == 2) - pool.success))) < 0.03
-    assert (pool.turns[pool.success > 0.95] == 2).mean() > 0.9 and (pool.turns[pool.success < 0.05] == 2).mean() < 0.1
-
-
-def test_a_banks_lengths_by_outcome(tmp_path):
-    from bank_fixtures import write_synthetic_bank
-
-    from trace_gym.banks import open_bank
-    from trace_gym.bench_sim import turn_shares_by_outcome
-
-    bank = open_bank(write_synthetic_bank(tmp_path / "b.jsonl.gz", [1, 3], roots=4, continuations=1, turns=2))
-    assert turn_shares_by_outcome(bank) == {"turn_shares": (1.0,), "success_turn_shares": (1.0,)}  # all 2 turns
