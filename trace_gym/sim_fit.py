@@ -13,20 +13,21 @@ the bank measure one thing:
   truth (p, and P(a fresh group of G is mixed)), as
   :func:`trace_gym.banks.warmup.steady_state_quality` measures the bank's predictor against
   the bank's (the empirical rate over the recorded roots, and P(a group of G drawn from them
-  without replacement, as the bank bench draws it, is mixed)). The two truths are defined
-  alike on purpose: what a selector meets is the group its bench draws. Measured against the
-  bank's all-roots-mixed label instead, a simulated predictor matched on that AUC selected far
-  worse than the bank's (PCL 0.54 against the bank's 0.73 on the math bank: that label is
-  noisier about a fresh group than about a subset of the same roots).
-- :func:`fit_predictor`: the simulator's two predictor knobs chosen so that its warmed
-  predictor's mixed-vs-pure AUC and level error equal the bank's (what selection reads:
-  TRACE and PCL rank prompts by -|v - 0.5| and size groups by v), not only its Spearman:
-  ``feature_spearman`` (how much the task feature says about p) on a grid, and for each,
-  ``predictor_level_shift`` (an offset in logit added to prompt predictions,
-  :class:`~trace_gym.sim_predictors.LearnedPredictor`) solved so the level error matches
-  (:func:`shift_for_level`); then the grid point whose AUC is closest (:func:`closest_auc`).
-  Every grid point reads the same simulated banks (common random numbers: the same p, turns,
-  warm-up trees and noise draws), so the objective changes only with the knobs.
+  without replacement, as the bank bench draws it, is mixed)): the two truths are defined
+  alike, what a selector meets being the group its bench draws.
+- :func:`fit_predictor`: the simulator's two predictor knobs, ``feature_spearman`` (how much
+  the task feature says about p) on a grid and, for each, ``predictor_level_shift`` (an
+  offset in logit added to prompt predictions, :class:`~trace_gym.sim_predictors.LearnedPredictor`)
+  solved so the level error matches the bank's (:func:`shift_for_level`); then the grid point
+  whose *selection precision* is nearest the bank's (:func:`closest`): the mean P(mixed) of
+  the prompts nearest 0.5 in a bench's pool, the prompts PCL buys and TRACE's root stage
+  starts from (:func:`~trace_gym.predictor_quality.selection_precision`). Not the AUC: on the
+  math bank a simulated predictor with the bank predictor's AUC (0.75) picked prompts mixed
+  0.60 of the time where the bank's picked 0.75, and PCL fell to 0.58 against the bank's 0.73;
+  the bank predictor's values are bimodal (most near 0 or 1, the few in between mostly mixed),
+  which one AUC does not carry. Every grid point reads the same simulated banks (common random
+  numbers: the same p, turns, warm-up trees and noise draws), so the objective changes only
+  with the knobs.
 """
 
 from __future__ import annotations
