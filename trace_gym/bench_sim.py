@@ -89,10 +89,10 @@ class SimRepetition:
             from trace_gym.sim_fit import warmup_batches
 
             if self._batches is None:
-                self._batches = warmup_batches(self.pool, self.world, range(warmup_count(self.cfg)),
-                                               self.source.recorded_shape, self.seed)
+                shape = self.source.recorded_shape if self.source is not None else RecordedShape()
+                self._batches = warmup_batches(self.pool, self.world, range(warmup_count(self.cfg)), shape, self.seed)
             stats = learn_from_batches(template, self._batches, self.cfg.prefix_share)
-            if arm.predictor == self.cfg.predictor and not self.source.warmups:
+            if arm.predictor == self.cfg.predictor and self.source is not None and not self.source.warmups:
                 self.source.warmups.append(stats)
         self._templates[arm.predictor] = template
         return copy.deepcopy(template)

@@ -137,3 +137,21 @@ def test_the_fit_recovers_the_knobs_of_a_simulated_target():
     fit = fit_predictor(world, shape, target, selection=(64, 8), grid=(0.3, 0.9), tolerance=0.0, **kw)
     assert fit["feature_spearman"] == 0.9 and fit["predictor_level_shift"] == pytest.approx(0.3, abs=1e-6)
     assert fit["reached"]["selection_precision"] == pytest.approx(target["selection_precision"])
+
+
+def test_a_warm_simulated_bench_starts_its_first_step_informed():
+    """Cold, the learned predictor says 0.5 for every candidate of step 0; warmed on 32 held-out
+    tasks (R = 8 roots each: 256 roots) it does not, and the report says what it read."""
+    from trace_gym.bench_sim import run_sim_bench
+    from trace_gym.entry_configs import SimBenchConfig
+    from trace_gym.strategies import shaped_strategies
+
+    keys = dict(seeds=1, steps=1, warmup_steps=0, pool_size=300, candidates=50, root_budget=16, group_size=4,
+                oracle_upper_bound=False, strategies=("pcl",))
+    strategies = shaped_strategies(("pcl",), group_size=4, continuations_per_root=2)
+    for held, spread in ((0, 0.0), (32, None)):
+        out = run_sim_bench(SimBenchConfig(**keys, warmup_prompts=held), strategies)
+        step0 = out["strategies"]["pcl"]["by_step"][0]["value_spread"]
+        assert (step0 == 0.0) if spread == 0.0 else step0 > 0.05, (held, step0)
+    assert out["warmup"]["roots"] == 256 and out["warmup"]["prompts"] == 32
+    assert "32 held-out simulated tasks" in out["warmup"]["description"]
