@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from", dest="read_from", type=Path, default=None, help="read the JSON from DIR, run nothing")
     ap.add_argument("--sim-seeds", type=int, default=None, help="the simulator's repetitions (default 3x the bank's)")
     ap.add_argument("--plant", choices=PLANTS, default=None, help="a broken simulator the check must FAIL")
-    ap.add_argument("--keep-bank", action="store_true", help="read a bank bench already in --out instead of rerunning it")
+    ap.add_argument("--keep-bank", action="store_true",
+                    help="read a bank bench already in --out instead of rerunning it")
     args = ap.parse_args(argv)
     unknown = [b for b in args.banks if b not in BANKS]
     if unknown:

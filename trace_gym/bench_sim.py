@@ -299,7 +299,8 @@ def _fit_bank(bank: Any, path: str, group_size: int) -> dict[str, Any]:
                                                                         "max_turns") if k in found})
     fit = fit_predictor(world, shape, quality, warmup_prompts=warm, prefix_share=defaults.prefix_share,
                         selection=selection)
-    return found | {"selection": list(selection), "feature_spearman": fit["feature_spearman"], "predictor_level_shift": fit["predictor_level_shift"],
+    return found | {"selection": list(selection), "feature_spearman": fit["feature_spearman"],
+                    "predictor_level_shift": fit["predictor_level_shift"],
                     "warmup_prompts": warm, "recorded_shape": dataclasses.asdict(shape), "bank_quality": quality,
                     "predictor_fit": fit, "learned_spearman": quality["prompt_spearman"]}
 

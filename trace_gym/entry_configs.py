@@ -146,11 +146,12 @@ def _check_sim_predictor(cfg: "SimBenchConfig") -> None:
     if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not math.isfinite(shift):
         raise ValueError(f"predictor_level_shift must be a finite number (logit units), got {shift!r}")
     if shift and cfg.predictor != "learned":  # the other sim kinds are the truth, or the truth plus noise
-        raise ValueError(f"predictor_level_shift is read by the learned predictor only, got predictor={cfg.predictor!r}")
+        raise ValueError(f"predictor_level_shift is read by the learned predictor only, got "
+                         f"predictor={cfg.predictor!r}")
     n = cfg.warmup_prompts
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= cfg.pool_size - cfg.candidates):
-        raise ValueError(f"warmup_prompts must be an integer in [0, pool_size - candidates = "
-                         f"{cfg.pool_size - cfg.candidates}], got {n!r}")
+    room = cfg.pool_size - cfg.candidates
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= room):
+        raise ValueError(f"warmup_prompts must be an integer in [0, pool_size - candidates = {room}], got {n!r}")
 
 
 # ---------------------------------------------------------------------- bench --env

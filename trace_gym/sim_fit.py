@@ -69,7 +69,8 @@ class RecordedShape:
     def of_manifest(cls, manifest: Mapping[str, Any]) -> "RecordedShape":
         """The shape of a bank's manifest (``roots``, ``continuations``, ``max_prefixes_per_root``; 0 or
         null: no cap)."""
-        return cls(int(manifest["roots"]), int(manifest["continuations"]), manifest.get("max_prefixes_per_root") or None)
+        cap = manifest.get("max_prefixes_per_root") or None
+        return cls(int(manifest["roots"]), int(manifest["continuations"]), cap)
 
     def describe(self) -> str:
         cap = f", at most {self.prefixes_per_root} prefix(es) per root" if self.prefixes_per_root else ""

@@ -41,7 +41,8 @@ def results(uniform, trace, times: int = 1) -> dict:
 
 def test_inside_is_the_banks_interval_ends_included(svb):
     assert svb.inside({"x": 0.5, "x_ci": 0.1}, "x", 0.6) and not svb.inside({"x": 0.5, "x_ci": 0.1}, "x", 0.61)
-    assert svb.inside({"x": 0.5, "x_ci": math.nan}, "x", 0.5) and not svb.inside({"x": 0.5, "x_ci": math.nan}, "x", 0.51)
+    no_interval = {"x": 0.5, "x_ci": math.nan}
+    assert svb.inside(no_interval, "x", 0.5) and not svb.inside(no_interval, "x", 0.51)
 
 
 def test_first_repetitions_reaverages_the_headline_metrics(svb):
