@@ -1,8 +1,8 @@
 """Baseline allocators and strategies (import only the core).
 
-One-shot allocators (``trace_gym.allocation.RootAllocator`` / ``PrefixAllocator``): uniform
+One-shot allocators (``trace_gym.allocation.allocators.RootAllocator`` / ``PrefixAllocator``): uniform
 GRPO groups, PCL, random tree. The zoo, published rollout-allocation methods as wave
-strategies (``trace_gym.waves.WaveStrategy``), one module each with its paper cited: DAPO
+strategies (``trace_gym.allocation.waves.WaveStrategy``), one module each with its paper cited: DAPO
 dynamic sampling, GRESO, MoPPS, Knapsack RL, Pilot-Commit, AR3PO, CERO; and their own
 predictors (``baselines.predictors``). The strategies built from them are named in
 ``trace_gym.strategies.STRATEGIES``.

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from baselines.flat_waves import check_int, group_wave, roots_left, step_roots
-from trace_gym.waves import StepView, Wave
+from trace_gym.allocation.waves import StepView, Wave
 
 
 class AR3PO:
@@ -62,7 +62,7 @@ class AR3PO:
         return self.responses_per_round * self.rounds
 
     def with_group_size(self, group_size: int) -> "AR3PO":
-        """The same arm with S_max = max(1, G // k) (:class:`~trace_gym.allocation.GroupSized`)."""
+        """The same arm with S_max = max(1, G // k) (:class:`~trace_gym.allocation.allocators.GroupSized`)."""
         return type(self)(self.responses_per_round, max(1, int(group_size) // self.responses_per_round), self.prompts)
 
     def plan(self, view: StepView, rng: np.random.Generator) -> Wave | None:

@@ -50,7 +50,7 @@ import numpy as np
 from baselines.flat_waves import (
     MAX_REMEMBERED, check_int, check_real, group_wave, history_posterior, remember, roots_left, step_roots,
 )
-from trace_gym.waves import StepView, Wave
+from trace_gym.allocation.waves import StepView, Wave
 
 #: The paper's per-round pace of the run budget against the round's capacity (B_bar / C).
 PACE = 128 / 132
@@ -114,7 +114,7 @@ class CERO:
         self._round: tuple | None = None  # (a, b, theta, proposed, executed) of the running step
 
     def with_group_size(self, group_size: int) -> "CERO":
-        """The same arm at group size G (:class:`~trace_gym.allocation.GroupSized`); its state starts afresh."""
+        """The same arm at group size G (:class:`~trace_gym.allocation.allocators.GroupSized`); its state starts afresh."""
         return type(self)(group_size, self.groups_per_round, self.rounds, self.run_groups, self.dataset_size,
                           self.utility_scale, self.price, self.prior, self.capacity)
 

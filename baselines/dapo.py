@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from baselines.flat_waves import check_int, group_wave, mixed, rolled_out, roots_left, step_roots
-from trace_gym.waves import StepView, Wave
+from trace_gym.allocation.waves import StepView, Wave
 
 
 class DAPODynamicSampling:
@@ -62,7 +62,7 @@ class DAPODynamicSampling:
         self.trained: tuple[int, ...] = ()  # candidates whose groups DAPO trains on, last step
 
     def with_group_size(self, group_size: int) -> "DAPODynamicSampling":
-        """The same arm at group size G (:class:`~trace_gym.allocation.GroupSized`)."""
+        """The same arm at group size G (:class:`~trace_gym.allocation.allocators.GroupSized`)."""
         return type(self)(group_size, self.train_groups, self.generation_groups, self.max_waves)
 
     def sizes(self, view: StepView) -> tuple[int, int]:

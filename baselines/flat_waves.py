@@ -1,12 +1,12 @@
 """What the published-method arms (the zoo) share: flat waves of whole groups over a step view.
 
-Every arm of the zoo is a :class:`~trace_gym.waves.WaveStrategy` that asks for root
+Every arm of the zoo is a :class:`~trace_gym.allocation.waves.WaveStrategy` that asks for root
 rollouts only (none of the methods branches from prefixes). These helpers read a
-:class:`~trace_gym.waves.StepView` in the methods' own terms (groups rolled out, mixed,
-all-pass, all-fail), turn counts into a :class:`~trace_gym.waves.Wave`, check the knobs,
+:class:`~trace_gym.allocation.waves.StepView` in the methods' own terms (groups rolled out, mixed,
+all-pass, all-fail), turn counts into a :class:`~trace_gym.allocation.waves.Wave`, check the knobs,
 and keep the arms' memories bounded.
 
-Units: a view's budgets are in units (a root costs :data:`~trace_gym.waves.ROOT_UNITS` = 2);
+Units: a view's budgets are in units (a root costs :data:`~trace_gym.budget.ROOT_UNITS` = 2);
 the methods count rollouts, so :func:`step_roots` and :func:`roots_left` convert.
 """
 
@@ -17,7 +17,8 @@ from typing import Any, Hashable, Iterable
 
 import numpy as np
 
-from trace_gym.waves import MAX_HISTORY, ROOT_UNITS, StepView, Wave
+from trace_gym.allocation.waves import MAX_HISTORY, StepView, Wave
+from trace_gym.budget import ROOT_UNITS
 
 #: Most prompts an arm's own per-prompt memory keeps (the least recently touched go first).
 MAX_REMEMBERED = MAX_HISTORY

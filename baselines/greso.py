@@ -49,7 +49,7 @@ import numpy as np
 from baselines.flat_waves import (
     all_fail, all_pass, check_int, check_real, group_wave, mixed, rolled_out, roots_left, step_roots,
 )
-from trace_gym.waves import StepView, Wave
+from trace_gym.allocation.waves import StepView, Wave
 
 #: Smallest 1 - zvr used when every group of the latest wave was pure.
 EPS = 1e-6
@@ -113,7 +113,7 @@ class GRESO:
         self._latest: list[int] = []
 
     def with_group_size(self, group_size: int) -> "GRESO":
-        """The same arm at group size G (:class:`~trace_gym.allocation.GroupSized`)."""
+        """The same arm at group size G (:class:`~trace_gym.allocation.allocators.GroupSized`)."""
         return type(self)(group_size, self.train_groups, self.sampling_groups, self.min_wave_groups, self.p_initial,
                           self.p_step, self.p_bounds, self.keep_floor, self.target_pure, self.safety)
 

@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from baselines.flat_waves import check_int, check_real, counts_wave, roots_left, spread, step_roots
-from trace_gym.waves import StepView, Wave
+from trace_gym.allocation.waves import StepView, Wave
 
 
 def mixed_value(p: float, total: int) -> float:
@@ -149,7 +149,7 @@ class KnapsackRL:
         self.confidence, self.min_evidence = float(confidence), min_evidence
 
     def with_group_size(self, group_size: int) -> "KnapsackRL":
-        """The same arm at uniform group size n (:class:`~trace_gym.allocation.GroupSized`)."""
+        """The same arm at uniform group size n (:class:`~trace_gym.allocation.allocators.GroupSized`)."""
         return type(self)(group_size, self.prompts, self.n_min, self.n_neg, self.n_pos,
                           max(self.n_max, group_size), self.confidence, self.min_evidence)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from baselines.flat_waves import check_int, check_real, group_wave, history_posterior, roots_left, step_roots
-from trace_gym.waves import StepView, Wave
+from trace_gym.allocation.waves import StepView, Wave
 
 
 def closest_to_target(samples: np.ndarray, count: int, target: float = 0.5) -> np.ndarray:
@@ -59,7 +59,7 @@ class MoPPS:
         self.group_size, self.prompts, self.target = int(group_size), prompts, float(target)
 
     def with_group_size(self, group_size: int) -> "MoPPS":
-        """The same arm at group size G (:class:`~trace_gym.allocation.GroupSized`)."""
+        """The same arm at group size G (:class:`~trace_gym.allocation.allocators.GroupSized`)."""
         return type(self)(group_size, self.prompts, self.target)
 
     def plan(self, view: StepView, rng: np.random.Generator) -> Wave | None:

@@ -47,7 +47,7 @@ from collections import OrderedDict
 import numpy as np
 
 from baselines.flat_waves import MAX_REMEMBERED, check_int, check_real, remember, roots_left, step_roots
-from trace_gym.waves import StepView, Wave
+from trace_gym.allocation.waves import StepView, Wave
 
 
 class PilotCommit:
@@ -90,7 +90,7 @@ class PilotCommit:
         self._piloted: dict[int, int] = {}  # candidate -> wave it was piloted in
 
     def with_group_size(self, group_size: int) -> "PilotCommit":
-        """The same arm at committed group size G (:class:`~trace_gym.allocation.GroupSized`)."""
+        """The same arm at committed group size G (:class:`~trace_gym.allocation.allocators.GroupSized`)."""
         return type(self)(group_size, self.pilot_share, self.prompts, self.pilots_per_wave, self.band, self.solve,
                           self.max_waves, self.capacity)
 

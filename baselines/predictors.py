@@ -2,9 +2,9 @@
 windowed success rate (Knapsack RL).
 
 Both learn only from each prompt's own root outcomes
-(:meth:`~trace_gym.predictor.ObservesOutcomes.observe_outcomes`, called by the step's
+(:meth:`~trace_gym.predictor.kinds.ObservesOutcomes.observe_outcomes`, called by the step's
 learning half after every step); their ``update`` (the regression on tree targets) does
-nothing. A prompt is keyed by :func:`~trace_gym.predictor_memory.prompt_key` of its
+nothing. A prompt is keyed by :func:`~trace_gym.predictor.memory.prompt_key` of its
 context (a hash of the prompt text) unless another ``key_of`` is given (the simulator's
 states carry a task index, not a text). Memory is bounded: past ``capacity`` prompts the
 least recently observed is forgotten.
@@ -18,7 +18,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from baselines.flat_waves import MAX_REMEMBERED, check_int, check_real, remember
-from trace_gym.predictor_memory import prompt_key
+from trace_gym.predictor.memory import prompt_key
 
 
 def _outcomes(contexts: Sequence[Any], successes: Sequence[float],
@@ -60,7 +60,7 @@ class BetaPosteriorPredictor:
             Countdown and Geometry3k. Default 1.0: a bench replays one fixed policy, whose rates
             do not drift.
         capacity: the most prompts remembered (>= 1).
-        key_of: context -> prompt key (default :func:`~trace_gym.predictor_memory.prompt_key`).
+        key_of: context -> prompt key (default :func:`~trace_gym.predictor.memory.prompt_key`).
     """
 
     def __init__(self, prior_alpha: float = 1.0, prior_beta: float = 1.0, decay: float = 1.0,
@@ -122,7 +122,7 @@ class RunningRatePredictor:
     Args:
         window: L, rollouts the estimate covers at least (Knapsack RL: 16), >= 1.
         capacity: the most prompts remembered (>= 1).
-        key_of: context -> prompt key (default :func:`~trace_gym.predictor_memory.prompt_key`).
+        key_of: context -> prompt key (default :func:`~trace_gym.predictor.memory.prompt_key`).
     """
 
     def __init__(self, window: int = 16, capacity: int = MAX_REMEMBERED,

@@ -57,7 +57,7 @@ class UniformRootAllocator:
     group_size: int = 8
 
     def with_group_size(self, group_size: int) -> "UniformRootAllocator":
-        """The same allocator with another group size (``trace_gym.allocation.GroupSized``)."""
+        """The same allocator with another group size (``trace_gym.allocation.allocators.GroupSized``)."""
         return type(self)(group_size)
 
     def allocate(self, values: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:

@@ -8,7 +8,7 @@ continuations and limits; ``--batch-prompts`` in flight) into a scratch file:
 - ``old``: the recorder before: each batch of prompts waits for its last one
   (``schedule="batches"``), every core and OpenMP's default wait policy (no thread policy);
 - ``new``: what ``trace-gym bank record`` does now: the rolling window
-  (``schedule="rolling"``) under :func:`trace_gym.threads.apply_thread_policy`.
+  (``schedule="rolling"``) under :func:`trace_gym.utils.threads.apply_thread_policy`.
 
 ``--engines hf,vllm`` runs the new arm once per engine (the measurement behind ``engine:
 auto``'s choice for recording). By default every arm runs beside a busy process (a torch
@@ -56,11 +56,11 @@ def shipped_rate() -> tuple[float, str]:
 def worker(arm: str, engine_kind: str, prompts: int, batch_prompts: int, out: str) -> None:
     """One arm in this fresh process: print one JSON line at load and per prompt written."""
     if arm == "new":
-        from trace_gym.threads import apply_thread_policy
+        from trace_gym.utils.threads import apply_thread_policy
 
         decision = apply_thread_policy()
         print(json.dumps({"threads": f"{decision.threads} ({decision.source}), passive wait"}), flush=True)
-    from trace_gym.agent import AgentConfig
+    from trace_gym.agent.loop import AgentConfig
     from trace_gym.banks import record_bank
     from trace_gym.commands.bank import BankRecordConfig, resolve_record
     from trace_gym.config import load_config

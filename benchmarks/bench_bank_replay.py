@@ -29,8 +29,8 @@ MIN_SPEEDUP = 10.0
 
 def main(argv: list[str] | None = None) -> int:
     from trace_gym.banks import bank_stats, list_banks, read_footer
-    from trace_gym.bench_bank import run_bank_bench
-    from trace_gym.entry_configs import BankBenchConfig
+    from trace_gym.bench.bank import run_bank_bench
+    from trace_gym.bench.config import BankBenchConfig
     from trace_gym.commands.bank import SHIPPED
     from trace_gym.report import markdown_table
     from trace_gym.strategies import shaped_strategies

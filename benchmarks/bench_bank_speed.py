@@ -106,9 +106,13 @@ def install(timers: Timers) -> None:
     """Wrap the bench's functions in ``timers`` (in this process only; nothing here loads torch,
     so the CLI's thread policy still runs before it loads)."""
     import trace_gym.strategies  # noqa: F401  (the zoo's predictor kinds join PREDICTORS)
-    from trace_gym import bench, bench_bank, driver, embeddings, learning, predictor, strategy_boundary, strategy_replay
+    from trace_gym.bench import bank as bench_bank
+    from trace_gym.bench import loop as bench
+    from trace_gym.predictor import embeddings
+    from trace_gym.predictor import kinds as predictor
+    from trace_gym.step import driver, learning, strategy_boundary, strategy_replay
     from trace_gym.banks import replay, warmup
-    from trace_gym.predictor import PREDICTORS
+    from trace_gym.predictor.kinds import PREDICTORS
 
     def patch(owner: Any, name: str, phase: str) -> None:
         setattr(owner, name, timers.wrap(getattr(owner, name), phase))

@@ -31,7 +31,7 @@ def _clear_cache(engine) -> None:
 
 
 def bench_overhead(engine, make_env, tasks, samples: int, max_tokens: int, repeats: int) -> dict:
-    from trace_gym.agent import AgentConfig, AgentRunner
+    from trace_gym.agent.loop import AgentConfig, AgentRunner
     from trace_gym.types import SamplingParams
 
     sampling = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=0)
@@ -85,9 +85,9 @@ def bench_continuation(engine, prefix: list[int], k: int, max_tokens: int, repea
 
 
 def bench_predictor(engine, make_env, tasks, budget: float) -> dict:
-    from trace_gym.agent import AgentConfig, AgentRunner
-    from trace_gym.predictor import EmbeddingPredictor
-    from trace_gym.rollout import collect
+    from trace_gym.agent.loop import AgentConfig, AgentRunner
+    from trace_gym.predictor.kinds import EmbeddingPredictor
+    from trace_gym.agent.rollout import collect
     from trace_gym.strategies import shaped_strategies
     from trace_gym.types import SamplingParams
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     env = make_env()
     obs, _ = env.unwrapped.reset(seed=0, options={"task": tasks[0]})
     env.close()
-    from trace_gym.chat import ChatRenderer
+    from trace_gym.agent.chat import ChatRenderer
 
     prompt = ChatRenderer(engine.tokenizer).prompt(obs)
     filler = engine.tokenizer.encode(" The quick brown fox jumps over the lazy dog." * 90)

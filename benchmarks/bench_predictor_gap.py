@@ -29,10 +29,12 @@ import time
 
 import numpy as np
 
-from trace_gym import bench_sim, sim, sim_predictors
-from trace_gym.allocation import solve_root
-from trace_gym.entry_configs import SimBenchConfig
-from trace_gym.driver import run_step
+from trace_gym.bench import sim as bench_sim
+from trace_gym.sim import simulator as sim
+from trace_gym.sim import predictors as sim_predictors
+from trace_gym.allocation.allocators import solve_root
+from trace_gym.bench.config import SimBenchConfig
+from trace_gym.step.driver import run_step
 from trace_gym.report import markdown_table, pm
 from trace_gym.strategies import shaped_strategies
 

@@ -24,10 +24,10 @@ import math
 import sys
 import time
 
-from trace_gym.bench_bank import run_bank_bench
+from trace_gym.bench.bank import run_bank_bench
 
-from trace_gym.entry_configs import BankBenchConfig
-from trace_gym.bench_checks import METRICS, interval_text, paired
+from trace_gym.bench.config import BankBenchConfig
+from trace_gym.bench.checks import METRICS, interval_text, paired
 from trace_gym.commands.bank import bank_path
 from trace_gym.report import markdown_table, pm
 from trace_gym.strategies import shaped_strategies
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
            "base": {"per_rep": [{"mixed_auc": r["mixed_auc"]} for r in base]}}
     for k in auc:
         auc[k]["mixed_auc"] = sum(r["mixed_auc"] for r in auc[k]["per_rep"]) / len(auc[k]["per_rep"])
-    from trace_gym.bench_checks import Metric
+    from trace_gym.bench.checks import Metric
 
     diff = paired(auc, "default", "base", Metric("mixed_auc", "AUC", 0.0, 1.0))
     status = "PASS" if diff["shown"] == 1 else "FAIL"

@@ -12,7 +12,7 @@
      can use both cores.
 
 2. **Ray's per-step overhead against the in-process step on the same work**: one rollout
-   step (``trace_gym.rollout.collect``: TRACE, SmolLM2-135M in float32 on the HF engine,
+   step (``trace_gym.agent.rollout.collect``: TRACE, SmolLM2-135M in float32 on the HF engine,
    the math_python env, fixed seeds) in process, and on Ray with 1 rollout worker + 1 env
    pool (the same compute: one engine with the same torch threads, so the difference is
    Ray: actor calls, serialisation, batching waits). Both produce the same trees (checked
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from environments.guess_number import GuessNumberEnv  # noqa: E402
-from trace_gym.agent import AgentRunner, Episode  # noqa: E402
+from trace_gym.agent.loop import AgentRunner, Episode  # noqa: E402
 from trace_gym.report import markdown_table as _table  # noqa: E402
 
 
@@ -101,8 +101,8 @@ def steps_in_process(make_env, task, action: str, episodes: int, rounds: int, th
 def steps_on_pools(make_env, task, action: str, episodes: int, rounds: int, pools: int, threads: int) -> tuple[float, float]:
     """Env steps/s through env pool actors (one batched call per pool per round); and the
     pools' start-up seconds."""
-    from trace_gym.distributed.env_pool import PoolExecutor
-    from trace_gym.distributed.launch import launch_env_pools
+    from trace_gym.train.distributed.env_pool import PoolExecutor
+    from trace_gym.train.distributed.launch import launch_env_pools
 
     t0 = time.perf_counter()
     group = launch_env_pools(make_env, pools, threads=threads, num_cpus=0)
@@ -141,8 +141,8 @@ def bench_envs(args) -> str:
 # ---------------------------------------------------------------------- part 2: one step
 def _step_args():
     from environments.math_python.generated import generate_mixed_tasks
-    from trace_gym.agent import AgentConfig
-    from trace_gym.predictor import ConstantPredictor
+    from trace_gym.agent.loop import AgentConfig
+    from trace_gym.predictor.kinds import ConstantPredictor
     from trace_gym.strategies import shaped_strategies
     from trace_gym.types import SamplingParams
 
@@ -159,7 +159,7 @@ def _make_env():
 
 
 def one_step(runner) -> tuple[float, object]:
-    from trace_gym.rollout import collect
+    from trace_gym.agent.rollout import collect
 
     tasks, strategy, predictor, _, _ = _step_args()
     t0 = time.perf_counter()
@@ -191,8 +191,8 @@ def in_process_steps(args, model: str) -> list:
 def ray_steps(args, model: str, workers: int, threads: int) -> tuple[list, float]:
     """``repeats`` timed steps on ``workers`` rollout workers + as many env pools, and the
     actors' start-up seconds. Each run records the seconds spent inside the engines."""
-    from trace_gym.distributed.launch import launch_env_pools, launch_rollout_workers
-    from trace_gym.distributed.runner import RayAgentRunner
+    from trace_gym.train.distributed.launch import launch_env_pools, launch_rollout_workers
+    from trace_gym.train.distributed.runner import RayAgentRunner
 
     _, _, _, agent, sampling = _step_args()
     t0 = time.perf_counter()
@@ -253,7 +253,7 @@ def main() -> None:
     parser.add_argument("--skip-step", action="store_true", help="part 1 only")
     args = parser.parse_args()
 
-    from trace_gym.distributed.cluster import ray_available, start_ray
+    from trace_gym.train.distributed.cluster import ray_available, start_ray
     from trace_gym.models import pull_model
 
     ok, why = ray_available()

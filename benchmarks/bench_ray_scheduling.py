@@ -1,13 +1,13 @@
 """The driver's bookkeeping at paper scale: 64 rollout workers, 256 env pools, M = 1024, N = 2.
 
-A scheduling simulation. The driver is the real one -- ``trace_gym.rollout.collect`` over a
-:class:`~trace_gym.distributed.runner.RayAgentRunner`: the step driver's allocation and
+A scheduling simulation. The driver is the real one -- ``trace_gym.agent.rollout.collect`` over a
+:class:`~trace_gym.train.distributed.runner.RayAgentRunner`: the step driver's allocation and
 expansion, the agent loop's rounds and chat-template rendering (SmolLM2's real tokenizer),
 the engine group's seed-preserving sharding and sticky routing, the pool executor's
 batching and placement. Only the actors are mocks, called through the in-process
 transport (this machine cannot start 320 actor processes): a rollout worker sleeps
 ``--gen-s`` per generate call and returns ``--turn-tokens`` random tokens per completion,
-an env pool (the real :class:`~trace_gym.distributed.env_pool.EnvPool`) holds mock envs
+an env pool (the real :class:`~trace_gym.train.distributed.env_pool.EnvPool`) holds mock envs
 whose step sleeps ``--env-s``, ends an episode with probability ``--stop-p`` per turn or at
 ``--max-turns``, and snapshots/restores its state exactly. Arguments and results are
 pickled on the way, as Ray would.
@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from trace_gym.distributed.transport import LocalTransport  # noqa: E402
-from trace_gym.env import Snapshot, freeze, thaw  # noqa: E402
+from trace_gym.train.distributed.transport import LocalTransport  # noqa: E402
+from trace_gym.env.contract import Snapshot, freeze, thaw  # noqa: E402
 from trace_gym.types import Completion, Message, Task  # noqa: E402
 
 RENDERERS = {"whole": "whole history (baseline)", "delta": "new text only (default)"}
@@ -178,18 +178,18 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from trace_gym.agent import AgentConfig
-    from trace_gym.distributed.engines import EngineGroup
-    from trace_gym.distributed.env_pool import EnvPool, EnvPoolGroup
-    from trace_gym.distributed.runner import RayAgentRunner
+    from trace_gym.agent.loop import AgentConfig
+    from trace_gym.train.distributed.engines import EngineGroup
+    from trace_gym.train.distributed.env_pool import EnvPool, EnvPoolGroup
+    from trace_gym.train.distributed.runner import RayAgentRunner
     from trace_gym.models import pull_model
-    from trace_gym.predictor import ConstantPredictor
+    from trace_gym.predictor.kinds import ConstantPredictor
     from trace_gym.report import markdown_table
-    from trace_gym.rollout import collect
+    from trace_gym.agent.rollout import collect
     from trace_gym.strategies import shaped_strategies
     from trace_gym.types import SamplingParams
 
-    from trace_gym.chat import ChatRenderer
+    from trace_gym.agent.chat import ChatRenderer
 
     rendering = [0.0]  # driver CPU seconds inside the agent loop's chat-template rendering
 

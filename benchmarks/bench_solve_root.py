@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trace_gym.allocation import root_utility, solve_root, solve_root_dp  # noqa: E402
+from trace_gym.allocation.allocators import root_utility, solve_root, solve_root_dp  # noqa: E402
 
 SIZES = ((1024, 2048), (8192, 16384))
 MIN_SPEEDUP = 50.0

@@ -2,7 +2,7 @@
 
 One run, every arm alternated round by round (``--rounds``, after one warm-up round), on
 SmolLM2-135M on this CPU, with the code ``trace-gym train`` runs
-(:func:`trace_gym.train.policy_step`: rollouts and the predictor's update, advantages,
+(:func:`trace_gym.train.loop.policy_step`: rollouts and the predictor's update, advantages,
 the policy update, the weight sync):
 
 - tasks: **single** (the generated math family, one turn: TRL's job, 4 prompts x 4
@@ -116,7 +116,7 @@ class Arm:
 
 def make_cfg(task: str, strategy: str, engine: str, lr: float) -> Any:
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     prompts = PROMPTS[task]
     over = {**TASKS[task], **strategy_over(strategy, prompts), "engine": engine, "candidates": prompts,
@@ -128,7 +128,7 @@ def make_cfg(task: str, strategy: str, engine: str, lr: float) -> Any:
 def make_arm(task: str, strategy: str, engine: str, lr: float, predictor: bool = True) -> Arm:
     from trace_gym.commands.train import resolve_train_setup
     from trace_gym.models import resolve_model
-    from trace_gym.predictor import make_predictor
+    from trace_gym.predictor.kinds import make_predictor
 
     cfg = make_cfg(task, strategy, engine, lr)
     setup = resolve_train_setup(cfg)
@@ -156,7 +156,7 @@ def first_observations(arm: Arm, n: int) -> list[tuple[Any, list[dict]]]:
 
 
 def run_arm(arm: Arm, step: int, trainer: Any, engines: dict, backend: Any, record: bool) -> dict:
-    from trace_gym.train import policy_step
+    from trace_gym.train.loop import policy_step
 
     n = PROMPTS[arm.task]
     candidates = [arm.tasks[(step * n + i) % len(arm.tasks)] for i in range(n)]
@@ -200,9 +200,9 @@ def bare_rate(trainer: Any) -> float:
     import torch
     from bench_trainer import bare_update, synthetic_trees
 
-    from trace_gym.advantages import treerpo
-    from trace_gym.batches import token_tree
-    from trace_gym.threads import torch_threads
+    from trace_gym.train.advantages import treerpo
+    from trace_gym.train.batches import token_tree
+    from trace_gym.utils.threads import torch_threads
 
     rows, _ = trainer._rows([token_tree(t, treerpo(t)) for t in synthetic_trees(2)])
     optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=0.0)  # AdamW's cost, the weights unmoved
@@ -216,9 +216,9 @@ def update_beside(trainer: Any, engines: dict, token_trees: list, prompts: list[
     """Trained tok/s of the same update right after each engine generated (alternated).
 
     Beside ``hf`` the update runs on the process's own count (what an HF-engine run has:
-    nothing there changes it, :func:`~trace_gym.threads.default_threads`); beside ``vllm``
+    nothing there changes it, :func:`~trace_gym.utils.threads.default_threads`); beside ``vllm``
     it runs as the trainer runs it, after vLLM's call set and gave back its own count."""
-    from trace_gym.threads import default_threads, torch_threads
+    from trace_gym.utils.threads import default_threads, torch_threads
     from trace_gym.types import SamplingParams
 
     rates: dict[str, list[float]] = {k: [] for k in engines}
@@ -263,10 +263,10 @@ def main() -> int:
     if args.multi_prompts < 1:
         parser.error(f"--multi-prompts must be at least 1, got {args.multi_prompts}")
     PROMPTS["multi"] = args.multi_prompts
-    from trace_gym.backend import InProcessBackend
+    from trace_gym.train.backend import InProcessBackend
     from trace_gym.engines import make_engine, vllm_importable
     from trace_gym.models import pull_model, quiet_third_party
-    from trace_gym.trainer import PolicyTrainer, TrainerConfig
+    from trace_gym.train.trainer import PolicyTrainer, TrainerConfig
 
     quiet_third_party()
     model = pull_model("smollm2-135m", progress=False)
@@ -279,14 +279,14 @@ def main() -> int:
                                 cpu_threads=int(os.environ.get("OMP_NUM_THREADS", 0) or 0))
     trainer = PolicyTrainer(model, trainer_cfg, total_steps=1000, device="cpu", temperature=0.7)
     if "shared-threads" in args.plant:  # the planted bug: one process-wide count, the serving engine's
-        from trace_gym.threads import set_threads
+        from trace_gym.utils.threads import set_threads
 
         trainer.threads = None
         set_threads(engines["vllm"].cpu_threads if "vllm" in engines else 1)
     backend = InProcessBackend()
     arms = [make_arm(t, s, e, 1e-7) for t in args.tasks.split(",") for e in kinds for s in STRATEGIES]
     if "serial-fallback" in args.plant:
-        import trace_gym.rollout as rollout
+        import trace_gym.agent.rollout as rollout
 
         rollout.AgentBranchRunner.single_turn = property(lambda self: False)
     rounds_of = {"single": max(args.rounds, args.single_rounds)}  # cheap, and its rate swings the most

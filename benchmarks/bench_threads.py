@@ -1,7 +1,7 @@
 """Generation tokens/s idle and beside a busy process, under the old and the new thread policy.
 
 The old policy: every process at every core, OpenMP's default wait policy (idle workers
-spin). The new one: :func:`trace_gym.threads.apply_thread_policy`, what every
+spin). The new one: :func:`trace_gym.utils.threads.apply_thread_policy`, what every
 ``trace-gym`` command does first (threads sized to the cores the others leave free,
 ``OMP_WAIT_POLICY=PASSIVE`` where it shares the machine). Each arm runs in a fresh process (OpenMP reads its settings
 once, when torch loads): SmolLM2-135M on the HF engine generates ``P`` prompts x ``S``
@@ -55,7 +55,7 @@ def worker(policy: str, prompts: int, samples: int, tokens: int, window_s: float
     least one) and return tokens/s and the threads used."""
     decision = None
     if policy == "new":
-        from trace_gym.threads import apply_thread_policy
+        from trace_gym.utils.threads import apply_thread_policy
 
         decision = apply_thread_policy().describe()
     import torch

@@ -37,11 +37,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trace_gym.advantages import treerpo  # noqa: E402
-from trace_gym.batches import token_tree  # noqa: E402
+from trace_gym.train.advantages import treerpo  # noqa: E402
+from trace_gym.train.batches import token_tree  # noqa: E402
 from trace_gym.models import pull_model  # noqa: E402
 from trace_gym.report import markdown_table  # noqa: E402
-from trace_gym.trainer import PolicyTrainer, TrainerConfig  # noqa: E402
+from trace_gym.train.trainer import PolicyTrainer, TrainerConfig  # noqa: E402
 from trace_gym.tree import ROOT as TREE_ROOT  # noqa: E402
 from trace_gym.tree import RolloutTree  # noqa: E402
 

@@ -82,18 +82,18 @@ def first_repetitions(results: Mapping[str, Any], n: int) -> dict[str, Any]:
 
 
 def verdict_word(results: Mapping[str, Any], a: str, b: str, key: str) -> str:
-    """The paired verdict on ``key`` of ``a`` against ``b`` (:func:`trace_gym.bench_checks.paired`):
+    """The paired verdict on ``key`` of ``a`` against ``b`` (:func:`trace_gym.bench.checks.paired`):
     shown above, shown below or not shown."""
-    from trace_gym.bench_checks import METRICS as BY_KEY
-    from trace_gym.bench_checks import headline_rows, paired
+    from trace_gym.bench.checks import METRICS as BY_KEY
+    from trace_gym.bench.checks import headline_rows, paired
 
     return WORDS[paired(headline_rows(results), a, b, BY_KEY[key])["shown"]]
 
 
 def pairs_of(names: Sequence[str]) -> list[tuple[str, str]]:
     """The bank bench's pairs among ``names``: each with uniform, then each with TRACE
-    (:func:`trace_gym.bench_checks.pair_list`)."""
-    from trace_gym.bench_checks import Roles, pair_list
+    (:func:`trace_gym.bench.checks.pair_list`)."""
+    from trace_gym.bench.checks import Roles, pair_list
 
     return pair_list({n: None for n in names}, Roles())
 
@@ -102,7 +102,7 @@ def agreement(bank: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]
     """The comparison of one bank: ``{"rows": [...], "pairs": [...], "headline": (bank, sim),
     "failed": [what disagreed], "passed"}``. The simulator's words are judged on its first
     repetitions, as many as the bank's."""
-    from trace_gym.bench_checks import verdict
+    from trace_gym.bench.checks import verdict
 
     names = [n for n in STRATEGIES if n in bank["strategies"]]
     n = min(r["repetitions"] for r in bank["strategies"].values())

@@ -2,7 +2,7 @@
 
 Each loader reads the rows users download from the hub, in that schema, from a local file
 (``load_tasks(name, path=...)``: ``.jsonl``, ``.parquet``, ``.json`` or a folder holding
-``{split}.<ext>``; :func:`trace_gym.datafiles.load_rows`) or the hub itself (through the
+``{split}.<ext>``; :func:`trace_gym.env.datafiles.load_rows`) or the hub itself (through the
 ``datasets`` package):
 
 ================  =======================  ==============  =====  ================================  =======
@@ -41,7 +41,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from trace_gym.datafiles import load_rows
+from trace_gym.env.datafiles import load_rows
 from trace_gym.types import Task
 
 #: Option letters in order (the same as :data:`environments.math_python.choice.LETTERS`,

@@ -34,7 +34,7 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
     from tqdm.auto import tqdm
 
     import trace_gym  # noqa: F401  (registers the env ids)
-    from trace_gym.agent import AgentConfig, AgentRunner
+    from trace_gym.agent.loop import AgentConfig, AgentRunner
     from trace_gym.types import SamplingParams
 
     if temperature == 0 and samples > 1:
@@ -72,7 +72,7 @@ def run_episodes(engine: Any, suite: Suite, tasks: Sequence[Task], *, samples: i
 
 def episode_tree(ep: Any) -> Any:
     """One finished episode as a one-branch :class:`~trace_gym.tree.RolloutTree` (the form
-    the bench's transcript writer, :func:`trace_gym.transcripts.transcripts`, reads)."""
+    the bench's transcript writer, :func:`trace_gym.agent.transcripts.transcripts`, reads)."""
     from trace_gym.tree import ROOT, RolloutTree
 
     tree = RolloutTree(ep.task.id, ep.prompt_ids, text=ep.task.prompt)
@@ -94,7 +94,7 @@ def episode_transcripts(suite: Suite, tasks: Sequence[Task], episodes: Sequence[
     """Up to ``limit`` transcripts, task by task and sample by sample: the bench's record
     (prompt, each turn's action and observation, reward) plus the whole conversation
     (``messages``), the extracted ``answer`` and the grader's ``verdict``."""
-    from trace_gym.transcripts import transcripts
+    from trace_gym.agent.transcripts import transcripts
 
     out: list[dict[str, Any]] = []
     for task, eps in zip(tasks, episodes):

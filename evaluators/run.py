@@ -8,7 +8,7 @@ Evaluation results are cached per (weights hash, suite, samples, seed, the conte
 of every data file read, and every other setting that changes the numbers) under
 ``$TRACE_GYM_CACHE/eval``, so a repeat is instant and an edited data file is re-evaluated.
 Every cache file is written atomically per writer (a temp file of its own, then
-``os.replace``: :func:`trace_gym.run_files.atomic_write_text`), so concurrent evals never
+``os.replace``: :func:`trace_gym.runs.files.atomic_write_text`), so concurrent evals never
 interleave in one file, and read bounded: an entry that is torn, interleaved, too deep
 or not a result is a cache miss (evaluated again), never an error.
 """
@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from trace_gym.config import doc
-from trace_gym.policies import find_policy
-from trace_gym.run_files import atomic_write_text, iter_json_lines, read_json_file
-from trace_gym.weights import weights_hash
+from trace_gym.config import check_declared, doc
+from trace_gym.env.datafiles import HELDOUT_FRACTION
+from trace_gym.runs.files import atomic_write_text, iter_json_lines, read_json_file
+from trace_gym.runs.policies import find_policy
+from trace_gym.runs.weights import weights_hash
+from trace_gym.utils.config_fields import SEEDS
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,12 @@ class EvalConfig:
     suites: tuple[str, ...] = field(default=("generated",), metadata=doc(
         "suite names or registered env ids with a task loader, comma-separated"))
     limit: int = field(default=64, metadata=doc(
-        "tasks per suite (per category for bfcl); 0: all (64 for an env id)"))
-    samples: int = field(default=1, metadata=doc("samples per task (k of avg@k)"))
-    pass_k: tuple[int, ...] = field(default=(1,), metadata=doc("k values of the unbiased pass@k"))
-    temperature: float = field(default=0.0, metadata=doc("0: greedy; > 0: sampled with the fixed seed"))
-    seed: int = field(default=0, metadata=doc("sampling and env seed"))
+        "tasks per suite (per category for bfcl); 0: all (64 for an env id)", within="[0, 10000000]"))
+    samples: int = field(default=1, metadata=doc("samples per task (k of avg@k)", within="[1, 100000]"))
+    pass_k: tuple[int, ...] = field(default=(1,), metadata=doc("k values of the unbiased pass@k", within="[1, 100000]"))
+    temperature: float = field(default=0.0, metadata=doc(
+        "0: greedy; > 0: sampled with the fixed seed", within="[0, 100]"))
+    seed: int = field(default=0, metadata=doc("sampling and env seed", within=SEEDS))
     engine: str = field(default="hf", metadata=doc("rollout engine: auto | hf | vllm"))
     engine_kwargs: dict = field(default_factory=dict, metadata=doc("keyword arguments of the engine"))
     env_kwargs: dict = field(default_factory=dict, metadata=doc(
@@ -54,24 +57,26 @@ class EvalConfig:
     data_dir: str = field(default="", metadata=doc(
         "folder with local copies of the hub suites (<suite>.jsonl / .parquet / .json or <suite>/); "
         "a missing file is an error, not a hub download"))
-    heldout_fraction: float = field(default=0.2, metadata=doc(
-        "held-out share of the generated family and of an env id's tasks (0 for an env id: no split)"))
-    max_turns: int = field(default=0, metadata=doc("turns per episode (0: the suite's default, listed above)"))
+    heldout_fraction: float = field(default=HELDOUT_FRACTION, metadata=doc(
+        "held-out share of the generated family and of an env id's tasks (0 for an env id: no split)", within="[0, 1)"))
+    max_turns: int = field(default=0, metadata=doc(
+        "turns per episode (0: the suite's default, listed above)", within="[0, 10000]"))
     max_turn_tokens: int = field(default=0, metadata=doc(
-        "generated tokens per turn (0: the suite's default, listed above)"))
+        "generated tokens per turn (0: the suite's default, listed above)", within="[0, 1000000]"))
     max_episode_tokens: int = field(default=0, metadata=doc(
-        "context limit per episode, tokens (0: the suite's default, listed above)"))
-    out: str = field(default="runs/eval", metadata=doc("folder for results.json and results.md"))
+        "context limit per episode, tokens (0: the suite's default, listed above)", within="[0, 10000000]"))
+    out: str = field(default="runs/eval", metadata=doc("folder for results.json and results.md", output="folder"))
     cache: bool = field(default=True, metadata=doc("reuse cached results of the same weights and settings"))
     cache_dir: str = field(default="", metadata=doc("cache folder (default $TRACE_GYM_CACHE/eval)"))
     progress: bool = field(default=True, metadata=doc("progress bars (episodes done, turns generated)"))
     dump_episodes: int = field(default=0, metadata=doc(
         "write this many transcripts per policy and suite into out (episodes-<policy>-<suite>.jsonl): "
-        "messages, the extracted answer, the grader's verdict"))
+        "messages, the extracted answer, the grader's verdict", within="[0, 1000000]"))
 
     def __post_init__(self) -> None:
         from evaluators.suites import SUITES, get_suite
 
+        check_declared(self)  # every number's declared range (finite: temperature=nan is refused here)
         if not self.suites:
             raise ValueError("suites is empty; give a suite name or an env id")
         for name in self.suites:
@@ -79,22 +84,26 @@ class EvalConfig:
         if self.task_kwargs and all(name in SUITES for name in self.suites):
             raise ValueError(f"task_kwargs applies to suites that are env ids or families; {', '.join(self.suites)} "
                              "load their own tasks (data_dir gives their files)")
-        if self.dump_episodes < 0:
-            raise ValueError(f"dump_episodes must be >= 0, got {self.dump_episodes!r}")
-        for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0: the suite's default), got {getattr(self, name)!r}")
         if not self.policy:
             raise ValueError("policy is empty; give a model name, an HF folder or a run dir")
-        if self.samples < 1 or self.limit < 0 or self.temperature < 0:
-            raise ValueError(f"need samples >= 1, limit >= 0, temperature >= 0; got {self.samples}, {self.limit}, "
-                             f"{self.temperature}")
         bad = [k for k in self.pass_k if not 1 <= k <= self.samples]
         if bad:
             raise ValueError(f"pass_k values {bad} must lie in [1, samples={self.samples}]")
         if self.temperature == 0 and self.samples > 1:
             raise ValueError(f"greedy decoding (temperature 0) gives {self.samples} identical samples; "
                              "set samples=1 or temperature > 0")
+
+
+def check_suite_env_kwargs(cfg: EvalConfig, suite: str) -> None:
+    """The config's ``env_kwargs`` (over the suite's own) checked against the constructor of the
+    suite's env (:func:`trace_gym.registry.check_family_kwargs`), before any policy loads."""
+    from evaluators.suites import get_suite
+    from trace_gym.registry import EnvFamily, check_family_kwargs
+
+    if cfg.env_kwargs:
+        spec = get_suite(suite, cfg.task_kwargs)
+        check_family_kwargs(EnvFamily(spec.env_id, "", {}, {**dict(spec.env_kwargs), **cfg.env_kwargs}),
+                            cfg.env_kwargs, {})
 
 
 def _cache_dir(cfg: EvalConfig) -> Path:
@@ -223,8 +232,8 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     stored. Returns ``(result, engine or None)``; with ``cfg.dump_episodes`` the result's
     ``"transcripts"`` holds that many (kept beside the cached result, so a cached repeat
     has them too; a cache entry without enough of them is recomputed). ``digest``: the
-    weights hash when the caller has it (:meth:`trace_gym.policies.Policy.weights_hash`),
-    else :func:`~trace_gym.weights.weights_hash` of ``folder``. Writes nothing into ``folder``."""
+    weights hash when the caller has it (:meth:`trace_gym.runs.policies.Policy.weights_hash`),
+    else :func:`~trace_gym.runs.weights.weights_hash` of ``folder``. Writes nothing into ``folder``."""
     from evaluators import suites
     from trace_gym.engines import make_engine
 
@@ -247,12 +256,7 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
         tasks = suites.load_suite_tasks(spec, limit, path, cfg.heldout_fraction)
     if engine is None:
         engine = make_engine(cfg.engine, folder, **cfg.engine_kwargs)
-    limits = {k: getattr(cfg, k) for k in ("max_turns", "max_turn_tokens", "max_episode_tokens") if getattr(cfg, k)}
-    result = suites.evaluate(engine, suite, limit=limit, samples=cfg.samples,
-                             temperature=cfg.temperature, seed=cfg.seed, pass_k=cfg.pass_k,
-                             data_path=path, heldout_fraction=cfg.heldout_fraction,
-                             progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs, tasks=tasks,
-                             transcripts=cfg.dump_episodes)
+    result = run_suite(cfg, suite, engine, data=path, tasks=tasks)
     transcripts = result.pop("transcripts", None)
     cached.parent.mkdir(parents=True, exist_ok=True)
     if transcripts is not None:
@@ -261,9 +265,50 @@ def evaluate_cached(cfg: EvalConfig, folder: Path, suite: str, engine: Any = Non
     return result | {"cached": False} | ({"transcripts": transcripts} if transcripts is not None else {}), engine
 
 
+def run_suite(cfg: EvalConfig, suite: str, engine: Any, *, data: str | None = None,
+              tasks: Sequence[Any] | None = None) -> dict[str, Any]:
+    """One suite run on ``engine`` with ``cfg``'s settings, no cache (:func:`evaluators.suites.evaluate`):
+    ``data`` the suite's local file (:func:`data_path`), ``tasks`` already loaded ones (else loaded here)."""
+    from evaluators import suites
+
+    limits = {k: getattr(cfg, k) for k in ("max_turns", "max_turn_tokens", "max_episode_tokens") if getattr(cfg, k)}
+    return suites.evaluate(engine, suite, limit=cfg.limit or None, samples=cfg.samples, temperature=cfg.temperature,
+                           seed=cfg.seed, pass_k=cfg.pass_k, data_path=data, heldout_fraction=cfg.heldout_fraction,
+                           progress=cfg.progress, agent_limits=limits, env_kwargs=cfg.env_kwargs, tasks=tasks,
+                           transcripts=cfg.dump_episodes)
+
+
+def training_eval_config(cfg: Any) -> EvalConfig:
+    """The evaluation settings of a training run (``cfg``: a :class:`~trace_gym.train.config.TrainConfig`):
+    its ``eval_suite`` on ``eval_tasks`` tasks, ``eval_samples`` samples each (greedy for one), with the
+    run's policy, seed, engine, held-out split, agent limits and env kwargs. Checks the suite name."""
+    return EvalConfig(policy=(cfg.policy,), suites=(cfg.eval_suite,), limit=cfg.eval_tasks, samples=cfg.eval_samples,
+                      temperature=0.0 if cfg.eval_samples == 1 else cfg.temperature, seed=cfg.seed,
+                      engine=cfg.engine, heldout_fraction=cfg.heldout_fraction, max_turns=cfg.max_turns,
+                      max_turn_tokens=cfg.max_turn_tokens, max_episode_tokens=cfg.max_episode_tokens,
+                      env_kwargs=cfg.env_kwargs, progress=cfg.progress)
+
+
+@dataclass(frozen=True)
+class TrainingEvaluator:
+    """A training run's evaluation, ``(engine, step) -> result`` (``TrainSetup.evaluate``): step 0,
+    the initial policy, through the cache ``trace-gym eval`` with these settings uses; later steps
+    run afresh on the trained engine (their weights are new)."""
+
+    cfg: EvalConfig
+
+    def __call__(self, engine: Any, step: int) -> dict[str, Any]:
+        suite = self.cfg.suites[0]
+        if step == 0:
+            from trace_gym.models import resolve_model
+
+            return evaluate_cached(self.cfg, Path(resolve_model(self.cfg.policy[0])), suite, engine)[0]
+        return run_suite(self.cfg, suite, engine)
+
+
 def read_cached(path: Path) -> dict[str, Any] | None:
     """A cached suite result, or ``None`` (a miss): no file, or one that is torn, interleaved,
-    too large or deep (read bounded: :func:`trace_gym.run_files.read_json_file`), or not an
+    too large or deep (read bounded: :func:`trace_gym.runs.files.read_json_file`), or not an
     object with integer ``tasks`` and ``samples``."""
     try:
         result = read_json_file(path)
@@ -297,8 +342,12 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
     """Evaluate every policy on every suite (cached); writes ``results.json`` and ``results.md``."""
     from trace_gym.models import quiet_third_party
 
+    from trace_gym.runs.output_paths import check_config_outputs, write_output_text
+
+    check_config_outputs(cfg)  # out: a folder that can be written, before any policy loads
     for suite in cfg.suites:  # input errors first, in one line, before any backend imports or download starts
         data_path(cfg, suite)
+        check_suite_env_kwargs(cfg, suite)
     quiet_third_party()
     out = out or sys.stdout
     policies = [find_policy(spec) for spec in cfg.policy]  # every spec checked before any download
@@ -322,10 +371,10 @@ def run_eval(cfg: EvalConfig, *, out: Any = None) -> list[dict[str, Any]]:
         finally:
             if engine is not None:
                 engine.close()
-    atomic_write_text(Path(cfg.out) / "results.json", json.dumps(rows, indent=2))  # `compare` reads it
     text = format_results(rows)
-    atomic_write_text(Path(cfg.out) / "results.md", text + "\n")
-    print(text, file=out)
+    print(text, file=out)  # first: a write that fails below is one line, the table already shown
+    write_output_text(Path(cfg.out) / "results.json", json.dumps(rows, indent=2), key="out")  # `compare` reads it
+    write_output_text(Path(cfg.out) / "results.md", text + "\n", key="out")
     return rows
 
 

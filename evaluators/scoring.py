@@ -133,7 +133,7 @@ SCORERS: dict[str, Scorer] = {
 def get_scorer(name: str) -> Scorer:
     """The scorer called ``name`` (``ValueError`` naming the known ones)."""
     if name not in SCORERS:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         raise ValueError(f"unknown scorer {name!r}; known: {', '.join(SCORERS)}{did_you_mean(name, SCORERS)}")
     return SCORERS[name]

@@ -35,20 +35,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
-
-import numpy as np
 
 from evaluators import choice
 from evaluators.episodes import episode_transcripts, run_episodes
 from evaluators.scoring import score_episodes
 from evaluators.suite import Suite
-from trace_gym.datafiles import HubUnreachable, split_tasks
+from trace_gym.env.datafiles import HELDOUT_FRACTION, HubUnreachable, split_tasks
 from trace_gym.types import Task
 
-#: The held-out share of the generated family (must match the training run's ``heldout_fraction``).
-HELDOUT_FRACTION = 0.2
 #: Seed offset of the held-out evaluation draw (disjoint ids from any training draw).
 HELDOUT_SEED = 7_777
 
@@ -70,18 +65,6 @@ def generated_heldout(limit: int | None, seed: int = 0, path: str | None = None,
         if len(out) >= want or n > 64 * want + 4096:
             return out[:want]
         n *= 2
-
-
-def generated_train(n: int, seed: int = 0, heldout_fraction: float = HELDOUT_FRACTION) -> list[Task]:
-    """``n`` training prompts of the generated family with every held-out prompt removed."""
-    from environments.math_python.generated import generate_mixed_tasks
-
-    size = n + n // 2 + 8
-    while True:
-        kept = split_tasks(generate_mixed_tasks(size, seed=seed), "train", heldout_fraction)
-        if len(kept) >= n:
-            return kept[:n]
-        size *= 2
 
 
 def _dataset_loader(module: str, name: str) -> Callable[..., list[Task]]:
@@ -164,74 +147,8 @@ SUITES: dict[str, Suite] = {
 }
 
 
-@dataclass(frozen=True)
-class TrainData:
-    """A named training set (``trace-gym train data=NAME``): ``load(n, seed, path)``."""
-
-    load: Callable[..., list[Task]]
-    offline: bool
-    description: str
-
-
-def _shuffled(tasks: list[Task], n: int, seed: int) -> list[Task]:
-    order = np.random.default_rng(seed).permutation(len(tasks))
-    return [tasks[i] for i in order[:n]]
-
-
-def deepscaler_train(n: int, seed: int = 0, path: str | None = None) -> list[Task]:
-    """``n`` DeepScaleR problems (a seeded draw), from ``path`` or the hub."""
-    return _shuffled(math_dataset("deepscaler")(None, path=path), n, seed)
-
-
-def bfcl_train_split(n: int, seed: int = 0, path: str | None = None) -> list[Task]:
-    """``n`` entries (a seeded draw) of the BFCL multi-turn train split, all four categories (80 %)."""
-    from environments.bfcl import data
-
-    return _shuffled([t for c in data.CATEGORIES for t in data.load_tasks(c, "train")], n, seed)
-
-
-#: Named training sets. The generated family needs none (``data`` empty: the family's own
-#: tasks minus the held-out split).
-TRAIN_DATA: dict[str, TrainData] = {
-    "generated": TrainData(lambda n, seed=0, path=None: generated_train(n, seed), True,
-                           "generated math family minus its held-out split"),
-    "deepscaler": TrainData(deepscaler_train, False, "DeepScaleR-Preview (hub agentica-org/DeepScaleR-Preview-Dataset)"),
-    "bfcl": TrainData(bfcl_train_split, True, "BFCL v4 multi-turn train split (80 %, all categories)"),
-    "hotpotqa": TrainData(lambda n, seed=0, path=None: _shuffled(_qa_train("hotpotqa", path), n, seed), False,
-                          "HotpotQA train split (FlashRAG hub copy, or a local file)"),
-}
-
-
-def get_train_data(name: str) -> TrainData:
-    """The training set called ``name`` (``ValueError`` naming the closest names)."""
-    if name not in TRAIN_DATA:
-        from trace_gym.suggest import did_you_mean
-
-        raise ValueError(f"unknown training data {name!r}{did_you_mean(name, list(TRAIN_DATA))}; "
-                         f"known: {sorted(TRAIN_DATA)} (empty: the env family's own tasks)")
-    return TRAIN_DATA[name]
-
-
-def load_train_data(name: str, n: int, seed: int, path: str | None) -> list:
-    """``n`` tasks of the training set ``name`` (``path``: a local copy); a missing local
-    file, or the hub out of reach without one, is one ``ValueError`` naming ``data_path``."""
-    try:
-        return list(get_train_data(name).load(n, seed=seed, path=path or None))
-    except FileNotFoundError as exc:  # a user's path: one line, naming the key
-        raise ValueError(f"data_path={path!r} for data={name}: {exc}") from None
-    except HubUnreachable as exc:
-        raise ValueError(f"data={name} reads {exc.hub_id} from the hub, which cannot be reached ({exc.reason}); "
-                         f"offline, set data_path=FILE, a local copy ({exc.local_hint})") from None
-
-
-def _qa_train(name: str, path: str | None) -> list[Task]:
-    from environments.wiki_qa.data import load_tasks
-
-    return load_tasks(name, path=path or None, split="train")
-
-
 def env_heldout(family: Any) -> Callable[..., list[Task]]:
-    """A suite loader over an env's own task loader (a :class:`trace_gym.registry.EnvFamily`):
+    """A suite loader over an env's own task loader (a :class:`trace_gym.env.family.EnvFamily`):
     its held-out split, the prompts that ``trace-gym train`` on that env never trains on
     (``limit`` None: 64 tasks; ``heldout_fraction`` 0: the loader's first tasks, no split)."""
 
@@ -331,7 +248,7 @@ def get_suite(name: str, task_kwargs: Mapping[str, Any] | None = None) -> Suite:
         return env_suite(name, resolve_env(name, task_kwargs=task_kwargs))
     ids = env_ids()  # registers the built-in and plugin ids
     if name not in ENV_FAMILIES and name not in registry and f"{NAMESPACE}/{name}" not in registry:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         short = [i.split("/", 1)[1] for i in ids]
         raise ValueError(f"unknown suite {name!r}{did_you_mean(name, [*SUITES, *short])}; known suites: "

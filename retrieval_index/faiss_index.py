@@ -142,10 +142,3 @@ def to_search_device(index: Any, use_gpu: str | bool = "auto", fp16: bool = Fals
     options.shard = True
     return faiss.index_cpu_to_all_gpus(index, co=options), f"gpu x{n}"
 
-
-def serialize(index: Any) -> bytes:
-    """The index as bytes (for equality checks and hashing)."""
-    import faiss
-
-    return faiss.serialize_index(index).tobytes()
-

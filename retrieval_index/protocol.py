@@ -119,5 +119,5 @@ def check_queries(queries: Any) -> list[str]:
         at = first_unencodable(q)
         if at is not None:
             raise QueryRejected(f"queries[{i}] holds a lone surrogate U+{ord(q[at]):04X} at character {at}, which "
-                                "UTF-8 cannot encode; remove it (trace_gym.textsafe.drop_unencodable)", i)
+                                "UTF-8 cannot encode; remove it (trace_gym.utils.textsafe.drop_unencodable)", i)
     return list(queries)

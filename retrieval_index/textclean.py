@@ -1,7 +1,7 @@
 """Untrusted text at the retrieval server's boundary: JSON bounded before it is parsed,
 and text that always encodes to UTF-8.
 
-A deliberate copy of the few functions of :mod:`trace_gym.textsafe` the index needs
+A deliberate copy of the few functions of :mod:`trace_gym.utils.textsafe` the index needs
 (``json_problem``, ``loads_bounded``, ``JSONRefused``, ``first_unencodable``,
 ``clean_text``, ``clean_value``), so that ``retrieval_index`` stays a standalone package
 that imports nothing of the project (``tests/retrieval/test_retrieval_units.py`` holds both: no

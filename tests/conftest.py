@@ -5,9 +5,11 @@ several test modules is a separate fixture in each (the vLLM engine was started 
 module that imported it, and the engines lived side by side until the session ended).
 Tests that change an engine's weights restore them before they return.
 
-The tests live in folders by subject (``core``, ``envs``, ``engines``, ``trainer``,
-``bench``, ``banks``, ``eval``, ``retrieval``, ``ecosystem``, ``security``); the modules
-they share (scripted policies, planted envs, other ecosystems' example envs, hostile
+The tests live in folders that mirror the code: one per wing of ``trace_gym/``
+(``allocation``, ``predictor``, ``env``, ``agent``, ``step``, ``sim``, ``engines``, ``banks``,
+``bench``, ``train``, ``runs``, ``utils``; ``core`` for its root modules and the face), one per
+other package (``environments``, ``ecosystem`` for its adapters, ``eval``, ``retrieval``), and
+``security`` across them; the modules they share (scripted policies, planted envs, other ecosystems' example envs, hostile
 corpora) live in ``tests/fixtures``, which pytest puts on ``sys.path`` (``pythonpath`` in
 pyproject.toml) so a test, a subprocess it starts and an env id such as
 ``verifiers:ecosystem_envs_verifiers.exact_qa`` name them the same way.
@@ -27,6 +29,14 @@ def smollm2_path():
     from trace_gym.models import pull_model
 
     return pull_model("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_path):
+    """SmolLM2-135M's tokenizer (read only: a test that must change one loads its own)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path)
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ Training:
     ``TrainConfig``, ``TrainSetup``, ``train``; the advantage estimators:
     ``AdvantageEstimator`` (the Protocol; it returns ``PathAdvantages`` per leaf or a
     ``{node: A}`` mapping), ``ESTIMATORS`` and ``register_estimator``
-    (or the ``trace_gym.advantages`` entry-point group); the success predictors:
+    (or the ``trace_gym.train.advantages`` entry-point group); the success predictors:
     ``SuccessPredictor``, ``PREDICTORS``, ``make_predictor``, ``register_predictor``.
 """
 
@@ -46,7 +46,7 @@ from baselines.pcl import PCLRootAllocator
 from baselines.random_tree import RandomPrefixAllocator
 from baselines.uniform import UniformRootAllocator, fixed_groups
 from evaluators.suites import register_suite
-from trace_gym.allocation import (
+from trace_gym.allocation.allocators import (
     GroupSized,
     PrefixAllocator,
     RootAllocator,
@@ -55,15 +55,15 @@ from trace_gym.allocation import (
     solve_prefix,
     solve_root,
 )
-from trace_gym.advantages import ESTIMATORS, AdvantageEstimator, PathAdvantages, register_estimator
-from trace_gym.bench_report import format_bench
-from trace_gym.bench_env import run_env_bench
-from trace_gym.bench_sim import run_sim_bench
-from trace_gym.budget import BudgetLedger
-from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
-from trace_gym.env_adapter import CopyState, ForeignEnv, ForeignEpisode, NativeState
-from trace_gym.env_checks import check_env
-from trace_gym.env import (
+from trace_gym.train.advantages import ESTIMATORS, AdvantageEstimator, PathAdvantages, register_estimator
+from trace_gym.bench.report import format_bench
+from trace_gym.bench.env import run_env_bench
+from trace_gym.bench.sim import run_sim_bench
+from trace_gym.budget import ROOT_UNITS, BudgetLedger
+from trace_gym.bench.config import EnvBenchConfig, SimBenchConfig
+from trace_gym.env.adapter import CopyState, ForeignEnv, ForeignEpisode, NativeState
+from trace_gym.env.checks import check_env
+from trace_gym.env.contract import (
     AgentEnv,
     EnvCheckError,
     ReferenceActions,
@@ -76,16 +76,17 @@ from trace_gym.env import (
     task_from_options,
     thaw,
 )
-from trace_gym.predictor import PREDICTORS, SuccessPredictor, make_predictor, register_predictor
-from trace_gym.registry import EnvFamily, resolve_env
-from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.predictor.kinds import PREDICTORS, SuccessPredictor, make_predictor, register_predictor
+from trace_gym.env.family import EnvFamily
+from trace_gym.registry import resolve_env
+from trace_gym.env.spaces import ChatObservation, TextAction
 from trace_gym.strategies import STRATEGIES, register_strategy, shaped_strategies
-from trace_gym.strategy import Strategy
-from trace_gym.entry_configs import TrainConfig
-from trace_gym.train import TrainSetup, train
+from trace_gym.allocation.strategy import Strategy
+from trace_gym.train.config import TrainConfig
+from trace_gym.train.loop import TrainSetup, train
 from trace_gym.tree import RolloutTree
 from trace_gym.types import Message, Task
-from trace_gym.waves import ROOT_UNITS, OneShot, PrefixView, PromptHistory, StepView, Wave, WaveStrategy
+from trace_gym.allocation.waves import OneShot, PrefixView, PromptHistory, StepView, Wave, WaveStrategy
 
 
 def register_env(env_id: str, entry_point: str | Callable[..., Any],

@@ -21,6 +21,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,16 @@ from typing import Any, Callable, Iterator
 ROLLOUT_COST = 1.0
 #: Nominal cost of one continuation from a saved mid-trajectory prefix.
 CONTINUATION_COST = 0.5
+#: Whole budget units of one root rollout, a continuation costing 1 (a wave strategy's
+#: budgets are counted in these: ``ROLLOUT_COST / CONTINUATION_COST``).
+ROOT_UNITS = 2
+
+
+def budget_units(nominal_budget: float) -> int:
+    """``floor(2 B)``: the whole units of a nominal budget B (root = 2, continuation = 1)."""
+    if not (isinstance(nominal_budget, (int, float)) and math.isfinite(nominal_budget) and nominal_budget >= 0):
+        raise ValueError(f"nominal budget must be a finite number >= 0, got {nominal_budget!r}")
+    return int(math.floor(ROOT_UNITS * nominal_budget + 1e-9))
 
 
 def nominal_cost(root_rollouts: float, continuations_per_root: float = 0.0) -> float:
@@ -72,7 +83,7 @@ class BudgetLedger:
             (prompt plus, for continuations, the replayed prefix), not counting
             tokens the engine reported as served from its prefix cache.
         env_steps: ``env.step`` calls, plus the steps a ``restore`` re-executes in a
-            replay-snapshot env (``trace_gym.env.ReplayCost``).
+            replay-snapshot env (``trace_gym.env.contract.ReplayCost``).
         replayed_env_steps: the part of ``env_steps`` that restores re-executed.
         errors: episodes ended by an error rather than by the env or a limit (an env
             that raised in reset, restore, step, snapshot or close; a prompt over the
@@ -82,7 +93,7 @@ class BudgetLedger:
             single-turn fallback buys one root rollout per two; an odd budget leaves
             one), so ``nominal`` falls short of the budget by half of this, visibly.
         recovered_episodes: episodes whose env actor died (a distributed run,
-            :mod:`trace_gym.distributed`) and that were restored from their last snapshot
+            :mod:`trace_gym.train.distributed`) and that were restored from their last snapshot
             on another actor and went on.
         redone_env_steps: env steps executed a second time because of that: the step
             lost with the actor plus the steps its restore re-executed. Not in
@@ -96,7 +107,7 @@ class BudgetLedger:
         seconds: wall-clock seconds per phase name (``generation``, ``environment``,
             ``allocation``, ``predictor_scoring``, ``predictor_update``, ...), plus
             ``environment_busy``: env work summed over the agent runner's threads, which
-            overlaps the other phases (see :class:`trace_gym.agent.AgentRunner`).
+            overlaps the other phases (see :class:`trace_gym.agent.loop.AgentRunner`).
         clock: the time source for :meth:`phase` (seconds; injectable for tests).
     """
 

@@ -11,7 +11,7 @@ command takes ``--config FILE`` and ``key=value`` overrides:
   tokens become flags before argparse reads the line (a flag on the line wins).
 
 Every command first sizes its CPU threads to what the machine can give it and keeps idle
-OpenMP workers from spinning (:func:`trace_gym.threads.apply_thread_policy`;
+OpenMP workers from spinning (:func:`trace_gym.utils.threads.apply_thread_policy`;
 ``TRACE_GYM_THREADS=N`` overrides).
 
 Errors of input (a bad key or value, a missing file) print one line and exit 2; a
@@ -21,7 +21,6 @@ traceback only with ``--verbose`` and only for a bug.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import re
@@ -29,7 +28,8 @@ import sys
 from typing import Any, Sequence
 
 from trace_gym.commands import CONFIG_KEYS
-from trace_gym.suggest import did_you_mean
+from trace_gym.utils.suggest import did_you_mean
+from trace_gym.utils.targets import load_target
 
 #: Every command: name -> "module:add_parser_function" (the order of ``--help``).
 COMMANDS: dict[str, str] = {
@@ -58,8 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "strategies and estimators register on import); repeatable, allowed anywhere on the line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for target in COMMANDS.values():
-        module, _, function = target.partition(":")
-        getattr(importlib.import_module(module), function)(sub)
+        load_target(target)(sub)
     parser.allow_abbrev = False
     for leaf in _leaves(parser):
         leaf.allow_abbrev = False  # `--ou x=y` must not mean `--out x=y` to argparse but not to split_overrides
@@ -232,12 +231,12 @@ def split_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from trace_gym.threads import apply_thread_policy
+    from trace_gym.utils.threads import apply_thread_policy
 
     threads = apply_thread_policy()  # before anything loads torch: OpenMP reads the env once
     modules, argv = split_plugins(list(sys.argv[1:] if argv is None else argv))
     configure_logging("--verbose" in argv[: argv.index("--") if "--" in argv else len(argv)])
-    logging.getLogger("trace_gym.threads").info("%s", threads.describe())
+    logging.getLogger("trace_gym.utils.threads").info("%s", threads.describe())
     import trace_gym.strategies  # noqa: F401  (the face's built-ins: the zoo's predictor kinds join PREDICTORS)
 
     if modules:  # before the parser: what the plugins register shows up in --help too

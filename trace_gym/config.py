@@ -1,8 +1,9 @@
 """One frozen dataclass config per entry point, loaded from YAML, flags or ``key=value``.
 
-Every field is declared once, with its type, default and a help string
-(``field(default=..., metadata=doc("..."))``); everything else is derived from that
-declaration:
+Every field is declared once, with its type, default and a help string, and a number
+with its range (``field(default=..., metadata=doc("...", within="[1, 1000000]"))``: an
+:class:`Interval`, whose finite bounds also declare the value finite; NaN lies in none);
+everything else is derived from that declaration:
 
 - :func:`config_from_mapping` builds a config from a dict (a YAML file), coercing each
   value to the field's real type (lists become tuples, ints become floats) and naming
@@ -12,33 +13,37 @@ declaration:
 - :func:`load_config`, the one loader, stacks a YAML file and ``key=value`` overrides
   (dotted keys reach into nested sections such as ``trainer``);
 - :func:`config_help` lists the fields (sections included) for ``--help`` texts;
-- unknown keys get the closest known key (:func:`trace_gym.suggest.did_you_mean`).
+- :func:`check_declared` holds a config built in Python to the same declarations;
+- unknown keys get the closest known key (:func:`trace_gym.utils.suggest.did_you_mean`);
+- a dict-valued field is parsed with the bounded JSON reader
+  (:func:`trace_gym.utils.textsafe.loads_bounded`), and every YAML mapping key must be a string.
 
 argparse itself lives in ``trace_gym/cli.py`` alone; it asks this module what flags a
 config has and how to parse them.
 
-This module is the loader machinery only and imports nothing of ``trace_gym`` but the leaf
-:mod:`trace_gym.suggest`: the entry-point configs live in :mod:`trace_gym.entry_configs`,
-composed of the shared sections of :mod:`trace_gym.config_sections`.
+This module is the loader machinery only and imports nothing of ``trace_gym`` but the leaves
+:mod:`trace_gym.utils.config_fields` (what a field declares: :func:`doc`), :mod:`trace_gym.utils.suggest`
+and :mod:`trace_gym.utils.textsafe`: each entry point's config lives beside it
+(:data:`trace_gym.commands.ENTRY_CONFIGS` lists them), composed of the shared sections of
+:mod:`trace_gym.config_sections`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from trace_gym.suggest import did_you_mean
+from trace_gym.utils.config_fields import (  # noqa: F401  (doc, check_declared: the config API)
+    MAX_CONFIG_DEPTH, Interval, check_declared, declared_problem, doc, nesting_depth_over, shown)
+from trace_gym.utils.suggest import did_you_mean
+from trace_gym.utils.textsafe import JSONRefused, loads_bounded
 
 C = TypeVar("C")
-
-
-def doc(text: str) -> dict[str, str]:
-    """Field metadata holding the field's help text."""
-    return {"help": text}
-
 
 # ---------------------------------------------------------------------- field types
 def field_types(cls: type) -> dict[str, Any]:
@@ -68,12 +73,12 @@ def _bool(value: Any) -> bool:
         return True
     if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected a bool (true/false), got {value!r}")
+    raise ValueError(f"expected a bool (true/false), got {shown(value)}")
 
 
 def _to_int(value: Any) -> int:
     if isinstance(value, bool):
-        raise ValueError(f"expected an int, got {value!r}")
+        raise ValueError(f"expected an int, got {shown(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -83,12 +88,12 @@ def _to_int(value: Any) -> int:
             return int(value.strip())
         except ValueError:
             pass
-    raise ValueError(f"expected an int, got {value!r}")
+    raise ValueError(f"expected an int, got {shown(value)}")
 
 
 def _to_float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"expected a number, got {value!r}")
+        raise ValueError(f"expected a number, got {shown(value)}")
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
@@ -96,25 +101,28 @@ def _to_float(value: Any) -> float:
             return float(value.strip())
         except ValueError:
             pass
-    raise ValueError(f"expected a number, got {value!r}")
+    raise ValueError(f"expected a number, got {shown(value)}")
 
 
 def _to_str(value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"expected a string, got {value!r}")
+        raise ValueError(f"expected a string, got {shown(value)}")
     return value
 
 
 def _to_dict(value: Any) -> dict:
     if isinstance(value, str):
-        import json
-
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"expected a JSON object, got {value!r} ({exc.msg})") from None
+            value = loads_bounded(value, max_depth=MAX_CONFIG_DEPTH)
+        except JSONRefused as exc:
+            raise ValueError(f"expected a JSON object, got text that {exc}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"expected a mapping, got {value!r}")
+        raise ValueError(f"expected a mapping, got {shown(value)}")
+    if nesting_depth_over(value, MAX_CONFIG_DEPTH):
+        raise ValueError(f"expected a mapping nested at most {MAX_CONFIG_DEPTH} levels deep, got a deeper one")
+    bad = next((k for k in value if not isinstance(k, str)), None)
+    if bad is not None:
+        raise ValueError(f"expected a mapping with string keys, got the key {shown(bad)}")
     return dict(value)
 
 
@@ -129,7 +137,7 @@ def _to_union(tp: Any, value: Any) -> Any:
             return coerce(option, value)
         except ValueError:
             pass
-    raise ValueError(f"expected {type_name(tp)}, got {value!r}")
+    raise ValueError(f"expected {type_name(tp)}, got {shown(value)}")
 
 
 def _to_tuple(tp: Any, value: Any) -> tuple:
@@ -138,7 +146,7 @@ def _to_tuple(tp: Any, value: Any) -> tuple:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"expected a list for {type_name(tp)}, got {value!r}")
+        raise ValueError(f"expected a list for {type_name(tp)}, got {shown(value)}")
     return tuple(value if item is Any else (coerce(item, v) for v in value))
 
 
@@ -146,7 +154,7 @@ def _to_section(tp: type, value: Any) -> Any:
     if dataclasses.is_dataclass(value) and isinstance(value, tp):
         return value
     if not isinstance(value, Mapping):
-        raise ValueError(f"expected a mapping of {tp.__name__} keys, got {value!r}")
+        raise ValueError(f"expected a mapping of {tp.__name__} keys, got {shown(value)}")
     return config_from_mapping(tp, value, source=tp.__name__)
 
 
@@ -166,7 +174,7 @@ def coerce(tp: Any, value: Any) -> Any:
         return _to_union(tp, value)
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
-            raise ValueError(f"expected one of {list(typing.get_args(tp))}, got {value!r}")
+            raise ValueError(f"expected one of {list(typing.get_args(tp))}, got {shown(value)}")
         return value
     if origin is tuple:
         return _to_tuple(tp, value)
@@ -179,11 +187,21 @@ def coerce(tp: Any, value: Any) -> Any:
     raise TypeError(f"config fields of type {type_name(tp)} are not supported")
 
 
+def field_value(f: dataclasses.Field, tp: Any, value: Any) -> Any:
+    """``value`` coerced to the type of field ``f`` and held to its declaration
+    (:func:`declared_problem`); ``ValueError`` (``expected ..., got ...``) when it breaks either."""
+    value = coerce(tp, value)
+    problem = declared_problem(f, tp, value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 def parse_field_text(cls: type, name: str, text: str) -> Any:
     """Parse one command-line string for field ``name`` of ``cls``."""
-    tp = field_types(cls)[name]
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
     try:
-        return coerce(tp, text)
+        return field_value(f, field_types(cls)[name], text)
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
 
@@ -213,6 +231,7 @@ def _check_mapping(cls: type, data: Mapping[str, Any], *, source: str, prefix: s
     known ones) or ill-typed value of ``data``, nested sections included; builds nothing,
     so checks that need every key (``__post_init__``) are left to the config itself."""
     types_, subs = field_types(cls), sections(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = [key for key in data if key not in types_]
     if unknown:
         raise _unknown_keys(f"{source} ({prefix.rstrip('.')})" if prefix else source, cls, unknown)
@@ -221,7 +240,7 @@ def _check_mapping(cls: type, data: Mapping[str, Any], *, source: str, prefix: s
             _check_mapping(subs[key], value, source=source, prefix=f"{prefix}{key}.")
             continue
         try:
-            coerce(types_[key], value)
+            field_value(fields[key], types_[key], value)
         except ValueError as exc:
             raise ValueError(f"{source}: {prefix}{key}: {exc}") from None
 
@@ -238,34 +257,70 @@ def config_from_mapping(cls: type[C], data: Mapping[str, Any], *, source: str = 
     """
     blame = dict(blame or {})
     types_ = field_types(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(types_))
     if unknown:
         raise _unknown_keys(source, cls, unknown)
     values = {}
     for key, value in data.items():
         try:
-            values[key] = coerce(types_[key], value)
+            values[key] = field_value(fields[key], types_[key], value)
         except ValueError as exc:
             raise ValueError(f"{blame.get(key, source)}: {key}: {exc}") from None
     return cls(**values)
 
 
+#: What YAML reads an unquoted key as, by its resolved tag (a key must be a string).
+_YAML_KEY_KINDS = {"int": "a number", "float": "a number", "bool": "a boolean", "null": "null",
+                   "timestamp": "a date", "seq": "a list", "map": "a mapping"}
+
+
+def _at(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
 def load_yaml(text: str) -> Any:
-    """``yaml.safe_load(text)`` without aliases: ``*name`` is refused (``yaml.YAMLError``),
-    since nine nested aliases of nine items expand a 342-byte file to a billion nodes.
+    """``yaml.safe_load(text)`` within bounds, every refusal a ``yaml.YAMLError``:
+
+    - no aliases (``*name``): nine nested aliases of nine items expand a 342-byte file to a
+      billion nodes;
+    - nested at most :data:`MAX_CONFIG_DEPTH` levels (the composer recurses per level);
+    - every mapping key a string: YAML reads ``1``, ``yes`` and ``~`` as a number, a boolean
+      and null, which no config key, flag name or kwarg can be.
+
     Every YAML this project reads (configs, run dirs, env kwargs) goes through it."""
     import yaml
 
-    class NoAliases(yaml.SafeLoader):
+    class Bounded(yaml.SafeLoader):
+        depth = 0
+
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.events.AliasEvent):
                 event = self.peek_event()
-                mark = event.start_mark
-                raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {mark.line + 1}, column {mark.column + 1}: "
+                raise yaml.YAMLError(f"an alias (*{event.anchor}) at {_at(event.start_mark)}: "
                                      "aliases are not allowed (write the value out)")
-            return super().compose_node(parent, index)
+            if self.depth >= MAX_CONFIG_DEPTH:
+                raise yaml.YAMLError(f"nested more than {MAX_CONFIG_DEPTH} levels deep at "
+                                     f"{_at(self.peek_event().start_mark)}")
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
-    loader = NoAliases(text)
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            for key, _ in node.value:
+                kind = key.tag.rsplit(":", 1)[-1]
+                if kind in ("str", "merge"):
+                    continue
+                what = _YAML_KEY_KINDS.get(kind, f"a {kind}")
+                if not isinstance(key.value, str):
+                    raise yaml.YAMLError(f"the key at {_at(key.start_mark)} is {what}, not a string")
+                raise yaml.YAMLError(f"the key {key.value} at {_at(key.start_mark)} is {what}, not a string "
+                                     f"(keys must be strings: quote it, '{key.value}')")
+            return super().construct_mapping(node, deep)
+
+    loader = Bounded(text)
     try:
         return loader.get_single_data()
     finally:
@@ -281,8 +336,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"config file {str(p)!r} does not exist")
     try:
         loaded = load_yaml(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # a marked error is the parser's; an unmarked one a bound of load_yaml
+        what = "is not valid YAML" if isinstance(exc, yaml.MarkedYAMLError) else "is refused"
+        raise ValueError(f"config file {str(p)!r} {what}: {' '.join(str(exc).split())}") from None
     loaded = loaded or {}
     if not isinstance(loaded, dict):
         raise ValueError(f"config file {str(p)!r} must hold a mapping, got {type(loaded).__name__}")
@@ -368,8 +424,9 @@ def to_yaml(cfg: Any) -> str:
 
 
 def config_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """``(name, type name, default, help)`` for every field of ``cls``; a nested section
-    lists its own fields as ``section.name`` instead of itself."""
+    """``(name, type name, default, help)`` for every field of ``cls`` (the help ends with the
+    declared range, ``(in [1, 1000000])``); a nested section lists its own fields as
+    ``section.name`` instead of itself."""
     types_ = field_types(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -378,5 +435,8 @@ def config_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        out.append((prefix + f.name, type_name(types_[f.name]), default, f.metadata.get("help", "")))
+        within = f.metadata.get("within")  # the declared range is part of what --help says
+        text = f.metadata.get("help", "")
+        text = (text() if callable(text) else text) + (f" (in {within})" if within is not None else "")
+        out.append((prefix + f.name, type_name(types_[f.name]), default, text))
     return out

@@ -89,7 +89,7 @@ def model_config(name_or_path: str | os.PathLike) -> Any:
     from transformers import AutoConfig
 
     ref = os.fspath(name_or_path)
-    folder = model_dir(ref) if ref in MODELS else Path(ref).expanduser()
+    folder = model_dir(ref) if ref in MODELS else Path(os.path.expanduser(ref))
     if (folder / "config.json").is_file():
         return AutoConfig.from_pretrained(folder)
     if ref in ARCHITECTURES:
@@ -322,12 +322,12 @@ def locate_model(name_or_path: str | os.PathLike) -> Path | None:
     ref = os.fspath(name_or_path)
     if ref in MODELS:
         return model_dir(ref)
-    path = Path(ref).expanduser()
+    path = Path(os.path.expanduser(ref))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model folder {path} has no config.json")
         return path
-    from trace_gym.suggest import did_you_mean
+    from trace_gym.utils.suggest import did_you_mean
 
     if ref.startswith(("/", ".", "~")) or ref.count("/") != 1:  # not org/name (which may hold dots: Qwen3-0.6B)
         raise FileNotFoundError(f"model {ref!r} is neither a known name {sorted(MODELS)} nor an existing folder"
@@ -345,9 +345,9 @@ def missing_local_path(ref: str) -> str | None:
     ``None`` otherwise."""
     import itertools
 
-    from trace_gym.suggest import did_you_mean
+    from trace_gym.utils.suggest import did_you_mean
 
-    path = Path(ref).expanduser()
+    path = Path(os.path.expanduser(ref))
     if ref.count("/") != 1 or path.is_dir() or not path.parent.is_dir():
         return None
     try:  # a bounded look: the folder may be huge or unreadable
@@ -392,8 +392,8 @@ def hub_failure(ref: str, exc: BaseException) -> str:
     """The one line saying why hub id ``ref`` could not be fetched: the exception's last
     line, whole up to 400 characters (longer: marked where it was cut, never cut
     unmarked mid-word), and the known names."""
-    from trace_gym.suggest import did_you_mean
-    from trace_gym.textsafe import cap_text
+    from trace_gym.utils.suggest import did_you_mean
+    from trace_gym.utils.textsafe import cap_text
 
     last = (str(exc).strip().splitlines() or [""])[-1]
     said = cap_text(last, 400, note=" [... {omitted} characters cut ...] ")
@@ -434,7 +434,7 @@ def tiny_random_model(
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    src = Path(tokenizer_from).expanduser()
+    src = Path(os.path.expanduser(tokenizer_from))
     tokenizer_only = src.is_dir() and (src / "tokenizer_config.json").is_file() and not (src / "config.json").is_file()
     tokenizer = AutoTokenizer.from_pretrained(src if tokenizer_only else resolve_model(tokenizer_from))
     config = LlamaConfig(

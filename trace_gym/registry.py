@@ -17,7 +17,7 @@ Plugins (see ``docs/adding-an-environment.md`` and ``docs/strategies.md``) arriv
   carry a ``load_tasks`` classmethod);
 - the group ``trace_gym.strategies``: ``<name> = "pkg.module:OBJECT"``, a ``Strategy``, or
   a zero-argument function returning one or a ``{name: Strategy}`` dict;
-- the group ``trace_gym.advantages``: ``<name> = "pkg.module:function"``, an advantage
+- the group ``trace_gym.train.advantages``: ``<name> = "pkg.module:function"``, an advantage
   estimator ``fn(tree, *, eps, std_normalize) -> {node id: advantage}``;
 - ``--plugin MODULE`` (config key ``plugins``): a module that is not installed (the
   current folder is on the import path, as with ``python -m``); importing it runs its own
@@ -34,11 +34,13 @@ import importlib
 import logging
 import re
 import sys
-from dataclasses import dataclass, field
+import dataclasses
 from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-NAMESPACE = "trace_gym"
+from trace_gym.env.family import NAMESPACE, EnvFamily
+from trace_gym.utils.targets import load_target
+
 ENTRY_POINT_GROUP = "trace_gym.envs"
 TASKS_GROUP = "trace_gym.tasks"
 STRATEGIES_GROUP = "trace_gym.strategies"
@@ -53,52 +55,18 @@ BUILTIN_ENVS: dict[str, str] = {
     "WikiQA-v0": "environments.wiki_qa.env:WikiQAEnv",
 }
 
-@dataclass(frozen=True)
-class EnvFamily:
-    """An environment as the benches and the trainer use it: how to make one, how to load tasks.
+def prepare_family(family: EnvFamily) -> None:
+    """What making a resolved family's env needs first, in any process it was pickled into
+    (:attr:`EnvFamily.prepare`): the built-in ids and the installed plugins
+    (:func:`register_envs`), then the family's ``--plugin`` modules."""
+    register_envs()
+    if family.plugins:
+        load_plugins(family.plugins)
 
-    Attributes:
-        env_id: the registered Gymnasium id (``trace_gym/...``).
-        task_loader: ``"module:function"`` (imported only when tasks are loaded) or a
-            callable, called as ``loader(n, seed=seed, **loader_kwargs)`` and returning
-            ``list[Task]``.
-        loader_kwargs: extra keyword arguments of the task loader.
-        env_kwargs: keyword arguments of ``gymnasium.make``.
-        description: one line for ``trace-gym envs``.
-        entry_point: ``"module:Class"`` to register ``env_id`` with where a process has
-            not (ids made on the fly, such as the ecosystem adapters' ``gem:<id>``).
-        plugins: the ``--plugin`` modules :meth:`make_env` imports first, so a fresh process
-            the family is pickled into (the conformance kit's cross-process check, an env
-            worker) registers what this one did (:data:`PLUGIN_MODULES` when resolved).
-    """
 
-    env_id: str
-    task_loader: str | Callable[..., list]
-    loader_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    description: str = ""
-    entry_point: str | None = None
-    plugins: tuple[str, ...] = ()
-
-    def load_tasks(self, n: int, seed: int = 0) -> list:
-        """``n`` tasks from the family's loader."""
-        loader = _load_object(self.task_loader) if isinstance(self.task_loader, str) else self.task_loader
-        tasks = list(loader(n, seed=seed, **dict(self.loader_kwargs)))
-        if not tasks:
-            raise ValueError(f"the task loader of {self.env_id} returned no tasks for n={n}, seed={seed}")
-        return tasks
-
-    def make_env(self) -> Any:
-        """A fresh env instance (``Callable[[], AgentEnv]``); the id is registered first."""
-        import gymnasium
-        from gymnasium.envs.registration import registry
-
-        register_envs()
-        if self.plugins:
-            load_plugins(self.plugins)
-        if self.entry_point is not None and self.env_id not in registry:
-            gymnasium.register(id=self.env_id, entry_point=self.entry_point)
-        return gymnasium.make(self.env_id, disable_env_checker=True, **dict(self.env_kwargs))
+def _family(env_id: str, task_loader: str | Callable[..., list], *args: Any, **kwargs: Any) -> EnvFamily:
+    """An :class:`EnvFamily` the face resolved: its env made after :func:`prepare_family`."""
+    return EnvFamily(env_id, task_loader, *args, prepare=prepare_family, **kwargs)
 
 
 #: Env families the benches know by short name. ``math_python`` is the offline CPU
@@ -107,19 +75,19 @@ class EnvFamily:
 #: (so episodes have several turns), and a last-number fallback (the model rarely
 #: writes \boxed{}).
 ENV_FAMILIES: dict[str, EnvFamily] = {
-    "math_python": EnvFamily("trace_gym/MathPython-v0", "environments.math_python.generated:generate_mixed_tasks",
-                             env_kwargs={"answer_extraction": "boxed_or_last_number", "few_shot": True},
-                             description="Python-interpreter math, generated digit sums + algebra (CPU default)"),
-    "math_python_hard": EnvFamily("trace_gym/MathPython-v0", "environments.math_python.generated:generate_tasks",
-                                  loader_kwargs={"difficulty": (0, 1, 2)},
-                                  description="Python-interpreter math, generated algebra of difficulty 0-2"),
-    "guess_number": EnvFamily("trace_gym/GuessNumber-v0", "environments.guess_number.env:make_tasks",
-                              description="the reference env: guess a hidden number with feedback"),
-    "bfcl": EnvFamily("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks",
-                      description="BFCL v4 multi-turn on the real backends"),
-    "wiki_qa": EnvFamily("trace_gym/WikiQA-v0", "environments.wiki_qa.data:offline_tasks",
-                         loader_kwargs={"single_hop_share": 0.5}, env_kwargs={"few_shot": True},
-                         description="multi-hop QA over the synthetic offline Wikipedia-style corpus (retrieval)"),
+    "math_python": _family("trace_gym/MathPython-v0", "environments.math_python.generated:generate_mixed_tasks",
+                          env_kwargs={"answer_extraction": "boxed_or_last_number", "few_shot": True},
+                          description="Python-interpreter math, generated digit sums + algebra (CPU default)"),
+    "math_python_hard": _family("trace_gym/MathPython-v0", "environments.math_python.generated:generate_tasks",
+                               loader_kwargs={"difficulty": (0, 1, 2)},
+                               description="Python-interpreter math, generated algebra of difficulty 0-2"),
+    "guess_number": _family("trace_gym/GuessNumber-v0", "environments.guess_number.env:make_tasks",
+                           description="the reference env: guess a hidden number with feedback"),
+    "bfcl": _family("trace_gym/BFCL-v0", "environments.bfcl.data:sample_tasks",
+                   description="BFCL v4 multi-turn on the real backends"),
+    "wiki_qa": _family("trace_gym/WikiQA-v0", "environments.wiki_qa.data:offline_tasks",
+                      loader_kwargs={"single_hop_share": 0.5}, env_kwargs={"few_shot": True},
+                      description="multi-hop QA over the synthetic offline Wikipedia-style corpus (retrieval)"),
 }
 
 
@@ -133,7 +101,7 @@ class EcosystemModule(Protocol):
     Attributes:
         PACKAGE: the distribution it wraps (named when it is missing or lists nothing).
         PREFIX: the id prefix it serves (its key in :data:`ECOSYSTEMS`).
-        ENTRY_POINT: ``"module:Class"`` of its env (a :class:`~trace_gym.env_adapter.ForeignEnv`).
+        ENTRY_POINT: ``"module:Class"`` of its env (a :class:`~trace_gym.env.adapter.ForeignEnv`).
     """
 
     PACKAGE: str
@@ -177,14 +145,6 @@ PLUGIN_ERRORS: dict[str, str] = {}
 PLUGIN_MODULES: list[str] = []
 
 
-def _load_object(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
-    for part in filter(None, attr.split(".")):
-        obj = getattr(obj, part)
-    return obj
-
-
 def register_envs(*, plugins: bool = True) -> list[str]:
     """Register built-in ids and the id-named env plugins (by string, nothing imported);
     with ``plugins`` also run every other plugin (:func:`load_plugins`). Idempotent.
@@ -213,7 +173,7 @@ def _report(source: str, exc: BaseException) -> None:
 
 def load_plugins(modules: Sequence[str] = ()) -> list[str]:
     """Load every plugin once: registration functions of ``trace_gym.envs``, strategies of
-    ``trace_gym.strategies``, estimators of ``trace_gym.advantages``, and the given modules (``--plugin``; imported every call
+    ``trace_gym.strategies``, estimators of ``trace_gym.train.advantages``, and the given modules (``--plugin``; imported every call
     that names them, which is a no-op after the first).
 
     Returns the env ids the plugins added. Failures of installed plugins are logged in one
@@ -249,7 +209,7 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
                     register_strategy(name, strategy)
             except Exception as exc:
                 _report(f"{STRATEGIES_GROUP}:{ep.name} ({ep.value})", exc)
-        from trace_gym.advantages import ENTRY_POINT_GROUP as ESTIMATORS_GROUP, register_estimator
+        from trace_gym.train.advantages import ENTRY_POINT_GROUP as ESTIMATORS_GROUP, register_estimator
 
         for ep in entry_points(group=ESTIMATORS_GROUP):
             try:
@@ -271,13 +231,13 @@ PLUGIN_IMPORT_TIMEOUT_S = 120.0
 
 def import_plugin(module: str) -> None:
     """Import a ``--plugin`` module through the boundary of foreign code
-    (:class:`~trace_gym.env_boundary.ForeignBoundary`): within :data:`PLUGIN_IMPORT_TIMEOUT_S`,
+    (:class:`~trace_gym.env.boundary.ForeignBoundary`): within :data:`PLUGIN_IMPORT_TIMEOUT_S`,
     every exception and exit (``sys.exit(0)`` included) caught, process state put back.
 
     Raises:
         ValueError: one line naming the module and what happened (the file and line that raised).
     """
-    from trace_gym.env_boundary import ForeignBoundary, ForeignEnvError
+    from trace_gym.env.boundary import ForeignBoundary, ForeignEnvError
 
     if module in sys.modules:
         return
@@ -312,7 +272,7 @@ def _raised_where(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError) and exc.filename:
         file, line = exc.filename, exc.lineno
     else:
-        from trace_gym import env_boundary
+        from trace_gym.env import boundary as env_boundary
 
         machinery = {os.path.realpath(importlib.__file__), os.path.realpath(__file__),
                      os.path.realpath(env_boundary.__file__)}  # the boundary the import ran in
@@ -349,7 +309,7 @@ def _task_loader_for(env_id: str) -> Callable[..., list] | str:
         if ep.name in (env_id, short):
             return ep.value
     spec = registry[env_id]
-    cls = spec.entry_point if callable(spec.entry_point) else _load_object(spec.entry_point)
+    cls = spec.entry_point if callable(spec.entry_point) else load_target(spec.entry_point)
     loader = getattr(cls, "load_tasks", None)
     if loader is None:
         raise ValueError(f"env {env_id} declares no task loader: give its class a classmethod "
@@ -358,13 +318,49 @@ def _task_loader_for(env_id: str) -> Callable[..., list] | str:
     return loader
 
 
+def check_family_kwargs(family: EnvFamily, env_kwargs: Mapping[str, Any], task_kwargs: Mapping[str, Any],
+                        keys: tuple[str, str] = ("env_kwargs", "task_kwargs")) -> EnvFamily:
+    """``family`` once the user's env and task-loader keyword arguments (``keys`` name them in
+    the error) fit the env's constructor and its task loader (names and plain types:
+    :func:`trace_gym.utils.signatures.kwargs_problem`), before any env is made or task loaded.
+
+    Raises:
+        ValueError: one line naming the key, the callee and the bad keyword.
+    """
+    from gymnasium.envs.registration import load_env_creator, registry
+
+    from trace_gym.utils.signatures import kwargs_problem
+
+    checks = []
+    if env_kwargs:
+        register_envs(plugins=False)  # the built-in ids, by string: nothing imported
+    if env_kwargs and family.env_id in registry:
+        entry = registry[family.env_id].entry_point
+        checks.append((keys[0], lambda: entry if callable(entry) else load_env_creator(entry), family.env_kwargs, ()))
+    if task_kwargs:
+        loader = family.task_loader
+        checks.append((keys[1], lambda: load_target(loader) if isinstance(loader, str) else loader,
+                       family.loader_kwargs, ("n", "seed")))
+    for key, callee, kwargs, supplied in checks:
+        try:
+            target = callee()
+        except Exception:  # noqa: BLE001  (an entry point that does not import: making the env names that)
+            continue
+        problem = kwargs_problem(target, kwargs, supplied=supplied)
+        if problem is not None:
+            raise ValueError(f"{key}: {getattr(target, '__qualname__', family.env_id)} {problem}")
+    return family
+
+
 def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
-                task_kwargs: Mapping[str, Any] | None = None) -> EnvFamily:
+                task_kwargs: Mapping[str, Any] | None = None, *,
+                keys: tuple[str, str] = ("env_kwargs", "task_kwargs")) -> EnvFamily:
     """The env a command names: a family short name (:data:`ENV_FAMILIES`), any
     registered id (``trace_gym/ArithChain-v0``, ``ArithChain-v0``, ``my_ns/Env-v1``), or
     another ecosystem's env by prefix (:data:`ECOSYSTEMS`: ``gem:<id>``,
     ``reasoning_gym:<dataset>?size=50``), with extra env and task-loader keyword
-    arguments on top."""
+    arguments on top, checked against the env's constructor and task loader
+    (:func:`check_family_kwargs`; ``keys`` name them in its errors)."""
     from gymnasium.envs.registration import registry
 
     env_kwargs, task_kwargs = dict(env_kwargs or {}), dict(task_kwargs or {})
@@ -373,12 +369,13 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
         return ecosystem_family(prefix, rest, env_kwargs, task_kwargs)
     if name in ENV_FAMILIES:
         fam = ENV_FAMILIES[name]
-        return EnvFamily(fam.env_id, fam.task_loader, {**fam.loader_kwargs, **task_kwargs},
-                         {**fam.env_kwargs, **env_kwargs}, fam.description)
+        return check_family_kwargs(_family(fam.env_id, fam.task_loader, {**fam.loader_kwargs, **task_kwargs},
+                                           {**fam.env_kwargs, **env_kwargs}, fam.description),
+                                   env_kwargs, task_kwargs, keys)
     register_envs()
     env_id = name if name in registry else f"{NAMESPACE}/{name}"
     if env_id not in registry:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         ids = sorted(k for k in registry if k.startswith(NAMESPACE + "/"))
         # compared without the shared namespace, which would make every id look close
@@ -386,7 +383,8 @@ def resolve_env(name: str, env_kwargs: Mapping[str, Any] | None = None,
         near = did_you_mean(short, [*ENV_FAMILIES, *(i.split("/", 1)[1] for i in ids)])
         raise ValueError(f"unknown env {name!r}: not an env family ({sorted(ENV_FAMILIES)}) nor a registered id "
                          f"({ids}){near}; plugins load from installed entry points or --plugin MODULE")
-    return EnvFamily(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs, plugins=tuple(PLUGIN_MODULES))
+    return check_family_kwargs(_family(env_id, _task_loader_for(env_id), task_kwargs, env_kwargs,
+                                       plugins=tuple(PLUGIN_MODULES)), env_kwargs, task_kwargs, keys)
 
 
 def ecosystem_module(prefix: str) -> EcosystemModule:
@@ -412,37 +410,16 @@ def ecosystem_module(prefix: str) -> EcosystemModule:
 def ecosystem_family(prefix: str, rest: str, env_kwargs: Mapping[str, Any],
                      task_kwargs: Mapping[str, Any]) -> EnvFamily:
     """The :class:`EnvFamily` of ``<prefix>:<rest>`` (``rest`` may end in ``?k=v&...``)."""
-    from trace_gym.env_adapter import query_kwargs
+    from trace_gym.env.adapter import query_kwargs
 
     name, _, query = rest.partition("?")
     if not name:
         raise ValueError(f"--env {prefix}: names no env; `trace-gym envs` lists what {prefix} provides")
     _cwd_on_path()  # `verifiers:MODULE` finds MODULE.py beside the user, as `--plugin MODULE` does
-    return ecosystem_module(prefix).family(name, query_kwargs(query), dict(env_kwargs), dict(task_kwargs))
-
-
-def adapter_env_id(prefix: str, name: str) -> str:
-    """The Gymnasium id an ecosystem env is registered under: ``gem:game:X-v0`` is
-    ``trace_gym/gem.game.X-v0`` (``gymnasium.make`` reads ``:`` as ``module:id``; other
-    characters an id cannot hold become ``_``)."""
-    safe = re.sub(r"[^\w.-]", "_", name.replace(":", "."))
-    return f"{NAMESPACE}/{prefix}.{safe}"
-
-
-def adapter_family(prefix: str, name: str, entry_point: str, *, env_kwargs: Mapping[str, Any],
-                   task_loader: str | Callable[..., list], loader_kwargs: Mapping[str, Any] | None = None,
-                   description: str = "") -> EnvFamily:
-    """What an ecosystem adapter's ``family`` returns: ``<prefix>:<name>`` registered as
-    :func:`adapter_env_id` with ``entry_point`` (the adapter class), made with
-    ``env_kwargs``; ``task_loader`` (a ``"module:function"`` or a picklable callable, it
-    travels to workers) is called as ``task_loader(n, seed=seed, **loader_kwargs)``."""
-    import gymnasium
-    from gymnasium.envs.registration import registry
-
-    env_id = adapter_env_id(prefix, name)
-    if env_id not in registry:
-        gymnasium.register(id=env_id, entry_point=entry_point)
-    return EnvFamily(env_id, task_loader, dict(loader_kwargs or {}), dict(env_kwargs), description, entry_point)
+    family = ecosystem_module(prefix).family(name, query_kwargs(query), dict(env_kwargs), dict(task_kwargs))
+    # the adapter builds its family below the face; making its env in a fresh process still
+    # registers the built-in ids and installed plugins first, as every family the face resolves does
+    return dataclasses.replace(family, prepare=prepare_family) if isinstance(family, EnvFamily) else family
 
 
 def env_family(name: str) -> EnvFamily:

@@ -32,7 +32,7 @@ from trace_gym.tree import RolloutTree
 # ---------------------------------------------------------------------- metrics
 def effective_ratio(trees: Iterable[RolloutTree], mixed_rule: Any = None) -> float:
     """Mixed trees / trees with at least one finished leaf; NaN when there are none. A tree is
-    mixed by ``mixed_rule`` (:class:`~trace_gym.mixed.MixedRule`; default: a success and a failure)."""
+    mixed by ``mixed_rule`` (:class:`~trace_gym.step.mixed.MixedRule`; default: a success and a failure)."""
     counted = mixed = 0
     for tree in trees:
         if not tree.leaves():
@@ -282,15 +282,19 @@ def paired_over_shared(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[
 
 # ---------------------------------------------------------------------- tables
 def _cell(x: Any) -> str:
+    """One table cell as text: a float to 3 significant digits (large ones with commas), a
+    ``|`` escaped and line breaks as spaces (a name with either would break the table)."""
     if isinstance(x, float):
         if math.isnan(x):
             return "n/a"
         return f"{x:.3g}" if abs(x) < 1e4 else f"{x:,.0f}"
-    return str(x)
+    return " ".join(str(x).replace("|", "\\|").splitlines())
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub-markdown table; floats get 3 significant digits, large ones commas."""
+    """A GitHub-markdown table; floats get 3 significant digits, large ones commas; every
+    cell and header escaped (:func:`_cell`)."""
+    headers = [_cell(h) for h in headers]
     rows = [[_cell(c) for c in r] for r in rows]
     for r in rows:
         if len(r) != len(headers):

@@ -1,7 +1,7 @@
 """The one table that names rollout-allocation strategies (part of the face).
 
-A :class:`~trace_gym.strategy.Strategy` (a core type) is a root allocator + a prefix
-allocator + a budget shape; see :mod:`trace_gym.strategy` for the budget arithmetic.
+A :class:`~trace_gym.allocation.strategy.Strategy` (a core type) is a root allocator + a prefix
+allocator + a budget shape; see :mod:`trace_gym.allocation.strategy` for the budget arithmetic.
 This module (with ``cli.py`` and ``registry.py``) is the face: it is the one place
 that maps names to allocators and so imports ``baselines/``; the core receives a
 ``Strategy`` as an object and never imports this table.
@@ -35,12 +35,12 @@ from baselines.pilot_commit import PilotCommit
 from baselines.predictors import BetaPosteriorPredictor, RunningRatePredictor
 from baselines.random_tree import RandomPrefixAllocator
 from baselines.uniform import UniformRootAllocator
-from trace_gym.allocation import GroupSized, TracePrefixAllocator, TraceRootAllocator
-from trace_gym.allocation_split import TraceSplitAllocator
-from trace_gym.predictor import register_predictor
-from trace_gym.strategy import Strategy
-from trace_gym.suggest import check_name
-from trace_gym.waves import is_wave_strategy
+from trace_gym.allocation.allocators import GroupSized, TracePrefixAllocator, TraceRootAllocator
+from trace_gym.allocation.split import TraceSplitAllocator
+from trace_gym.predictor.kinds import register_predictor
+from trace_gym.allocation.strategy import Strategy
+from trace_gym.utils.suggest import check_name
+from trace_gym.allocation.waves import is_wave_strategy
 
 __all__ = ["STRATEGIES", "Strategy", "register_strategy", "shaped_strategies", "DEFAULT_GROUP_SIZE",
            "DEFAULT_CONTINUATIONS_PER_ROOT"]
@@ -111,15 +111,15 @@ register_predictor("running_rate", RunningRatePredictor,
 
 def register_strategy(name: str, strategy: Any) -> None:
     """Add ``strategy`` to :data:`STRATEGIES` as ``name`` (plugins and user code): a one-shot
-    :class:`Strategy` or a wave strategy (:class:`~trace_gym.waves.WaveStrategy`).
+    :class:`Strategy` or a wave strategy (:class:`~trace_gym.allocation.waves.WaveStrategy`).
 
     Raises ``ValueError`` for a name that is not a plain identifier-like word
-    (:func:`~trace_gym.suggest.check_name`), a name already taken by another strategy, or an
+    (:func:`~trace_gym.utils.suggest.check_name`), a name already taken by another strategy, or an
     object that is neither; registering the same object twice is a no-op.
     """
     check_name("strategy", name)
     if not isinstance(strategy, Strategy) and not is_wave_strategy(strategy):
-        raise ValueError(f"strategy {name!r} must be a trace_gym.strategy.Strategy or have a plan(view, rng) "
+        raise ValueError(f"strategy {name!r} must be a trace_gym.allocation.strategy.Strategy or have a plan(view, rng) "
                          f"method (a wave strategy), got {type(strategy).__name__}")
     if STRATEGIES.get(name, strategy) is not strategy:
         raise ValueError(f"strategy name {name!r} is taken; known: {sorted(STRATEGIES)}")
@@ -134,7 +134,7 @@ def shaped_strategies(names: Sequence[str], *, group_size: int, continuations_pe
     Args:
         names: strategy names (``STRATEGIES`` keys or ``extra`` keys); empty means all.
         group_size: G for every root allocator that declares a group size
-            (:class:`~trace_gym.allocation.GroupSized`: the built-in uniform and PCL ones,
+            (:class:`~trace_gym.allocation.allocators.GroupSized`: the built-in uniform and PCL ones,
             and any user allocator with ``group_size`` and ``with_group_size``).
         continuations_per_root: N for strategies that expand.
         extra: additional named strategies (e.g. a variant with another predictor).
@@ -143,7 +143,7 @@ def shaped_strategies(names: Sequence[str], *, group_size: int, continuations_pe
     names = list(names) or list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         hints = "".join(did_you_mean(n, table) for n in unknown)
         raise ValueError(f"unknown strategies {unknown}{hints}; known: {sorted(table)}")

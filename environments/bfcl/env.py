@@ -24,7 +24,7 @@ turn; on a miss_func holdout turn that is BFCL's "I have updated some more funct
 message carrying the newly available docs. After the last turn: ``[]``.
 ``info["tool_schemas"]`` (at reset and when docs are revealed) holds the available
 functions as OpenAI-style JSON schemas. It is not called ``tools`` by default because
-``trace_gym.agent`` forwards ``info["tools"]`` to the chat template, and the system
+``trace_gym.agent.loop`` forwards ``info["tools"]`` to the chat template, and the system
 message already lists them.
 
 ## Rewards
@@ -66,10 +66,10 @@ from typing import Any
 
 import gymnasium
 
-from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
-from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.env.contract import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
+from trace_gym.env.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
-from trace_gym.textsafe import clean_text
+from trace_gym.utils.textsafe import clean_text
 
 from environments.bfcl import checker, data
 from environments.bfcl.executor import execute_calls, keyword_form, method_table

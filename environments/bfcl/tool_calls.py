@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from environments.bfcl.calls import (MAX_INT_BITS, MAX_INT_DIGITS, MAX_NESTING, Call, DecodeError, NotLiteral,
                                      is_plain, literal_value, too_big_int, too_deep)
-from trace_gym.textsafe import UNCLOSED, json_problem, tagged_blocks
+from trace_gym.utils.textsafe import UNCLOSED, json_problem, tagged_blocks
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -45,15 +45,17 @@ GEM's ``terminated``/``truncated`` as it returns them (the games set both at the
 ``max_turns``); truncated also after our ``max_turns`` steps, and on a step where GEM
 raised (``SystemExit`` included), returned a flag that is not a bool or a reward that is
 not a number, or gave no reply within ``call_timeout_s`` (``info["env_error"]``;
-:class:`~trace_gym.env_boundary.ForeignBoundary`).
+:class:`~trace_gym.env.boundary.ForeignBoundary`).
 
 ## Snapshot
 ``copy`` (default): a pickled deep copy of the GEM env object (the games' state is plain
 Python) with the private global-RNG state. GEM envs draw from the process-global
 ``random``/``numpy.random`` (``reset(seed)`` calls ``random.seed``), so ``global_rng`` is
-set: each :class:`GemEnv` owns a copy of that state, swapped in around every GEM call
-(under one lock, which a call given up at its deadline releases at once), and the
-process's own RNG is never touched; the rest of the process state a GEM call changes
+set: each :class:`GemEnv` owns generators of its own, which the global functions draw from
+on the thread that runs its GEM call (:func:`trace_gym.env.process_state.bind_generators`; no
+lock is held across a GEM call, so a hung GEM step holds up no other env, and GEM envs
+stepped at once on the agent loop's threads each draw exactly what they draw alone), and
+the process's own RNG is never touched; the rest of the process state a GEM call changes
 (``gem.make`` configures the root logger) is put back after it. ``replay``: the task, seed
 and actions, re-applied to a fresh GEM env (cheaper snapshots of envs that hold large
 static data, such as a word list; each restore re-runs the episode's steps).
@@ -68,16 +70,16 @@ v0: first version (gem-llm 0.1.0).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import ForeignEnv, options_of
+from trace_gym.env.adapter import ForeignEnv, options_of
 
-from trace_gym.env_boundary import error_text
+from trace_gym.env.boundary import error_text
 
-from trace_gym.process_state import process_state_kept
+from trace_gym.env.process_state import process_state_kept
+from trace_gym.utils.targets import load_target
 from trace_gym.types import Message, Task
 
 PACKAGE = "gem-llm"
@@ -128,7 +130,7 @@ def _spec(gem_id: str) -> Any:
     """GEM's ``EnvSpec`` of ``gem_id``; one line with did-you-mean for an unknown id."""
     registry = _registry()
     if gem_id not in registry:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         raise ValueError(f"{_where(gem_id)}: not an id in GEM's registry{did_you_mean(gem_id, list(registry))}; "
                          f"`trace-gym envs --ecosystem {PREFIX}` lists its {len(registry)} ids")
@@ -142,10 +144,9 @@ def make_options(gem_id: str) -> list[str]:
     spec = _spec(gem_id)
     target = spec.entry_point
     if isinstance(target, str):
-        module, _, name = target.partition(":")
         try:
             with process_state_kept():
-                target = getattr(importlib.import_module(module), name)
+                target = load_target(target)
         except Exception as exc:  # noqa: BLE001  (whatever GEM's env module needs at import)
             raise ValueError(f"{_where(gem_id)}: cannot import GEM's {spec.entry_point} ({_one_line(exc)})") from None
     params = inspect.signature(target).parameters.values()
@@ -167,7 +168,7 @@ def _observation(obs: Any, info: Mapping[str, Any]) -> list[Message]:
 
 
 class GemEpisode:
-    """Episodes of one GEM env (a :class:`~trace_gym.env_adapter.ForeignEpisode`): a fresh
+    """Episodes of one GEM env (a :class:`~trace_gym.env.adapter.ForeignEpisode`): a fresh
     ``gem.make`` per episode, reset with the episode seed; its state, the GEM env object,
     is plain Python (``copy``). Arguments as :class:`GemEnv`'s.
 
@@ -256,7 +257,7 @@ class GemEpisode:
 
 class GemEnv(ForeignEnv):
     """A GEM env under our contract (see the module docstring): a
-    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`GemEpisode`.
+    :class:`~trace_gym.env.adapter.ForeignEnv` around a :class:`GemEpisode`.
 
     Args:
         gem_id: an id of GEM's ``ENV_REGISTRY``.
@@ -269,7 +270,7 @@ class GemEnv(ForeignEnv):
             small model sees the action format; GEM's dynamics and rewards are unchanged.
         call_timeout_s, max_observation_chars: the boundary's deadline per GEM call
             (seconds) and bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+            :class:`~trace_gym.env.boundary.ForeignBoundary`.
 
     Raises:
         ValueError: an unknown id, or GEM could not make the env (one line: a dataset or
@@ -318,7 +319,7 @@ def load_tasks(n: int, seed: int = 0, *, gem_id: str, gem_kwargs: Mapping[str, A
 
 
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``gem:<name>?<options>``: ``options``
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``gem:<name>?<options>``: ``options``
     are ``gem.make`` keyword arguments, ``env_kwargs`` the adapter's (:data:`ENV_OPTIONS`);
     the task loader takes none of its own.
 
@@ -326,7 +327,7 @@ def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
         ValueError: an id GEM does not register, or an option, env kwarg or task kwarg
             nothing takes (one line each, with did-you-mean).
     """
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     spec = _spec(name)
     if options:

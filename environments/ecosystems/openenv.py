@@ -27,7 +27,7 @@ episode as truncated with ``info["env_error"]`` naming the schema's fields.
 ``ChatObservation``: one user message per turn, the observation's ``observation_field``,
 else its only string field, else the whole observation as JSON (sorted keys); cleaned and
 bounded by the adapter's boundary (``max_observation_chars``,
-:class:`~trace_gym.env_boundary.ForeignBoundary`). Each reply is read with bounds before
+:class:`~trace_gym.env.boundary.ForeignBoundary`). Each reply is read with bounds before
 it is parsed (:data:`~environments.ecosystems.openenv_session.MAX_REPLY_DEPTH`).
 
 ## Rewards
@@ -47,7 +47,7 @@ line naming the URL: there is no episode yet to end.
 ``replay`` only: OpenEnv's ``state`` is metadata, not the world, so a snapshot is the task,
 the seed and the actions; ``restore`` resets the same session with that seed and re-sends
 the actions, each answer checked against the recorded one
-(:class:`~trace_gym.env_adapter.ReplayDivergence` otherwise). The env must draw its
+(:class:`~trace_gym.env.adapter.ReplayDivergence` otherwise). The env must draw its
 randomness from the reset seed.
 
 ## Sessions and server lifetime
@@ -98,7 +98,7 @@ from environments.ecosystems.openenv_mapping import (  # noqa: F401  (load_objec
 )
 from environments.ecosystems.openenv_server import server_command
 from environments.ecosystems.openenv_session import OpenEnvSession
-from trace_gym.env_adapter import ForeignEnv, options_of
+from trace_gym.env.adapter import ForeignEnv, options_of
 from trace_gym.types import Message, Task
 
 PACKAGE = "openenv-core"
@@ -119,7 +119,7 @@ DEFAULT_POOL = 100
 
 
 class OpenEnvEpisode:
-    """Episodes of one OpenEnv env server (a :class:`~trace_gym.env_adapter.ForeignEpisode`):
+    """Episodes of one OpenEnv env server (a :class:`~trace_gym.env.adapter.ForeignEpisode`):
     a reset with the episode seed and steps on one websocket session, kept across
     episodes and closed with the env; ``replay`` only. Arguments as :class:`OpenEnvAdapter`'s.
 
@@ -215,8 +215,8 @@ class OpenEnvEpisode:
 
 
 class OpenEnvAdapter(ForeignEnv):
-    """An OpenEnv env server as an :class:`~trace_gym.env.AgentEnv` (see the module docstring):
-    a :class:`~trace_gym.env_adapter.ForeignEnv` around an :class:`OpenEnvEpisode`.
+    """An OpenEnv env server as an :class:`~trace_gym.env.contract.AgentEnv` (see the module docstring):
+    a :class:`~trace_gym.env.adapter.ForeignEnv` around an :class:`OpenEnvEpisode`.
 
     Args:
         name: the id after ``openenv:``: a URL of a running server, or a label (the name
@@ -235,7 +235,7 @@ class OpenEnvAdapter(ForeignEnv):
         call_timeout_s: seconds one reset or step may take, retries included (default:
             :func:`default_call_timeout`, so the inner timeouts speak first).
         max_observation_chars: bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+            :class:`~trace_gym.env.boundary.ForeignBoundary`.
     """
 
     def __init__(self, name: str, *, server_cmd: str | Sequence[str] | None = None,
@@ -266,7 +266,7 @@ def default_call_timeout(connect_timeout: float, read_timeout: float, start_time
     """The boundary's deadline for one reset or step when none is given: the longest the
     session's own timeouts allow (a server boot, then every attempt connecting and reading,
     with a replayed turn's read each), at least the boundary's default."""
-    from trace_gym.env_boundary import DEFAULT_CALL_TIMEOUT_S
+    from trace_gym.env.boundary import DEFAULT_CALL_TIMEOUT_S
 
     return max(DEFAULT_CALL_TIMEOUT_S, start_timeout + (retries + 2) * (connect_timeout + 2 * read_timeout))
 
@@ -317,7 +317,7 @@ def installed_app(name: str) -> str:
     """
     info = _discovery().get_environment_by_name(name)
     if info is None:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         found = available()
         raise ValueError(f"openenv:{name}: no installed OpenEnv env package is named {name!r} (installed: "
@@ -329,9 +329,9 @@ def installed_app(name: str) -> str:
 
 def family(name: str, options: Mapping[str, Any], env_kwargs: Mapping[str, Any],
            task_kwargs: Mapping[str, Any]):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``openenv:<name>`` (module docstring);
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``openenv:<name>`` (module docstring);
     ``options`` (an ``?k=v`` tail) set env kwargs, or ``reset_kwargs`` of the tasks."""
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     where = f"openenv:{name}"
     env = {**{k: v for k, v in options.items() if k not in TASK_OPTIONS}, **env_kwargs}

@@ -7,11 +7,11 @@ and :func:`load_object` loads the ``"module:function"`` a parser is named by.
 
 from __future__ import annotations
 
-import importlib
 import json
 from typing import Any, Callable, Mapping
 
-from trace_gym.env_boundary import error_text
+from trace_gym.env.boundary import error_text
+from trace_gym.utils.targets import load_target
 
 
 def load_object(target: str, what: str) -> Any:
@@ -20,9 +20,7 @@ def load_object(target: str, what: str) -> Any:
     if not sep or not module or not attr:
         raise ValueError(f"{what} must be 'module:function', got {target!r}")
     try:
-        obj = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj = load_target(target)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"{what}={target!r} cannot be loaded ({error_text(exc)})") from None
     return obj

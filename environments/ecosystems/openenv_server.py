@@ -24,7 +24,7 @@ import time
 import urllib.request
 from typing import Mapping, Sequence
 
-from trace_gym.env_boundary import error_text
+from trace_gym.env.boundary import error_text
 APP_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 LOOPBACK = "127.0.0.1"
 #: how a server's failure to bind a port reads in its log (then it is retried on another)

@@ -8,7 +8,7 @@ be reached or is at capacity; a step whose connection dropped while the server l
 resumed on a new session by replaying the episode (each answer checked); every other
 failure is one :class:`~environments.ecosystems.openenv_server.OpenEnvError` line naming
 the URL, a reply that is not a JSON object within :data:`MAX_REPLY_DEPTH` levels (read with
-:func:`~trace_gym.textsafe.loads_bounded` before OpenEnv's client parses it) included. The
+:func:`~trace_gym.utils.textsafe.loads_bounded` before OpenEnv's client parses it) included. The
 observation's text, ``reward`` and ``done`` are passed on as the server sent them; the
 adapter's boundary cleans, bounds and checks them. The policy is the one :mod:`environments.ecosystems.openenv` documents under
 "Timeouts and retries"; openenv and websockets are imported on first use.
@@ -27,8 +27,8 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from environments.ecosystems.openenv_server import _LOCAL, OpenEnvError, _acquire, _release, _SharedServer, _wait_ready
-from trace_gym.env_boundary import error_text
-from trace_gym.textsafe import JSONRefused, clean_text, loads_bounded
+from trace_gym.env.boundary import error_text
+from trace_gym.utils.textsafe import JSONRefused, clean_text, loads_bounded
 
 #: how OpenEnv's EnvClient reports an error message from the server
 _SERVER_ERROR = re.compile(r"^Server error: (?P<message>.*) \(code: (?P<code>\w+)\)$", re.DOTALL)

@@ -79,9 +79,9 @@ import json
 from typing import Any, Mapping, Sequence
 
 from environments.ecosystems.entry_json import from_json, to_json
-from trace_gym.process_state import process_state_kept
-from trace_gym.env_adapter import ForeignEnv, options_of
-from trace_gym.env_boundary import error_text
+from trace_gym.env.process_state import process_state_kept
+from trace_gym.env.adapter import ForeignEnv, options_of
+from trace_gym.env.boundary import error_text
 from trace_gym.types import Message, Task
 
 PACKAGE = "reasoning-gym"
@@ -125,7 +125,7 @@ def config_fields(name: str) -> list[str]:
     fields but :data:`LOADER_FIELDS`); one line with did-you-mean for an unknown name."""
     datasets = _rg().DATASETS
     if name not in datasets:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         raise ValueError(f"{_where(name)}: not a reasoning-gym dataset{did_you_mean(name, sorted(datasets))}; "
                          f"`trace-gym envs --ecosystem {PREFIX}` lists its {len(datasets)} datasets")
@@ -212,7 +212,7 @@ class Episode:
 
 
 class ReasoningGymEpisode:
-    """Episodes of one reasoning-gym dataset (a :class:`~trace_gym.env_adapter.ForeignEpisode`):
+    """Episodes of one reasoning-gym dataset (a :class:`~trace_gym.env.adapter.ForeignEpisode`):
     an entry's question, then the dataset's own score of each answer; the state, an
     :class:`Episode`, is plain Python (``copy``). Arguments as :class:`ReasoningGymEnv`'s.
 
@@ -238,7 +238,7 @@ class ReasoningGymEpisode:
         with process_state_kept():
             from reasoning_gym.utils import SYSTEM_PROMPTS
         if system_prompt is not None and system_prompt not in SYSTEM_PROMPTS:
-            from trace_gym.suggest import did_you_mean
+            from trace_gym.utils.suggest import did_you_mean
 
             raise ValueError(f"{_where(dataset)}: system_prompt {system_prompt!r} is not one of reasoning-gym's "
                              f"{sorted(SYSTEM_PROMPTS)}{did_you_mean(system_prompt, SYSTEM_PROMPTS)} (or None)")
@@ -328,7 +328,7 @@ class ReasoningGymEpisode:
 
 class ReasoningGymEnv(ForeignEnv):
     """A reasoning-gym dataset as a question-answer env (see the module docstring): a
-    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`ReasoningGymEpisode`.
+    :class:`~trace_gym.env.adapter.ForeignEnv` around a :class:`ReasoningGymEpisode`.
 
     Args:
         dataset: a name of ``reasoning_gym.factory.DATASETS``.
@@ -342,7 +342,7 @@ class ReasoningGymEnv(ForeignEnv):
         max_turns: truncate after this many steps.
         call_timeout_s, max_observation_chars: the boundary's deadline per call into the
             env (seconds) and bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+            :class:`~trace_gym.env.boundary.ForeignBoundary`.
     """
 
     #: what makes a dataset easier or harder for a policy (named by the no-contrast warning)
@@ -368,7 +368,7 @@ class ReasoningGymEnv(ForeignEnv):
 
 
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``reasoning_gym:<name>?<config>``:
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``reasoning_gym:<name>?<config>``:
     ``options`` are the dataset's config, ``env_kwargs`` the adapter's (:data:`ENV_OPTIONS`);
     the task loader takes none of its own.
 
@@ -376,7 +376,7 @@ def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
         ValueError: an unknown dataset, config field, env kwarg or task kwarg (one line
             each, with did-you-mean), or a config the dataset refuses.
     """
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     options_of(env_kwargs, ENV_OPTIONS, f"{_where(name)} env kwargs")
     options_of(task_kwargs, (), f"{_where(name)} task kwargs")

@@ -38,12 +38,12 @@ env raised (``info["env_error"]``).
 a ``ToolGroup`` (its tool table holds lambdas, which do not pickle) is rebuilt from its
 attributes. ``replay``: the sample and the actions, re-applied to a fresh env. With
 ``private_rng`` (default) the env draws from its own copy of the global ``random`` /
-``numpy.random`` state, seeded from the episode seed; that serialises steps across threads
-(one lock, released at once for a call given up at its deadline), so turn it off for
-I/O-bound envs (``search``) that use no global randomness. A step's ``done`` must be a
+``numpy.random`` state, seeded from the episode seed (generators bound to the thread of each
+call: no lock, steps of several envs run at once; a state copy per call), so turn it off
+for I/O-bound envs (``search``) that use no global randomness. A step's ``done`` must be a
 bool and its reward a number (a missing reward is 0.0): anything else, like an exception
 or no reply within ``call_timeout_s``, is an error turn (the adapter's boundary,
-:class:`~trace_gym.env_boundary.ForeignBoundary`).
+:class:`~trace_gym.env.boundary.ForeignBoundary`).
 
 Not carried over: the services some envs call (``text2sql`` needs its databases under
 ``env_config.db_path``; ``search``/``searchcode`` a retrieval server at
@@ -69,9 +69,9 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import ForeignEnv, content_text, options_of
+from trace_gym.env.adapter import ForeignEnv, content_text, options_of
 
-from trace_gym.process_state import process_state_kept
+from trace_gym.env.process_state import process_state_kept
 from trace_gym.types import ROLES, Message, Task
 
 PACKAGE = "skyrl-gym"
@@ -228,7 +228,7 @@ def _env_bytes(env: Any) -> bytes:
 
 
 class SkyRLEpisode:
-    """Episodes of one skyrl-gym env class (a :class:`~trace_gym.env_adapter.ForeignEpisode`):
+    """Episodes of one skyrl-gym env class (a :class:`~trace_gym.env.adapter.ForeignEpisode`):
     a fresh env per sample, as SkyRL's generator builds it; its state, the env object, is
     plain Python (``copy``, pickled with ``ToolGroup`` s rebuilt). Arguments as
     :class:`SkyRLEnv`'s (``max_turns`` goes to the env as ``extras["max_turns"]``).
@@ -321,7 +321,7 @@ class SkyRLEpisode:
 
 class SkyRLEnv(ForeignEnv):
     """A skyrl-gym env class under our contract (see the module docstring): a
-    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`SkyRLEpisode`.
+    :class:`~trace_gym.env.adapter.ForeignEnv` around a :class:`SkyRLEpisode`.
 
     Args:
         env_class: the skyrl-gym registry id.
@@ -335,7 +335,7 @@ class SkyRLEnv(ForeignEnv):
         private_rng: give the env its own global-RNG state (see the module docstring).
         call_timeout_s, max_observation_chars: the boundary's deadline per call into the
             env (seconds) and bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+            :class:`~trace_gym.env.boundary.ForeignBoundary`.
     """
 
     def __init__(self, env_class: str, *, entry_point: str | None = None, path: str | Sequence[str] | None = None,
@@ -379,7 +379,7 @@ def _env_options(where: str, raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``skyrl:<name>?<options>``.
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``skyrl:<name>?<options>``.
 
     Raises:
         ValueError: ``name`` not in skyrl-gym's registry, or an option it does not take
@@ -388,8 +388,8 @@ def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
     with process_state_kept():
         import skyrl_gym
 
-    from trace_gym.suggest import did_you_mean
-    from trace_gym.registry import adapter_family
+    from trace_gym.utils.suggest import did_you_mean
+    from trace_gym.env.family import adapter_family
 
     where = f"--env {PREFIX}:{name}"
     if name not in skyrl_gym.registry:

@@ -68,7 +68,7 @@ that ends before the model speaks (``setup_state`` failed) shows its prompt at r
 ``replay`` only: a suspended coroutine cannot be copied and the state holds the client, so a
 snapshot is the task and the actions, replayed through a fresh rollout (digest-checked).
 An env that draws from unseeded randomness in ``env_response`` is refused under replay
-(:class:`~trace_gym.env_adapter.ReplayDivergence`).
+(:class:`~trace_gym.env.adapter.ReplayDivergence`).
 
 Not carried over: the env's sampling args and ``max_seq_len`` (there is no model client;
 the agent loop samples), tool schemas as a prompt (they are in ``info["tool_defs"]``), group
@@ -94,8 +94,8 @@ from environments.ecosystems.verifiers_rollout import (
 from environments.ecosystems.verifiers_tasks import (
     SPLITS, _is_label, _message, load_env, load_tasks, module_name, tasks_of,
 )
-from trace_gym.env_adapter import ForeignEnv, options_of
-from trace_gym.env_boundary import error_text
+from trace_gym.env.adapter import ForeignEnv, options_of
+from trace_gym.env.boundary import error_text
 from trace_gym.types import Message, Task
 
 PACKAGE = "verifiers"
@@ -115,7 +115,7 @@ CALL_MARGIN_S = 60.0
 
 
 class VerifiersEpisode:
-    """Episodes of one verifiers env module (a :class:`~trace_gym.env_adapter.ForeignEpisode`):
+    """Episodes of one verifiers env module (a :class:`~trace_gym.env.adapter.ForeignEpisode`):
     each runs the env's own rollout on the shared event loop, with a client that hands the
     model's turns in; ``replay`` only. Arguments as :class:`VerifiersEnv`'s.
 
@@ -253,7 +253,7 @@ class VerifiersEpisode:
 
 class VerifiersEnv(ForeignEnv):
     """A verifiers env module under our contract (see the module docstring): a
-    :class:`~trace_gym.env_adapter.ForeignEnv` around a :class:`VerifiersEpisode`.
+    :class:`~trace_gym.env.adapter.ForeignEnv` around a :class:`VerifiersEpisode`.
 
     Args:
         module: the module with ``load_environment``.
@@ -266,7 +266,7 @@ class VerifiersEnv(ForeignEnv):
         call_timeout_s: seconds one call into the env may take, waiting included (default:
             ``step_timeout`` + :data:`CALL_MARGIN_S`, so the step's own timeout speaks first).
         max_observation_chars: bound on an observation (characters); see
-            :class:`~trace_gym.env_boundary.ForeignBoundary`.
+            :class:`~trace_gym.env.boundary.ForeignBoundary`.
     """
 
     def __init__(self, module: str, *, env_args: Mapping[str, Any] | None = None, split: str = "train",
@@ -283,13 +283,13 @@ class VerifiersEnv(ForeignEnv):
 
 
 def family(name: str, options: dict, env_kwargs: dict, task_kwargs: dict):
-    """The :class:`~trace_gym.registry.EnvFamily` of ``verifiers:<name>?<load_environment kwargs>``.
+    """The :class:`~trace_gym.env.family.EnvFamily` of ``verifiers:<name>?<load_environment kwargs>``.
 
     Raises:
         ValueError: no such module, no ``load_environment``, or a keyword argument it (or the
             adapter, or the task loader) does not take: one line each, with did-you-mean.
     """
-    from trace_gym.registry import adapter_family
+    from trace_gym.env.family import adapter_family
 
     where = f"--env {PREFIX}:{name}"
     module = module_name(name)

@@ -13,11 +13,11 @@ import inspect
 import re
 from typing import Any, Mapping
 
-from trace_gym.env_adapter import options_of
+from trace_gym.env.adapter import options_of
 
-from trace_gym.env_boundary import error_text
+from trace_gym.env.boundary import error_text
 
-from trace_gym.process_state import process_state_kept
+from trace_gym.env.process_state import process_state_kept
 
 def _near_modules(module: str) -> list[str]:
     """Names ``module`` may have meant: the installed env modules, and the siblings of a
@@ -45,7 +45,7 @@ def _find_spec(module: str) -> Any:
 
 def _load_function(module: str, where: str) -> Any:
     if _find_spec(module) is None:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         names = _near_modules(module)
         raise ValueError(f"{where}: no importable module {module!r}{did_you_mean(module, names)}; install an "

@@ -19,10 +19,10 @@ import queue
 import threading
 from typing import Any, Mapping
 
-from trace_gym.env_boundary import MAX_ERROR_CHARS
+from trace_gym.env.boundary import MAX_ERROR_CHARS
 
-from trace_gym.process_state import process_state_kept
-from trace_gym.textsafe import JSONRefused, loads_bounded
+from trace_gym.env.process_state import process_state_kept
+from trace_gym.utils.textsafe import JSONRefused, loads_bounded
 
 #: the model name the env's rollout records
 MODEL_NAME = "trace_gym"

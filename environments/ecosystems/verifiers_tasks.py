@@ -13,9 +13,9 @@ import json
 import threading
 from typing import Any, Mapping, Sequence
 
-from trace_gym.env_adapter import content_text
+from trace_gym.env.adapter import content_text
 
-from trace_gym.process_state import process_state_kept
+from trace_gym.env.process_state import process_state_kept
 from trace_gym.types import ROLES, Message, Task
 
 SPLITS = ("train", "eval")

@@ -35,8 +35,8 @@ from typing import Any
 
 import gymnasium
 
-from trace_gym.env import Snapshot, freeze, rng_from_state, rng_state, task_from_options, thaw
-from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.env.contract import Snapshot, freeze, rng_from_state, rng_state, task_from_options, thaw
+from trace_gym.env.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 
 _GUESS = re.compile(r"guess\s*[:=]?\s*(-?\d{1,12})", re.IGNORECASE)
@@ -74,7 +74,7 @@ def varied_range_tasks(n: int, seed: int = 0, *, low: int = 1, high: int = 64, m
 
     The prompt states the range, so the tasks have ``high - low - min_span + 2`` distinct
     prompts (57 by default), and a held-out split by prompt text
-    (:func:`trace_gym.datafiles.split_tasks`) holds some ranges out; :func:`make_tasks`
+    (:func:`trace_gym.env.datafiles.split_tasks`) holds some ranges out; :func:`make_tasks`
     asks every task the same question, which no such split can divide.
     """
     import numpy as np

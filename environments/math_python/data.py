@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from environments.math_python.generated import generate_tasks
-from trace_gym.textsafe import clean_text
-from trace_gym.datafiles import jsonable, load_rows
+from trace_gym.utils.textsafe import clean_text
+from trace_gym.env.datafiles import jsonable, load_rows
 from trace_gym.types import Task
 
 

@@ -96,10 +96,10 @@ from environments.math_python.observations import (
 from environments.math_python.replay import kernel_seed, replay_cells
 from environments.math_python.sandbox import CellResult, Kernel, KernelError, KernelFactory, KernelLimits
 from environments.math_python.zygote import ForkServer
-from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
-from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.env.contract import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
+from trace_gym.env.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
-from trace_gym.textsafe import clean_text
+from trace_gym.utils.textsafe import clean_text
 
 CODE_BLOCK = re.compile(r"```(?:python3|python|py)[ \t]*\r?\n(.*?)```", re.DOTALL)
 
@@ -402,7 +402,7 @@ class MathPythonEnv(gymnasium.Env):
                 pass  # the first cell tries again, and reports an infrastructure error if it must
 
     def replay_steps(self, snapshot: Snapshot) -> int:
-        """Cells a restore of ``snapshot`` re-executes (``trace_gym.env.ReplayCost``): the
+        """Cells a restore of ``snapshot`` re-executes (``trace_gym.env.contract.ReplayCost``): the
         agent loop counts them as env steps, so exact costs include branching's price."""
         return len(thaw(snapshot.state)["cells"])
 

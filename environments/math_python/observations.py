@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from trace_gym.textsafe import clean_text
+from trace_gym.utils.textsafe import clean_text
 
 if TYPE_CHECKING:
     from environments.math_python.sandbox import CellResult

@@ -68,7 +68,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from environments.math_python.zygote import KERNEL_ENV, UID_BASE, ForkServer, KernelError, wait_readable
-from trace_gym.textsafe import clean_text
+from trace_gym.utils.textsafe import clean_text
 
 __all__ = ["KERNEL_ENV", "UID_BASE", "CellResult", "Kernel", "KernelError", "KernelFactory", "KernelLimits",
            "StreamOutput"]

@@ -19,7 +19,7 @@ every searcher raise) are removed and whitespace is collapsed; answers lose thei
 surrogates. An empty query, or one over ``max_query_chars`` characters, becomes a
 problem message instead of a search.
 
-A tool-call block is measured before it is parsed (:func:`trace_gym.textsafe.loads_bounded`:
+A tool-call block is measured before it is parsed (:func:`trace_gym.utils.textsafe.loads_bounded`:
 at most :data:`MAX_TOOL_CALL_DEPTH` levels of nesting, no number of more than
 :data:`MAX_TOOL_CALL_DIGITS` digits), and any failure to read it is a
 ``bad_tool_call`` message: no model text makes :func:`parse_action` raise.
@@ -30,7 +30,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from trace_gym.textsafe import JSONRefused, drop_unencodable, first_tagged, loads_bounded, tagged_blocks
+from trace_gym.utils.textsafe import JSONRefused, drop_unencodable, first_tagged, loads_bounded, tagged_blocks
 
 PROTOCOLS = ("tags", "tool_call")
 #: Deepest nesting of a tool-call block (``{"name", "arguments": {...}}`` is 2 levels).

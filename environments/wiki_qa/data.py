@@ -31,8 +31,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from trace_gym.textsafe import clean_text, clean_value
-from trace_gym.datafiles import jsonable, load_rows
+from trace_gym.utils.textsafe import clean_text, clean_value
+from trace_gym.env.datafiles import jsonable, load_rows
 from trace_gym.types import Task
 
 

@@ -30,11 +30,14 @@ response over ``max_action_chars``, or an empty / over-long query, gets a messag
 naming the problem; the episode goes on and the turn counts. After the answer: ``[]``.
 
 ## Rewards
-0.0 on every step but the answer; then EM (``reward="em"``, default) or the F1 reward
-(``reward="f1"``: 1.0 when the answer's words are a gold alias's, else half its token F1,
-so that a hedge such as "Paris London" stays below the 0.5 success line;
+0.0 on every step but the answer; then the EM reward (``reward="em"``, default) or the F1
+reward (``reward="f1"``: 1.0 when the answer's words are a gold alias's, else half its token
+F1, so that a hedge such as "Paris London" stays below the 0.5 success line;
 :func:`~environments.wiki_qa.metrics.f1_reward`) of the answer against the task's gold
-answers (max over aliases). ``info["reward_components"]`` has EM and the official F1.
+answers (max over aliases). The reward departs from the official metrics for a gold that
+normalises to nothing (module docstring of :mod:`environments.wiki_qa.metrics`).
+``info["em"]`` / ``info["f1"]`` are the official HotpotQA EM and F1 (what the evaluator
+reports); ``info["reward_components"]`` the reward's EM and F1.
 
 ## Episode End
 Terminated by the first answer. Truncated (reward 0) after ``max_turns`` actions
@@ -63,12 +66,12 @@ from typing import Any, Mapping, Sequence
 import gymnasium
 
 from environments.wiki_qa.actions import PROTOCOLS, QUERY_REFUSED, TOOL_SCHEMAS, Action, parse_action
-from environments.wiki_qa.metrics import best_exact_match, best_f1, f1_reward
+from environments.wiki_qa.metrics import best_exact_match, best_f1, em_reward, f1_reward, reward_f1
 from environments.wiki_qa.searchers import resolve_searcher
 from retrieval_index.protocol import QueryRejected, split_contents
-from trace_gym.textsafe import clean_text
-from trace_gym.env import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
-from trace_gym.spaces import ChatObservation, TextAction
+from trace_gym.utils.textsafe import clean_text
+from trace_gym.env.contract import Snapshot, freeze, resolve_task, rng_from_state, rng_state, task_from_options, thaw
+from trace_gym.env.spaces import ChatObservation, TextAction
 from trace_gym.types import Message, Task
 
 SYSTEM_PROMPT_TAGS = (
@@ -243,10 +246,11 @@ class WikiQAEnv(gymnasium.Env):
         if parsed.kind == "answer":
             self._done = True
             golds = self._golds(self._task)
-            em, f1 = best_exact_match(parsed.text, golds), best_f1(parsed.text, golds)
-            info.update(prediction=parsed.text, golden_answers=golds, em=em, f1=f1,
-                        reward_components={"em": em, "f1": f1}, searches=len(self._log))
-            return [], em if self.reward_kind == "em" else f1_reward(parsed.text, golds), True, False, info
+            em, f1 = best_exact_match(parsed.text, golds), best_f1(parsed.text, golds)  # the official metrics
+            paid = {"em": em_reward(parsed.text, golds), "f1": reward_f1(parsed.text, golds)}  # the reward's
+            info.update(prediction=parsed.text, golden_answers=golds, em=em, f1=f1, reward_components=paid,
+                        searches=len(self._log))
+            return [], paid["em"] if self.reward_kind == "em" else f1_reward(parsed.text, golds), True, False, info
         if parsed.kind == "search":
             info["query"] = parsed.text
             info["cache_hit"] = parsed.text in self._cache

@@ -9,7 +9,7 @@ present (``overall_complete``) and otherwise over the categories present.
 Three ways in:
 
 * :func:`score` on finished episodes: the terminal ``info`` dicts of ``BFCLEnv`` (or
-  :class:`EntryResult` rows, or ``trace_gym.agent.Episode`` objects);
+  :class:`EntryResult` rows, or ``trace_gym.agent.loop.Episode`` objects);
 * :func:`run_policy`: run a policy ``messages -> response text`` through the env;
 * :func:`replay_results`: replay bfcl-eval result files (``{"id", "result": [[step
   responses] per turn]}``, text responses) through the env.
@@ -82,7 +82,7 @@ def _as_result(item: Any) -> EntryResult:
         return item
     if isinstance(item, Mapping):
         return EntryResult.from_info(item)
-    turns = getattr(item, "turns", None)  # a trace_gym.agent.Episode
+    turns = getattr(item, "turns", None)  # a trace_gym.agent.loop.Episode
     if turns:
         last = turns[-1]
         if not (last.terminated or last.truncated):

@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 from bank_fixtures import ScriptedPolicy, small_family, synthetic_record, write_synthetic_bank
 
-from trace_gym.bench_report import format_bench
-from trace_gym import bench
-from trace_gym.agent import AgentConfig, AgentRunner
+from trace_gym.bench.report import format_bench
+from trace_gym.bench import loop as bench
+from trace_gym.agent.loop import AgentConfig, AgentRunner
 from trace_gym.banks import (EXHAUSTED, BankBranchRunner, BankDraws, BankError, BankTree, BankWriter, bank_stats,
                              format_bank_stats, iter_prompts, list_banks, mixed_without_replacement, open_bank,
                              record_bank)
 from trace_gym.banks.record import prefix_depths
-from trace_gym.bench_bank import run_bank_bench
-from trace_gym.entry_configs import BankBenchConfig
+from trace_gym.bench.bank import run_bank_bench
+from trace_gym.bench.config import BankBenchConfig
 from trace_gym.budget import BudgetLedger
-from trace_gym.rollout import AgentBranchRunner, node_context
+from trace_gym.agent.rollout import AgentBranchRunner, node_context
 from trace_gym.strategies import shaped_strategies
 from trace_gym.tree import ROOT
 from trace_gym.types import SamplingParams
@@ -122,26 +122,26 @@ def test_beyond_what_was_recorded_is_exhausted_and_there_is_no_verdict(tmp_path)
     assert max(row["roots_needed"] for row in s["uniform"]["per_rep"]) == 8
     assert max(row["continuations_needed"] for row in s["trace"]["per_rep"]) > 1
     guard, *rest = res["checks"]
-    assert guard["status"] == "FAIL" and "NO VERDICT" in guard["detail"]
-    assert "at least 8 roots per prompt" in guard["detail"] and "R = 4" in guard["detail"]
-    verdicts = [c for c in rest if c["name"].startswith("trace") and not c["detail"].startswith("needs")]
-    assert verdicts and all(c["status"] == "SKIP" and "no verdict" in c["detail"] for c in verdicts)
+    assert guard.status == "FAIL" and "NO VERDICT" in guard.detail
+    assert "at least 8 roots per prompt" in guard.detail and "R = 4" in guard.detail
+    verdicts = [c for c in rest if c.name.startswith("trace") and not c.detail.startswith("needs")]
+    assert verdicts and all(c.status == "SKIP" and "no verdict" in c.detail for c in verdicts)
     printed = format_bench(res)
     assert "NO VERDICT" in printed and "rollout bank" in printed and "exhausted" in printed
     # a bank big enough for the same bench passes the guard
     big = write_synthetic_bank(tmp_path / "big.jsonl.gz", successes, roots=16, continuations=8)
     ok = bench_on(big, seeds=2, steps=2, warmup_steps=0, candidates=12, root_budget=16, group_size=8,
                   continuations_per_root=3, strategies=("uniform", "trace"))
-    assert ok["checks"][0]["status"] == "PASS"
+    assert ok["checks"][0].status == "PASS"
 
 
 def test_replay_leaves_are_a_subset_of_the_recording(tmp_path):
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", [2, 2, 1, 3], roots=4, continuations=1)
     bank = open_bank(path)
-    from trace_gym.driver import run_step
+    from trace_gym.step.driver import run_step
 
     strategy = shaped_strategies(("trace",), group_size=4, continuations_per_root=6)["trace"]
-    from trace_gym.predictor import ConstantPredictor
+    from trace_gym.predictor.kinds import ConstantPredictor
 
     step = run_step([bank.prompt(i) for i in range(4)], strategy, ConstantPredictor(0.5),
                     BankBranchRunner(BankDraws(0)), 16, np.random.default_rng(0))
@@ -276,7 +276,7 @@ RECORD_AND_DIE = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from bank_fixtures import ScriptedPolicy, small_family
-    from trace_gym.agent import AgentConfig
+    from trace_gym.agent.loop import AgentConfig
     from trace_gym.banks import record_bank
 
     def say(msg):
@@ -322,6 +322,7 @@ def test_a_resume_cuts_a_damaged_tail_and_keeps_what_came_before(tmp_path):
     writer = BankWriter(path, {"roots": 2, "continuations": 1})
     writer.start_run()
     writer.add(synthetic_record(0, 1, 2, 1))
+    writer.close()  # as a killed recorder's lock is let go
     with open(path, "ab") as f:  # a line the disk lost: its header arrived, its data did not
         f.write(b"\x1f\x8b\x08\x00" + bytes(60))
     with pytest.raises(BankError, match="corrupt gzip data in the member at byte"):
@@ -394,8 +395,8 @@ def test_bank_bench_every_predictor_kind_oracle_and_token_mode(tmp_path):
     assert "by prefix depth" in printed and "upper bound" in printed and "left-out prefixes" in printed
     tokens = bench_on(path, seeds=2, steps=2, warmup_steps=0, candidates=16, root_budget=8, group_size=4,
                       budget_unit="tokens", strategies=("uniform", "trace"))
-    check = next(c for c in tokens["checks"] if c["name"].startswith("equal generated tokens"))
-    assert check["status"] == "PASS", check
+    check = next(c for c in tokens["checks"] if c.name.startswith("equal generated tokens"))
+    assert check.status == "PASS", check
     with pytest.raises(ValueError, match="predictor must be one of .*got 'oracle'"):
         BankBenchConfig(bank=str(path), predictor="oracle")
     with pytest.raises(ValueError, match="the bank's policy 'synthetic' cannot be found here"):  # exists nowhere
@@ -428,7 +429,7 @@ def test_bank_stats_by_hand(tmp_path):
     flips = [c["success"] != r["success"] for rec in records for r in rec.roots for p in r["prefixes"]
              for c in p["continuations"] if p["depth"] == 1]
     assert st["flip_by_depth"]["1"] == {"flip": pytest.approx(np.mean(flips)), "continuations": 24}
-    from trace_gym.predictor import ConstantPredictor
+    from trace_gym.predictor.kinds import ConstantPredictor
 
     st = bank_stats(path, predictor=ConstantPredictor(0.5))
     assert st["predictor"]["prompts"] == 3 and st["predictor"]["prefixes"] > 0

@@ -12,7 +12,7 @@ import pytest
 from bank_fixtures import write_synthetic_bank
 
 from baselines.uniform import fixed_groups
-from trace_gym.bench_bank import largest_root_budget
+from trace_gym.bench.bank import largest_root_budget
 from trace_gym.budget import nominal_cost
 from trace_gym.cli import main
 

@@ -10,10 +10,10 @@ from bank_fixtures import write_synthetic_bank
 
 from trace_gym.banks import open_bank
 from trace_gym.banks.warmup import held_out_prompts, warm_up
-from trace_gym.bench_bank import BankSource, run_bank_bench
-from trace_gym.entry_configs import BankBenchConfig
-from trace_gym.bench_report import format_bench
-from trace_gym.predictor import ConstantPredictor, Context
+from trace_gym.bench.bank import BankSource, run_bank_bench
+from trace_gym.bench.config import BankBenchConfig
+from trace_gym.bench.report import format_bench
+from trace_gym.predictor.kinds import ConstantPredictor, Context
 from trace_gym.strategies import shaped_strategies
 
 
@@ -60,7 +60,7 @@ def test_warm_up_reads_every_recorded_rollout_of_the_slice_and_nothing_else(bank
 
 
 def test_every_arm_starts_from_the_same_warm_predictor_and_the_report_says_so(bank_path, monkeypatch):
-    from trace_gym import bench_bank
+    from trace_gym.bench import bank as bench_bank
 
     starts = []
     original = bench_bank.BankRepetition.predictor

@@ -1,4 +1,4 @@
-"""``bench --bank`` with the embedding cache (trace_gym/embeddings.py): the same results with
+"""``bench --bank`` with the embedding cache (trace_gym/predictor/embeddings.py): the same results with
 and without it, whether the cache is empty or full, kept under the trace_gym cache folder."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 from bank_fixtures import write_synthetic_bank
 
-from trace_gym import embeddings
-from trace_gym.bench_bank import run_bank_bench
-from trace_gym.entry_configs import BankBenchConfig
+from trace_gym.predictor import embeddings
+from trace_gym.bench.bank import run_bank_bench
+from trace_gym.bench.config import BankBenchConfig
 from trace_gym.strategies import shaped_strategies
 
 #: Result keys that are timings, and the cache's own report: all that may differ between the runs.

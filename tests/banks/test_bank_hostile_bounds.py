@@ -17,7 +17,7 @@ import pytest
 from trace_gym.banks import BankError, bank_stats, list_banks, open_bank
 from trace_gym.banks.format import BankPrompt, read_header, scan_bank
 from trace_gym.banks.lines import compress_line, encode_line, open_file, parse_line
-from trace_gym.textsafe import JSONRefused, loads_record
+from trace_gym.utils.textsafe import JSONRefused, loads_record
 
 
 def turn(d: int) -> dict:

@@ -21,7 +21,7 @@ import pytest
 from bank_fixtures import ScriptedPolicy, small_family, write_synthetic_bank
 
 from trace_gym import cli
-from trace_gym.agent import AgentConfig
+from trace_gym.agent.loop import AgentConfig
 from trace_gym.banks import BankError, BankWriter, bank_stats, iter_prompts, open_bank, record_bank
 from trace_gym.banks.format import MAX_LINE_BYTES, compress_line, encode_line, iter_members, read_header
 from trace_gym.banks.writer import torn_header

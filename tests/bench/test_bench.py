@@ -10,16 +10,17 @@ import math
 import numpy as np
 import pytest
 
-from trace_gym import bench, cli
-from trace_gym.bench_checks import bench_checks, verdict
-from trace_gym.bench_report import format_bench
+from trace_gym import cli
+from trace_gym.bench import loop as bench
+from trace_gym.bench.checks import Check, bench_checks, verdict
+from trace_gym.bench.report import format_bench, results_json
 from trace_gym.commands.bench import mode_config, mode_configs
-from trace_gym.bench_env import run_env_bench
-from trace_gym.bench_sim import run_sim_bench
-from trace_gym.learning import prefix_weight_for_share
-from trace_gym.predictor import make_predictor, predictor_spec
-from trace_gym.entry_configs import EnvBenchConfig, SimBenchConfig
-from trace_gym.waves import is_wave_strategy
+from trace_gym.bench.env import run_env_bench
+from trace_gym.bench.sim import run_sim_bench
+from trace_gym.step.learning import prefix_weight_for_share
+from trace_gym.predictor.kinds import make_predictor, predictor_spec
+from trace_gym.bench.config import EnvBenchConfig, SimBenchConfig
+from trace_gym.allocation.waves import is_wave_strategy
 from trace_gym.strategies import STRATEGIES, shaped_strategies
 
 SMALL = dict(seeds=2, steps=3, warmup_steps=1, pool_size=1024, candidates=128, root_budget=128)
@@ -56,7 +57,7 @@ def test_headline_is_the_learned_predictor_and_the_oracle_is_a_labelled_upper_bo
     printed = format_bench(results)
     assert "(oracle, upper bound)" in printed and "Headline predictor: learned" in printed
     # the checks read only headline rows
-    assert all("oracle" not in c["detail"] for c in results["checks"])
+    assert all("oracle" not in c.detail for c in results["checks"])
 
 
 def test_equal_nominal_budget_and_exact_units(results):
@@ -111,15 +112,15 @@ def test_a_planted_broken_trace_fails_a_check():
     table["trace"] = dataclasses.replace(table["trace"], root_allocator=ShuffledValues(table["trace"].root_allocator))
     broken = run_sim_bench(cfg, table)
     name = "trace mixed prompts/step above uniform"  # shuffled, TRACE spreads 2-3 rollouts over random prompts
-    assert {c["name"]: c["status"] for c in good["checks"]}[name] == "PASS"
-    assert {c["name"]: c["status"] for c in broken["checks"]}[name] in ("FAIL", "NOT SHOWN")
+    assert {c.name: c.status for c in good["checks"]}[name] == "PASS"
+    assert {c.name: c.status for c in broken["checks"]}[name] in ("FAIL", "NOT SHOWN")
     assert broken["strategies"]["trace"]["effective_ratio"] < good["strategies"]["trace"]["effective_ratio"]
 
 
 def test_checks_fail_and_skip_when_they_should():
     fake = _fake([0.36, 0.35, 0.345], [0.3, 0.31, 0.29])
     fake["strategies"]["trace"]["nominal_cost"] = 9.0
-    status = {c["name"]: c["status"] for c in bench_checks(fake)}
+    status = {c.name: c.status for c in bench_checks(fake)}
     assert status["trace effective ratio above uniform"] == "PASS"
     assert status["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "FAIL"
     assert "trace effective ratio above pcl" not in status  # no pcl row: no check about it
@@ -129,16 +130,16 @@ def test_checks_fail_and_skip_when_they_should():
 def test_a_check_never_passes_on_an_interval_that_straddles_zero():
     # trace ahead in the mean, but the paired differences disagree in sign: NOT SHOWN, never PASS
     straddle = _fake([0.6, 0.2, 0.5, 0.3], [0.3, 0.4, 0.35, 0.4])
-    checks = {c["name"]: c for c in bench_checks(straddle)}
+    checks = {c.name: c for c in bench_checks(straddle)}
     above = checks["trace effective ratio above uniform"]
     assert straddle["strategies"]["trace"]["effective_ratio"] > straddle["strategies"]["uniform"]["effective_ratio"]
-    assert above["status"] == "NOT SHOWN" and "[-" in above["detail"]
-    assert not any(c["status"] == "PASS" for n, c in checks.items() if n not in COST_CHECKS)
+    assert above.status == "NOT SHOWN" and "[-" in above.detail
+    assert not any(c.status == "PASS" for n, c in checks.items() if n not in COST_CHECKS)
     assert verdict(straddle).startswith("trace and uniform cannot be told apart")
 
 
 def test_interval_of_a_ratio_stays_inside_what_a_ratio_can_be():
-    from trace_gym.bench_checks import METRICS, paired
+    from trace_gym.bench.checks import METRICS, paired
 
     # two repetitions far apart: the t interval of the mean (± 6.4) reaches far past [0, 1]
     wide = _fake([1.0, 0.0], [0.5, 0.5])
@@ -158,8 +159,8 @@ def test_token_budget_mode_equalises_generated_tokens():
     reference = res["strategies"]["uniform"]["generated_tokens"]
     for name, v in res["strategies"].items():
         assert abs(v["generated_tokens"] / reference - 1) <= 0.02, name
-    check = next(c for c in res["checks"] if c["name"].startswith("equal generated tokens"))
-    assert check["status"] == "PASS"
+    check = next(c for c in res["checks"] if c.name.startswith("equal generated tokens"))
+    assert check.status == "PASS"
     # the tree strategies pay for their continuations with a smaller nominal budget
     scales = {n: v["budget_scale"] for n, v in res["strategies"].items()}
     assert scales["uniform"] == 1.0 and scales["trace_prefix_only"] < 1.0
@@ -247,8 +248,8 @@ def test_shipped_yaml_matches_the_defaults():
 def test_adding_a_strategy_is_one_entry(monkeypatch):
     from baselines import UniformRootAllocator
     from trace_gym import strategies
-    from trace_gym.allocation import TracePrefixAllocator
-    from trace_gym.strategy import Strategy
+    from trace_gym.allocation.allocators import TracePrefixAllocator
+    from trace_gym.allocation.strategy import Strategy
 
     entry = Strategy(UniformRootAllocator(4), TracePrefixAllocator(), 2, description="mine")
     monkeypatch.setitem(strategies.STRATEGIES, "my_tree", entry)
@@ -286,14 +287,14 @@ def test_env_bench_on_a_tiny_model_reports_through_the_same_path(tiny_engine):
         assert math.isnan(entry["effective_ratio_ci"])  # one repetition
     printed = format_bench(res)
     assert "Allocation benchmark on real rollouts: guess_number" in printed and "gen s" in printed
-    assert any(c["name"] == "equal nominal budget" and c["status"] == "PASS" for c in res["checks"])
+    assert any(c.name == "equal nominal budget" and c.status == "PASS" for c in res["checks"])
 
 
 def test_env_bench_takes_the_lm_critic(tiny_engine, tiny_model_path, monkeypatch):
     import torch
 
-    from trace_gym.critic import LMCriticPredictor
-    from trace_gym.predictor import Context
+    from trace_gym.predictor.critic import LMCriticPredictor
+    from trace_gym.predictor.kinds import Context
     from trace_gym.registry import env_family
 
     assert isinstance(make_predictor("lm_critic", model_path=str(tiny_model_path)), LMCriticPredictor)
@@ -348,7 +349,7 @@ def test_the_verdict_says_which_way_it_goes_or_that_there_is_none():
     # degenerate inputs: every rollout agreed, so nothing can be compared: SKIP, never PASS
     flat = _fake([0.0, 0.0], [0.0, 0.0])
     assert verdict(flat).startswith("NO VERDICT: no contrast")
-    statuses = {c["name"]: c["status"] for c in bench_checks(flat)}
+    statuses = {c.name: c.status for c in bench_checks(flat)}
     assert statuses["trace effective ratio above uniform"] == "SKIP"
     assert statuses["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "SKIP"
 
@@ -360,9 +361,9 @@ def assert_no_outcome_check_passes(results):
     """On a bench where every reward was equal, only the cost checks may PASS: every
     comparison of outcomes must say SKIP (no contrast), and the verdict that there is none."""
     printed = format_bench(results)
-    passed = [c["name"] for c in results["checks"] if c["status"] == "PASS" and c["name"] not in COST_CHECKS]
+    passed = [c.name for c in results["checks"] if c.status == "PASS" and c.name not in COST_CHECKS]
     assert not passed, f"checks PASSed on a bench without contrast: {passed}"
-    assert all(f"PASS: {c['name']}" not in printed for c in results["checks"] if c["name"] not in COST_CHECKS)
+    assert all(f"PASS: {c.name}" not in printed for c in results["checks"] if c.name not in COST_CHECKS)
     assert results["verdict"].startswith("NO VERDICT: no contrast")
 
 
@@ -370,7 +371,7 @@ def assert_no_outcome_check_passes(results):
 def all_fail():
     """The simulator bench in a world where every task is hopeless (success probability 0):
     every reward of every rollout is 0."""
-    from trace_gym import sim
+    from trace_gym.sim import simulator as sim
 
     original = sim.make_pool
     sim.make_pool = lambda *a, **kw: dataclasses.replace(
@@ -383,7 +384,7 @@ def all_fail():
 
 def test_an_all_zero_reward_bench_skips_every_comparison(all_fail):
     assert all(v["effective_ratio"] == 0 for v in all_fail["strategies"].values())
-    status = {c["name"]: c["status"] for c in all_fail["checks"]}
+    status = {c.name: c.status for c in all_fail["checks"]}
     outcome_checks = {n for n in status if n not in COST_CHECKS}
     assert len(outcome_checks) >= 10 and all(status[n] == "SKIP" for n in outcome_checks)
     assert status["equal nominal budget"] == "PASS"  # costs, not outcomes: still checked
@@ -395,7 +396,7 @@ def test_an_all_zero_reward_bench_skips_every_comparison(all_fail):
 
 
 def test_a_check_without_the_contrast_guard_would_pass_and_the_test_sees_it(all_fail, monkeypatch):
-    from trace_gym import bench_checks as checks_module
+    from trace_gym.bench import checks as checks_module
 
     # the checks computed without the no-contrast guard (the bug of issue 20): 0 vs 0 "at least"
     # would be judged; with equal zeros the sign test shows nothing, so plant a guard that lets
@@ -405,7 +406,7 @@ def test_a_check_without_the_contrast_guard_would_pass_and_the_test_sees_it(all_
         "a": a, "b": b, "metric": metric.key, "scale": scale, "mean_a": 0.0, "mean_b": 0.0, "difference": 0.0,
         "low": 0.0, "high": 0.0, "n": 2, "shown": 1, "note": ""})
     broken = dict(all_fail) | {"checks": checks_module.bench_checks(all_fail)}
-    status = {c["name"]: c["status"] for c in broken["checks"]}
+    status = {c.name: c.status for c in broken["checks"]}
     assert status["trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"] == "PASS"
     with pytest.raises(AssertionError, match="checks PASSed on a bench without contrast"):
         assert_no_outcome_check_passes(broken)
@@ -414,17 +415,17 @@ def test_a_check_without_the_contrast_guard_would_pass_and_the_test_sees_it(all_
 def test_a_comparison_skips_when_its_own_rows_have_no_contrast():
     fake = _fake([0.0] * 6, [0.0] * 6)
     fake["strategies"]["pcl"] = _fake([0.4] * 6, [0.0] * 6)["strategies"]["trace"]
-    status = {c["name"]: c for c in bench_checks(fake)}
+    status = {c.name: c for c in bench_checks(fake)}
     # pcl found contrast, trace and uniform none: 0 vs 0 is still nothing to compare
-    assert status["trace effective ratio above uniform"]["status"] == "SKIP"
-    assert status["trace effective ratio above pcl"]["status"] == "FAIL"  # 0 vs 0.4 six times: a real loss
+    assert status["trace effective ratio above uniform"].status == "SKIP"
+    assert status["trace effective ratio above pcl"].status == "FAIL"  # 0 vs 0.4 six times: a real loss
     # a ratio to a row without contrast is undefined, whatever the numerator
     fake = _fake([0.3, 0.4], [0.0, float("nan")])
-    ratio = {c["name"]: c for c in bench_checks(fake)}[
+    ratio = {c.name: c for c in bench_checks(fake)}[
         "trace effective ratio >= 2x uniform (paper, learned predictor: 60.6 / 26.8 = 2.26x)"]
-    assert ratio["status"] == "SKIP" and "ratio to it is undefined" in ratio["detail"]
+    assert ratio.status == "SKIP" and "ratio to it is undefined" in ratio.detail
     fake = _fake([0.3, 0.4, 0.35, 0.3, 0.45, 0.4], [0.0] * 6)  # trace found contrast where uniform found none
-    assert {c["name"]: c["status"] for c in bench_checks(fake)}["trace effective ratio above uniform"] == "PASS"
+    assert {c.name: c.status for c in bench_checks(fake)}["trace effective ratio above uniform"] == "PASS"
 
 
 def test_equal_paired_differences_are_judged_by_the_sign_test():
@@ -433,10 +434,10 @@ def test_equal_paired_differences_are_judged_by_the_sign_test():
     # no spread, so no t interval; the sign test of 3 agreeing signs: p = 2 / 2^3 = 0.25
     assert line.startswith("trace and uniform cannot be told apart") and "all differences equal" in line
     assert "± 0.000" not in line
-    check = {c["name"]: c for c in bench_checks(same)}["trace effective ratio above uniform"]
-    assert check["status"] == "NOT SHOWN"
+    check = {c.name: c for c in bench_checks(same)}["trace effective ratio above uniform"]
+    assert check.status == "NOT SHOWN"
     assert "+0.200 (all differences equal: no spread, judged by the exact sign test, 3 paired repetitions)" \
-        in check["detail"]
+        in check.detail
     # six agreeing signs: p = 2 / 2^6 = 0.031 < 0.05
     six = _fake([0.5] * 6, [0.3] * 6)
     assert verdict(six).startswith("trace beats uniform")
@@ -462,9 +463,26 @@ def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
 def test_calibration_keeps_the_knobs_you_set(tmp_path):
     from bank_fixtures import write_synthetic_bank
 
-    from trace_gym.bench_sim import calibrated
+    from trace_gym.bench.sim import calibrated
 
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8, roots=8, continuations=4, turns=3)
     cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path), mean_success=0.3))
     assert cfg.mean_success == 0.3 and info["kept"] == {"mean_success": 0.3} and "mean_success" not in info["values"]
     assert cfg.max_turns == 3 and info["values"]["max_turns"] == 3
+
+
+def test_checks_are_typed_records_written_as_before():
+    """``bench_checks`` gives :class:`Check` records; ``--json`` writes each as the
+    ``{"name", "status", "detail"}`` object it always was, and reads it back."""
+    checks = bench_checks(_fake([0.3, 0.4, 0.35, 0.3, 0.45, 0.4], [0.1] * 6))
+    assert checks and all(isinstance(c, Check) for c in checks)
+    one = Check("trace effective ratio above uniform", "PASS", "0.367 vs 0.100")
+    assert results_json({"checks": [one], "seeds": 2}) == json.dumps(
+        {"checks": [{"name": one.name, "status": "PASS", "detail": one.detail}], "seeds": 2}, indent=2)
+    written = json.loads(results_json({"checks": checks}))["checks"]
+    assert [Check.from_json(c) for c in written] == checks
+    assert [c.failed for c in (one, dataclasses.replace(one, status="FAIL"))] == [False, True]
+    with pytest.raises(ValueError, match=r"^a check's status is PASS, FAIL, NOT SHOWN or SKIP, got 'OK'$"):
+        Check("x", "OK", "")
+    with pytest.raises(TypeError, match="a bench result holds a object"):
+        results_json({"x": object()})

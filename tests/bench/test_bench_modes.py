@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from trace_gym import cli
-from trace_gym.bench_modes import BENCH_SOURCES, BenchMode, bench_mode, register_bench_mode
+from trace_gym.bench.modes import BENCH_SOURCES, BenchMode, bench_mode, register_bench_mode
 from trace_gym.config import doc
-from trace_gym.entry_configs import SimBenchConfig
+from trace_gym.bench.config import SimBenchConfig
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class CoinBenchConfig(SimBenchConfig):
 
 
 def _run(cfg, strategies, *, progress=False, say=None, out_dir=None):
-    from trace_gym.bench_sim import run_sim_bench
+    from trace_gym.bench.sim import run_sim_bench
 
     results = run_sim_bench(SimBenchConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SimBenchConfig)}),
                             strategies)
@@ -44,7 +44,7 @@ def coin_mode(monkeypatch):
     module.MODE = BenchMode("coin", CoinBenchConfig, _run, _intro, "a throwaway mode", value="coin", metavar="LABEL",
                             columns=(("Spearman prefix", "prefix_spearman"),), verdict_label="coins")
     monkeypatch.setitem(sys.modules, "coin_bench_mode", module)
-    monkeypatch.setattr("trace_gym.bench_modes.BENCH_SOURCES", dict(BENCH_SOURCES))
+    monkeypatch.setattr("trace_gym.bench.modes.BENCH_SOURCES", dict(BENCH_SOURCES))
     register_bench_mode("coin", "coin_bench_mode:MODE")
     return module.MODE
 
@@ -63,10 +63,10 @@ def test_a_mode_registered_through_the_table_runs_from_the_command_line(coin_mod
 
 
 def test_the_table_refuses_a_taken_name_and_a_target_that_is_not_a_mode(monkeypatch):
-    monkeypatch.setattr("trace_gym.bench_modes.BENCH_SOURCES", dict(BENCH_SOURCES))
+    monkeypatch.setattr("trace_gym.bench.modes.BENCH_SOURCES", dict(BENCH_SOURCES))
     with pytest.raises(ValueError, match="bench mode 'sim' is taken"):
         register_bench_mode("sim", "elsewhere:MODE")
-    register_bench_mode("fake", "trace_gym.bench_sim:MODE")  # a BenchMode, but named "sim"
+    register_bench_mode("fake", "trace_gym.bench.sim:MODE")  # a BenchMode, but named "sim"
     with pytest.raises(ValueError, match="is not a BenchMode named 'fake'"):
         bench_mode("fake")
     with pytest.raises(ValueError, match="unknown bench mode 'nope'"):

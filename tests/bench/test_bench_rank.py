@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from trace_gym.bench import effective_samples, tokens_to_target
-from trace_gym.bench_pair import merge_benches, pair_bench_files
-from trace_gym.bench_rank import _ranks, ranking
+from trace_gym.bench.loop import effective_samples, tokens_to_target
+from trace_gym.bench.pair import merge_benches, pair_bench_files
+from trace_gym.bench.rank import _ranks, ranking
 from trace_gym.budget import BudgetLedger
 from trace_gym.tree import ROOT, RolloutTree
 
@@ -103,9 +103,9 @@ def test_two_bench_results_pair_after_the_fact_and_different_draws_are_refused(t
 
 
 def test_epochs_revisit_every_measured_prompt():
-    from trace_gym.bench_bank import BankSource
+    from trace_gym.bench.bank import BankSource
     from trace_gym.commands.bank import bank_path
-    from trace_gym.entry_configs import BankBenchConfig
+    from trace_gym.bench.config import BankBenchConfig
 
     cfg = BankBenchConfig(bank=bank_path("math_python_smollm2"), epochs=2, candidates=64, root_budget=16)
     source = BankSource(cfg)
@@ -113,5 +113,5 @@ def test_epochs_revisit_every_measured_prompt():
     rep = source.repetition(0)
     seen = [i for step in range(source.steps) for i in rep.pools[step]]
     assert sorted(seen) == sorted(source.measurable * 2)  # each measured prompt exactly twice
-    with pytest.raises(ValueError, match="epochs must be an integer in \\[0, 1000\\]"):
+    with pytest.raises(ValueError, match=r"epochs: expected an int in \[0, 1000\], got -1"):
         BankBenchConfig(epochs=-1)

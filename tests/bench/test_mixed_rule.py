@@ -10,10 +10,10 @@ import math
 import pytest
 from bank_fixtures import synthetic_record
 
-from trace_gym.bench import tree_metrics
+from trace_gym.bench.loop import tree_metrics
 from trace_gym.budget import BudgetLedger
 from trace_gym.cli import main
-from trace_gym.mixed import MixedRule
+from trace_gym.step.mixed import MixedRule
 from trace_gym.tree import RolloutTree
 
 THRESHOLD, SPREAD = MixedRule("threshold"), MixedRule("spread", 0.0)
@@ -88,7 +88,7 @@ def continuous_bank(path, prompts: int = 12):
 def test_a_bank_bench_counts_mixed_groups_by_its_rule(tmp_path, capsys, keys, rule, ratio):
     """Groups of 4 of the 8 roots: range >= 0.05 (two different F1s) and <= 0.35, never a success."""
     from trace_gym.banks import open_bank
-    from trace_gym.bench_bank import bank_truth
+    from trace_gym.bench.bank import bank_truth
 
     bank = continuous_bank(tmp_path / "f1.jsonl.gz")
     out = tmp_path / "b.json"

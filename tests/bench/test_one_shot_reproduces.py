@@ -4,7 +4,7 @@ tests/data/one_shot_golden.json holds per-repetition rows recorded with the one-
 driver of commit 36217c5 (before strategies acted in waves), on both shipped banks: with the
 constant predictor (fast: the default suite) and with the warm embedding predictor (a small
 bench; marked slow, as is the full default bench against docs/benchmarking.md's tables).
-Today's driver runs the same strategies as :class:`trace_gym.waves.OneShot` through the
+Today's driver runs the same strategies as :class:`trace_gym.allocation.waves.OneShot` through the
 strategy boundary and must give every row exactly.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trace_gym.bench_bank import run_bank_bench
+from trace_gym.bench.bank import run_bank_bench
 from trace_gym.commands.bank import bank_path
-from trace_gym.entry_configs import BankBenchConfig
+from trace_gym.bench.config import BankBenchConfig
 from trace_gym.strategies import STRATEGIES, shaped_strategies
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "data" / "one_shot_golden.json").read_text())

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from trace_gym.bench_sim import run_sim_bench
-from trace_gym.entry_configs import SimBenchConfig
+from trace_gym.bench.sim import run_sim_bench
+from trace_gym.bench.config import SimBenchConfig
 from trace_gym.strategies import shaped_strategies
 
 PLANTS = textwrap.dedent('''
@@ -153,8 +153,8 @@ def test_each_planted_violation_ends_its_arm_in_one_line_and_the_others_keep_the
 def test_a_strategy_that_peeks_at_unpaid_outcomes_gets_no_verdict(plants):
     """The stack walk finds the bank's records inside the bench (and picks mixed prompts), but
     not when its calls are replayed in a fresh process: the answers differ, no verdict."""
-    from trace_gym.bench_bank import run_bank_bench
-    from trace_gym.entry_configs import BankBenchConfig
+    from trace_gym.bench.bank import run_bank_bench
+    from trace_gym.bench.config import BankBenchConfig
     from trace_gym.commands.bank import bank_path
 
     cfg = BankBenchConfig(bank=bank_path("math_python_smollm2"), seeds=1, steps=1, candidates=16, root_budget=8,

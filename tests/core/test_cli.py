@@ -85,7 +85,8 @@ def test_every_config_command_takes_each_key_as_a_flag_sections_included():
     """One key space, two spellings: ``--root-budget 6`` = ``root_budget=6``, ``--trainer.lr`` =
     ``trainer.lr=``, for train, eval, bench and bank record alike (generated from the config)."""
     from trace_gym.commands import command_config
-    from trace_gym.entry_configs import BankRecordConfig, TrainConfig
+    from trace_gym.banks.config import BankRecordConfig
+    from trace_gym.train.config import TrainConfig
 
     parser = cli.build_parser()
     args = parser.parse_args(["train", "--root-budget", "6", "--trainer.lr", "3e-6", "--max-turns", "2"])
@@ -154,7 +155,7 @@ def test_bank_record_configs_dry_run(path, capsys, tmp_path):
 
 def test_bank_record_refuses_bad_settings(capsys):
     assert cli.main(["bank", "record", "--dry-run", "roots=1"]) == 2
-    assert "roots must be >= 2" in capsys.readouterr().err
+    assert "roots: expected an int in [2, 100000], got 1" in capsys.readouterr().err
     assert cli.main(["bank", "record", "--dry-run", "out=x.json"]) == 2
     assert "must end with .jsonl.gz" in capsys.readouterr().err
     assert cli.main(["bank", "stats", "no-such-bank"]) == 2

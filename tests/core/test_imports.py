@@ -1,14 +1,21 @@
-"""Imports point down: the core of trace_gym/ imports nothing of the face or the families.
+"""Imports point down, wing by wing: the layering of trace_gym/ as folders, held to the code.
 
-Two independent checks: a static scan of every import statement (module level and
-inside functions) of every core module, and a fresh interpreter per core module that
-imports it alone and looks at ``sys.modules``.
+``trace_gym/`` stands in wings (one folder per part) over a few root modules; the face
+(``cli.py``, ``commands/``, ``registry.py``, ``strategies.py``, ``api.py``) names everything and
+nothing of the rest imports it. :data:`MAY_IMPORT` is the rule: what each wing (or root
+module) may import of ``trace_gym``; each wing's ``__init__.py`` says the same in words.
+
+Three independent checks: a static scan of every import statement (module level and inside
+functions) of every module against the rule, a fresh interpreter per core module that
+imports it alone and looks at ``sys.modules``, and no import circle (module by module, and
+wing by wing).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,20 +24,53 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "trace_gym"
-#: The face: the only modules of trace_gym/ that may name everything (api.py is the
-#: public API of issue 9, which re-exports the built-in allocators; commands/ holds one
-#: module per command of the one parser in cli.py).
-FACE = {"cli.py", "registry.py", "strategies.py", "api.py"}
-FACE_PACKAGES = ("commands",)
+#: The face: the only rooms of trace_gym/ that may name everything (api.py is the public
+#: API; commands/ holds one module per command of the one parser in cli.py).
+FACE = {"cli", "commands", "registry", "strategies", "api"}
+#: What each room of trace_gym/ that is not the face may import of trace_gym (a room is a
+#: wing, the folder, or a module at the root); its own room always. From the ground up.
+MAY_IMPORT: dict[str, set[str]] = {
+    # the ground: shared vocabulary and services
+    "utils": set(),
+    "types": set(),
+    "tree": set(),
+    "budget": set(),
+    "config": {"utils"},
+    "models": {"utils"},
+    "report": {"tree"},
+    # the parts, each below what uses it
+    "allocation": {"tree"},
+    "env": {"types", "config", "utils"},
+    "engines": {"types", "models", "utils"},
+    "runs": {"config", "models", "report", "utils"},
+    "predictor": {"engines", "models", "report", "utils"},
+    "step": {"allocation", "budget", "env", "predictor", "tree"},
+    "agent": {"allocation", "budget", "env", "predictor", "step", "tree", "types", "utils"},
+    "sim": {"allocation", "budget", "predictor", "step", "tree"},
+    "config_sections": {"agent", "budget", "config", "predictor", "step", "utils"},
+    "banks": {"agent", "budget", "config", "config_sections", "predictor", "report", "runs", "step", "tree", "types",
+              "utils"},
+    "bench": {"agent", "allocation", "banks", "budget", "config", "config_sections", "engines", "env", "models",
+              "predictor", "report", "runs", "sim", "step", "types", "utils"},
+    "train": {"agent", "budget", "config", "config_sections", "engines", "env", "models", "predictor", "report", "runs",
+              "step", "tree", "types", "utils"},
+}
 #: Packages outside the core, and the face's modules.
 FORBIDDEN_PACKAGES = ("environments", "baselines", "evaluators", "retrieval_index")
-FORBIDDEN_MODULES = ("trace_gym.cli", "trace_gym.registry", "trace_gym.strategies", "trace_gym.api",
-                     "trace_gym.commands")
+FORBIDDEN_MODULES = tuple(f"trace_gym.{room}" for room in sorted(FACE))
+#: At most this many modules stand at the root of trace_gym/ beside its wings (issue 42).
+MAX_ROOT_MODULES = 12
 
 
-def core_modules() -> list[Path]:
-    return sorted(p for p in CORE.rglob("*.py") if p.relative_to(CORE).as_posix() not in FACE
-                  and p.relative_to(CORE).parts[0] not in FACE_PACKAGES)
+def room_of(module: str) -> str:
+    """The room of a dotted ``trace_gym.x[.y]`` module: its wing (``x`` of a folder) or root
+    module (``x``); ``trace_gym`` itself for the package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def core_modules(core: Path = CORE) -> list[Path]:
+    return sorted(p for p in core.rglob("*.py") if p.relative_to(core).parts[0].removesuffix(".py") not in FACE)
 
 
 def module_name(path: Path) -> str:
@@ -64,6 +104,28 @@ def forbidden(name: str) -> bool:
         name == m or name.startswith(m + ".") for m in FORBIDDEN_MODULES)
 
 
+def rooms() -> set[str]:
+    """Every room of trace_gym/: its folders and its root modules (not the package's own ``__init__``)."""
+    return {p.name.removesuffix(".py") for p in CORE.iterdir()
+            if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+
+
+def rule_breaks() -> list[str]:
+    """``file:line imports module`` for every import of a core module that its room may not
+    make: a room :data:`MAY_IMPORT` does not give it, the face, or a package outside the core."""
+    bad, known = [], rooms()
+    for path in core_modules():
+        rel, here = path.relative_to(ROOT).as_posix(), room_of(module_name(path))
+        allowed = MAY_IMPORT.get(here, set())
+        for line, name in imported_names(path):
+            if here == "trace_gym" and name.startswith("trace_gym.registry"):
+                continue  # the one exception: `import trace_gym` registers the Gymnasium ids
+            there = room_of(name) if name.startswith("trace_gym.") else None
+            if forbidden(name) or (there in known and there not in (here, *allowed) and here != "trace_gym"):
+                bad.append(f"{rel}:{line} imports {name} ({here} may import {sorted(allowed)})")
+    return bad
+
+
 def test_the_scan_sees_imports_inside_functions(tmp_path):
     planted = CORE / "_planted_for_scan_test.py"
     planted.write_text("def f():\n    from trace_gym import strategies\n    import baselines.uniform\n")
@@ -75,17 +137,85 @@ def test_the_scan_sees_imports_inside_functions(tmp_path):
         planted.unlink()
 
 
-def test_no_core_module_imports_the_face_or_the_families():
-    bad = []
-    for path in core_modules():
-        rel = path.relative_to(ROOT).as_posix()
-        for line, name in imported_names(path):
-            if not forbidden(name):
-                continue
-            if rel == "trace_gym/__init__.py" and name.startswith("trace_gym.registry"):
-                continue  # the one exception: `import trace_gym` registers the Gymnasium ids
-            bad.append(f"{rel}:{line} imports {name}")
-    assert not bad, "\n".join(bad)
+def test_every_room_keeps_to_its_rule():
+    """Each wing and root module imports only what :data:`MAY_IMPORT` gives it, never the
+    face, environments/, baselines/, evaluators/ or retrieval_index/."""
+    assert rule_breaks() == []
+
+
+@pytest.mark.parametrize("planted, line", [
+    ("allocation/_planted.py", "from trace_gym.bench.loop import run_bench"),  # a wing reaching up
+    ("env/_planted.py", "def f():\n    import trace_gym.registry"),  # a core wing importing the face, lazily
+    ("_planted_root.py", "import trace_gym.tree"),  # a root module the rule does not place
+])
+def test_the_rule_fails_on_a_planted_violation(planted, line):
+    path = CORE / planted
+    path.write_text(line + "\n")
+    try:
+        assert [b for b in rule_breaks() if planted in b], planted
+    finally:
+        path.unlink()
+
+
+def test_every_room_has_a_rule_and_the_rule_has_no_circle():
+    """A new wing or root module is placed in the rule (or the face); the rule itself runs one
+    way, so the rooms stand on floors."""
+    assert rooms() - FACE == set(MAY_IMPORT), sorted(rooms() - FACE ^ set(MAY_IMPORT))
+    assert not FACE & set().union(*MAY_IMPORT.values())
+    assert circles({room: set(allowed) for room, allowed in MAY_IMPORT.items()}) == []
+
+
+def test_each_wing_says_what_it_may_import():
+    """Each wing's ``__init__.py`` ends its docstring with ``May import: ...`` naming exactly
+    the rooms :data:`MAY_IMPORT` gives it (``nothing of trace_gym`` for none)."""
+    wrong = {}
+    for wing in sorted(r for r in MAY_IMPORT if (CORE / r).is_dir()):
+        doc = ast.get_docstring(ast.parse((CORE / wing / "__init__.py").read_text())) or ""
+        said = re.search(r"May import: (.*?)\.?\s*$", doc, re.S)
+        names = set(re.findall(r"``(\w+)``", said.group(1))) if said else None
+        if names != MAY_IMPORT[wing]:
+            wrong[wing] = names
+    assert wrong == {}
+
+
+def face_imports(package: Path) -> list[tuple[Path, int, str]]:
+    """``(file, line, module)`` of every import of the face in ``package`` (any depth)."""
+    return [(path, line, name) for path in sorted(package.rglob("*.py")) for line, name in imported_names(path)
+            if any(name == m or name.startswith(m + ".") for m in FORBIDDEN_MODULES)]
+
+
+def test_no_environment_imports_the_face():
+    """environments/ plugs into the core's contract (``trace_gym.env``), below the face: no
+    module of it (the ecosystem adapters included) imports cli, commands, registry,
+    strategies or api. A planted adapter that does is reported."""
+    shown = lambda found: [f"{p.relative_to(ROOT)}:{line} imports {name}" for p, line, name in found]  # noqa: E731
+    assert shown(face_imports(ROOT / "environments")) == []
+    planted = ROOT / "environments" / "ecosystems" / "_planted_adapter.py"
+    planted.write_text("def family():\n    from trace_gym.registry import adapter_family\n")
+    try:
+        assert "environments/ecosystems/_planted_adapter.py:2 imports trace_gym.registry" in shown(
+            face_imports(ROOT / "environments"))
+    finally:
+        planted.unlink()
+
+
+def test_the_root_holds_few_modules():
+    root = sorted(p.name for p in CORE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+#: The folders of tests/ that are not a wing of trace_gym/: its root modules and the face
+#: (``core``), the other packages (``environments``, its ``ecosystem`` adapters, ``eval``,
+#: ``retrieval``), the checks across them (``security``), and what tests share (``fixtures``, ``data``).
+TESTS_BESIDE_THE_WINGS = {"core", "environments", "ecosystem", "eval", "retrieval", "security", "fixtures", "data"}
+
+
+def test_the_tests_mirror_the_wings():
+    """tests/ has one folder per wing of trace_gym/ (the face's ``commands`` is tested in ``core``)
+    and the folders above beside them, no other."""
+    wings = {p.name for p in CORE.iterdir() if (p / "__init__.py").exists()} - FACE
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert sorted(folders - TESTS_BESIDE_THE_WINGS) == sorted(wings)
 
 
 #: One interpreter imports the package (what importing any of its modules does first) and
@@ -171,19 +301,19 @@ def test_import_trace_gym_registers_ids_without_importing_envs():
 
 def test_the_simulator_and_its_predictors_do_not_import_each_other():
     """sim_predictors imports sim (its states and world); sim never imports sim_predictors."""
-    assert [n for _, n in imported_names(CORE / "sim.py") if n.startswith("trace_gym.sim_predictors")] == []
-    assert any(n.startswith("trace_gym.sim") for _, n in imported_names(CORE / "sim_predictors.py"))
+    assert [n for _, n in imported_names(CORE / "sim" / "simulator.py") if n.startswith("trace_gym.sim.predictors")] == []
+    assert any(n.startswith("trace_gym.sim.simulator") for _, n in imported_names(CORE / "sim" / "predictors.py"))
 
 
 def test_predictor_kinds_are_listed_in_one_table():
     """No module but predictor.py holds a list, tuple, set or dict of two or more predictor
     kind names (configs validate against PREDICTORS, help text is generated from it)."""
-    from trace_gym.predictor import PREDICTORS
+    from trace_gym.predictor.kinds import PREDICTORS
 
     names = set(PREDICTORS)
     offenders = []
     for path in sorted(CORE.rglob("*.py")):
-        if path.name == "predictor.py":
+        if path.relative_to(CORE).as_posix() == "predictor/kinds.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
@@ -267,23 +397,26 @@ def test_no_import_circle_in_the_whole_house():
 
 
 def test_a_planted_lazy_import_back_up_is_a_circle():
-    planted = CORE / "suggest.py"
+    planted = CORE / "utils" / "suggest.py"
     source = planted.read_text()
     try:
         planted.write_text(source + "\n\ndef _planted():\n    from trace_gym import config\n")
-        assert ["trace_gym.config", "trace_gym.suggest"] in circles(import_graph())
+        assert ["trace_gym.config", "trace_gym.utils.suggest"] in circles(import_graph())
     finally:
         planted.write_text(source)
 
 
 def test_the_config_loader_is_a_leaf():
-    """config.py imports nothing of trace_gym but its leaf string helpers."""
+    """config.py imports nothing of trace_gym but leaves: its string helpers, what a field
+    declares (config_fields) and the bounded JSON reader (textsafe)."""
+    leaves = {"trace_gym.utils.suggest", "trace_gym.utils.config_fields", "trace_gym.utils.textsafe"}
     names = {n for _, n in imported_names(CORE / "config.py") if n.startswith("trace_gym")}
-    assert names <= {"trace_gym.suggest", "trace_gym.suggest.did_you_mean"}, names
-    assert import_graph()["trace_gym.suggest"] == set()
+    assert {n if n in leaves else n.rpartition(".")[0] for n in names} <= leaves, names
+    graph = import_graph()
+    assert all(graph[leaf] == set() for leaf in leaves), {leaf: graph[leaf] for leaf in leaves}
 
 
 def test_did_you_mean_is_written_once():
     defining = [p.relative_to(ROOT).as_posix() for pkg in ("trace_gym", "environments", "evaluators", "baselines")
                 for p in (ROOT / pkg).rglob("*.py") if "def did_you_mean(" in p.read_text()]
-    assert defining == ["trace_gym/suggest.py"]
+    assert defining == ["trace_gym/utils/suggest.py"]

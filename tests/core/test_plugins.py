@@ -109,7 +109,7 @@ def write_plugin(site: Path, *, installed: bool = True, broken: bool = False) ->
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 0.1\n")
         entry_points = ("[trace_gym.envs]\nEcho-v0 = echo_plugin:EchoEnv\n\n"
                         "[trace_gym.tasks]\nEcho-v0 = echo_plugin:load_tasks\n\n"
-                        "[trace_gym.advantages]\nevery_turn = echo_plugin:every_turn_counts\n\n"
+                        "[trace_gym.train.advantages]\nevery_turn = echo_plugin:every_turn_counts\n\n"
                         "[trace_gym.strategies]\ngreedy_half = echo_plugin:greedy_half\n")
         if broken:
             entry_points += "broken_one = no_such_module_xyz:thing\n"
@@ -259,9 +259,9 @@ def test_unknown_env_names_the_choices(site):
 
 
 def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
-    from trace_gym.bench_report import format_bench
-    from trace_gym.bench_env import run_env_bench
-    from trace_gym.entry_configs import EnvBenchConfig
+    from trace_gym.bench.report import format_bench
+    from trace_gym.bench.env import run_env_bench
+    from trace_gym.bench.config import EnvBenchConfig
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import shaped_strategies
 
@@ -287,7 +287,7 @@ def test_all_zero_warning_and_transcript_dump(tiny_engine, tmp_path):
 
 
 def test_reward_warning_is_silent_when_outcomes_mix():
-    from trace_gym.learning import reward_warning
+    from trace_gym.step.learning import reward_warning
     from trace_gym.tree import ROOT, RolloutTree
 
     tree = RolloutTree("t", (1, 2))

@@ -65,7 +65,7 @@ def test_a_plugin_that_raises_is_one_line_with_file_and_line(tmp_path, monkeypat
 # ---------------------------------------------------------------------- keys blamed where typed
 def test_keys_and_values_are_blamed_on_where_they_were_typed(tmp_path):
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     good = tmp_path / "good.yaml"
     good.write_text("steps: 3\ntrainer:\n  lr: 1.0e-5\n")
@@ -127,7 +127,7 @@ def test_bench_help_describes_each_key_as_each_mode_takes_it():
     key list (issue 41: `--bank` mode's help listed the simulator's predictors, which it refuses)."""
     from trace_gym.commands.bench import mode_configs
     from trace_gym.config import config_help
-    from trace_gym.predictor import predictor_names
+    from trace_gym.predictor.kinds import predictor_names
 
     bench = cli._subparsers(cli.build_parser()).choices["bench"]
     flags = {a.dest: " ".join(a.help.replace("%%", "%").split()) for a in bench._actions if a.help}
@@ -138,7 +138,7 @@ def test_bench_help_describes_each_key_as_each_mode_takes_it():
         for name, _, default, text in config_help(cls):
             for where in ([] if name in (*modes, "bank") else [flags[name]]) + [keys[name]]:  # --env X, --bank X
                 assert " ".join(text.split()) in where, (mode, name, where)
-    from trace_gym.predictor import PREDICTORS
+    from trace_gym.predictor.kinds import PREDICTORS
 
     def built_in(reads: str) -> list[str]:  # a plugin an earlier in-process test registered is not in --help
         return [kind for kind in predictor_names(reads) if isinstance(PREDICTORS[kind].target, str)]
@@ -220,7 +220,7 @@ def test_every_command_of_the_tutorials_parses_and_resolves(page, tmp_path, monk
 def test_train_warns_when_the_eval_suite_runs_in_another_env(tmp_path, capsys):
     from trace_gym.commands.train import eval_env_warning
     from trace_gym.config import load_config
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     shipped = "configs/train_cpu_trace.yaml"
     assert eval_env_warning(load_config(TrainConfig, shipped)) is None  # math_python evaluated on generated math
@@ -237,7 +237,7 @@ def test_train_warns_when_the_eval_suite_runs_in_another_env(tmp_path, capsys):
 
 # ---------------------------------------------------------------------- --ray local on a small machine
 def test_a_local_cluster_sizes_the_default_cpu_shares_to_the_machine():
-    from trace_gym.distributed.backend import check_fits, ray_options, resource_demand, size_to_cluster
+    from trace_gym.train.distributed.backend import check_fits, ray_options, resource_demand, size_to_cluster
 
     defaults = ray_options({})
     assert resource_demand(defaults)["CPU"] == 5  # 2 workers + 2 pools + 1 trainer rank at 1 CPU
@@ -260,7 +260,7 @@ def test_a_local_cluster_sizes_the_default_cpu_shares_to_the_machine():
 
 def test_ray_backend_sizes_its_local_cluster(monkeypatch, capsys):
     """The wiring, with a stand-in for Ray: the user's ray_options keys are the explicit ones."""
-    from trace_gym.distributed import backend, cluster
+    from trace_gym.train.distributed import backend, cluster
 
     fake_ray = SimpleNamespace(is_initialized=lambda: False, cluster_resources=lambda: {"CPU": 2.0},
                                get_runtime_context=lambda: SimpleNamespace(gcs_address="127.0.0.1:1"))
@@ -277,7 +277,7 @@ def test_ray_backend_sizes_its_local_cluster(monkeypatch, capsys):
 
 
 def resource_demand_cpu(opts) -> float:
-    from trace_gym.distributed.backend import resource_demand
+    from trace_gym.train.distributed.backend import resource_demand
 
     return resource_demand(opts)["CPU"]
 

@@ -1,4 +1,4 @@
-"""An env names its own difficulty knobs (``trace_gym.env.DifficultyKnobs``), and the
+"""An env names its own difficulty knobs (``trace_gym.env.contract.DifficultyKnobs``), and the
 no-contrast warning and the bench's NO VERDICT line name them: a GEM game's ``few_shot``
 reaches a user who never read docs/ecosystem.md."""
 
@@ -8,8 +8,8 @@ import functools
 
 import pytest
 
-from trace_gym.learning import brief_repeats, reward_warning
-from trace_gym.env import env_difficulty_knobs
+from trace_gym.step.learning import brief_repeats, reward_warning
+from trace_gym.env.contract import env_difficulty_knobs
 from trace_gym.tree import ROOT, RolloutTree
 
 
@@ -47,8 +47,8 @@ def test_the_gem_and_reasoning_gym_adapters_declare_few_shot():
 
 
 def test_a_gem_bench_without_contrast_names_few_shot_in_its_warnings_and_verdict(tiny_engine):
-    from trace_gym.bench_env import run_env_bench
-    from trace_gym.entry_configs import EnvBenchConfig
+    from trace_gym.bench.env import run_env_bench
+    from trace_gym.bench.config import EnvBenchConfig
     from trace_gym.registry import resolve_env
     from trace_gym.strategies import shaped_strategies
 
@@ -61,7 +61,7 @@ def test_a_gem_bench_without_contrast_names_few_shot_in_its_warnings_and_verdict
     res = run_env_bench(cfg, table, resolve_env(env), engine=tiny_engine)
     assert len(res["warnings"]) == 2 and all("difficulty knobs: few_shot: env kwarg" in w for w in res["warnings"])
     assert res["verdict"].startswith("NO VERDICT: no contrast") and "few_shot" in res["verdict"]
-    from trace_gym.bench_report import format_bench
+    from trace_gym.bench.report import format_bench
 
     report = format_bench(res)  # the results keep every warning whole; the report says the advice once
     assert report.count("difficulty knobs: few_shot") == 2, report  # one warning, one verdict
@@ -72,7 +72,7 @@ def test_repeated_advice_is_said_once_and_different_advice_whole():
     knobs = env_difficulty_knobs(_KnobbedEnv)
     failed = reward_warning([_failed_tree()], knobs)
     won = reward_warning([_failed_tree(reward=1.0)], knobs)
-    lines = [f"step 1: {failed}", f"step 2: {failed}", f"step 3: {won}", f"step 4: {failed}", "an unrelated line"]
+    lines = [failed.at("step 1"), failed.at("step 2"), won.at("step 3"), failed.at("step 4"), "an unrelated line"]
     brief = brief_repeats(lines)
     assert brief[0] == lines[0] and brief[2] == lines[2] and brief[4] == lines[4]
     for i in (1, 3):
@@ -81,3 +81,17 @@ def test_repeated_advice_is_said_once_and_different_advice_whole():
                             "group-relative update learns nothing; what to change: as above")
     other = reward_warning([_failed_tree()], {"levels": "another text"})
     assert brief_repeats([failed, other])[1] == other  # other knobs: other advice, whole
+
+
+def test_the_advice_is_carried_with_the_warning_not_read_back_from_its_text():
+    import copy
+    import json
+    import pickle
+
+    failed = reward_warning([_failed_tree()], env_difficulty_knobs(_KnobbedEnv)).at("step 1")
+    lookalike = "a plugin's own line; make the tasks " + failed.advice  # the same words, not a warning of ours
+    assert brief_repeats([failed, lookalike]) == [failed, lookalike]
+    for kept in (pickle.loads(pickle.dumps(failed)), copy.deepcopy(failed)):
+        assert (kept, kept.head, kept.advice) == (failed, failed.head, failed.advice)
+    assert json.loads(json.dumps({"warnings": [failed]})) == {"warnings": [str(failed)]}
+    assert failed.head.startswith("step 1: every one of") and str(failed) == f"{failed.head}; make the tasks {failed.advice}"

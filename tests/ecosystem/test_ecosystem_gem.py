@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from trace_gym.api import resolve_env
-from trace_gym.env_checks import check_env
+from trace_gym.env.checks import check_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

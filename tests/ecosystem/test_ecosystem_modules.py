@@ -13,8 +13,9 @@ import pytest
 
 from foreign_envs import HotColdEpisode
 from trace_gym import registry
-from trace_gym.env_adapter import CopyState, ForeignEnv, ForeignEpisode, episode_problems
+from trace_gym.env.adapter import CopyState, ForeignEnv, ForeignEpisode, episode_problems
 from trace_gym.registry import ECOSYSTEMS, EcosystemModule, module_problems
+from trace_gym.utils.targets import load_target
 
 
 @pytest.mark.parametrize("prefix", sorted(ECOSYSTEMS))
@@ -22,7 +23,7 @@ def test_every_ecosystem_module_is_an_ecosystem_module_and_names_a_foreign_env(p
     module = registry.ecosystem_module(prefix)
     assert isinstance(module, EcosystemModule) and module_problems(module) == []
     assert module.PREFIX == prefix and module.PACKAGE
-    env_class = registry._load_object(module.ENTRY_POINT)
+    env_class = load_target(module.ENTRY_POINT)
     assert isinstance(env_class, type) and issubclass(env_class, ForeignEnv)
 
 
@@ -59,5 +60,5 @@ def test_a_driver_that_lacks_a_member_is_refused_naming_it():
 
 def test_the_old_base_class_names_the_migration():
     with pytest.raises(ImportError, match=r"AdaptedEnv is gone.*ForeignEnv\(driver"):
-        from trace_gym.env_adapter import AdaptedEnv  # noqa: F401
-    assert importlib.import_module("trace_gym.env_adapter").ForeignEnv is ForeignEnv
+        from trace_gym.env.adapter import AdaptedEnv  # noqa: F401
+    assert importlib.import_module("trace_gym.env.adapter").ForeignEnv is ForeignEnv

@@ -24,7 +24,7 @@ from environments.ecosystems import openenv as adapter  # noqa: E402
 from environments.ecosystems import openenv_server as servers  # noqa: E402
 from registry_fixtures import registries_restored  # noqa: E402
 from trace_gym.api import resolve_env  # noqa: E402
-from trace_gym.env_checks import check_env  # noqa: E402
+from trace_gym.env.checks import check_env  # noqa: E402
 from trace_gym.types import Message  # noqa: E402
 
 GUESS_APP = "ecosystem_envs_openenv.guess:app"

@@ -16,7 +16,7 @@ pytest.importorskip("skyrl_gym")
 import ecosystem_envs_skyrl as data  # noqa: E402  (registers the user's env, as a --plugin module would)
 from registry_fixtures import registries_restored  # noqa: E402
 from trace_gym.api import resolve_env  # noqa: E402
-from trace_gym.env_checks import check_env  # noqa: E402
+from trace_gym.env.checks import check_env  # noqa: E402
 from trace_gym.types import Task  # noqa: E402
 
 HOSTILE = "#### " + "9\x00" * 30_000 + "<sql>SELECT" * 3_000 + "<code>" * 3_000 + "<solution>" + "<think>" * 2_000

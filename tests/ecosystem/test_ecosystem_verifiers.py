@@ -20,7 +20,7 @@ pytest.importorskip("verifiers")
 
 from registry_fixtures import registries_restored  # noqa: E402
 from trace_gym.api import resolve_env  # noqa: E402
-from trace_gym.env_checks import check_env  # noqa: E402
+from trace_gym.env.checks import check_env  # noqa: E402
 from trace_gym.types import Task  # noqa: E402
 
 QA = "verifiers:ecosystem_envs_verifiers.exact_qa"

@@ -1,5 +1,5 @@
-"""The boundary every foreign env call and reply crosses (trace_gym/env_boundary.py,
-trace_gym/process_state.py), on a GEM-style game whose replies pass through planted code
+"""The boundary every foreign env call and reply crosses (trace_gym/env/boundary.py,
+trace_gym/env/process_state.py), on a GEM-style game whose replies pass through planted code
 (tests/fixtures/foreign_envs.py ``PlantedAdapter``), each class of hostile reply in several variants:
 
 * text no tokenizer encodes (lone surrogates, in content, name and tool_call_id) is escaped,
@@ -11,7 +11,7 @@ trace_gym/process_state.py), on a GEM-style game whose replies pass through plan
   class of its own) end that episode only, through ``AgentRunner`` too; a KeyboardInterrupt
   delivered to the main thread (a real Ctrl-C) still stops the caller;
 * a hung call (blocked, or a pure-Python loop) ends its episode at the deadline, in two envs
-  at once, while another env that needs the same process-state lock goes on;
+  at once, while another env that draws from the global RNGs too goes on;
 * process state a foreign call changes (cwd, recursion limit, environment variables, ...)
   is put back after reset and step.
 """
@@ -36,11 +36,11 @@ import numpy as np
 import pytest
 
 from foreign_envs import HotColdAdapter, PlantedAdapter, hot_cold_tasks
-from trace_gym import process_state
-from trace_gym.env_boundary import (
+from trace_gym.env import process_state
+from trace_gym.env.boundary import (
     MAX_OBSERVATION_MESSAGES, TRUNCATION_NOTE, ForeignBoundary, ForeignEnvError, ForeignReplyError,
 )
-from trace_gym.textsafe import CUT_NOTE, cap_text
+from trace_gym.utils.textsafe import CUT_NOTE, cap_text
 from trace_gym.types import Message
 
 TASK = hot_cold_tasks(1, seed=3)[0]
@@ -162,7 +162,7 @@ def test_a_value_outside_the_contract_ends_the_episode_as_a_readable_truncated_t
 
 
 def test_a_reward_at_the_bound_passes_and_one_past_it_names_the_bound():
-    from trace_gym.env_boundary import MAX_ABS_REWARD
+    from trace_gym.env.boundary import MAX_ABS_REWARD
 
     assert started(PlantedAdapter(on_step=lambda r: (r[0], -MAX_ABS_REWARD, *r[2:]))).step("5")[1] == -MAX_ABS_REWARD
     info = started(PlantedAdapter(on_step=lambda r: (r[0], 1e300, *r[2:]))).step("5")[4]
@@ -269,7 +269,7 @@ def test_hung_steps_in_two_envs_end_at_the_deadline_and_another_env_goes_on():
         t0 = time.monotonic()
         with ThreadPoolExecutor(2) as pool:
             steps = [pool.submit(env.step, "5") for env in hung]
-            time.sleep(0.2)  # both hung steps are in flight, one of them holding the RNG lock
+            time.sleep(0.2)  # both hung steps are in flight
             played = _play(healthy, actions)
             still_hung = not release.is_set()
             results = [f.result(timeout=120) for f in steps]
@@ -386,7 +386,7 @@ def policy():
 
 
 def test_the_agent_runner_survives_every_class_in_one_batch(policy):
-    from trace_gym.agent import AgentConfig, AgentRunner
+    from trace_gym.agent.loop import AgentConfig, AgentRunner
     from trace_gym.types import SamplingParams
 
     plans = {
@@ -425,7 +425,7 @@ def test_the_agent_runner_survives_every_class_in_one_batch(policy):
 
 
 def test_replay_catches_a_difference_in_the_middle_of_a_long_observation():
-    from trace_gym.env import ReplayDivergence
+    from trace_gym.env.contract import ReplayDivergence
 
     calls = iter(range(10**6))
 
@@ -443,7 +443,7 @@ def test_replay_catches_a_difference_in_the_middle_of_a_long_observation():
 
 
 def test_a_deterministic_long_observation_replays_and_replay_only_drivers_get_no_copy_advice():
-    from trace_gym.env import ReplayDivergence
+    from trace_gym.env.contract import ReplayDivergence
 
     env = started(PlantedAdapter(on_step=lambda r: ([Message("user", "a" * 60000)], *r[1:]), snapshot="replay"))
     env.step("5")

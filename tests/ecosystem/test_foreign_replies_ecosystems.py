@@ -125,7 +125,7 @@ def test_gem_base_exceptions_end_the_episode(gem_ids, plan, name):
 
 
 def test_gem_exit_in_reset_is_one_error(gem_ids):
-    from trace_gym.env_boundary import ForeignEnvError
+    from trace_gym.env.boundary import ForeignEnvError
 
     with pytest.raises(ForeignEnvError, match="reset raised SystemExit: 3"):
         _gem(gem_ids, "reset_exit")

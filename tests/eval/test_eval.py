@@ -11,10 +11,11 @@ import time
 import pytest
 
 from evaluators.run import EvalConfig, run_eval
-from trace_gym.policies import resolve_policy
-from trace_gym.weights import weights_hash
+from trace_gym.runs.policies import resolve_policy
+from trace_gym.runs.weights import weights_hash
 from evaluators.math.metrics import avg_at_k, mean_interval, pass_at_k, wilson_interval
-from evaluators.suites import SUITES, TRAIN_DATA, generated_heldout, generated_train
+from environments.train_data import TRAIN_DATA, generated_train
+from evaluators.suites import SUITES, generated_heldout
 
 
 def test_pass_at_k_matches_brute_force():
@@ -75,7 +76,7 @@ def test_eval_suite_on_a_local_math_file_is_cached(tmp_path, tiny_model_path):  
 
 
 def test_policy_specs_and_config_errors(tmp_path, tiny_model_path):  # noqa: F811
-    from trace_gym.checkpoint import RunDir
+    from trace_gym.runs.run_dir import RunDir
 
     run = RunDir(tmp_path / "run")
     run.start("x: 1\n")

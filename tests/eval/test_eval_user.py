@@ -183,7 +183,7 @@ def test_register_suite_names_a_plugin_suite_for_eval_and_train(tmp_path, tiny_m
     assert row["suite"] == "echo_suite" and row["tasks"] == 2
     # train's eval_suite takes a registered suite and an env id alike
     from trace_gym.commands.train import resolve_train_setup
-    from trace_gym.entry_configs import TrainConfig
+    from trace_gym.train.config import TrainConfig
 
     for name in ("echo_suite", "EchoLocal-v0"):
         setup = resolve_train_setup(TrainConfig(eval_suite=name, eval_every=1))
@@ -259,7 +259,7 @@ def test_dump_episodes_writes_messages_answer_and_verdict(tmp_path, tiny_model_p
     assert main(args) == 0  # a cached repeat writes the same transcripts again
     (again,) = json.loads((out / "results.json").read_text())
     assert again["cached"] and [json.loads(x) for x in path.read_text().splitlines()] == records
-    with pytest.raises(ValueError, match="dump_episodes must be >= 0"):
+    with pytest.raises(ValueError, match=r"dump_episodes: expected an int in \[0, 1000000\], got -1"):
         EvalConfig(dump_episodes=-1)
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from test_eval_user import no_network  # noqa: F401  (a fixture: every connection refused, the hub off)
 
+from environments.train_data import load_train_data
 from evaluators import suites
 from trace_gym.cli import main
-from trace_gym.datafiles import HUB_OFFLINE_VARS, split_tasks
+from trace_gym.env.datafiles import HUB_OFFLINE_VARS, split_tasks
 from trace_gym.registry import BUILTIN_ENVS, NAMESPACE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,7 @@ def test_a_hub_suite_out_of_reach_is_one_line_naming_data_dir_fast(tmp_path, cap
     # training data the same way, naming its own key
     with pytest.raises(ValueError, match=r"data=hotpotqa reads RUC-NLPIR/FlashRAG_datasets \(config hotpotqa\) "
                                          r"from the hub, .*data_path=FILE.*'question' and 'golden_answers'"):
-        suites.load_train_data("hotpotqa", 2, 0, None)
+        load_train_data("hotpotqa", 2, 0, None)
 
 
 def test_a_hub_suite_with_the_hub_set_offline_and_nothing_cached_is_one_line(tmp_path, tiny_model_path):

@@ -1,4 +1,6 @@
-"""EM / F1 against hand-computed values under the official HotpotQA definitions (48 cases)."""
+"""EM / F1 against hand-computed values under the official HotpotQA definitions (48 cases), against
+the official script's own functions (transcribed below), and the training reward's documented
+departure for golds that normalise to nothing (issue 44)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ CASES = [
     ("3.5", "35", 1, 1.0),  # punctuation is deleted, digits join (the official quirk)
     ("New York City", "New York", 0, 0.8),
     ("York New", "New York", 0, 1.0),  # F1 is a bag of tokens
-    ("the", "a", 0, 0.0),  # both normalise to "": the gold is compared raw (the official script says EM 1)
+    ("the", "a", 1, 0.0),  # both normalise to "": the official script's EM 1 and F1 0
     ("", "Paris", 0, 0.0),
     ("Barack Obama", "Obama", 0, TWO_THIRDS_F1),
     ("Obama", "Barack Obama", 0, TWO_THIRDS_F1),
@@ -98,16 +100,89 @@ def test_gold_answers_are_checked():
         best_f1("x", [1992])
 
 
-@pytest.mark.parametrize("prediction,gold,em,f1", [
-    ("", "The The", 0.0, 0.0),        # the official script: EM 1 (both normalise to "")
-    ("the", "The The", 0.0, 2 / 3),   # one of the band's two tokens
-    ("!!!", "A", 0.0, 0.0),
-    ("The The", "The The", 1.0, 1.0),  # the official script: F1 0
-    ("the the.", "The The", 0.0, 0.5),  # punctuation is kept for such a gold: "the." is another token
-    ("Paris.", "paris", 1.0, 1.0),     # a gold with words left is normalised as before
-])
-def test_a_gold_that_normalises_to_nothing_is_compared_raw(prediction, gold, em, f1):
-    from environments.wiki_qa.metrics import best_exact_match, best_f1
+# golds that normalise to nothing: (prediction, gold, official EM, official F1, reward EM, reward F1), by hand
+NOTHING_LEFT = [
+    ("", "The The", 1, 0.0, 0.0, 0.0),            # official: "" == "" pays EM; no token, no F1
+    ("the", "The The", 1, 0.0, 0.0, 2 / 3),       # the reward: one of the band's two tokens
+    ("!!!", "A", 1, 0.0, 0.0, 0.0),
+    ("The The", "The The", 1, 0.0, 1.0, 1.0),     # the right answer: official F1 0, the reward pays it
+    ("the the.", "The The", 1, 0.0, 0.0, 0.5),    # the reward keeps punctuation for such a gold
+    ("The The band", "The The", 0, 0.0, 0.0, 0.8),
+    ("Paris.", "paris", 1, 1.0, 1.0, 1.0),        # a gold with words left: reward and metric agree
+    ("no", "No!", 1, 1.0, 1.0, 1.0),
+    ("no way", "no", 0, 0.0, 0.0, 0.0),           # the yes/no rule holds in the reward too
+]
 
-    assert best_exact_match(prediction, [gold]) == em
-    assert best_f1(prediction, [gold]) == pytest.approx(f1)
+
+@pytest.mark.parametrize("prediction,gold,em,f1,reward_em,reward_f1", NOTHING_LEFT)
+def test_a_gold_that_normalises_to_nothing_scores_as_the_official_script_and_the_reward_departs(
+        prediction, gold, em, f1, reward_em, reward_f1):
+    from environments.wiki_qa import metrics
+
+    assert metrics.best_exact_match(prediction, [gold]) == em and metrics.best_f1(prediction, [gold]) == f1
+    assert metrics.em_reward(prediction, [gold]) == reward_em
+    assert metrics.reward_f1(prediction, [gold]) == pytest.approx(reward_f1)
+    assert metrics.f1_reward(prediction, [gold]) == pytest.approx(1.0 if reward_f1 == 1 else reward_f1 / 2)
+
+
+# ---------------------------------------------------------------------- the official script, verbatim
+def _official_normalize_answer(s):  # hotpot_evaluate_v1.py
+    import re
+    import string
+
+    def remove_articles(text):
+        return re.sub(r'\b(a|an|the)\b', ' ', text)
+
+    def white_space_fix(text):
+        return ' '.join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return ''.join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+def _official_f1_score(prediction, ground_truth):  # hotpot_evaluate_v1.py
+    from collections import Counter
+
+    normalized_prediction = _official_normalize_answer(prediction)
+    normalized_ground_truth = _official_normalize_answer(ground_truth)
+    ZERO_METRIC = (0, 0, 0)
+    if normalized_prediction in ['yes', 'no', 'noanswer'] and normalized_prediction != normalized_ground_truth:
+        return ZERO_METRIC
+    if normalized_ground_truth in ['yes', 'no', 'noanswer'] and normalized_prediction != normalized_ground_truth:
+        return ZERO_METRIC
+    prediction_tokens = normalized_prediction.split()
+    ground_truth_tokens = normalized_ground_truth.split()
+    common = Counter(prediction_tokens) & Counter(ground_truth_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return ZERO_METRIC
+    precision = 1.0 * num_same / len(prediction_tokens)
+    recall = 1.0 * num_same / len(ground_truth_tokens)
+    f1 = (2 * precision * recall) / (precision + recall)
+    return f1, precision, recall
+
+
+def _official_exact_match_score(prediction, ground_truth):  # hotpot_evaluate_v1.py
+    return (_official_normalize_answer(prediction) == _official_normalize_answer(ground_truth))
+
+
+def test_every_case_scores_as_the_official_script_does():
+    import random
+
+    words = ["the", "a", "an", "The", "yes", "no", "noanswer", "Paris", "paris,", "!!!", "U.S.", "", " ", "cat",
+             "no-answer", "A.", "théâtre", "1,992", "\t"]
+    rng = random.Random(0)
+    pairs = [(p, g) for p, golds, _em, _f1 in CASES if p is not None for g in ([golds] if isinstance(golds, str) else golds)]
+    pairs += [(p, g) for p, g, *_ in NOTHING_LEFT]
+    pairs += [(" ".join(rng.choices(words, k=rng.randint(0, 4))), " ".join(rng.choices(words, k=rng.randint(0, 4))))
+              for _ in range(2000)]
+    for prediction, gold in pairs:
+        assert exact_match(prediction, gold) == float(_official_exact_match_score(prediction, gold)), (prediction, gold)
+        assert f1_precision_recall(prediction, gold) == pytest.approx(_official_f1_score(prediction, gold)), \
+            (prediction, gold)

@@ -166,10 +166,10 @@ def project_imports(source: str) -> list[str]:
 
 def test_the_import_checker_finds_planted_imports():
     planted = ("import os\nfrom retrieval_index.corpus import Corpus\n"
-               "def f():\n    from trace_gym.textsafe import clean_text\n    import evaluators.run as r\n"
+               "def f():\n    from trace_gym.utils.textsafe import clean_text\n    import evaluators.run as r\n"
                "    return importlib.import_module('environments.wiki_qa')\n"
                "class C:\n    def g(self):\n        __import__('baselines')\n")
-    assert project_imports(planted) == ["trace_gym.textsafe (line 4)", "evaluators.run (line 5)",
+    assert project_imports(planted) == ["trace_gym.utils.textsafe (line 4)", "evaluators.run (line 5)",
                                         "environments.wiki_qa (line 6)", "baselines (line 9)"]
 
 
@@ -189,7 +189,7 @@ TEXTS = ["plain", "lone \ud800 surrogate", "\udfff", "", '{"a": [1, 2]}', '[' * 
 @pytest.mark.parametrize("text", TEXTS)
 def test_the_copied_text_cleaning_answers_as_its_source(text):
     from retrieval_index import textclean
-    from trace_gym import textsafe
+    from trace_gym.utils import textsafe
 
     def outcome(module, **bounds):
         try:

@@ -16,13 +16,6 @@ from environments.bfcl.parsing import MAX_CALLS_PER_RESPONSE, MAX_FOLDED_CHARS, 
 TASK = "multi_turn_base_0"  # GorillaFileSystem (echo, cat, ...) among its classes
 
 
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_path):  # noqa: F811
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2_path)
-
-
 def readable(tokenizer, obs) -> str:
     text = "\n".join(m.content + (m.name or "") for m in obs)
     text.encode("utf-8")

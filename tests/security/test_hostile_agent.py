@@ -13,7 +13,7 @@ from hostile_corpus import BFCL_PYTHON, MATH_CODE, MATH_RESPONSES
 
 from environments.math_python.env import MathPythonEnv
 from environments.math_python.sandbox import KernelLimits
-from trace_gym.agent import AgentConfig, AgentRunner
+from trace_gym.agent.loop import AgentConfig, AgentRunner
 from trace_gym.types import Completion, SamplingParams, Task
 
 
@@ -39,13 +39,6 @@ class ScriptedPolicy:
 
 def _cells(*sources: str) -> str:
     return "\n".join(f"```python\n{s}\n```" for s in sources)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_path):  # noqa: F811
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2_path)
 
 
 def _run(tokenizer, make_env, task, script, episodes=2, max_episode_tokens=8192):

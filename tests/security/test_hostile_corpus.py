@@ -28,13 +28,6 @@ def test_the_corpus_is_big_and_covers_both_envs():
     assert len(MATH) >= 40 and len(BFCL) >= 60
 
 
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_path):  # noqa: F811
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2_path)
-
-
 def check_observation(tokenizer, case: Case, obs) -> str:
     assert isinstance(obs, list), case.name
     text = "\n".join(m.content + (m.name or "") for m in obs)

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from retrieval_index.protocol import QueryRejected
-from trace_gym.textsafe import (
+from trace_gym.utils.textsafe import (
     UNCLOSED,
     JSONRefused,
     clean_text,
@@ -387,7 +387,7 @@ def test_a_math_task_file_with_surrogate_escapes_gives_a_utf8_first_observation(
 
 # --- 6: tasks that would reward nonsense are refused at reset ------------------------------------------
 
-from trace_gym.env import validate_task  # noqa: E402
+from trace_gym.env.contract import validate_task  # noqa: E402
 from trace_gym.types import Task  # noqa: E402
 
 

@@ -3,6 +3,7 @@ its limit, while the host process and a second, concurrently running episode kee
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -10,6 +11,7 @@ import threading
 import time
 
 import pytest
+from math_actions import code
 
 from environments.math_python.env import MathPythonEnv
 from environments.math_python.sandbox import KernelLimits
@@ -21,8 +23,7 @@ TASK = Task(id="hostile", prompt="What is 1 + 1?", answer="2")
 SECRET = "trace-gym-host-secret-7f3a"
 
 
-def code(src: str) -> str:
-    return f"Let me try.\n```python\n{src}\n```"
+code = functools.partial(code, lead="Let me try.\n")  # each attack after a line of prose, as a model writes it
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from math_actions import code
 
 from environments.math_python.env import MathPythonEnv
 from environments.math_python.grading import Grader
@@ -21,17 +22,6 @@ from trace_gym.types import Task
 LIMITS = KernelLimits(cell_timeout_s=3.0, memory_mb=512, max_processes=24, output_bytes=2048)
 TASK = Task(id="robust", prompt="What is 2 + 3?", answer="5")
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def code(*cells: str) -> str:
-    return "\n".join(f"```python\n{c}\n```" for c in cells)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_path):  # noqa: F811
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2_path)
 
 
 def assert_readable(tokenizer, obs) -> str:

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from trace_gym.checkpoint import TRAINING_STEP_FILES, RunDir, load_state_file
-from trace_gym.run_files import write_manifest
-from trace_gym.train import TaskCursor, _load_predictor, _load_rng
+from trace_gym.runs.checkpoint import TRAINING_STEP_FILES, write_manifest
+from trace_gym.runs.files import load_state_file
+from trace_gym.runs.run_dir import RunDir
+from trace_gym.train.loop import TaskCursor, _load_predictor, _load_rng
 
 
 class _Planted:
@@ -101,7 +102,7 @@ def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
     run.start("a: 1\n")
     run.close()
     (tmp_path / "run" / "config.yaml").write_text(_billion_laughs())
-    from trace_gym.train import config_differences
+    from trace_gym.train.loop import config_differences
 
     with pytest.raises(ValueError, match="config.yaml is unreadable.*alias"):
         RunDir(tmp_path / "run", step_files=TRAINING_STEP_FILES).start("a: 1\n", compare=config_differences)
@@ -109,7 +110,7 @@ def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
 
 @pytest.mark.parametrize("spec", ["{run}@1", "{run}"])
 def test_a_policy_from_a_checkpoint_whose_weights_changed_at_the_same_size_is_refused(tmp_path, spec):
-    from trace_gym.policies import find_policy
+    from trace_gym.runs.policies import find_policy
 
     folder = _run_with(tmp_path, "rng.pt", {"generator": 1})  # a complete step-1, manifest rewritten
     run = tmp_path / "run"
@@ -123,7 +124,7 @@ def test_a_policy_from_a_checkpoint_whose_weights_changed_at_the_same_size_is_re
 @pytest.mark.parametrize("name,kind", [("config.yaml", "fifo"), ("metrics.jsonl", "fifo"), ("metrics.jsonl", "zero"),
                                        ("config.yaml", "folder")])
 def test_a_run_file_that_is_not_a_regular_file_is_one_error_in_resume_and_compare(tmp_path, name, kind):
-    from trace_gym.compare import load_run
+    from trace_gym.runs.compare import load_run
 
     _run_with(tmp_path, "rng.pt", {"generator": 1})
     target = tmp_path / "run" / name
@@ -151,7 +152,7 @@ def test_a_step_folder_the_run_never_writes_is_ignored_by_resume(tmp_path, odd):
 
 @pytest.mark.parametrize("step", ["9" * 300, "²", "1" * 5000])
 def test_a_policy_step_that_is_not_a_short_integer_is_one_line(tmp_path, step):
-    from trace_gym.policies import find_policy
+    from trace_gym.runs.policies import find_policy
 
     _run_with(tmp_path, "rng.pt", {"generator": 1})
     with pytest.raises(ValueError, match="the step after @ must be an integer of at most 15 digits"):

@@ -20,7 +20,10 @@ driver, beside live rollouts and the simulator (``docs/banks.md``).
   bank's empirical rates, an upper bound);
 - :mod:`trace_gym.banks.stats`: :func:`bank_stats`, the calibration numbers.
 
-The bench adapter is :mod:`trace_gym.bench_bank` (``bench --bank``).
+The bench adapter is :mod:`trace_gym.bench.bank` (``bench --bank``).
+
+May import: ``agent``, ``budget``, ``config``, ``config_sections``, ``predictor``,
+``report``, ``runs``, ``step``, ``tree``, ``types``, ``utils``.
 """
 
 from trace_gym.banks.format import (FORMAT, VERSION, Bank, BankError, BankPrompt, iter_prompts, list_banks, open_bank,

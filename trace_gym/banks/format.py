@@ -28,7 +28,7 @@ against the schema after (:mod:`trace_gym.banks.schema`): a member stops inflati
 :data:`MAX_LINE_BYTES` (so memory stays bounded by the largest line a bank may hold,
 whatever the file's size or compression ratio), a line nested deeper than
 :data:`MAX_LINE_DEPTH` is refused before ``json.loads`` sees it
-(:func:`trace_gym.textsafe.loads_record`), and a violation is one :class:`BankError`
+(:func:`trace_gym.utils.textsafe.loads_record`), and a violation is one :class:`BankError`
 naming the file, the line number and the field. The writer holds itself to the same
 bounds and schema, so it never writes a line a reader refuses.
 """
@@ -47,7 +47,7 @@ from typing import Any, BinaryIO, Iterator, Mapping
 from trace_gym.banks.lines import (MAX_LINE_BYTES, MAX_LINE_DEPTH, MAX_LINE_VALUES, check_line, check_line_bytes,
                                    compress_line, encode_line, iter_members, open_file, parse_line, parsed_weight)
 from trace_gym.banks.schema import TURN_KEYS, BankError, check_footer, check_prompt_record, show
-from trace_gym.textsafe import loads_record
+from trace_gym.utils.textsafe import loads_record
 from trace_gym.tree import SUCCESS_THRESHOLD
 
 # re-exported: the line layer (trace_gym.banks.lines) and the schema (trace_gym.banks.schema)

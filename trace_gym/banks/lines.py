@@ -5,7 +5,7 @@ member (:func:`compress_line` of :func:`encode_line`). :func:`iter_members` infl
 member at a time and stops at :data:`MAX_LINE_BYTES` (a member inflating past it is
 refused as it inflates, so a reader's memory is one line whatever the compression
 ratio); :func:`parse_line` refuses a line deeper than :data:`MAX_LINE_DEPTH` before
-``json.loads`` sees it (:func:`trace_gym.textsafe.loads_record`); :func:`check_line`
+``json.loads`` sees it (:func:`trace_gym.utils.textsafe.loads_record`); :func:`check_line`
 holds it to the schema (:mod:`trace_gym.banks.schema`). Every refusal is a
 :class:`~trace_gym.banks.schema.BankError` naming the file and the line number.
 """
@@ -21,8 +21,8 @@ from typing import Any, BinaryIO, Iterator, Mapping
 
 from trace_gym.banks.schema import (BankError, check_encodable, check_footer, check_manifest, check_prompt_record,
                                     check_run)
-from trace_gym.run_files import NotRegularFile, open_regular
-from trace_gym.textsafe import JSONRefused, loads_record, nesting_problem
+from trace_gym.runs.files import NotRegularFile, open_regular
+from trace_gym.utils.textsafe import JSONRefused, loads_record, nesting_problem
 
 #: Longest line (decompressed bytes, newline included) a bank may hold; a member inflating
 #: past it is refused as it inflates, so this bounds a reader's memory.
@@ -96,7 +96,7 @@ def iter_members(f: BinaryIO, path: Path, start: int = 0, *, lenient: bool = Fal
 def count_values(line: bytes) -> int:
     """The JSON values of the UTF-8 JSON text ``line`` (object keys not counted), measured on
     the bytes in passes of C string methods, without parsing: escaped backslashes and quotes
-    are dropped (as in :func:`trace_gym.textsafe.nesting_problem`), whitespace is dropped,
+    are dropped (as in :func:`trace_gym.utils.textsafe.nesting_problem`), whitespace is dropped,
     every byte but quotes, brackets and commas becomes ``0``, and so does every string;
     every value is then the top one, one after a comma, or the first of a list or object
     that is not ``[]`` or ``{}``. Past a syntax error the count may be off, which only
@@ -178,7 +178,7 @@ def check_line_bytes(line: bytes) -> None:
 
 
 def open_file(path: Path) -> BinaryIO:
-    """``path`` opened for reading (:func:`~trace_gym.run_files.open_regular`: without
+    """``path`` opened for reading (:func:`~trace_gym.runs.files.open_regular`: without
     blocking, checked with ``fstat``, so a FIFO or a device named like a bank is refused
     instead of hanging the reader), or a ``BankError`` naming why not (a directory, no
     file, no permission, not a regular file)."""

@@ -1,9 +1,9 @@
 """Recording a bank: dense rollout trees of a real policy, through the agent loop of training.
 
 For each prompt, :func:`record_bank` runs R root rollouts (one
-:meth:`~trace_gym.agent.AgentRunner.start_many`: a request with ``n = R``), and as soon
+:meth:`~trace_gym.agent.loop.AgentRunner.start_many`: a request with ``n = R``), and as soon
 as they are back, K continuations from every visited prefix of every root (after each
-non-final turn; :meth:`~trace_gym.agent.AgentRunner.branch`: restore the env snapshot
+non-final turn; :meth:`~trace_gym.agent.loop.AgentRunner.branch`: restore the env snapshot
 into fresh envs, reuse the token prefix, one request with ``n = K``). The engine, the
 env factory, the agent limits and the token bookkeeping are those of training and
 ``bench --env``, so a replayed outcome is one the live loop would have produced.
@@ -17,14 +17,16 @@ R (1 + min(T - 1, cap) K (1 - t/T)) rollouts; the cap is what keeps long episode
 (BFCL, 10+ turns) within a recording budget.
 
 Scheduling: ``batch_prompts`` prompts are in flight at once (memory: that many prompts'
-episodes and snapshots, never the bank), all their roots and branches in the same
-generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.AgentRunner`);
+episodes and snapshots and the engine's cached KV of them, never the bank: a written
+prompt's KV is dropped from the engine's prefix cache, :func:`_forget_prompt`), all their
+roots and branches in the same
+generation rounds (one batched ``engine.generate`` per round, :class:`~trace_gym.agent.loop.AgentRunner`);
 the moment a prompt is written the next one's roots start (``schedule="rolling"``), so
 the rounds stay wide to the end. The recorder reports prompts per minute and an ETA
 after each prompt.
 
 Durability: each prompt is written the moment its last
-branch returns, as one fsync'd line (:class:`~trace_gym.banks.format.BankWriter`). A
+branch returns, as one fsync'd line (:class:`~trace_gym.banks.writer.BankWriter`). A
 killed recording keeps every prompt it wrote; rerunning the same call cuts a partial
 last line (or, when the recording was killed while writing its header, starts afresh),
 skips the prompts already there and records each remaining prompt exactly once; the
@@ -43,7 +45,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from trace_gym.banks.format import success
-from trace_gym.banks.writer import BankWriter, weights_hash
+from trace_gym.banks.writer import (BankWriter, lock_path, portable_command, portable_path, shared_policy_path,
+                                    weights_hash)
+from trace_gym.runs.files import release_lock
 from trace_gym.budget import BudgetLedger
 
 
@@ -142,10 +146,21 @@ def _record_stream(agent: Any, todo: Sequence[tuple[int, Any]], cfg: dict[str, A
                     _expand(agent, st, k, cap, ledger)
             if st.live == 0:
                 yield _prompt_record(state.pop(p))
+                _forget_prompt(agent.engine, st)
                 if schedule == "rolling":
                     refill()
         if not state:
             refill()
+
+
+def _forget_prompt(engine: Any, st: _Prompt) -> None:
+    """Let the engine drop what it cached of a written prompt (``forget_prefix``, where it has
+    one: the HF engine's prefix KV cache), which no later prompt extends: without it the cache
+    kept every finished prompt's KV until its byte budget (1 GiB) was full."""
+    forget = getattr(engine, "forget_prefix", None)
+    if callable(forget):
+        for ids in {tuple(ep.prompt_ids) for ep in st.roots if ep.prompt_ids}:
+            forget(ids)
 
 
 def rate_text(recorded: int, remaining: int, seconds: float) -> str:
@@ -203,9 +218,9 @@ def _check_record_args(schedule: str, prompts: int, roots: int, continuations: i
         raise ValueError(f"max_prefixes_per_root must be >= 1 or None, got {max_prefixes_per_root!r}")
 
 
-def _open_writer(out: str, manifest: dict[str, Any], say: Callable[[str], None]) -> BankWriter:
+def _open_writer(out: str, manifest: dict[str, Any], say: Callable[[str], None], lock: Any = None) -> BankWriter:
     """The bank's writer (resuming an existing file), saying what a killed recording left."""
-    writer = BankWriter(out, manifest, resume=True)
+    writer = BankWriter(out, manifest, resume=True, lock=lock)
     if writer.torn_header:
         say(f"{out}: held only {writer.truncated_bytes} bytes of a header (a recording killed as it started); "
             "started afresh")
@@ -264,7 +279,7 @@ def record_bank(out: str, *, engine: Any, family: Any, prompts: int, roots: int,
                 max_prefixes_per_root: int | None = None, sampling: Any = None, agent_config: Any = None,
                 seed: int = 0, batch_prompts: int = 8, schedule: str = "rolling", policy: str = "",
                 policy_path: str | None = None, command: Sequence[str] | None = None, progress: bool = False,
-                say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                say: Callable[[str], None] | None = None, lock: Any = None) -> dict[str, Any]:
     """Record (or finish recording) a bank into ``out``; returns a summary.
 
     Args:
@@ -278,7 +293,7 @@ def record_bank(out: str, *, engine: Any, family: Any, prompts: int, roots: int,
         continuations: K continuations per recorded prefix.
         max_prefixes_per_root: the per-root prefix cap (``None``: every prefix); see the module docstring.
         sampling: :class:`~trace_gym.types.SamplingParams` (``max_tokens`` comes from ``agent_config``).
-        agent_config: :class:`~trace_gym.agent.AgentConfig` (turn/episode limits).
+        agent_config: :class:`~trace_gym.agent.loop.AgentConfig` (turn/episode limits).
         seed: task seed, and base of the env seeds (root j of task p resets with
             ``seed + 1000 p + j``, :func:`trace_gym.types.env_seed`, as the live runner does).
         batch_prompts: prompts in flight at once (memory: one batch).
@@ -286,54 +301,77 @@ def record_bank(out: str, *, engine: Any, family: Any, prompts: int, roots: int,
             batch stays full) or ``"batches"`` (the recorder before: each batch of
             ``batch_prompts`` waits for its last prompt; ``benchmarks/bench_bank_record.py``).
         policy: the policy's name, for the manifest; ``policy_path``: its folder (weights hashed).
-        command: the command line for the manifest (default ``sys.argv``).
+            The manifest records the name, the weights' SHA-256 and the folder only when it lies
+            inside the working folder, relative to it (:func:`~trace_gym.banks.writer.shared_policy_path`).
+        command: the command line for the manifest (default ``sys.argv``), its absolute paths
+            made portable (:func:`~trace_gym.banks.writer.portable_command`).
         progress: a progress bar over prompts, with prompts per minute and ETA.
         say: receives one line after each prompt is durably written (``prompt n/P written: id;
             r prompts/min, ETA m min``), and the resume notes.
+        lock: the bank's lock, already taken (:func:`~trace_gym.banks.writer.lock_bank`; the
+            command takes it before the model loads); ``None``: taken here. Released at the end.
 
     Returns:
         ``{"path", "prompts", "recorded", "skipped", "truncated_bytes", "seconds", "complete"}``
         and, after a recording, ``prompts_per_minute`` (this run's prompts over its recording time).
     """
-    from trace_gym.agent import AgentConfig, AgentRunner
+    from trace_gym.agent.loop import AgentConfig, AgentRunner
     from trace_gym.types import SamplingParams
 
     say = say or (lambda msg: None)
-    _check_record_args(schedule, prompts, roots, continuations, batch_prompts, max_prefixes_per_root)
     sampling = sampling or SamplingParams()
     agent_config = agent_config or AgentConfig()
     t0 = time.perf_counter()
-    manifest = {
-        "policy": policy, "policy_path": None if policy_path is None else str(policy_path),
-        "weights_sha256": weights_hash(policy_path), "engine": type(engine).__name__, **_env_fields(family),
-        "sampling": dataclasses.asdict(sampling), "agent": dataclasses.asdict(agent_config), "seed": seed,
-        "prompts": prompts, "roots": roots, "continuations": continuations,
-        "max_prefixes_per_root": max_prefixes_per_root,
-        "command": list(sys.argv if command is None else command), "created_at": time.time(),
-    }
-    writer = _open_writer(out, manifest, say)
+    try:
+        _check_record_args(schedule, prompts, roots, continuations, batch_prompts, max_prefixes_per_root)
+        manifest = {
+            "policy": portable_path(policy) if policy else policy, "policy_path": shared_policy_path(policy_path),
+            "weights_sha256": weights_hash(policy_path), "engine": type(engine).__name__, **_env_fields(family),
+            "sampling": dataclasses.asdict(sampling), "agent": dataclasses.asdict(agent_config), "seed": seed,
+            "prompts": prompts, "roots": roots, "continuations": continuations,
+            "max_prefixes_per_root": max_prefixes_per_root,
+            "command": portable_command(sys.argv if command is None else command), "created_at": time.time(),
+        }
+    except BaseException:
+        release_lock(lock, lock_path(out), remove=True)
+        raise
+    writer = _open_writer(out, manifest, say, lock)  # owns the lock from here (released if it fails to open)
+    try:
+        cfg = {"roots": roots, "continuations": continuations, "max_prefixes_per_root": max_prefixes_per_root,
+               "seed": seed, "batch_prompts": batch_prompts, "schedule": schedule, "command": manifest["command"]}
+        summary = _record_into(writer, out, engine, family, prompts, sampling, agent_config, cfg, progress, say)
+    finally:
+        writer.close()
+    summary["seconds"] = time.perf_counter() - t0
+    return summary
+
+
+def _record_into(writer: BankWriter, out: str, engine: Any, family: Any, prompts: int, sampling: Any,
+                 agent_config: Any, cfg: dict[str, Any], progress: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    """:func:`record_bank` once its writer holds the bank: the prompts still to record, recorded
+    (``cfg``: the counts, seed, window, schedule and command line of the call)."""
+    from trace_gym.agent.loop import AgentRunner
+
     summary = {"path": str(out), "prompts": len(writer.present), "recorded": 0, "skipped": len(writer.present),
                "truncated_bytes": writer.truncated_bytes, "seconds": 0.0, "complete": writer.complete}
     if writer.complete:
         say(f"{out} is complete ({len(writer.present)} prompts); nothing to record")
         return summary
-    tasks = _bank_tasks(family, prompts, seed, writer.present, out)
+    tasks = _bank_tasks(family, prompts, cfg["seed"], writer.present, out)
     todo = [(p, t) for p, t in enumerate(tasks) if t.id not in writer.present]
     if writer.present:
         say(f"{out}: resuming, {len(writer.present)} prompts already recorded, {len(todo)} to go")
-    run = writer.start_run(manifest["command"])
-    cfg = {"roots": roots, "continuations": continuations, "max_prefixes_per_root": max_prefixes_per_root,
-           "seed": seed}
+    run = writer.start_run(cfg["command"])
     ledger = BudgetLedger()
     agent = AgentRunner(engine, engine.tokenizer, family.make_env, sampling, agent_config)
     t_run = time.perf_counter()
     try:
-        summary["recorded"] = _write_records(writer, _record_stream(agent, todo, cfg, ledger, batch_prompts, schedule),
-                                             run, len(tasks), len(todo), progress, say)
+        records = _record_stream(agent, todo, cfg, ledger, cfg["batch_prompts"], cfg["schedule"])
+        summary["recorded"] = _write_records(writer, records, run, len(tasks), len(todo), progress, say)
     finally:
         agent.close()
     footer = writer.finish(tasks=len(tasks), last_run=_ledger_fields(ledger))
-    summary.update(prompts=footer["prompts"], seconds=time.perf_counter() - t0, complete=True,
+    summary.update(prompts=footer["prompts"], complete=True,
                    prompts_per_minute=summary["recorded"] / max(time.perf_counter() - t_run, 1e-9) * 60)
     say(f"{out}: complete, {footer['prompts']} prompts ({footer['seconds']:.0f} s over {footer['runs']} run(s))")
     return summary

@@ -1,4 +1,4 @@
-"""Replaying a bank: the third :class:`~trace_gym.driver.BranchRunner`, and the bank's oracle.
+"""Replaying a bank: the third :class:`~trace_gym.step.driver.BranchRunner`, and the bank's oracle.
 
 :class:`BankBranchRunner` answers the step driver's requests from recorded outcomes,
 never from a model:
@@ -12,7 +12,7 @@ never from a model:
   it (``BudgetLedger.exhausted``);
 - every replayed turn becomes a tree node with the recorded action text and
   observation messages, in the node layout of live rollouts, so a predictor reads
-  exactly what it would have read live (:func:`trace_gym.rollout.node_context`); exact
+  exactly what it would have read live (:func:`trace_gym.agent.rollout.node_context`); exact
   costs (generated and prefill tokens, env steps, replayed env steps) are the recorded
   ones, charged as the live agent loop charges them (one prefill per group of branches
   that start from one context);
@@ -36,9 +36,9 @@ import numpy as np
 
 from trace_gym.banks.format import BankPrompt
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import BranchResult
-from trace_gym.predictor import Context
-from trace_gym.rollout import node_context
+from trace_gym.step.driver import BranchResult
+from trace_gym.predictor.kinds import Context
+from trace_gym.agent.rollout import node_context
 from trace_gym.tree import ROOT, RolloutTree
 
 #: The error of a refused branch (the bank holds no unused recorded rollout for it).
@@ -53,7 +53,7 @@ class BankTree(RolloutTree):
 
 
 def node_info(turn: Mapping[str, Any], bank: Mapping[str, Any]) -> dict[str, Any]:
-    """A replayed node's ``info``: the keys a live node has (:class:`trace_gym.rollout.AgentBranchRunner`),
+    """A replayed node's ``info``: the keys a live node has (:class:`trace_gym.agent.rollout.AgentBranchRunner`),
     plus ``bank`` (where in the bank it came from)."""
     info: dict[str, Any] = {"observation": list(turn["observation"]), "finish_reason": turn["finish_reason"]}
     if turn["truncation"]:
@@ -171,14 +171,14 @@ class BankDraws:
 
 @dataclass(frozen=True)
 class AnchoredContext(Context):
-    """A :class:`~trace_gym.predictor.Context` that also carries the bank's empirical value of its
+    """A :class:`~trace_gym.predictor.kinds.Context` that also carries the bank's empirical value of its
     anchor (what :class:`BankOraclePredictor` reads; text predictors read the text fields only)."""
 
     empirical: float = math.nan
 
 
 class BankBranchRunner:
-    """The :class:`~trace_gym.driver.BranchRunner` of a bank (one per step; see the module docstring).
+    """The :class:`~trace_gym.step.driver.BranchRunner` of a bank (one per step; see the module docstring).
 
     Candidates are :class:`~trace_gym.banks.format.BankPrompt` records.
 

@@ -32,7 +32,7 @@ import operator
 import re
 from typing import Any, Mapping, Sequence
 
-from trace_gym.textsafe import first_unencodable
+from trace_gym.utils.textsafe import first_unencodable
 from trace_gym.tree import SUCCESS_THRESHOLD
 
 #: Largest count a bank may hold (tokens, env steps, indices): exact as a float.

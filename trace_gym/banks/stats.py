@@ -23,8 +23,9 @@ import numpy as np
 
 from trace_gym.banks.format import BankPrompt, iter_prompts, read_header
 from trace_gym.banks.replay import BankTree, append_episode
-from trace_gym.predictor import Context
-from trace_gym.rollout import node_context
+from trace_gym.predictor.kinds import Context
+from trace_gym.agent.rollout import node_context
+from trace_gym.step.learning import PREFIX_SHARE, prefix_weight_for_share
 from trace_gym.tree import ROOT
 
 #: Bin edges of the success-rate histogram (the first and last bins are exactly 0 and 1).
@@ -202,7 +203,7 @@ def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prom
 def prompt_samples(record: BankPrompt) -> tuple[list[Context], list[float], list[int]]:
     """A prompt's anchors with an empirical rate, as a live predictor reads them: the prompt (its
     roots' rate) and every recorded prefix with a continuation leaf (their rate), the history built
-    from the replayed tree (:func:`trace_gym.rollout.node_context`)."""
+    from the replayed tree (:func:`trace_gym.agent.rollout.node_context`)."""
     contexts, rates, depths = [Context(record.prompt)], [record.prompt_rate()], [0]
     for j, root in enumerate(record.roots):
         tree = BankTree(record.task_id, text=record.prompt)
@@ -219,7 +220,7 @@ def prompt_samples(record: BankPrompt) -> tuple[list[Context], list[float], list
 
 
 def predictor_spearman(path: str | os.PathLike, predictor: Any, *, prompts: int | None = 512,
-                       batch_prompts: int = 16, prefix_share: float = 0.06) -> dict[str, Any]:
+                       batch_prompts: int = 16, prefix_share: float = PREFIX_SHARE) -> dict[str, Any]:
     """A learned predictor's rank correlation with the bank's empirical rates, trained online.
 
     The bank is read in batches of ``batch_prompts`` prompts; each batch is scored first
@@ -230,7 +231,6 @@ def predictor_spearman(path: str | os.PathLike, predictor: Any, *, prompts: int 
         ``{"prompt": rho, "prefix": rho, "by_depth": {t: rho}, "prompts": n, "prefixes": n}``.
     """
     from trace_gym import report
-    from trace_gym.learning import prefix_weight_for_share
 
     pred, truth, depth = [], [], []
     batch: list[tuple[list[Context], list[float], list[int]]] = []

@@ -10,7 +10,7 @@ documented slice of the bank that no measured pool ever draws from:
   the bench's ``seed`` alone (the same slice for every repetition and every arm);
 - :func:`warm_up`: their recorded rollouts replayed as full trees (every recorded root,
   every recorded continuation of every recorded prefix), fed through the step's own
-  learning half (:func:`trace_gym.learning.update_predictor`: the same targets, the same
+  learning half (:func:`trace_gym.step.learning.update_predictor`: the same targets, the same
   prefix share, each prompt's root outcomes as its evidence) in batches of ``batch``
   prompts, one predictor update per batch, as if they were earlier training steps. The
   samples are the prompts and the prefixes of their root rollouts (targets: recursive
@@ -31,8 +31,8 @@ import numpy as np
 from trace_gym.banks.format import Bank
 from trace_gym.banks.replay import BankBranchRunner, BankDraws
 from trace_gym.budget import BudgetLedger
-from trace_gym.driver import StepResult
-from trace_gym.learning import update_predictor
+from trace_gym.step.driver import StepResult
+from trace_gym.step.learning import update_predictor
 
 #: Held-out prompts per predictor update of the warm-up (about one bench step's trees).
 WARMUP_BATCH = 16
@@ -93,10 +93,10 @@ def warm_up(predictor: Any, bank: Bank, indices: Sequence[int], *, seed: int, pr
 def learn_from_batches(predictor: Any, batches: Sequence[tuple[Any, StepResult]], prefix_share: float,
                        ) -> dict[str, Any]:
     """The warm-up's learning: each batch's full trees through the step's own learning half
-    (:func:`trace_gym.learning.update_predictor`, root rollouts' nodes only), one predictor update
+    (:func:`trace_gym.step.learning.update_predictor`, root rollouts' nodes only), one predictor update
     per batch. ``batches``: ``(runner, step)`` pairs, the runner the one that grew the step's
     trees (a bank's :class:`~trace_gym.banks.replay.BankBranchRunner`, or the simulator's:
-    ``bench --sim`` warms up through this same function, :mod:`trace_gym.sim_fit`).
+    ``bench --sim`` warms up through this same function, :mod:`trace_gym.bench.sim_fit`).
 
     Returns what it read: ``{"prompts", "roots", "continuations", "updates", "samples", "seconds"}``.
     """
@@ -121,14 +121,14 @@ def steady_state_quality(predictor: Any, bank: Bank, warmup_prompts: int, *, see
     scored on every other prompt against the bank's truth: each prompt's empirical rate over its
     recorded roots, and whether it is mixed: with ``group_size`` G, the probability that a group of G
     drawn from its recorded roots without replacement (as the bench draws them) is mixed
-    (:func:`~trace_gym.predictor_quality.drawn_group_mixed`); without, whether all its roots
-    were (as :func:`~trace_gym.bench_bank.bank_truth` reads them). Returns
-    :func:`~trace_gym.predictor_quality.predictor_quality`'s ``{"prompt_spearman", "mixed_auc",
+    (:func:`~trace_gym.predictor.quality.drawn_group_mixed`); without, whether all its roots
+    were (as :func:`~trace_gym.bench.bank.bank_truth` reads them). Returns
+    :func:`~trace_gym.predictor.quality.predictor_quality`'s ``{"prompt_spearman", "mixed_auc",
     "brier", "level_error"}`` and, with ``selection`` = (pool, picks), ``"selection_precision"``
-    (:func:`~trace_gym.predictor_quality.selection_precision`): what the calibrated simulator's
+    (:func:`~trace_gym.predictor.quality.selection_precision`): what the calibrated simulator's
     predictor is fitted to."""
-    from trace_gym.predictor import Context
-    from trace_gym.predictor_quality import drawn_group_mixed, predictor_quality, selection_precision
+    from trace_gym.predictor.kinds import Context
+    from trace_gym.predictor.quality import drawn_group_mixed, predictor_quality, selection_precision
 
     held = held_out_prompts(len(bank), warmup_prompts, seed)
     warm_up(predictor, bank, held, seed=seed, prefix_share=prefix_share)

@@ -10,12 +10,13 @@ import os
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, BinaryIO, Mapping, Sequence
 
 from trace_gym.banks.format import (FORMAT, RUN_KEYS, VERSION, BankError, check_line_bytes, compress_line,
                                     encode_line, iter_members, parse_line, scan_bank)
 from trace_gym.banks.lines import open_file
 from trace_gym.banks.schema import check_encodable, check_manifest, check_prompt_record
+from trace_gym.runs.files import exclusive_lock, release_lock
 
 #: A header line's first bytes (gzip member header, then the JSON up to the format), for
 #: recognising a header that a killed recorder left half-written.
@@ -39,21 +40,44 @@ class BankWriter:
     and every line are checked against the schema and bounds the readers hold them to
     (:mod:`trace_gym.banks.schema`), so the writer never writes a line a reader refuses.
 
+    One writer per bank: the writer holds an exclusive lock on ``<bank>.lock``
+    (:func:`~trace_gym.runs.files.exclusive_lock`, the run dir's mechanism) from before it
+    reads the file until :meth:`close` (or the end of its process, however it ends); a
+    second writer of the same file, in any process, is refused in one ``ValueError``
+    naming the holder's pid, host and start time, before it reads or cuts anything.
+
     Args:
         path: the bank file.
         manifest: the header's manifest (JSON-friendly).
         resume: continue an existing file instead of refusing to overwrite it.
+        lock: the bank's lock, already taken with :func:`lock_bank` (``bank record`` takes
+            it before the model loads); the writer owns it from then on. ``None``: taken here.
     """
 
-    def __init__(self, path: str | os.PathLike, manifest: Mapping[str, Any], *, resume: bool = False):
+    def __init__(self, path: str | os.PathLike, manifest: Mapping[str, Any], *, resume: bool = False,
+                 lock: BinaryIO | None = None):
         self.path = Path(path)
         self.manifest = _normal(dict(manifest))
-        if self.path.exists() and not resume:
+        if self.path.exists() and not resume:  # checked again under the lock
+            release_lock(lock, lock_path(self.path), remove=True)
             raise BankError(f"{self.path} exists; pass resume=True to continue it, or choose another path")
         try:
             check_manifest(self.manifest)
         except BankError as exc:
+            release_lock(lock, lock_path(self.path), remove=True)
             raise BankError(f"{self.path}: refused to write a bank header: {exc}") from None
+        #: the open lock file (:func:`lock_path`) while this writer holds it
+        self._lock: BinaryIO | None = lock_bank(self.path) if lock is None else lock
+        try:
+            if self.path.exists() and not resume:
+                raise BankError(f"{self.path} exists; pass resume=True to continue it, or choose another path")
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        """Cut what a killed recorder left, and resume the file or start it with its header."""
         self.present: set[str] = set()
         self.truncated_bytes = 0
         #: whether the file held only a half-written header (cut off, and the bank started afresh)
@@ -70,13 +94,26 @@ class BankWriter:
         if self.path.exists() and not self.torn_header:
             self._resume()
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             header = {"kind": "header", "format": FORMAT, "version": VERSION, "manifest": self.manifest}
             self._append(encode_line(header))
+
+    def close(self) -> None:
+        """Release the lock (and remove its file); the writer takes no further line. Idempotent;
+        a process that ends releases it too, however it ends."""
+        release_lock(self._lock, lock_path(self.path), remove=True)
+        self._lock = None
+
+    def __enter__(self) -> "BankWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _resume(self) -> None:
         scan = scan_bank(self.path, lenient=True)
         old = {k: v for k, v in scan.manifest.items() if k not in RUN_KEYS}
+        if isinstance(old.get("policy"), str):  # a bank recorded before names were made portable
+            old["policy"] = portable_path(old["policy"])
         new = {k: v for k, v in self.manifest.items() if k not in RUN_KEYS}
         differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if differ:
@@ -101,6 +138,8 @@ class BankWriter:
                     self._last_write[int(obj.get("run", 0))] = float(obj.get("written_at", 0.0))
 
     def _append(self, line: bytes) -> None:
+        if self._lock is None:
+            raise BankError(f"{self.path}: this writer was closed; open a new BankWriter to go on")
         try:
             check_line_bytes(line)
         except BankError as exc:
@@ -141,7 +180,8 @@ class BankWriter:
         self._last_write[int(record.get("run", 0))] = float(record.get("written_at", time.time()))
 
     def finish(self, **extra: Any) -> dict[str, Any]:
-        """Append the footer (count, checksum, recording seconds summed over runs); returns it."""
+        """Append the footer (count, checksum, recording seconds summed over runs) and release
+        the lock (:meth:`close`); returns the footer."""
         now = time.time()
         seconds = 0.0
         for n, run in enumerate(self._runs):
@@ -151,7 +191,27 @@ class BankWriter:
                   "finished_at": now, "runs": len(self._runs), "seconds": seconds, **_normal(extra)}
         self._append(encode_line(footer))
         self.complete = True
+        self.close()  # the footer ends the writer's life
         return footer
+
+
+def lock_path(bank: str | os.PathLike) -> Path:
+    """The lock file of a bank's writer: ``<bank>.lock`` beside it (removed when the writer closes)."""
+    bank = Path(bank)
+    return bank.with_name(bank.name + ".lock")
+
+
+def lock_bank(bank: str | os.PathLike) -> BinaryIO:
+    """Take the exclusive lock of ``bank``'s writer (:func:`lock_path`; its folder is made);
+    the open lock file, for :class:`BankWriter`'s ``lock``.
+
+    Raises:
+        ValueError: another writer holds it: one line naming its pid, host and start time.
+    """
+    bank = Path(bank)
+    bank.parent.mkdir(parents=True, exist_ok=True)
+    return exclusive_lock(lock_path(bank), f"bank {str(bank)!r}",
+                          "wait for that recording to end, or record into another file", user="the writer")
 
 
 def torn_header(path: str | os.PathLike, limit: int = 1 << 20) -> int | None:
@@ -174,11 +234,73 @@ def torn_header(path: str | os.PathLike, limit: int = 1 << 20) -> int | None:
     return len(data)
 
 
+# ---------------------------------------------------------------------- paths a bank may carry
+def portable_path(path: str, cwd: str | os.PathLike | None = None) -> str:
+    """``path`` as a bank's manifest records it, meaningful wherever the bank is copied: an
+    absolute path (``~`` expanded) inside the working folder ``cwd`` (default: the current
+    one) relative to it, an absolute path elsewhere (a model cache, a temp folder) by its
+    last name only; anything else (a model name, a relative path) as given.
+
+    >>> portable_path("/work/banks/b.jsonl.gz", "/work"), portable_path("/tmp/rec/b.jsonl.gz", "/work")
+    ('banks/b.jsonl.gz', 'b.jsonl.gz')
+    """
+    full = os.path.expanduser(str(path))
+    if not os.path.isabs(full):
+        return str(path)
+    here = _working_folder(cwd)
+    if _inside(full, here):
+        return os.path.relpath(full, here)
+    return os.path.basename(os.path.normpath(full)) or str(path)
+
+
+def _working_folder(cwd: str | os.PathLike | None) -> str:
+    return os.path.abspath(cwd if cwd is not None else os.getcwd())
+
+
+def _inside(full: str, here: str) -> bool:
+    """Whether the absolute path ``full`` lies in the folder ``here`` (or is it)."""
+    full = os.path.normpath(full)
+    return full == here or full.startswith(here.rstrip(os.sep) + os.sep)
+
+
+def portable_command(argv: Sequence[str], cwd: str | os.PathLike | None = None) -> list[str]:
+    """A command line as a bank records it: each argument that is an absolute path, or a
+    ``key=PATH`` / ``--flag=PATH`` whose value is one, through :func:`portable_path`.
+
+    >>> portable_command(["/work/.venv/bin/trace-gym", "bank", "record", "out=/tmp/rec/b.jsonl.gz"], "/work")
+    ['.venv/bin/trace-gym', 'bank', 'record', 'out=b.jsonl.gz']
+    """
+    out = []
+    for arg in map(str, argv):
+        key, sep, value = arg.partition("=")
+        if sep and key and "/" not in key and os.path.isabs(os.path.expanduser(value)):
+            out.append(f"{key}={portable_path(value, cwd)}")
+        else:
+            out.append(portable_path(arg, cwd))
+    return out
+
+
+def shared_policy_path(folder: str | os.PathLike | None, cwd: str | os.PathLike | None = None) -> str | None:
+    """The policy folder as a bank's manifest records it: relative to the working folder when
+    it lies inside it, else ``None`` (the model cache, another machine's folder: the manifest's
+    ``policy`` name and ``weights_sha256`` identify the policy).
+
+    >>> shared_policy_path("/work/models/q", "/work"), shared_policy_path("/root/.cache/m/q", "/work")
+    ('models/q', None)
+    """
+    if folder is None:
+        return None
+    full = os.path.expanduser(str(folder))
+    if not os.path.isabs(full):
+        return str(folder)
+    return portable_path(full, cwd) if _inside(full, _working_folder(cwd)) else None
+
+
 # ---------------------------------------------------------------------- the policy's weights
 def weights_hash(folder: str | os.PathLike | None) -> str | None:
-    """:func:`trace_gym.weights.weights_hash` of the policy folder (the one definition, shared
+    """:func:`trace_gym.runs.weights.weights_hash` of the policy folder (the one definition, shared
     with the eval cache), or ``None`` without a folder or without weights files."""
-    from trace_gym.weights import weights_hash as sha256_of_weights
+    from trace_gym.runs.weights import weights_hash as sha256_of_weights
 
     if folder is None or not Path(folder).is_dir():
         return None

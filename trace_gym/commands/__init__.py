@@ -32,6 +32,16 @@ from trace_gym.config import config_help, load_config
 #: argparse default that marks a parser whose keys are a config dataclass's fields.
 CONFIG_KEYS = "config_keys"
 
+#: Every entry point: the command line -> ``module:class`` of its config, each beside its entry point.
+ENTRY_CONFIGS: dict[str, str] = {
+    "bench --sim": "trace_gym.bench.config:SimBenchConfig",
+    "bench --env": "trace_gym.bench.config:EnvBenchConfig",
+    "bench --bank": "trace_gym.bench.config:BankBenchConfig",
+    "train": "trace_gym.train.config:TrainConfig",
+    "bank record": "trace_gym.banks.config:BankRecordConfig",
+    "eval": "evaluators.run:EvalConfig",
+}
+
 
 def _escape(text: str) -> str:
     return text.replace("%", "%%")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.commands import add_config_parser, command_config
-from trace_gym.entry_configs import BankRecordConfig
+from trace_gym.banks.config import BankRecordConfig
 
 #: Where the shipped banks live (package data).
 SHIPPED = Path(__file__).resolve().parents[1] / "banks" / "data"
@@ -25,36 +25,36 @@ class _DataFamily:
     """An env family whose prompts come from a training dataset (``data``)."""
 
     def __init__(self, family: Any, data: str, path: str | None):
-        from evaluators import suites
+        from environments.train_data import get_train_data
 
         self.family, self.data, self.path = family, data, path
         self.env_id, self.env_kwargs = family.env_id, family.env_kwargs
-        self.loader_kwargs = {"data": suites.get_train_data(data).description, "path": path}
+        self.loader_kwargs = {"data": get_train_data(data).description, "path": path}
 
     def make_env(self) -> Any:
         return self.family.make_env()
 
     def load_tasks(self, n: int, seed: int = 0) -> list:
-        from evaluators import suites
+        from environments.train_data import load_train_data
 
-        return suites.load_train_data(self.data, n, seed, self.path)
+        return load_train_data(self.data, n, seed, self.path)
 
 
 def resolve_record(cfg: BankRecordConfig) -> Any:
     """The env family (prompts from ``data`` when set) of a record config; loads no model."""
-    from evaluators import suites
+    from environments.train_data import get_train_data
     from trace_gym.registry import resolve_env
 
     family = resolve_env(cfg.env, cfg.env_kwargs, cfg.task_kwargs)
     if not cfg.data:
         return family
-    suites.get_train_data(cfg.data)  # an unknown name: one line, before anything loads
+    get_train_data(cfg.data)  # an unknown name: one line, before anything loads
     return _DataFamily(family, cfg.data, cfg.data_path or None)
 
 
 def dry_run(cfg: BankRecordConfig, family: Any) -> str:
     """What ``bank record`` would do, loading no model (and no remote data)."""
-    from evaluators import suites
+    from environments.train_data import get_train_data
 
     cap = cfg.max_prefixes_per_root or cfg.max_turns - 1
     per_prompt = cfg.roots * (1 + min(cfg.max_turns - 1, cap) * cfg.continuations)
@@ -67,7 +67,7 @@ def dry_run(cfg: BankRecordConfig, family: Any) -> str:
              f"{cfg.prompts * per_prompt:,} in all",
              f"  limits: {cfg.max_turns} turns x {cfg.max_turn_tokens} tokens, context {cfg.max_episode_tokens}, "
              f"temperature {cfg.temperature:g}, seed {cfg.seed}"]
-    offline = not cfg.data or suites.get_train_data(cfg.data).offline or bool(cfg.data_path)
+    offline = not cfg.data or get_train_data(cfg.data).offline or bool(cfg.data_path)
     if offline:
         tasks = family.load_tasks(min(cfg.prompts, 4), seed=cfg.seed)
         lines.append(f"  prompts load: OK (first: {tasks[0].id if tasks else '-'})")
@@ -78,19 +78,30 @@ def dry_run(cfg: BankRecordConfig, family: Any) -> str:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from trace_gym.banks import record_bank
+    from trace_gym.banks.writer import lock_bank, lock_path
     from trace_gym.engines import make_engine
     from trace_gym.models import quiet_third_party, resolve_model
-    from trace_gym.policies import with_policy
+    from trace_gym.runs.policies import with_policy
+    from trace_gym.runs.files import release_lock
     from trace_gym.types import SamplingParams
 
-    cfg = with_policy(command_config(BankRecordConfig, args))  # a bad policy: one line, before anything is written
+    from trace_gym.runs.output_paths import check_config_outputs
+
+    cfg = command_config(BankRecordConfig, args)
+    check_config_outputs(cfg)  # out: a file path that can be written, before the policy loads
+    cfg = with_policy(cfg)  # a bad policy: one line, before anything is written
     family = resolve_record(cfg)
     if args.dry_run:
         print(dry_run(cfg, family))
         return 0
-    quiet_third_party()
-    policy_path = resolve_model(cfg.policy)
-    engine = make_engine(cfg.engine, policy_path, **cfg.engine_kwargs)
+    lock = lock_bank(cfg.out)  # a second recorder of this file: one line naming the first, before the model loads
+    try:
+        quiet_third_party()
+        policy_path = resolve_model(cfg.policy)
+        engine = make_engine(cfg.engine, policy_path, **cfg.engine_kwargs)
+    except BaseException:
+        release_lock(lock, lock_path(cfg.out), remove=True)
+        raise
     try:
         summary = record_bank(
             cfg.out, engine=engine, family=family, prompts=cfg.prompts, roots=cfg.roots,
@@ -98,9 +109,10 @@ def cmd_record(args: argparse.Namespace) -> int:
             sampling=SamplingParams(max_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=cfg.seed),
             agent_config=cfg.agent_config(),
             seed=cfg.seed, batch_prompts=cfg.batch_prompts, policy=cfg.policy, policy_path=str(policy_path),
-            progress=cfg.progress, say=_say(cfg.progress))
+            progress=cfg.progress, say=_say(cfg.progress), lock=lock)
     finally:
         engine.close()
+        release_lock(lock, lock_path(cfg.out), remove=True)  # the writer released it already, unless it never began
     state = "complete" if summary["complete"] else "incomplete"
     rate = f", {summary['prompts_per_minute']:.1f} prompts/min" if summary.get("prompts_per_minute") else ""
     print(f"wrote {summary['path']}: {summary['prompts']} prompts ({summary['recorded']} recorded now, "
@@ -122,15 +134,17 @@ def _say(progress: bool) -> Any:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from trace_gym.banks import bank_stats, format_bank_stats
+    from trace_gym.runs.output_paths import check_output, write_output_text
 
+    if args.json:
+        check_output(args.json, "file", key="--json")
     path = bank_path(args.bank)
     stats = bank_stats(path, predictor=_learned_predictor(args.predictor, path))
     print(format_bank_stats(stats))
     if args.json:
         import json
 
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(stats, indent=2, default=str))
+        write_output_text(args.json, json.dumps(stats, indent=2, default=str), key="--json")
     return 0
 
 
@@ -139,8 +153,8 @@ def _learned_predictor(name: str, path: str) -> Any:
     if not name or name == "none":
         return None
     from trace_gym.banks import read_header
-    from trace_gym.bench_bank import policy_folder
-    from trace_gym.predictor import PREDICTORS, check_predictor_name, make_predictor
+    from trace_gym.bench.bank import policy_folder
+    from trace_gym.predictor.kinds import PREDICTORS, check_predictor_name, make_predictor
 
     check_predictor_name(name, "text", key="--predictor")
     supplied = {"model_path": policy_folder(read_header(path)["manifest"])} if "model_path" in PREDICTORS[name].needs \

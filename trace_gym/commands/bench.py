@@ -1,6 +1,6 @@
 """``trace-gym bench``: allocation strategies at one budget, on any source of rollouts.
 
-The modes are the table :data:`trace_gym.bench_modes.BENCH_SOURCES` (the simulator, real
+The modes are the table :data:`trace_gym.bench.modes.BENCH_SOURCES` (the simulator, real
 rollouts, a recorded rollout bank, and any mode a user registers): each gives this command
 its ``--MODE`` flag, its config class (the keys), its run and its report. The keys are the
 fields of the mode's config; each also has a ``--flag`` alias, typed by the field, with
@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from trace_gym.bench_checks import Roles
-from trace_gym.bench_modes import bench_modes
-from trace_gym.bench_report import format_bench, write_bench_plots
+from trace_gym.bench.checks import Roles
+from trace_gym.bench.modes import bench_mode, bench_modes
+from trace_gym.bench.report import format_bench, results_json, write_bench_plots
 from trace_gym.commands import add_config_flags, add_config_parser, command_config
-from trace_gym.suggest import did_you_mean
+from trace_gym.utils.suggest import did_you_mean
 from trace_gym.commands.bank import bank_path
 
 
@@ -61,8 +59,13 @@ def mode_config(args: argparse.Namespace, mode: str, modes: dict[str, type]) -> 
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from trace_gym.runs.output_paths import check_output
     from trace_gym.registry import load_plugins
 
+    if args.json:  # where the results go, checked before any work (a bench can run for hours)
+        check_output(args.json, "file", key="--json")
+    if args.out:
+        check_output(args.out, "folder", key="--out")
     modes = bench_modes()
     chosen = [name for name in modes if getattr(args, name, None)]
     if len(chosen) != 1:
@@ -75,25 +78,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if mode == "sim" and cfg.calibrate_from:
         cfg = dataclasses.replace(cfg, calibrate_from=bank_path(cfg.calibrate_from))
     load_plugins(cfg.plugins)
-    run = mode_runner(mode, args)
+    # what the mode's run requires (its env family), resolved now: a bad env or kwarg is one line before any work
+    resources = {name: RESOURCES[name](cfg) for name in bench_mode(mode).requires}
+    run = mode_runner(mode, args, resources)
     if args.root_budgets:
         return _sweep(args, cfg, run)
     results = run(cfg)
-    if args.out:
-        results["plots"] = write_bench_plots(results, args.out)
-    print(format_bench(results))
-    _write_json(args, results)
-    if args.out:
-        print(f"wrote {', '.join(results['plots'] + results.get('episode_files', []))}")
-    failed = [c for c in results.get("checks", []) if c["status"] == "FAIL"]
+    _report(args, results, write_bench_plots, format_bench, results.get("episode_files", []))
+    failed = [c for c in results.get("checks", []) if c.failed]
     return 1 if (failed and args.strict) or results.get("violations") else 0
 
 
-def mode_runner(mode: str, args: argparse.Namespace):
+def mode_runner(mode: str, args: argparse.Namespace, resources: dict[str, Any] | None = None):
     """``cfg -> results`` of ``mode``: the strategies shaped for ``cfg``, the mode's run (with the
-    resources it requires), then judged with the user's roles (``--baseline``, ``--pairs``)."""
-    from trace_gym import bench
-    from trace_gym.bench_modes import bench_mode
+    resources it requires: ``resources`` where resolved already, else resolved from ``cfg``), then
+    judged with the user's roles (``--baseline``, ``--pairs``)."""
+    from trace_gym.bench import loop as bench
     from trace_gym.strategies import shaped_strategies
 
     entry = bench_mode(mode)
@@ -102,12 +102,12 @@ def mode_runner(mode: str, args: argparse.Namespace):
     def run(cfg: Any) -> dict[str, Any]:
         strategies = shaped_strategies(cfg.strategies, group_size=cfg.group_size,
                                        continuations_per_root=cfg.continuations_per_root)
-        resources = {name: RESOURCES[name](cfg) for name in entry.requires}
+        given = {name: RESOURCES[name](cfg) for name in entry.requires} if resources is None else resources
         if "policy" in {f.name for f in dataclasses.fields(cfg)}:  # a mode that loads a model: checked first
-            from trace_gym.policies import with_policy
+            from trace_gym.runs.policies import with_policy
 
             cfg = with_policy(cfg)
-        results = entry.run(cfg, strategies, progress=True, say=say, out_dir=args.out, **resources)
+        results = entry.run(cfg, strategies, progress=True, say=say, out_dir=args.out, **given)
         roles = bench_roles(args, results)
         return bench.judge(results, roles) if roles != Roles() else results
 
@@ -125,24 +125,34 @@ RESOURCES = {"family": _family}
 
 
 def _sweep(args: argparse.Namespace, cfg: Any, run) -> int:
-    from trace_gym.bench_sweep import format_sweep, parse_budgets, run_sweep, write_sweep_plots
+    from trace_gym.bench.sweep import format_sweep, parse_budgets, run_sweep, write_sweep_plots
 
     sweep = run_sweep(cfg, parse_budgets(args.root_budgets), run)
-    if args.out:
-        sweep["plots"] = write_sweep_plots(sweep, args.out)
-    print(format_sweep(sweep))
-    _write_json(args, sweep)
-    if args.out:
-        print(f"wrote {', '.join(sweep['plots'])}")
-    failed = [c for b in sweep["benches"] for c in b.get("checks", []) if c["status"] == "FAIL"]
+    _report(args, sweep, write_sweep_plots, format_sweep, [])
+    failed = [c for b in sweep["benches"] for c in b.get("checks", []) if c.failed]
     return 1 if failed and args.strict else 0
 
 
-def _write_json(args: argparse.Namespace, results: dict[str, Any]) -> None:
+def _report(args: argparse.Namespace, results: dict[str, Any], write_plots: Any, text: Any, files: list[str]) -> None:
+    """The plots into ``--out``, the table, the JSON into ``--json``. A write that fails (the path
+    changed while the bench ran) is one ``ValueError`` line after the rest is printed and kept:
+    the JSON where it could go (:func:`~trace_gym.runs.output_paths.write_output_text`)."""
+    from trace_gym.runs.output_paths import write_failure, write_output_text
+
+    failure = None
+    if args.out:
+        try:
+            results["plots"] = write_plots(results, args.out)
+        except OSError as exc:
+            results["plots"], failure = [], write_failure("--out", args.out, exc)
+    print(text(results))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        write_output_text(args.json, results_json(results), key="--json")
         print(f"\nwrote {args.json}")
+    if failure is not None:
+        raise ValueError(failure)
+    if args.out:
+        print(f"wrote {', '.join(results['plots'] + files)}")
 
 
 def bench_roles(args: argparse.Namespace, results: dict[str, Any]) -> Roles:

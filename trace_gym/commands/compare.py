@@ -1,5 +1,5 @@
 """``trace-gym compare``: training runs and evaluated checkpoints side by side
-(:func:`trace_gym.compare.run_compare`)."""
+(:func:`trace_gym.runs.compare.run_compare`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import argparse
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from trace_gym.bench_pair import is_bench_json
+    from trace_gym.bench.pair import is_bench_json
+    from trace_gym.runs.output_paths import check_output
 
+    if args.out:  # before any run is read
+        check_output(args.out, "folder", key="--out")
     names = args.names.split(",") if args.names else None
     benches = [is_bench_json(p) for p in args.runs]
     if any(benches):
@@ -16,26 +19,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise ValueError("compare pairs bench results (bench --json files) or run/eval dirs, not both: "
                              f"{', '.join(p for p, b in zip(args.runs, benches) if not b)} is not a bench result")
         return _pair_benches(args, names)
-    from trace_gym.compare import run_compare
+    from trace_gym.runs.compare import run_compare
 
     run_compare(args.runs, args.out, names=names)
     return 0
 
 
 def _pair_benches(args: argparse.Namespace, names: list[str] | None) -> int:
-    import json
     from pathlib import Path
 
-    from trace_gym.bench_pair import format_paired, pair_bench_files
-    from trace_gym.bench_rank import plot_ranking
+    from trace_gym.bench.pair import format_paired, pair_bench_files
+    from trace_gym.bench.report import results_json
+    from trace_gym.bench.rank import plot_ranking
 
     results = pair_bench_files(args.runs, names)
     print(format_paired(results))
     if args.out:
+        from trace_gym.runs.output_paths import write_output_text
+
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "paired.json").write_text(json.dumps(results, indent=2))
-        print(f"\nwrote {', '.join([str(out / 'paired.json'), *plot_ranking(results, out)])}")
+        written = write_output_text(out / "paired.json", results_json(results), key="--out")
+        print(f"\nwrote {', '.join([str(written), *plot_ranking(results, out)])}")
     return 0
 
 

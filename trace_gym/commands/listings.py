@@ -18,7 +18,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
     wanted = getattr(args, "ecosystem", None)
     if wanted is not None and wanted not in ECOSYSTEMS:
-        from trace_gym.suggest import did_you_mean
+        from trace_gym.utils.suggest import did_you_mean
 
         raise ValueError(f"--ecosystem {wanted!r} is not one of {sorted(ECOSYSTEMS)}{did_you_mean(wanted, ECOSYSTEMS)}")
     if wanted is None:
@@ -66,7 +66,7 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 
 
 def cmd_estimators(args: argparse.Namespace) -> int:
-    from trace_gym.advantages import ESTIMATORS
+    from trace_gym.train.advantages import ESTIMATORS
     from trace_gym.registry import load_plugins
 
     load_plugins()
@@ -76,7 +76,7 @@ def cmd_estimators(args: argparse.Namespace) -> int:
 
 
 def cmd_predictors(args: argparse.Namespace) -> int:
-    from trace_gym.predictor import PREDICTORS
+    from trace_gym.predictor.kinds import PREDICTORS
 
     width = max(12, *(len(name) for name in PREDICTORS))
     for name, kind in PREDICTORS.items():

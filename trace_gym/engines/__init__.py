@@ -35,6 +35,8 @@ Semantics shared by both backends (tests hold both to them):
   no truncation) of given tokens, for trainers and parity tests.
 - ``update_weights`` takes checkpoint-format (Hugging Face) names, invalidates every
   cached prefix, and sets ``weights_version``.
+
+May import: ``models``, ``types``, ``utils``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import os
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from trace_gym.types import Completion, SamplingParams
+from trace_gym.utils.targets import load_target
 
 __all__ = ["RolloutEngine", "ENGINES", "AUTO_BY_DEVICE", "auto_engine_kind", "make_engine", "vllm_importable",
            "check_generate_args", "check_score_args"]
@@ -162,9 +165,7 @@ def make_engine(kind: str = "auto", model_path: str | os.PathLike = "smollm2-135
         kind = auto_engine_kind(kwargs.get("device"))
     if kind not in ENGINES:
         raise ValueError(f"unknown engine kind {kind!r}; expected 'auto' or one of {sorted(ENGINES)}")
-    module_name, class_name = ENGINES[kind].split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(resolve_model(model_path), **kwargs)
+    return load_target(ENGINES[kind])(resolve_model(model_path), **kwargs)
 
 
 def check_generate_args(

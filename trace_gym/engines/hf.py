@@ -67,7 +67,7 @@ from trace_gym.engines.dtypes import auto_dtype
 from trace_gym.engines.prefix_cache import PrefixKVCache
 from trace_gym.engines.sampling import StopStrings, inverse_cdf, process_logits, row_seed
 from trace_gym.types import Completion, SamplingParams
-from trace_gym.threads import resolve_threads, torch_threads
+from trace_gym.utils.threads import resolve_threads, torch_threads
 
 _log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class HFEngine:
         cache_completions: also cache ``prefix + completion`` KV for follow-up turns.
         ignore_eos: do not stop at the model's EOS ids (benchmarks with fixed lengths).
         num_threads: torch threads of ``generate`` on CPU, set around each call and restored
-            after it (:func:`trace_gym.threads.torch_threads`); ``None``: the process's count.
+            after it (:func:`trace_gym.utils.threads.torch_threads`); ``None``: the process's count.
         attention: ``"gqa"`` (default: grouped-query attention without copying KV heads,
             :mod:`trace_gym.engines.gqa_attention`; the same sums) or ``"sdpa"`` (transformers'
             own: the ``hf-sdpa`` baseline of ``benchmarks/bench_engines.py``).
@@ -101,7 +101,7 @@ class HFEngine:
 
     #: With ``sampling.seed`` set, a completion is a function of the call's prefixes, counts
     #: and seed (each row its own generator; padded rows compute what they would alone):
-    #: deterministic mode (:mod:`trace_gym.determinism`) relies on it.
+    #: deterministic mode (:mod:`trace_gym.utils.determinism`) relies on it.
     deterministic = True
 
     def __init__(
@@ -456,6 +456,12 @@ class HFEngine:
 
     def reset_prefix_cache(self) -> None:
         self.prefix_cache.clear()
+
+    def forget_prefix(self, tokens: Sequence[int]) -> int:
+        """Drop the cached KV of every sequence that starts with ``tokens`` (a finished prompt:
+        the bank recorder calls it, so the cache holds the prompts in flight, not every prompt
+        until its byte budget is full); returns the bytes freed."""
+        return self.prefix_cache.forget(np.asarray(tokens, dtype=np.int64))
 
     def close(self) -> None:
         self.prefix_cache.clear()

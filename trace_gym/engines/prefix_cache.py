@@ -113,6 +113,22 @@ class PrefixKVCache:
         if entry.parent is not None:
             entry.parent.children -= 1
 
+    def forget(self, prefix: np.ndarray) -> int:
+        """Drop every entry whose sequence starts with ``prefix`` (a prompt no later call will
+        extend), leaves first; an entry that another one still builds on stays. Returns the
+        bytes of KV freed."""
+        prefix = np.asarray(prefix, dtype=np.int64)
+        m, before = len(prefix), self.nbytes
+        doomed = [key for key, e in self._entries.items() if m and common_prefix_len(e.tokens[:m], prefix) == m]
+        while doomed:
+            leaves = [key for key in doomed if self._entries[key].children == 0]
+            if not leaves:
+                break
+            for key in leaves:
+                self._drop(key)
+            doomed = [key for key in doomed if key in self._entries]
+        return before - self.nbytes
+
     def clear(self) -> None:
         self._entries.clear()
         self._ids.clear()

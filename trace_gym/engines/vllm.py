@@ -44,7 +44,7 @@ from trace_gym.engines import check_generate_args, check_score_args
 from trace_gym.engines.dtypes import auto_dtype
 from trace_gym.engines.vllm_env import configure_vllm_env
 from trace_gym.types import Completion, SamplingParams
-from trace_gym.threads import resolve_threads, torch_threads
+from trace_gym.utils.threads import resolve_threads, torch_threads
 
 _log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ _log = logging.getLogger(__name__)
 KNOWN_NOISE: dict[str, str] = {
     "Failed to load weights": "layer-wise reload: RotaryEmbedding has no weights, and the tied LM head is "
                               "re-packed by update_weights itself",
-    "doesn't allow to use `torch.set_num_threads`": "the engine sets its threads around each call (trace_gym.threads)",
+    "doesn't allow to use `torch.set_num_threads`": "the engine sets its threads around each call (trace_gym.utils.threads)",
     "The global random seed is set": "the engine seed is deliberate (reproducible sampling)",
     "Enforce eager set": "eager mode is this engine's CPU default (no compile warm-up)",
     "Inductor compilation was disabled": "follows from eager mode",
@@ -293,12 +293,12 @@ class VLLMEngine:
             score, weight reload). Default: ``$OMP_NUM_THREADS`` when set, else 1 -- what
             vLLM itself intends for serving (its CPU worker blocks its own
             ``torch.set_num_threads(1)``). Set around each call and restored after it
-            (:func:`trace_gym.threads.torch_threads`), so a trainer or HF engine in the same
+            (:func:`trace_gym.utils.threads.torch_threads`), so a trainer or HF engine in the same
             process keeps its own count.
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
     """
 
-    #: Not deterministic in the sense of :mod:`trace_gym.determinism` (why: :attr:`nondeterminism`).
+    #: Not deterministic in the sense of :mod:`trace_gym.utils.determinism` (why: :attr:`nondeterminism`).
     deterministic = False
     #: Why the same config and seed may sample other tokens (the run's warning names it).
     nondeterminism = ("it seeds each request, but its batched kernels are not batch-invariant and on a GPU not all "

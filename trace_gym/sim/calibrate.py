@@ -1,0 +1,156 @@
+"""Calibrating the simulator to real outcomes (a rollout bank's counts): pure functions.
+
+The simulator (:mod:`trace_gym.sim.simulator`) has three knobs a bank can measure:
+
+- **the difficulty prior** p ~ Beta(a, b): from each prompt's successes s_i among R_i
+  recorded roots, by the beta-binomial method of moments. With mean mu = mean(s_i / R_i)
+  and the observed variance of s_i / R_i,
+
+      Var(s / R) = mu (1 - mu) (1 + (R - 1) rho) / R,   rho = 1 / (a + b + 1),
+
+  so rho, then a + b = 1 / rho - 1 (:func:`beta_from_counts`). The simulator takes the
+  prior as ``mean_success`` and ``target_mixed`` = P(a group of G fresh roots is mixed)
+  (:func:`trace_gym.sim.simulator.mixed_probability` of that Beta).
+- **how outcome variance resolves over turns**, kappa (``step_concentration``): under the
+  beta-splitting martingale E[V_{t+1} (1 - V_{t+1}) | V_t] = V_t (1 - V_t) kappa / (kappa + 1),
+  and a continuation from a prefix at depth t flips the observed outcome of the root
+  through it with probability E[2 V_t (1 - V_t)] (the two outcomes are independent
+  draws given V_t), so
+
+      flip(t) = 2 E[p (1 - p)] r^t,   r = kappa / (kappa + 1),   E[p (1 - p)] = mu (1 - mu) (a + b) / (a + b + 1).
+
+  r is the maximum-likelihood fit of the flip counts by depth (binomial per depth; a
+  bounded 1-D search), kappa = r / (1 - r) (:func:`concentration_from_flips`).
+- **predictor informativeness** (``feature_spearman``): here, the learned predictor's measured
+  prompt-level Spearman against the bank's empirical rates, when it was measured (a lower
+  bound of what the knob means). ``bench --sim calibrate_from=BANK`` then replaces it, and
+  sets ``predictor_level_shift``, by fitting what selection reads
+  (:func:`trace_gym.bench.sim_fit.fit_predictor`): a Spearman match alone left the simulated
+  predictor picking far worse than the bank's.
+
+Episode lengths (``min_turns``, ``max_turns``) come from the recorded roots' depths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+#: Bounds of the fitted Beta concentration a + b (a fit outside them is clipped, and
+#: :func:`calibration` says so in ``fitted["clipped"]``).
+CONCENTRATION_BOUNDS = (1e-3, 1e6)
+
+
+def beta_from_counts(successes: Sequence[int], totals: Sequence[int]) -> tuple[float, float]:
+    """Beta(a, b) of the prompt success probability from per-prompt counts (method of moments).
+
+    Args:
+        successes: s_i, successes among the recorded roots of prompt i.
+        totals: R_i, recorded roots of prompt i (>= 2; the mean R is used when they differ).
+
+    Raises:
+        ValueError: fewer than two prompts, a total below 2, s_i outside [0, R_i], or every
+            prompt at the same extreme (all 0 or all 1: no prior can be fitted).
+    """
+    s, n = np.asarray(successes, dtype=float), np.asarray(totals, dtype=float)
+    if s.shape != n.shape or s.size < 2:
+        raise ValueError(f"need counts of at least two prompts (same length), got {s.size} and {n.size}")
+    if (n < 2).any() or (s < 0).any() or (s > n).any():
+        raise ValueError("every prompt needs >= 2 recorded roots and 0 <= successes <= roots")
+    rate = s / n
+    mu = float(rate.mean())
+    if mu <= 0 or mu >= 1:
+        raise ValueError(f"every recorded root {'failed' if mu <= 0 else 'succeeded'}: no difficulty prior can be "
+                         "fitted (the bank has no contrast)")
+    r = float(n.mean())
+    rho = (r * float(rate.var(ddof=1)) / (mu * (1 - mu)) - 1) / (r - 1)
+    lo, hi = CONCENTRATION_BOUNDS
+    conc = hi if rho <= 1 / (hi + 1) else lo if rho >= 1 / (lo + 1) else 1 / rho - 1
+    return mu * conc, (1 - mu) * conc
+
+
+def concentration_from_flips(depths: Sequence[int], flips: Sequence[int], trials: Sequence[int],
+                             prior: tuple[float, float]) -> float:
+    """kappa of the martingale from flip counts by prefix depth (see the module docstring).
+
+    Args:
+        depths: prefix depths t >= 1.
+        flips: continuations from depth t whose outcome differs from the root's.
+        trials: continuations from depth t.
+        prior: the difficulty prior (a, b), e.g. from :func:`beta_from_counts`.
+
+    Returns:
+        kappa > 0 (large: a turn reveals little; small: the outcome is settled early).
+    """
+    from scipy.optimize import minimize_scalar
+
+    t, f, n = (np.asarray(x, dtype=float) for x in (depths, flips, trials))
+    keep = n > 0
+    t, f, n = t[keep], f[keep], n[keep]
+    if t.size == 0:
+        raise ValueError("no continuations were recorded: nothing to fit")
+    if (t < 1).any() or (f < 0).any() or (f > n).any():
+        raise ValueError("depths must be >= 1 and 0 <= flips <= trials")
+    a, b = prior
+    base = 2 * a * b / (a + b) ** 2 * (a + b) / (a + b + 1)  # 2 E[p (1 - p)]
+
+    def nll(r: float) -> float:
+        q = np.clip(base * r**t, 1e-12, 1 - 1e-12)
+        return -float((f * np.log(q) + (n - f) * np.log1p(-q)).sum())
+
+    fit = minimize_scalar(nll, bounds=(1e-6, 1 - 1e-9), method="bounded", options={"xatol": 1e-10})
+    r = float(fit.x)
+    return r / (1 - r)
+
+
+def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], flip_depths: Sequence[int],
+                flip_counts: Sequence[int], flip_trials: Sequence[int], root_turns: Sequence[int], *,
+                group_size: int, learned_spearman: float | None = None) -> dict[str, Any]:
+    """The simulator settings a bank's counts imply: ``{"mean_success", "target_mixed",
+    "step_concentration", "min_turns", "max_turns"}`` plus ``feature_spearman`` when
+    ``learned_spearman`` is given (and positive), and ``"fitted"`` with the fit's
+    intermediate values (a, b, r) for the report."""
+    from trace_gym.sim.simulator import mixed_probability
+
+    a, b = beta_from_counts(prompt_successes, prompt_roots)
+    kappa = concentration_from_flips(flip_depths, flip_counts, flip_trials, (a, b)) if len(flip_depths) else None
+    turns = np.asarray(root_turns, dtype=int)
+    mu = a / (a + b)
+    ceiling = 1 - mu**group_size - (1 - mu) ** group_size  # the simulator's prior needs target < ceiling
+    out: dict[str, Any] = {"mean_success": mu,
+                           "target_mixed": min(mixed_probability(a, b, group_size), ceiling * (1 - 1e-6))}
+    if kappa is not None:
+        out["step_concentration"] = float(np.clip(kappa, 1e-3, 1e6))
+    if turns.size:
+        out["min_turns"], out["max_turns"] = max(1, int(turns.min())), max(1, int(turns.max()))
+    if learned_spearman is not None and math.isfinite(learned_spearman) and learned_spearman > 0:
+        out["feature_spearman"] = float(min(learned_spearman, 1.0))
+    lo, hi = CONCENTRATION_BOUNDS
+    out["fitted"] = {"a": a, "b": b, "concentration": a + b,
+                     "r": None if kappa is None else kappa / (kappa + 1),
+                     "clipped": bool(np.isclose(a + b, lo) or np.isclose(a + b, hi))}
+    return out
+
+
+def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict[str, Any]:
+    """:func:`calibration` of a bank's :func:`~trace_gym.banks.stats.bank_stats` (prompt counts,
+    flips at depth >= 1, root turn histogram, the learned predictor's prompt Spearman when measured)."""
+    counts = np.asarray(stats["prompt_counts"], dtype=int).reshape(-1, 2)
+    flips = {int(d): v for d, v in stats["flip_by_depth"].items() if int(d) >= 1 and v["continuations"]}
+    depths = sorted(flips)
+    trials = [int(flips[d]["continuations"]) for d in depths]
+    flipped = [int(round(flips[d]["flip"] * n)) for d, n in zip(depths, trials)]
+    turns = [int(t) for t, c in stats["turns"]["histogram"].items() for _ in range(int(c))]
+    learned = (stats.get("predictor") or {}).get("prompt")
+    usable = counts[:, 1] >= 2
+    return calibration(counts[usable, 0], counts[usable, 1], depths, flipped, trials, turns, group_size=group_size,
+                       learned_spearman=learned)
+
+
+def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`~trace_gym.bench.config.SimBenchConfig` keys of a :func:`calibration` result."""
+    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman",
+            "predictor_level_shift", "warmup_prompts")
+    return {k: calibrated[k] for k in keys if k in calibrated}

@@ -1,0 +1,402 @@
+"""Simulated multi-turn tasks with a known success martingale, for allocation benchmarks.
+
+No model, no environment: a task i has a true success probability p_i, and an episode
+reveals its outcome turn by turn. The *value* V_t = P(success | history after t turns)
+follows a beta-splitting martingale:
+
+    V_0 = p_i
+    V_{t+1} ~ Beta(kappa V_t, kappa (1 - V_t))     for t + 1 < T_i   (E[V_{t+1} | V_t] = V_t)
+    V_T     ~ Bernoulli(V_{T-1})                   the reward, in {0, 1}
+
+``kappa`` (``step_concentration``) sets how much one turn reveals:
+Var(V_{t+1} | V_t) = V_t (1 - V_t) / (kappa + 1). A continuation from a saved prefix
+at turn t restarts the martingale from that node's V_t, exactly as restoring an env
+snapshot and resampling the policy would. So the simulator exercises the same trees,
+planning functions and strategies as the real rollout loop.
+
+Difficulty: p ~ Beta(a, b) with a chosen mean, and a concentration a + b solved so
+that a GRPO group of G fresh rollouts is mixed with a target probability:
+
+    P(mixed) = E[1 - p^G - (1 - p)^G],   E[p^G] = prod_{i<G} (a + i) / (a + b + i)
+
+(closed form; ``calibrate_prior``). The default, 0.27 at G = 8, is GRPO's effective
+ratio on DeepScaleR with Qwen3-8B in the paper (26.8 %).
+
+Predictors over :class:`SimState` live in :mod:`trace_gym.sim.predictors` (oracle,
+noisy oracle, learned logistic regression on what a model could observe), which
+imports this module (never the other way round). One simulated step is the one step
+driver (:func:`trace_gym.step.driver.run_step`) with a :class:`SimBranchRunner`.
+
+Token and step counts are simulated too, so the ledger's exact units are meaningful:
+each turn generates ~Poisson(``policy_tokens_per_turn``) tokens and returns
+~Poisson(``observation_tokens_per_turn``); prefill counts the prompt and observations
+of a root rollout and, for a continuation, its whole replayed context (no prefix cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from trace_gym.budget import BudgetLedger
+from trace_gym.step.driver import BranchResult, run_step
+from trace_gym.predictor.kinds import SuccessPredictor
+from trace_gym.allocation.strategy import Strategy
+from trace_gym.tree import ROOT, TARGET_ESTIMATORS, RolloutTree
+
+_EPS = 1e-12
+
+
+def logit(p: np.ndarray | float) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=float), _EPS, 1 - _EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def sigmoid(x: np.ndarray | float) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=float)))
+
+
+# ---------------------------------------------------------------------- difficulty prior
+def mixed_probability(a: float, b: float, group_size: int = 8) -> float:
+    """E[1 - p^G - (1 - p)^G] for p ~ Beta(a, b): P(a group of G fresh rollouts is mixed)."""
+    if a <= 0 or b <= 0:
+        raise ValueError(f"Beta parameters must be > 0, got a={a!r}, b={b!r}")
+    if group_size < 1 or int(group_size) != group_size:
+        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
+    i = np.arange(int(group_size))
+    e_success = np.prod((a + i) / (a + b + i))
+    e_failure = np.prod((b + i) / (a + b + i))
+    return float(1.0 - e_success - e_failure)
+
+
+def calibrate_prior(target_mixed: float = 0.27, mean_success: float = 0.5, group_size: int = 8) -> tuple[float, float]:
+    """Beta(a, b) with mean ``mean_success`` and P(mixed group of G) = ``target_mixed``.
+
+    P(mixed) rises monotonically with the concentration s = a + b (from 0 as s -> 0,
+    all mass at {0, 1}, to 1 - mu^G - (1 - mu)^G as s -> inf), so s is found by
+    bisection on log s.
+    """
+    if not 0 < mean_success < 1:
+        raise ValueError(f"mean_success must lie in (0, 1), got {mean_success!r}")
+    ceiling = 1 - mean_success**group_size - (1 - mean_success) ** group_size
+    if not 0 < target_mixed < ceiling:
+        raise ValueError(
+            f"target_mixed must lie in (0, {ceiling:.4f}) for mean {mean_success} and G = {group_size}, "
+            f"got {target_mixed!r}"
+        )
+
+    def gap(log_s: float) -> float:
+        s = np.exp(log_s)
+        return mixed_probability(mean_success * s, (1 - mean_success) * s, group_size) - target_mixed
+
+    lo, hi = np.log(1e-6), np.log(1e6)  # gap(lo) < 0 < gap(hi)
+    for _ in range(100):  # bisection on log s; the bracket shrinks to ~1e-29
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if gap(mid) < 0 else (lo, mid)
+    s = float(np.exp(0.5 * (lo + hi)))
+    return mean_success * s, (1 - mean_success) * s
+
+
+# ---------------------------------------------------------------------- tasks and states
+@dataclass(frozen=True)
+class SimWorld:
+    """Everything that defines the simulated task family (documented units).
+
+    Attributes:
+        target_mixed: P(a uniform group of ``group_size`` is mixed) the prior is
+            calibrated to (0.27: GRPO on DeepScaleR in the paper).
+        mean_success: mean of the difficulty prior, E[p].
+        group_size: G used for the calibration.
+        min_turns, max_turns: episode length T_i ~ Uniform{min_turns..max_turns}.
+        step_concentration: kappa of the beta-splitting martingale (larger: each turn
+            reveals less).
+        feature_dim: task features a learned predictor sees; feature 0 is
+            logit(p) + N(0, feature_noise^2), the others are pure noise.
+        feature_noise: std of the noise on the informative feature (logit units; ``inf``:
+            no feature informs, a predictor's Spearman 0).
+        signal_noise: std of the per-turn observation signal logit(V_t) + noise.
+        prompt_tokens: prompt length (tokens).
+        policy_tokens_per_turn, observation_tokens_per_turn: Poisson means (tokens).
+    """
+
+    target_mixed: float = 0.27
+    mean_success: float = 0.5
+    group_size: int = 8
+    min_turns: int = 3
+    max_turns: int = 6
+    step_concentration: float = 3.0
+    feature_dim: int = 4
+    feature_noise: float = 6.0
+    signal_noise: float = 4.0
+    prompt_tokens: int = 150
+    policy_tokens_per_turn: float = 200.0
+    observation_tokens_per_turn: float = 80.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_turns <= self.max_turns:
+            raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}")
+        if self.step_concentration <= 0:
+            raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
+        if self.feature_dim < 1:
+            raise ValueError(f"feature_dim must be >= 1, got {self.feature_dim!r}")
+
+    def prior(self) -> tuple[float, float]:
+        """Calibrated Beta(a, b) difficulty prior."""
+        return calibrate_prior(self.target_mixed, self.mean_success, self.group_size)
+
+
+@dataclass(frozen=True)
+class TaskPool:
+    """A set of simulated tasks, as arrays indexed by task id.
+
+    Attributes:
+        success: p_i, shape (n,).
+        features: what a learned predictor sees, shape (n, feature_dim).
+        turns: T_i, shape (n,).
+    """
+
+    success: np.ndarray
+    features: np.ndarray
+    turns: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.success)
+
+
+def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPool:
+    """Draw ``n_tasks`` tasks from the world's calibrated prior."""
+    a, b = world.prior()
+    p = rng.beta(a, b, size=n_tasks)
+    feats = rng.standard_normal((n_tasks, world.feature_dim))
+    if np.isfinite(world.feature_noise):  # infinite noise: feature 0 is as uninformative as the others
+        feats[:, 0] = logit(p) + world.feature_noise * feats[:, 0]
+    turns = rng.integers(world.min_turns, world.max_turns + 1, size=n_tasks)
+    return TaskPool(success=p, features=feats, turns=turns)
+
+
+@dataclass(frozen=True, slots=True)
+class SimState:
+    """A node's snapshot in the simulator (what 'restore' resumes from).
+
+    Attributes:
+        task: task index in the pool.
+        turn: completed turns t.
+        value: true V_t (hidden from the learned predictor).
+        signal: noisy observation logit(V_t) + N(0, signal_noise^2); 0 at the root.
+        context_tokens: tokens in the history so far (prompt + all segments).
+    """
+
+    task: int
+    turn: int
+    value: float
+    signal: float = 0.0
+    context_tokens: int = 0
+
+
+def root_state(pool: TaskPool, task: int, world: SimWorld) -> SimState:
+    return SimState(task=int(task), turn=0, value=float(pool.success[task]), context_tokens=world.prompt_tokens)
+
+
+def simulate_branches(
+    tree: RolloutTree,
+    anchors: Sequence[int],
+    pool: TaskPool,
+    world: SimWorld,
+    rng: np.random.Generator,
+    ledger: BudgetLedger,
+) -> list[int]:
+    """Run one rollout from each node in ``anchors`` (repeats allowed) to the end.
+
+    From the root a rollout is a full rollout; from a deeper node a continuation
+    (restore the node's state, resample the future). All branches are simulated in
+    lockstep (vectorised over branches, turn by turn) and then appended to the tree one
+    branch at a time, in ``anchors`` order. Records the exact units (generated and
+    prefill tokens, env steps) in ``ledger``; the nominal ones (rollouts,
+    continuations) are the step driver's. Returns the leaf id of each branch.
+    """
+    count = len(anchors)
+    if count == 0:
+        return []
+    states: list[SimState] = [tree.node(a).snapshot for a in anchors]
+    task = states[0].task
+    if any(st.task != task for st in states):
+        raise ValueError(f"anchors {list(anchors)} belong to different tasks; one tree is one task")
+    T = int(pool.turns[task])
+    start = np.array([st.turn for st in states])
+    if (start >= T).any():
+        raise ValueError(f"anchor at turn {int(start.max())} >= the task's last turn {T}; nothing to continue")
+    t0 = int(start.min())
+    n_rows = T - t0  # rows are turns t0 + 1 .. T
+    kappa = world.step_concentration
+    values = np.empty((n_rows, count))
+    v = np.array([st.value for st in states], dtype=float)
+    for row in range(n_rows):
+        t = t0 + 1 + row
+        if t < T:
+            step = (start < t) & (v > 0.0) & (v < 1.0)
+            if step.any():
+                v = v.copy()
+                v[step] = rng.beta(kappa * v[step], kappa * (1 - v[step]))
+        else:
+            v = (rng.random(count) < v).astype(float)
+        values[row] = v
+    active = (t0 + 1 + np.arange(n_rows))[:, None] > start[None, :]  # (n_rows, count)
+    gen = rng.poisson(world.policy_tokens_per_turn, size=(n_rows, count)) * active
+    obs = rng.poisson(world.observation_tokens_per_turn, size=(n_rows, count)) * active
+    obs[-1] = 0  # no observation after the final answer
+    signal = logit(values) + world.signal_noise * rng.standard_normal((n_rows, count))
+    signal[-1] = 0.0
+    ctx = np.array([st.context_tokens for st in states]) + np.cumsum(gen + obs, axis=0)
+
+    is_root = np.array([a == ROOT for a in anchors])
+    n_roots = int(is_root.sum())
+    ledger.add_tokens(
+        generated=int(gen.sum()),
+        prefill=int(obs.sum()) + n_roots * world.prompt_tokens
+        + sum(st.context_tokens for st, r in zip(states, is_root) if not r),
+    )
+    ledger.add_env_steps(int(active.sum()))
+
+    leaves = []
+    for j, (vals, sigs, ctxs, gens, obss) in enumerate(
+        zip(values.T.tolist(), signal.T.tolist(), ctx.T.tolist(), gen.T.tolist(), obs.T.tolist())
+    ):
+        anchor = anchors[j]
+        branch = tree.start_branch(anchor)
+        node = anchor
+        for row in range(int(start[j]) - t0, n_rows):
+            last = row == n_rows - 1
+            node = tree.add_turn(
+                node,
+                branch=branch,
+                snapshot=SimState(task, t0 + 1 + row, vals[row], sigs[row], ctxs[row]),
+                reward=vals[row] if last else None,
+                terminal=last,
+                info={"policy_tokens": gens[row], "observation_tokens": obss[row]},
+            )
+        leaves.append(node)
+    return leaves
+
+
+# ---------------------------------------------------------------------- the branch runner
+@dataclass
+class SimBranchRunner:
+    """The simulator as a :class:`~trace_gym.step.driver.BranchRunner`.
+
+    Candidates are task indices into ``pool``; the predictor reads :class:`SimState`
+    snapshots. Requested branches wait until :meth:`advance`, which simulates all of
+    them (per tree, in request order, vectorised) in the ``simulation`` phase.
+    """
+
+    pool: TaskPool
+    world: SimWorld
+    rng: np.random.Generator
+    _trees: dict[Hashable, RolloutTree] = field(default_factory=dict, init=False, repr=False)
+    _pending: dict[Hashable, list[int]] = field(default_factory=dict, init=False, repr=False)
+
+    def prompt_context(self, candidate: Any) -> SimState:
+        return root_state(self.pool, int(candidate), self.world)
+
+    def node_context(self, key: Hashable, node_id: int) -> SimState:
+        return self._trees[key].nodes[node_id].snapshot
+
+    def new_tree(self, key: Hashable, candidate: Any) -> RolloutTree:
+        tree = RolloutTree(task_id=f"sim/{int(candidate)}", snapshot=self.prompt_context(candidate))
+        self._trees[key] = tree
+        return tree
+
+    def start_roots(self, key: Hashable, count: int, ledger: BudgetLedger) -> None:
+        self._pending.setdefault(key, []).extend([ROOT] * count)
+
+    def start_continuations(self, key: Hashable, node_id: int, count: int, ledger: BudgetLedger) -> None:
+        self._pending.setdefault(key, []).extend([node_id] * count)
+
+    @property
+    def live(self) -> int:
+        return sum(len(anchors) for anchors in self._pending.values())
+
+    def advance(self, ledger: BudgetLedger) -> list[BranchResult]:
+        pending, self._pending = self._pending, {}
+        out: list[BranchResult] = []
+        with ledger.phase("simulation"):
+            for key, anchors in pending.items():
+                leaves = simulate_branches(self._trees[key], anchors, self.pool, self.world, self.rng, ledger)
+                out.extend(BranchResult(key, anchor, leaf) for anchor, leaf in zip(anchors, leaves))
+        return out
+
+    def cancel(self) -> None:
+        self._pending.clear()
+
+
+# ---------------------------------------------------------------------- target estimators
+def _expanded_nodes(tree: RolloutTree) -> dict[int, float]:
+    """Expanded node id -> the observed reward of the root rollout whose prefix it is."""
+    out: dict[int, float] = {}
+    for b in tree.branches:
+        if b.is_continuation and b.anchor not in out:
+            trigger_leaf = tree.branch_leaf(tree.nodes[b.anchor].branch)
+            out[b.anchor] = float(tree.nodes[trigger_leaf].reward)
+    return out
+
+
+def target_error_study(
+    strategy: Strategy,
+    predictor: SuccessPredictor,
+    world: SimWorld = SimWorld(),
+    *,
+    pool_size: int = 2000,
+    candidates: int = 256,
+    nominal_budget: float = 512,
+    steps: int = 3,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Which predictor target is closer to the true V: recursive mean or fresh continuations.
+
+    Runs ``steps`` simulated steps of ``strategy`` driven by ``predictor`` (the caller's;
+    with the oracle, expansion follows the method exactly) and compares each estimator's target with
+    the true value V (``SimState.value``) of the same node, in three groups: ``prompt``
+    (depth 0), ``prefix`` (every inner node at depth >= 1) and ``expanded`` (the
+    prefixes that received continuations, where the two estimators differ most).
+
+    Returns ``{group: {estimator: {"n", "bias", "rmse", "bias_toward_observed"},
+    "lower_error": estimator}}``: ``bias`` is the mean of target - V, ``rmse`` its root
+    mean square, ``bias_toward_observed`` (expanded group only) the mean of
+    (target - V) signed toward the outcome that triggered the expansion (> 0: the
+    target leans toward the observed outcome), and ``lower_error`` the estimator with
+    the lower rmse.
+    """
+    rng = np.random.default_rng([seed, 9])
+    pool = make_pool(world, pool_size, rng)
+    errors: dict[str, dict[str, list[float]]] = {g: {e: [] for e in TARGET_ESTIMATORS}
+                                                 for g in ("prompt", "prefix", "expanded")}
+    toward: dict[str, list[float]] = {e: [] for e in TARGET_ESTIMATORS}
+    for _ in range(steps):
+        cands = rng.choice(len(pool), size=min(candidates, len(pool)), replace=False)
+        step = run_step(cands.tolist(), strategy, predictor, SimBranchRunner(pool, world, rng), nominal_budget, rng,
+                        learn=False)
+        for tree in step.trees:
+            expanded = _expanded_nodes(tree)
+            for est in TARGET_ESTIMATORS:
+                for node_id, target in tree.targets(est).items():
+                    node = tree.nodes[node_id]
+                    if node.terminal:
+                        continue
+                    err = target - node.snapshot.value
+                    errors["prompt" if node_id == ROOT else "prefix"][est].append(err)
+                    if node_id in expanded:
+                        errors["expanded"][est].append(err)
+                        toward[est].append(err if expanded[node_id] >= 0.5 else -err)
+    out: dict[str, dict[str, Any]] = {}
+    for group, by_est in errors.items():
+        row: dict[str, Any] = {}
+        for est, errs in by_est.items():
+            e = np.asarray(errs, dtype=float)
+            row[est] = {"n": int(e.size), "bias": float(e.mean()) if e.size else float("nan"),
+                        "rmse": float(np.sqrt(np.mean(e**2))) if e.size else float("nan")}
+            if group == "expanded":
+                row[est]["bias_toward_observed"] = float(np.mean(toward[est])) if toward[est] else float("nan")
+        row["lower_error"] = min(TARGET_ESTIMATORS, key=lambda est: row[est]["rmse"])
+        out[group] = row
+    return out
