@@ -23,21 +23,6 @@ BANK = str(Path(__file__).resolve().parents[2] / "trace_gym" / "banks" / "data" 
 DEEP = '{"a": ' * 5000 + "1" + "}" * 5000
 
 
-@pytest.fixture
-def no_work(monkeypatch):
-    """Tripwires: loading a model, building an engine or starting a bench's run fails the test."""
-    import trace_gym.engines
-    import trace_gym.models
-    from trace_gym.commands import bench
-
-    def tripped(*args, **kwargs):
-        raise AssertionError("the work started before the bad value was refused")
-
-    monkeypatch.setattr(trace_gym.engines, "make_engine", tripped)
-    monkeypatch.setattr(trace_gym.models, "resolve_model", tripped)
-    monkeypatch.setattr(bench, "mode_runner", lambda *args, **kwargs: tripped)
-
-
 def refused(argv: list[str], capsys) -> str:
     """The one stderr line of a refused command (exit 2)."""
     rc = cli.main(argv)

@@ -22,23 +22,6 @@ TINY_SIM = ["bench", "--sim", "seeds=1", "steps=2", "warmup_steps=0", "pool_size
 
 
 @pytest.fixture
-def no_work(monkeypatch):
-    """Tripwires: a model load, an engine, a bench's run or a bank's statistics fail the test."""
-    import trace_gym.banks
-    import trace_gym.engines
-    import trace_gym.models
-    from trace_gym.commands import bench
-
-    def tripped(*args, **kwargs):
-        raise AssertionError("the work started before the output path was checked")
-
-    monkeypatch.setattr(trace_gym.engines, "make_engine", tripped)
-    monkeypatch.setattr(trace_gym.models, "resolve_model", tripped)
-    monkeypatch.setattr(trace_gym.banks, "bank_stats", tripped)
-    monkeypatch.setattr(bench, "mode_runner", lambda *args, **kwargs: tripped)
-
-
-@pytest.fixture
 def places(tmp_path):
     """A folder and a plain file to misuse as outputs."""
     folder, file = tmp_path / "a_folder", tmp_path / "a_file.txt"

@@ -62,9 +62,12 @@ def _run(tokenizer, make_env, task, script, episodes=2, max_episode_tokens=8192)
 
 
 def test_math_hostile_script_through_the_runner(tokenizer):
-    script = [_cells(MATH_CODE[k], "print(6 * 7)") for k in (
-        "lone_surrogate_exception", "forged_frames", "fork_bomb", "close_all_fds", "background_exit",
-        "invalid_utf8_bytes", "chat_template_tokens", "huge_traceback", "import_project")]
+    # background_exit's thread kills the interpreter 50 ms after its cell; a sleeping cell between
+    # makes that death land in the sleep (not in print(6 * 7), which would lose its output under load).
+    between = {"background_exit": ["import time\ntime.sleep(2)"]}
+    attacks = ("lone_surrogate_exception", "forged_frames", "fork_bomb", "close_all_fds", "background_exit",
+               "invalid_utf8_bytes", "chat_template_tokens", "huge_traceback", "import_project")
+    script = [_cells(MATH_CODE[k], *between.get(k, []), "print(6 * 7)") for k in attacks]
     script += [MATH_RESPONSES["four_hundred_kb"][:20000], MATH_RESPONSES["final_surrogate"]]
     limits = KernelLimits(cell_timeout_s=6.0, memory_mb=512, output_bytes=2048)  # generous: CI machines are shared
     task = Task(id="agent-hostile", prompt="What is 2 + 3?", answer="5")
@@ -72,7 +75,8 @@ def test_math_hostile_script_through_the_runner(tokenizer):
                     task, script)
     for ep in finished:
         assert ep.turns[-1].terminated
-        assert all("42" in t.obs_messages[0].content for t in ep.turns[:9])  # the cell after each attack ran
+        for attack, turn in zip(attacks, ep.turns):  # the cell after each attack ran
+            assert "42" in turn.obs_messages[0].content, (attack, turn.obs_messages[0].content[-600:])
 
 
 def test_bfcl_hostile_script_through_the_runner(tokenizer):
