@@ -255,6 +255,7 @@ def test_check_env_subset(category):
     assert report.passed["snapshot_pickle_process"] > 0 and not report.skipped
 
 
+@pytest.mark.slow  # ~45 s per category; test_check_env_subset runs the same kit on every 5th entry
 @pytest.mark.parametrize("category", data.CATEGORIES)
 def test_check_env_all_entries(category):
     env = gymnasium.make("trace_gym/BFCL-v0", category=category)

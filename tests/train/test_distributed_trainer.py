@@ -131,6 +131,8 @@ def cluster_get(ref):
     return ray.get(ref)
 
 
+@pytest.mark.slow  # ~26 s; test_two_gloo_ranks_update_like_one_process covers the gloo group, test_distributed.py
+# the workers' weight sync through the object store and a killed rollout worker
 def test_weights_broadcast_from_trainer_rank_0_to_rollout_workers(cluster, tiny_model_path):  # noqa: F811
     """The collective path (gloo here, NCCL across GPU nodes): FSDP2 ranks gather, rank 0
     broadcasts, every rollout worker loads and reports the version; a replaced worker joins
