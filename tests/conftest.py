@@ -20,8 +20,27 @@ the cache persists across runs: ~1 min the first time, ~1 s after).
 from __future__ import annotations
 
 import importlib.util
+import signal
+import warnings
 
 import pytest
+
+_KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_put_back(request):
+    """A handler for SIGINT/SIGTERM that a test (or a library it drove) leaves in this
+    process is taken back after it, with a warning naming the test: later tests that send
+    themselves a Ctrl-C meet Python's own handler, whatever ran before them."""
+    before = {signum: signal.getsignal(signum) for signum in _KEPT_SIGNALS}
+    yield
+    for signum, handler in before.items():
+        now = signal.getsignal(signum)
+        if now is not handler:
+            signal.signal(signum, handler)
+            warnings.warn(f"{request.node.nodeid} left {signal.Signals(signum).name} handled by {now!r}; put back",
+                          stacklevel=1)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ code through, and what it checks each reply with. It guarantees:
   own; a call with no reply by then is given up: its episode ends (a step: truncated,
   with ``info["env_error"]``; a reset: :class:`ForeignEnvError`), the locks and process
   state it held are released and put back at once, and the helper is sent an exception
-  so that a pure-Python loop stops. No lock is held across a foreign call, so a hung
+  so that a pure-Python loop stops (a thread blocked in C cannot take it: it is taken back,
+  :mod:`trace_gym.env.thread_raise`). No lock is held across a foreign call, so a hung
   call holds up no other env's calls (the private RNG below is per thread). An instance whose call is still
   running :data:`GIVE_UP_GRACE_S` later takes no further call (:class:`ForeignEnvError`;
   make a new env).
@@ -43,7 +44,6 @@ crash in C, memory exhaustion, a C loop that never returns to Python (its thread
 from __future__ import annotations
 
 import contextvars
-import ctypes
 import hashlib
 import json
 import logging
@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from trace_gym.env import process_state
+from trace_gym.env import process_state, thread_raise
 from trace_gym.env.process_state import BASELINE, GLOBAL_RNG_LOCK, PrivateGenerators, bind_generators, global_rng_state
 from trace_gym.utils.textsafe import JSONRefused, cap_text, clean_text, clean_value, loads_bounded
 from trace_gym.types import Message
@@ -165,12 +165,6 @@ def _wait(event: threading.Event, seconds: float) -> bool:
     return True
 
 
-def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> None:
-    """Raise ``exc_type`` in ``thread`` at its next Python instruction (CPython's async exception)."""
-    if thread.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))
-
-
 class ForeignBoundary:
     """Calls into one env instance's foreign code, and the checks of its replies (module docstring).
 
@@ -229,7 +223,8 @@ class ForeignBoundary:
         finally:  # the deadline passed, or the caller was interrupted (a real Ctrl-C)
             if not call.done.is_set() and self._give_up(call, helper):
                 helper.join(GIVE_UP_GRACE_S)  # a pure-Python loop stops at the exception sent to it
-                if helper.is_alive():
+                if helper.is_alive():  # blocked in C: the exception it cannot take is taken back
+                    thread_raise.withdraw(helper)
                     self._stuck, self._stuck_what = helper, what
         if call.given_up:
             raise ForeignEnvError(f"{where}: {self.subject}'s {what} gave no reply within call_timeout_s="
@@ -259,6 +254,7 @@ class ForeignBoundary:
             call.error = exc
             self._close(call)
         finally:
+            thread_raise.taken(call.ident)
             call.started.set()
 
     @staticmethod
@@ -303,7 +299,7 @@ class ForeignBoundary:
             self._end(call)
             call.started.set()
             if call.entered:  # not one that has not begun: it finds the call closed and lets go
-                _raise_in(helper, CallGivenUp)
+                thread_raise.raise_in(helper, CallGivenUp)
         return True
 
     def _report(self, call: _Call, where: str) -> None:
