@@ -15,7 +15,7 @@ The commands (their JSON lands in ``--out``, default ``runs/bank_docs/<bank>``):
     trace-gym bench --bank BANK [overrides] --json bench.json
     trace-gym bank stats BANK --predictor none --json stats.json
     trace-gym bench --sim calibrate_from=BANK seeds=10 candidates=C root_budget=M group_size=G
-        continuations_per_root=N --json sim.json          (the bank bench's shape)
+        continuations_per_root=N steps=T warmup_steps=W --json sim.json     (the bank bench's shape)
     trace-gym bench --bank BANK [overrides] --root-budgets 8,16,32 --json sweep.json --out DIR
 
 Nothing here computes a number of its own: every cell is read from those JSON files.
@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "seconds.json").write_text(json.dumps({"bench": seconds}))
         run(["bank", "stats", args.bank, "--predictor", "none", "--json", str(out / "stats.json")])
     bench = json.loads((out / "bench.json").read_text())
-    shape = {k: bench["config"][k] for k in ("candidates", "root_budget", "group_size", "continuations_per_root")}
+    shape = {k: bench["config"][k] for k in ("candidates", "root_budget", "group_size", "continuations_per_root",
+                                             "steps", "warmup_steps")}  # the simulator warms up as the bank bench
     sim_args = ["bench", "--sim", f"calibrate_from={args.bank}", "seeds=10", *[f"{k}={v}" for k, v in shape.items()],
                 "--pairs", "trace_adaptive:pcl"]
     sweep_args = [*bench_args, "--root-budgets", args.budgets]

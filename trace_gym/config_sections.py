@@ -155,16 +155,32 @@ class Reproducibility:
 
 @dataclass(frozen=True)
 class BenchTarget:
-    """The bench's budget-to-target measure: how many mixed groups an arm must collect."""
+    """The bench's target section: what counts a group as mixed (:mod:`trace_gym.step.mixed`), and how many
+    mixed groups an arm must collect for the budget-to-target measure."""
 
     mixed_groups_target: int = field(default=8, metadata=_in(
         "target", "mixed groups an arm must collect over its measured steps; its exact generated tokens until then "
                   "are the budget-to-target metric (tokens to target)", within=f"[1, {MAX_COUNT}]"))
+    mixed_rule: str = field(default="threshold", metadata=_in(
+        "target", "what counts a group as mixed: threshold (a success and a failure, success = reward >= 0.5) | "
+                  "spread (reward max - min > mixed_spread; for continuous rewards, trace_gym/step/mixed.py)"))
+    mixed_spread: float = field(default=0.0, metadata=_in(
+        "target", "with mixed_rule=spread: the reward range a group must exceed to count as mixed (reward units)",
+        within="[0, 1000000]"))
+
+    def mixed(self) -> Any:
+        """The :class:`~trace_gym.step.mixed.MixedRule` of ``mixed_rule`` and ``mixed_spread``."""
+        from trace_gym.step.mixed import MixedRule
+
+        return MixedRule(self.mixed_rule, self.mixed_spread)
+
+    def _check_target(self) -> None:
+        self.mixed()  # one line naming a bad mixed_rule (mixed_groups_target and mixed_spread: their ranges)
 
 
 #: Every section, and the check it brings beyond its fields' declared ranges (``None``: none).
 SECTIONS: dict[type, str | None] = {BudgetShape: None, AgentLimits: None, PredictorChoice: "_check_predictor",
-                                    Reproducibility: "_check_reproducibility", BenchTarget: None}
+                                    Reproducibility: "_check_reproducibility", BenchTarget: "_check_target"}
 
 
 def check_sections(cfg: Any) -> None:

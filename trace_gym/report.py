@@ -30,14 +30,15 @@ from trace_gym.tree import RolloutTree
 
 
 # ---------------------------------------------------------------------- metrics
-def effective_ratio(trees: Iterable[RolloutTree]) -> float:
-    """Mixed trees / trees with at least one finished leaf; NaN when there are none."""
+def effective_ratio(trees: Iterable[RolloutTree], mixed_rule: Any = None) -> float:
+    """Mixed trees / trees with at least one finished leaf; NaN when there are none. A tree is
+    mixed by ``mixed_rule`` (:class:`~trace_gym.step.mixed.MixedRule`; default: a success and a failure)."""
     counted = mixed = 0
     for tree in trees:
         if not tree.leaves():
             continue
         counted += 1
-        mixed += tree.is_mixed()
+        mixed += tree.is_mixed() if mixed_rule is None else mixed_rule.tree(tree)
     return mixed / counted if counted else math.nan
 
 

@@ -86,10 +86,25 @@ def warm_up(predictor: Any, bank: Bank, indices: Sequence[int], *, seed: int, pr
 
     Returns what it read: ``{"prompts", "roots", "continuations", "updates", "samples", "seconds"}``.
     """
+    batches = warmup_batches(bank, indices, seed, batch) if batches is None else batches
+    return learn_from_batches(predictor, batches, prefix_share)
+
+
+def learn_from_batches(predictor: Any, batches: Sequence[tuple[Any, StepResult]], prefix_share: float,
+                       ) -> dict[str, Any]:
+    """The warm-up's learning: each batch's full trees through the step's own learning half
+    (:func:`trace_gym.step.learning.update_predictor`, root rollouts' nodes only), one predictor update
+    per batch. ``batches``: ``(runner, step)`` pairs, the runner the one that grew the step's
+    trees (a bank's :class:`~trace_gym.banks.replay.BankBranchRunner`, or the simulator's:
+    ``bench --sim`` warms up through this same function, :mod:`trace_gym.bench.sim_fit`).
+
+    Returns what it read: ``{"prompts", "roots", "continuations", "updates", "samples", "seconds"}``.
+    """
     start = time.perf_counter()
-    stats = {"prompts": len(indices), "roots": 0, "continuations": 0, "updates": 0, "samples": 0}
-    for runner, step in warmup_batches(bank, indices, seed, batch) if batches is None else batches:
+    stats = {"prompts": 0, "roots": 0, "continuations": 0, "updates": 0, "samples": 0}
+    for runner, step in batches:
         learning = update_predictor(step, predictor, runner, prefix_share, root_rollouts_only=True)
+        stats["prompts"] += len(step.trees)
         stats["roots"] += sum(1 for t in step.trees for b in t.branches if not b.is_continuation)
         stats["continuations"] += sum(1 for t in step.trees for b in t.branches if b.is_continuation)
         stats["updates"] += 1
@@ -98,17 +113,34 @@ def warm_up(predictor: Any, bank: Bank, indices: Sequence[int], *, seed: int, pr
     return stats
 
 
-def steady_state_spearman(predictor: Any, bank: Bank, warmup_prompts: int, *, seed: int,
-                          prefix_share: float) -> float:
-    """The prompt-level Spearman a bank bench's learned predictor starts its first step with:
-    ``predictor`` (fresh) warmed up on the bench's held-out slice (:func:`held_out_prompts`,
-    :func:`warm_up`), then scored on every other prompt against its empirical rate. This is
-    the in-bench value the calibrated simulator's ``feature_spearman`` takes."""
+def steady_state_quality(predictor: Any, bank: Bank, warmup_prompts: int, *, seed: int, prefix_share: float,
+                         group_size: int | None = None, selection: tuple[int, int] | None = None,
+                         ) -> dict[str, float]:
+    """What a bank bench's learned predictor knows as its first step starts: ``predictor`` (fresh)
+    warmed up on the bench's held-out slice (:func:`held_out_prompts`, :func:`warm_up`), then
+    scored on every other prompt against the bank's truth: each prompt's empirical rate over its
+    recorded roots, and whether it is mixed: with ``group_size`` G, the probability that a group of G
+    drawn from its recorded roots without replacement (as the bench draws them) is mixed
+    (:func:`~trace_gym.predictor.quality.drawn_group_mixed`); without, whether all its roots
+    were (as :func:`~trace_gym.bench.bank.bank_truth` reads them). Returns
+    :func:`~trace_gym.predictor.quality.predictor_quality`'s ``{"prompt_spearman", "mixed_auc",
+    "brier", "level_error"}`` and, with ``selection`` = (pool, picks), ``"selection_precision"``
+    (:func:`~trace_gym.predictor.quality.selection_precision`): what the calibrated simulator's
+    predictor is fitted to."""
     from trace_gym.predictor.kinds import Context
-    from trace_gym.report import spearman
+    from trace_gym.predictor.quality import drawn_group_mixed, predictor_quality, selection_precision
 
     held = held_out_prompts(len(bank), warmup_prompts, seed)
     warm_up(predictor, bank, held, seed=seed, prefix_share=prefix_share)
-    rest = [bank.prompt(i) for i in range(len(bank)) if i not in set(held)]
+    skip = set(held)
+    rest = [bank.prompt(i) for i in range(len(bank)) if i not in skip]
     values = predictor.predict([Context(r.prompt) for r in rest])
-    return spearman(values, [r.prompt_rate() for r in rest])
+    rates = np.array([r.prompt_rate() for r in rest], dtype=float)
+    wins = np.array([sum(r.outcomes()) for r in rest], dtype=int)
+    trials = np.array([len(r.outcomes()) for r in rest], dtype=int)
+    mixed = (drawn_group_mixed(wins, trials, group_size) if group_size else
+             ((wins > 0) & (wins < trials)).astype(float))
+    out = predictor_quality(values, rates, mixed)
+    if selection is not None:
+        out["selection_precision"] = selection_precision(values, mixed, pool=selection[0], picks=selection[1])
+    return out

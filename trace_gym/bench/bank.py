@@ -114,10 +114,11 @@ class BankRepetition:
              rng: np.random.Generator, *, measured: bool, play: Any) -> StepResult:
         d = self.draws[arm.name]
         runner = BankBranchRunner(d, anchored=arm.predictor == ORACLE)
-        result = run_step(candidates, play.strategy, predictor, runner, budget, rng,
-                          prefix_share=self.source.config.prefix_share, score_prefixes=measured, **play.kwargs())
+        cfg = self.source.config
+        result = run_step(candidates, play.strategy, predictor, runner, budget, rng, prefix_share=cfg.prefix_share,
+                          score_prefixes=measured, mixed_rule=cfg.mixed(), **play.kwargs())
         result.extras.update(records=list(candidates), roots_needed=d.roots_needed,
-                             continuations_needed=d.continuations_needed, truth=bank_truth(candidates))
+                             continuations_needed=d.continuations_needed, truth=bank_truth(candidates, cfg.mixed()))
         return result
 
     def measure(self, arm: Arm, steps: Sequence[StepResult]) -> dict[str, Any]:
@@ -161,7 +162,8 @@ class BankRepetition:
         from trace_gym import report
 
         trees = [t for s in steps for t in s.trees]
-        self.source.say(f"{self.label}: {arm.name} done, effective ratio {report.effective_ratio(trees):.2f}")
+        self.source.say(f"{self.label}: {arm.name} done, effective ratio "
+                        f"{report.effective_ratio(trees, self.source.config.mixed()):.2f}")
 
 
 @dataclass
@@ -386,12 +388,15 @@ def warmup_size(cfg: BankBenchConfig, n_prompts: int) -> int:
     return min(DEFAULT_WARMUP_PROMPTS, n_prompts // 4)
 
 
-def bank_truth(records: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+def bank_truth(records: Sequence[Any], mixed_rule: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """The predictor-quality truth of bank candidates: each prompt's empirical success rate over
-    its recorded roots, and whether those roots were mixed (1.0) or pure (0.0)."""
-    outcomes = [r.outcomes() for r in records]
+    its recorded roots, and whether those roots were mixed (1.0) or pure (0.0) by ``mixed_rule``
+    (:mod:`trace_gym.step.mixed`; default the success line)."""
+    from trace_gym.step.mixed import THRESHOLD
+
+    rule = mixed_rule or THRESHOLD
     rates = np.array([r.prompt_rate() for r in records], dtype=float)
-    mixed = np.array([float(0 < sum(o) < len(o)) for o in outcomes])
+    mixed = np.array([float(rule.group(root["reward"] for root in r.roots if root["turns"])) for r in records])
     return rates, mixed
 
 

@@ -72,8 +72,16 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     noisy_spearman: float = field(default=0.8, metadata=doc(
         "prompt-level Spearman of the noisy oracle", within="(0, 1]"))
     feature_spearman: float = field(default=0.8, metadata=doc(
-        "prompt-level Spearman between the task feature a learned predictor sees and the true success (a "
-        "modelling assumption; see docs/strategies.md)", within="(0, 1]"))
+        "prompt-level Spearman between the task feature a learned predictor sees and the true success "
+        "(0: the feature is noise; a modelling assumption, see docs/strategies.md; calibrate_from fits it)",
+        within="[0, 1]"))
+    predictor_level_shift: float = field(default=0.0, metadata=doc(
+        "logit offset added to the learned predictor's prompt predictions: a level error like a real predictor's "
+        "(calibrate_from fits it to the bank bench's)", within="[-100, 100]"))
+    warmup_prompts: int | None = field(default=None, metadata=doc(
+        "simulated tasks held out of every candidate pool whose rollouts (grown as a bank records a prompt) train "
+        "every learned predictor before step 0, as bench --bank does; unset: 0 (a cold start), or with "
+        "calibrate_from the bank bench's (64, at most a quarter of the bank)", within=f"[0, {MAX_COUNT}]"))
     oracle_upper_bound: bool = field(default=True, metadata=doc(
         "also run TRACE with the oracle predictor, labelled as an upper bound"))
     budget_unit: str = field(default="nominal", metadata=doc(
@@ -101,9 +109,21 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         _check_measured_steps(self)
         if self.candidates > self.pool_size:
             raise ValueError(f"candidates {self.candidates} exceed pool_size {self.pool_size}")
+        _check_sim_predictor(self)
         _check_unit(self)
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns!r}, {self.max_turns!r}")
+
+
+def _check_sim_predictor(cfg: "SimBenchConfig") -> None:
+    """The simulator's level-shift and warm-up keys beyond their ranges (one line naming a bad value)."""
+    if cfg.predictor_level_shift and cfg.predictor != "learned":  # the other sim kinds: the truth, or it plus noise
+        raise ValueError(f"predictor_level_shift is read by the learned predictor only, got "
+                         f"predictor={cfg.predictor!r}")
+    room = cfg.pool_size - cfg.candidates
+    if cfg.warmup_prompts is not None and cfg.warmup_prompts > room:
+        raise ValueError(f"warmup_prompts must be an integer in [0, pool_size - candidates = {room}], got "
+                         f"{cfg.warmup_prompts!r}")
 
 
 # ---------------------------------------------------------------------- bench --env

@@ -73,7 +73,8 @@ class EnvRepetition:
         runner = AgentRunner(src.engine, src.engine.tokenizer, src.family.make_env, src.sampling, src.agent_config)
         try:
             return collect(tasks, strategy, predictor, runner, budget, rng, seed=self.seed + seed_offset,
-                           prefix_share=src.config.prefix_share, **(play.kwargs() if play is not None else {}))
+                           prefix_share=src.config.prefix_share, mixed_rule=src.config.mixed(),
+                           **(play.kwargs() if play is not None else {}))
         finally:
             runner.close()
 
@@ -89,7 +90,7 @@ class EnvRepetition:
     def step(self, arm: Arm, candidates: Sequence[Any], predictor: Any, budget: float,
              rng: np.random.Generator, *, measured: bool, play: Any) -> Any:
         out = self._collect(candidates, play.strategy, predictor, budget, rng, _ARM_SEED_OFFSET, play)
-        out.extras["truth"] = chosen_truth(out)
+        out.extras["truth"] = chosen_truth(out, self.source.config.mixed())
         return out
 
     def arm_state(self, arm: Arm) -> None:
@@ -128,20 +129,24 @@ class EnvRepetition:
         if src.config.dump_episodes:
             done = src.dumped.setdefault(arm.name, [])
             done += transcripts(trees, src.config.dump_episodes - len(done))
-        src.say(f"{self.label}: {arm.name} done, effective ratio {report.effective_ratio(trees):.2f} "
-                f"({src.elapsed():.1f} s)")
+        ratio = report.effective_ratio(trees, src.config.mixed())
+        src.say(f"{self.label}: {arm.name} done, effective ratio {ratio:.2f} ({src.elapsed():.1f} s)")
 
 
-def chosen_truth(out: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def chosen_truth(out: Any, mixed_rule: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The predictor-quality truth real rollouts give: for each chosen prompt with at least two
-    finished root rollouts, their success rate and whether they were mixed, and its candidate
-    index. Only the chosen prompts have outcomes, so the measures cover them alone (a
-    selected, not a random, set of prompts)."""
-    rows = [(int(i), *t.root_outcomes()) for i, t in zip(out.tree_candidates, out.trees)]
-    rows = [(i, s, n) for i, s, n in rows if n >= 2]
-    index = np.array([i for i, _, _ in rows], dtype=np.int64)
-    rates = np.array([s / n for _, s, n in rows], dtype=float)
-    return rates, np.array([float(0 < s < n) for _, s, n in rows]), index
+    finished root rollouts, their success rate and whether they were mixed (by ``mixed_rule``,
+    :mod:`trace_gym.step.mixed`; default the success line), and its candidate index. Only the chosen
+    prompts have outcomes, so the measures cover them alone (a selected, not a random, set of
+    prompts)."""
+    from trace_gym.step.mixed import THRESHOLD
+
+    rule = mixed_rule or THRESHOLD
+    rows = [(int(i), *t.root_outcomes(), rule.roots(t)) for i, t in zip(out.tree_candidates, out.trees)]
+    rows = [(i, s, n, m) for i, s, n, m in rows if n >= 2]
+    index = np.array([i for i, *_ in rows], dtype=np.int64)
+    rates = np.array([s / n for _, s, n, _ in rows], dtype=float)
+    return rates, np.array([float(m) for *_, m in rows]), index
 
 
 @dataclass

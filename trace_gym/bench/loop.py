@@ -59,6 +59,7 @@ from trace_gym.allocation.waves import is_wave_strategy
 from trace_gym.step.driver import StepResult
 from trace_gym.step.learning import brief_repeats, reward_warning
 from trace_gym.allocation.strategy import group_sized
+from trace_gym.step.mixed import THRESHOLD, MixedRule
 
 if TYPE_CHECKING:
     from trace_gym.allocation.strategy import Strategy
@@ -80,8 +81,10 @@ class Arm:
 
 
 # ---------------------------------------------------------------------- shared metrics
-def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict[str, Any]:
-    """One strategy's numbers over ``steps`` steps of one repetition (per-step means).
+def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int, mixed_rule: MixedRule = THRESHOLD,
+                 ) -> dict[str, Any]:
+    """One strategy's numbers over ``steps`` steps of one repetition (per-step means), a tree
+    counted as mixed by ``mixed_rule`` (:mod:`trace_gym.step.mixed`).
 
     Exact-cost ratios use the totals: contrast pairs and mixed prompts per 1,000
     generated tokens and per env step (replayed env steps included).
@@ -90,12 +93,12 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int) -> dict
 
     pairs = report.contrast_pairs_by_depth(trees)
     n_pairs = float(sum(pairs.values()))
-    mixed = float(sum(t.is_mixed() for t in trees if t.leaves()))
-    in_mixed = sum(effective_samples(t) for t in trees if t.leaves() and t.is_mixed())
+    mixed = float(sum(mixed_rule.tree(t) for t in trees if t.leaves()))
+    in_mixed = sum(effective_samples(t) for t in trees if t.leaves() and mixed_rule.tree(t))
     tokens = max(ledger.generated_tokens, 1)
     env_steps = max(ledger.env_steps, 1)
     return {
-        "effective_ratio": report.effective_ratio(trees),
+        "effective_ratio": report.effective_ratio(trees, mixed_rule),
         "mixed_prompts": mixed / steps,
         "contrast_pairs": n_pairs / steps,
         "pairs_per_1k_tokens": 1e3 * n_pairs / tokens,
@@ -140,7 +143,7 @@ def tokens_to_target(steps: Sequence[Any], target: int) -> float:
     return math.nan
 
 
-def step_record(out: Any, measured: bool) -> dict[str, Any]:
+def step_record(out: Any, measured: bool, mixed_rule: MixedRule = THRESHOLD) -> dict[str, Any]:
     """One step of one arm, for the per-step curve: its headline metrics and, where the source
     put the candidates' truth in ``out.extras["truth"]`` (``(rates, mixed)``, or ``(rates, mixed,
     candidate indices)`` when it covers only some candidates), its predictor's
@@ -148,7 +151,7 @@ def step_record(out: Any, measured: bool) -> dict[str, Any]:
     its values."""
     from trace_gym.predictor.quality import predictor_quality
 
-    row = {"measured": measured} | {k: v for k, v in tree_metrics(out.trees, out.ledger, 1).items()
+    row = {"measured": measured} | {k: v for k, v in tree_metrics(out.trees, out.ledger, 1, mixed_rule).items()
                                     if k in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens")}
     truth = out.extras.get("truth")
     if truth is not None:
@@ -423,6 +426,7 @@ def _run_arm(source: BenchSource, rep: Any, arm: Arm, target_tokens: list[float]
     its row is ``{"violation": the one line}``."""
     predictor, rng = rep.predictor(arm), rep.rng(arm)
     ledger, measured, by_step, scale, waves = BudgetLedger(), [], [], 1.0, []
+    mixed_rule = source.config.mixed() if hasattr(source.config, "mixed") else THRESHOLD
     budget = source.nominal_budget
     try:
         for step in range(source.steps):
@@ -436,7 +440,7 @@ def _run_arm(source: BenchSource, rep: Any, arm: Arm, target_tokens: list[float]
                 out = rep.step(arm, cands, predictor, budget, rng, measured=counted, play=play)
                 if reference:
                     target_tokens.append(out.ledger.generated_tokens)
-            by_step.append(step_record(out, counted))
+            by_step.append(step_record(out, counted, mixed_rule))
             if counted:
                 ledger = ledger.merge(out.ledger)
                 measured.append(out)
@@ -448,9 +452,12 @@ def _run_arm(source: BenchSource, rep: Any, arm: Arm, target_tokens: list[float]
     trees = [t for out in measured for t in out.trees]
     target = getattr(source.config, "mixed_groups_target", None)
     reach = {"tokens_to_target": tokens_to_target(measured, target)} if target else {}
-    row = (tree_metrics(trees, ledger, len(measured)) | {"budget_scale": scale, "waves_per_step": _mean(waves)} | reach
+    row = (tree_metrics(trees, ledger, len(measured), mixed_rule) | {"budget_scale": scale,
+                                                                     "waves_per_step": _mean(waves)} | reach
            | pooled_quality(measured) | rep.measure(arm, measured) | {"by_step": by_step})
     rep.after_arm(arm, measured)
+    if any(mixed_rule.tree(t) for t in trees):  # the rule found contrast (a spread line below the outcomes')
+        return row, None
     return row, reward_warning(trees, getattr(source, "difficulty_knobs", None))
 
 

@@ -181,7 +181,8 @@ def _calibration(results: Mapping[str, Any]) -> list[str]:
     calibration = results.get("calibration")
     if not calibration:
         return []
-    used = ", ".join(f"{k} {v:.4g} (was {calibration['before'][k]:.4g})" for k, v in calibration["values"].items())
+    num = lambda v: "unset" if v is None else f"{v:.4g}"  # noqa: E731
+    used = ", ".join(f"{k} {num(v)} (was {num(calibration['before'][k])})" for k, v in calibration["values"].items())
     fit = calibration["fitted"]
     kept = "".join(f"; {k} {v!r} kept (set by you)" for k, v in calibration.get("kept", {}).items())
     clipped = " (clipped at its bound)" if fit.get("clipped") else ""

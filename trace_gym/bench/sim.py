@@ -11,6 +11,7 @@ predictor-target study (recursive mean vs fresh continuations, oracle-driven).
 
 from __future__ import annotations
 
+import copy
 import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -24,6 +25,7 @@ from trace_gym.bench.config import SimBenchConfig
 from trace_gym.step.driver import run_step
 from trace_gym.predictor.kinds import make_predictor
 from trace_gym.allocation.strategy import Strategy
+from trace_gym.bench.sim_fit import RecordedShape
 
 
 def sim_world(cfg: SimBenchConfig) -> Any:
@@ -44,20 +46,26 @@ def sim_task(state: Any) -> int:
 
 @dataclass
 class SimRepetition:
-    """One seed: a task pool and the candidate draws of every step."""
+    """One seed: a task pool, its held-out warm-up tasks (the first ``warmup_prompts``: the pool is
+    drawn i.i.d.), the candidate draws of every step (from the other tasks), and the warm predictor
+    of each kind (built once, copied to every arm)."""
 
     cfg: SimBenchConfig
     world: Any
     seed: int
+    source: Any = None  # the SimSource: its recorded shape, and where the warm-up's numbers go
 
     def __post_init__(self) -> None:
         from trace_gym.sim import simulator as sim
 
         self.label = f"seed {self.seed}"
         self.pool = sim.make_pool(self.world, self.cfg.pool_size, np.random.default_rng([self.seed, 0]))
-        self.draws = [np.random.default_rng([self.seed, 1, step]).choice(self.cfg.pool_size, self.cfg.candidates,
-                                                                          replace=False)
+        held = warmup_count(self.cfg)
+        self.draws = [held + np.random.default_rng([self.seed, 1, step]).choice(self.cfg.pool_size - held,
+                                                                                 self.cfg.candidates, replace=False)
                       for step in range(self.cfg.steps)]
+        self._templates: dict[str, Any] = {}
+        self._batches: list | None = None
 
     def candidates(self, step: int) -> list[int]:
         return self.draws[step].tolist()
@@ -67,14 +75,30 @@ class SimRepetition:
 
         from trace_gym.predictor.kinds import PREDICTORS
 
+        if arm.predictor in self._templates:
+            return copy.deepcopy(self._templates[arm.predictor])  # each arm gets a pristine copy
         # the user's predictor_kwargs configure the configured kind; an arm's own kind (the oracle
         # upper bound, a strategy's predictor) is built as declared
         kwargs = dict(self.cfg.predictor_kwargs) if arm.predictor == self.cfg.predictor else {}
         # a per-prompt kind (an arm's own: MoPPS's posterior, Knapsack's rates) keys simulated prompts by task
         if "key_of" in inspect.signature(PREDICTORS[arm.predictor].factory()).parameters:
             kwargs["key_of"] = sim_task
-        return make_predictor(arm.predictor, kwargs, features=self.pool.features, world=self.world,
-                              spearman=self.cfg.noisy_spearman, seed=self.seed)
+        if arm.predictor == self.cfg.predictor and self.cfg.predictor_level_shift:
+            kwargs["level_shift"] = self.cfg.predictor_level_shift
+        template = make_predictor(arm.predictor, kwargs, features=self.pool.features, world=self.world,
+                                  spearman=self.cfg.noisy_spearman, seed=self.seed)
+        if warmup_count(self.cfg):  # as bench --bank: held-out tasks' full trees, before step 0, charged to no arm
+            from trace_gym.banks.warmup import learn_from_batches
+            from trace_gym.bench.sim_fit import warmup_batches
+
+            if self._batches is None:
+                shape = self.source.recorded_shape if self.source is not None else RecordedShape()
+                self._batches = warmup_batches(self.pool, self.world, range(warmup_count(self.cfg)), shape, self.seed)
+            stats = learn_from_batches(template, self._batches, self.cfg.prefix_share)
+            if arm.predictor == self.cfg.predictor and self.source is not None and not self.source.warmups:
+                self.source.warmups.append(stats)
+        self._templates[arm.predictor] = template
+        return copy.deepcopy(template)
 
     def rng(self, arm: Arm) -> np.random.Generator:
         return np.random.default_rng([self.seed, 2, zlib.crc32(arm.name.encode())])
@@ -85,7 +109,8 @@ class SimRepetition:
         from trace_gym.sim.simulator import SimBranchRunner
 
         result = run_step(candidates, play.strategy, predictor, SimBranchRunner(self.pool, self.world, rng), budget,
-                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured, **play.kwargs())
+                          rng, prefix_share=self.cfg.prefix_share, score_prefixes=measured, mixed_rule=self.cfg.mixed(),
+                          **play.kwargs())
         rates = self.pool.success[np.asarray(candidates, dtype=np.int64)]
         result.extras["truth"] = (rates, mixed_probability(rates, self.cfg.group_size))
         return result
@@ -113,12 +138,20 @@ class SimRepetition:
 
 @dataclass
 class SimSource:
-    """The simulator as a bench source (see the module docstring)."""
+    """The simulator as a bench source (see the module docstring).
+
+    Attributes:
+        config: the bench config.
+        recorded_shape: how each warm-up task is grown (a bank's R, K and prefix cap; with
+            ``calibrate_from``, that bank's).
+    """
 
     config: SimBenchConfig
+    recorded_shape: RecordedShape = RecordedShape()
     mode: str = "sim"
 
     def __post_init__(self) -> None:
+        self.warmups: list[dict[str, Any]] = []
         cfg = self.config
         self.world = sim_world(cfg)
         self.repetitions, self.steps, self.warmup_steps = cfg.seeds, cfg.steps, cfg.warmup_steps
@@ -129,7 +162,23 @@ class SimSource:
         return arms_with_oracle(strategies, cfg.predictor, "oracle" if cfg.oracle_upper_bound else None)
 
     def repetition(self, rep: int) -> SimRepetition:
-        return SimRepetition(self.config, self.world, rep)
+        return SimRepetition(self.config, self.world, rep, self)
+
+    def warmup_summary(self) -> dict[str, Any]:
+        """What every learned predictor saw before its first measured step, and one line saying it."""
+        cfg, held = self.config, warmup_count(self.config)
+        steps = (f"the first {cfg.warmup_steps} step(s) of every arm are run (the predictor trains on them) but not "
+                 "measured") if cfg.warmup_steps else ""
+        if not held:
+            text = "every learned predictor starts cold" + (f"; {steps}" if steps else " at step 0")
+            return {"prompts": 0, "steps": cfg.warmup_steps, "description": text}
+        w = self.warmups[0] if self.warmups else {}
+        text = (f"every learned predictor first trained on {held} held-out simulated tasks grown as a bank records a "
+                f"prompt ({self.recorded_shape.describe()}"
+                + (f": {w['roots']} roots, {w['continuations']} continuations; {w['updates']} updates" if w else "")
+                + "), as bench --bank warms up; the same warm predictor for every arm, charged to no arm"
+                + (f"; then {steps}" if steps else ""))
+        return {**w, "prompts": held, "steps": cfg.warmup_steps, "description": text}
 
     def results(self, strategies: Mapping[str, Strategy]) -> dict[str, Any]:
         from trace_gym.sim import simulator as sim
@@ -138,10 +187,7 @@ class SimSource:
         out: dict[str, Any] = {"root_allocation_demo": {
             "values": list(cfg.demo_values), "budgets": list(cfg.demo_budgets),
             "allocations": [solve_root(np.array(cfg.demo_values), b).tolist() for b in cfg.demo_budgets]},
-            "warmup": {"steps": cfg.warmup_steps, "description": (
-                f"every learned predictor starts cold; the first {cfg.warmup_steps} step(s) of every arm are run (the "
-                "predictor trains on them) but not measured" if cfg.warmup_steps else
-                "no warm-up: every learned predictor starts cold at step 0")}}
+            "warmup": self.warmup_summary()}
         if "trace" in strategies:  # which predictor target is closer to the true V (oracle-driven expansion)
             out["target_estimators"] = sim.target_error_study(
                 strategies["trace"], make_predictor("oracle"), world=self.world, nominal_budget=self.nominal_budget,
@@ -149,11 +195,16 @@ class SimSource:
         return out
 
 
+def warmup_count(cfg: SimBenchConfig) -> int:
+    """The held-out warm-up tasks of ``cfg``: ``warmup_prompts``, 0 when unset."""
+    return cfg.warmup_prompts or 0
+
+
 def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
     """``cfg`` with the simulator's knobs set from the bank ``cfg.calibrate_from``
     (:func:`bank_fit`), and what was used: ``{"bank", "values", "fitted", "before", "kept",
-    "learned_spearman", "cached"}``. A knob set away from its default in ``cfg`` is yours and is
-    kept (``kept``)."""
+    "learned_spearman", "bank_quality", "predictor_fit", "recorded_shape", "cached"}``. A knob set
+    away from its default in ``cfg`` is yours and is kept (``kept``)."""
     import dataclasses
 
     from trace_gym.sim.calibrate import sim_overrides
@@ -164,49 +215,59 @@ def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
     kept = {k: getattr(cfg, k) for k in fitted if getattr(cfg, k) != getattr(defaults, k)}
     values = {k: v for k, v in fitted.items() if k not in kept}
     before = {k: getattr(cfg, k) for k in values}
+    fit = found["predictor_fit"]
     return dataclasses.replace(cfg, **values), {
         "bank": cfg.calibrate_from, "values": values, "kept": kept, "fitted": found["fitted"], "before": before,
-        "learned_spearman": found.get("learned_spearman"), "cached": cached,
-        "spearman_note": "feature_spearman is the embedding predictor's prompt-level Spearman at the start of "
-                         "bench --bank's first step (warmed up on its held-out slice), a lower bound of the knob"}
+        "learned_spearman": found.get("learned_spearman"), "cached": cached, "bank_quality": found["bank_quality"],
+        "predictor_fit": {k: v for k, v in fit.items() if k != "grid"}, "recorded_shape": found["recorded_shape"],
+        "spearman_note": _fit_note(found)}
 
 
-#: Bump when what :func:`bank_fit` computes changes (old cache entries are then ignored).
-FIT_VERSION = 2
+def _fit_note(found: Mapping[str, Any]) -> str:
+    """One sentence: what the simulated predictor was fitted to, and how near it came."""
+    bank, sim = found["bank_quality"], found["predictor_fit"]["reached"]
+    pool, picks = found["selection"]
+    return (f"feature_spearman and predictor_level_shift are fitted so that the learned predictor, warmed up on "
+            f"{found['warmup_prompts']} held-out simulated tasks as bench --bank warms its own, starts the first "
+            f"step picking as well as the bank bench's predictor (mean P(mixed) of the {picks} prompts nearest 0.5 "
+            f"in pools of {pool}: bank {bank['selection_precision']:.3f}, simulated {sim['selection_precision']:.3f}) "
+            f"at the same level error (bank {bank['level_error']:+.3f}, simulated {sim['level_error']:+.3f}); "
+            f"mixed-vs-pure AUC bank {bank['mixed_auc']:.3f}, simulated {sim['mixed_auc']:.3f} "
+            f"(trace_gym/bench/sim_fit.py)")
+
+
+#: Bump when what :func:`bank_fit` computes changes (it is part of the cache entry's name).
+FIT_VERSION = 3
 
 
 def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
-    """The calibration of a bank (:func:`trace_gym.sim.calibrate.calibration_from_stats` of its counts,
-    with the in-bench Spearman of :func:`trace_gym.banks.warmup.steady_state_spearman`), and
-    whether it came from the cache: ``$TRACE_GYM_CACHE/calibrations/<bank sha256>-G<group>.json``,
-    keyed by the bank's checksum, so a calibrated simulator run costs seconds after the first.
-    A damaged cache entry is a miss."""
+    """The calibration of a bank, and whether it came from the cache.
+
+    :func:`trace_gym.sim.calibrate.calibration_from_stats` of its counts (difficulty prior, per-turn
+    concentration, episode lengths); the warm-up of the bank bench's defaults (``warmup_prompts``,
+    the bank's recorded shape); the bank bench's predictor at the start of its first step
+    (:func:`trace_gym.banks.warmup.steady_state_quality` of the embedding predictor, read through
+    the bank's embedding store); and the simulated predictor fitted to it
+    (:func:`trace_gym.bench.sim_fit.fit_predictor`: ``feature_spearman``, ``predictor_level_shift``).
+    Cached in ``$TRACE_GYM_CACHE/calibrations/<bank sha256>-G<group>-v<FIT_VERSION>.json``, keyed by
+    the bank's checksum, so a calibrated simulator run costs seconds after the first. A damaged
+    cache entry is a miss."""
     import json
     import os
 
     from trace_gym.banks import open_bank
-    from trace_gym.banks.stats import bank_stats
-    from trace_gym.banks.warmup import steady_state_spearman
-    from trace_gym.bench.bank import warmup_size
-    from trace_gym.bench.config import BankBenchConfig
-    from trace_gym.sim.calibrate import calibration_from_stats
     from trace_gym.models import cache_root
     from trace_gym.utils.textsafe import JSONRefused, loads_record
 
     bank = open_bank(path)
-    entry = cache_root() / "calibrations" / f"{bank.scan.sha256}-G{group_size}.json"
+    entry = cache_root() / "calibrations" / f"{bank.scan.sha256}-G{group_size}-v{FIT_VERSION}.json"
     try:
         found = loads_record(entry.read_bytes(), max_bytes=1 << 20)
-        if isinstance(found, dict) and found.get("version") == FIT_VERSION and "fitted" in found:
+        if isinstance(found, dict) and found.get("version") == FIT_VERSION and "predictor_fit" in found:
             return found, True
     except (OSError, JSONRefused):
         pass
-    defaults = BankBenchConfig()
-    spearman = steady_state_spearman(make_predictor("embedding", seed=0), bank, warmup_size(defaults, len(bank)),
-                                     seed=defaults.seed, prefix_share=defaults.prefix_share)
-    stats = bank_stats(path) | {"predictor": {"prompt": spearman}}
-    found = calibration_from_stats(stats, group_size=group_size) | {"learned_spearman": spearman,
-                                                                    "version": FIT_VERSION}
+    found = _fit_bank(bank, path, group_size) | {"version": FIT_VERSION}
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(found))
@@ -214,15 +275,62 @@ def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
     return found, False
 
 
+def _fit_bank(bank: Any, path: str, group_size: int) -> dict[str, Any]:
+    """:func:`bank_fit`'s computation (no cache)."""
+    import dataclasses
+
+    from trace_gym.sim import simulator as sim
+    from trace_gym.banks.stats import bank_stats
+    from trace_gym.banks.warmup import steady_state_quality
+    from trace_gym.bench.bank import warmup_size
+    from trace_gym.sim.calibrate import calibration_from_stats
+    from trace_gym.predictor.embeddings import bank_store, use_store
+    from trace_gym.bench.config import BankBenchConfig
+    from trace_gym.bench.sim_fit import fit_predictor
+
+    defaults = BankBenchConfig()
+    warm = warmup_size(defaults, len(bank))
+    selection = pcl_selection(defaults, len(bank), warm, group_size)
+    with use_store(bank_store(bank.scan.sha256)):  # the vectors the bank bench embeds (and keeps) itself
+        quality = steady_state_quality(make_predictor("embedding", seed=0), bank, warm, seed=defaults.seed,
+                                       prefix_share=defaults.prefix_share, group_size=group_size, selection=selection)
+    stats = bank_stats(path) | {"predictor": {"prompt": quality["prompt_spearman"]}}
+    found = calibration_from_stats(stats, group_size=group_size)
+    shape = RecordedShape.of_manifest(bank.manifest)
+    world = sim.SimWorld(group_size=group_size, **{k: found[k] for k in ("target_mixed", "mean_success",
+                                                                        "step_concentration", "min_turns",
+                                                                        "max_turns") if k in found})
+    fit = fit_predictor(world, shape, quality, warmup_prompts=warm, prefix_share=defaults.prefix_share,
+                        selection=selection)
+    return found | {"selection": list(selection), "feature_spearman": fit["feature_spearman"],
+                    "predictor_level_shift": fit["predictor_level_shift"],
+                    "warmup_prompts": warm, "recorded_shape": dataclasses.asdict(shape), "bank_quality": quality,
+                    "predictor_fit": fit, "learned_spearman": quality["prompt_spearman"]}
+
+
+def pcl_selection(cfg: Any, n_prompts: int, held_out: int, group_size: int) -> tuple[int, int]:
+    """``(pool, picks)`` of a bank bench with ``cfg``'s shape: its candidates per step, and the fixed
+    groups of ``group_size`` PCL buys at its nominal budget (:func:`trace_gym.bench.bank.bank_sizes`)."""
+    import math
+
+    from trace_gym.bench.bank import bank_sizes, groups_needed
+    from trace_gym.budget import nominal_cost
+
+    candidates, root_budget, _ = bank_sizes(cfg, n_prompts, held_out)
+    roots = math.floor(nominal_cost(root_budget, cfg.continuations_per_root) + 1e-9)
+    return candidates, max(1, groups_needed(roots, group_size))
+
+
 def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, progress: bool = False,
                   say: Any = None, out_dir: str | None = None) -> dict[str, Any]:
     """Run the simulated allocation benchmark (:func:`~trace_gym.bench.loop.run_bench` over a
     :class:`SimSource`); returns JSON-ready results. With ``cfg.calibrate_from`` the
     simulator is first calibrated to that bank (:func:`calibrated`; ``results["calibration"]``)."""
-    calibration = None
+    calibration, shape = None, RecordedShape()
     if cfg.calibrate_from:
         cfg, calibration = calibrated(cfg)
-    results = run_bench(SimSource(cfg), strategies, progress=progress)
+        shape = RecordedShape(**calibration["recorded_shape"])
+    results = run_bench(SimSource(cfg, shape), strategies, progress=progress)
     if calibration is not None:
         results["calibration"] = calibration
     return results

@@ -57,6 +57,53 @@ def mixed_probability(rates: Sequence[float] | np.ndarray, group_size: int) -> n
     return 1.0 - p**group_size - (1.0 - p) ** group_size
 
 
+def drawn_group_mixed(successes: Sequence[int] | np.ndarray, trials: Sequence[int] | np.ndarray,
+                      group_size: int) -> np.ndarray:
+    """P(a group of ``group_size`` drawn without replacement from ``trials`` recorded outcomes, ``successes``
+    of them successes, is mixed) = 1 - C(s, G) / C(n, G) - C(n - s, G) / C(n, G), elementwise: what
+    a bank bench's fixed group meets (it replays recorded roots without replacement), as
+    :func:`mixed_probability` is what the simulator's fresh groups meet. Where n < G (fewer
+    recorded than a group holds) the group is all of them: 1.0 when they are mixed, else 0.0.
+    Shapes: ``successes``, ``trials`` (n,)."""
+    from math import comb
+
+    out = []
+    for s, n in zip(np.asarray(successes, dtype=int).tolist(), np.asarray(trials, dtype=int).tolist()):
+        if not 0 <= s <= n:
+            raise ValueError(f"successes {s} must lie in [0, trials {n}]")
+        if n < group_size:
+            out.append(float(0 < s < n))
+        else:
+            out.append(1.0 - (comb(s, group_size) + comb(n - s, group_size)) / comb(n, group_size))
+    return np.asarray(out, dtype=float)
+
+
+def selection_precision(values: Sequence[float] | np.ndarray, mixed: Sequence[float] | np.ndarray, *, pool: int,
+                        picks: int, draws: int = 1000, seed: int = 0) -> float:
+    """What a selector that reads values meets: over ``draws`` random pools of ``pool`` candidates, the
+    mean mixed label of the ``picks`` candidates predicted nearest 0.5 (PCL's choice, where TRACE's
+    root stage starts too; ties go to the earlier candidate of the pool). Unlike the AUC, which
+    weighs every mixed-pure pair alike, this reads only the few prompts a step picks. With
+    ``pool`` at least the number of candidates, every draw is the same: the top ``picks`` of all.
+
+    Shapes: ``values``, ``mixed`` (n,); ``mixed`` 0/1 labels or probabilities.
+    """
+    v, m = np.asarray(values, dtype=float), np.asarray(mixed, dtype=float)
+    if v.shape != m.shape or v.ndim != 1 or not len(v):
+        raise ValueError(f"values {v.shape} and mixed labels {m.shape} must be equal, non-empty 1-d shapes")
+    pool = min(int(pool), len(v))
+    picks = min(int(picks), pool)
+    if picks < 1:
+        raise ValueError(f"picks must be >= 1, got {picks!r}")
+    if pool == len(v):  # one pool: all of them
+        index = np.arange(len(v))[None, :]
+    else:
+        rng = np.random.default_rng(seed)
+        index = np.stack([rng.choice(len(v), pool, replace=False) for _ in range(draws)])  # each in random order
+    order = np.argsort(-closeness(v)[index], axis=1, kind="stable")[:, :picks]
+    return float(m[np.take_along_axis(index, order, axis=1)].mean())
+
+
 def predictor_quality(values: Sequence[float] | np.ndarray, rates: Sequence[float] | np.ndarray,
                       mixed: Sequence[float] | np.ndarray) -> dict[str, float]:
     """The four measures of the module docstring over one set of candidates.

@@ -21,13 +21,12 @@ The simulator (:mod:`trace_gym.sim.simulator`) has three knobs a bank can measur
 
   r is the maximum-likelihood fit of the flip counts by depth (binomial per depth; a
   bounded 1-D search), kappa = r / (1 - r) (:func:`concentration_from_flips`).
-- **predictor informativeness** (``feature_spearman``): the learned predictor's measured
-  prompt-level Spearman against the bank's empirical rates, when it was measured. This is
-  a lower bound of what the simulator's knob means (the Spearman of the learned
-  predictor's *feature* against the *true* p): the measured value is against rates from R
-  roots (noisy) and of a predictor still learning, and the simulator's own learned
-  predictor only approaches its feature's correlation; so the calibrated simulator's
-  predictor is, if anything, weaker than the real one.
+- **predictor informativeness** (``feature_spearman``): here, the learned predictor's measured
+  prompt-level Spearman against the bank's empirical rates, when it was measured (a lower
+  bound of what the knob means). ``bench --sim calibrate_from=BANK`` then replaces it, and
+  sets ``predictor_level_shift``, by fitting what selection reads
+  (:func:`trace_gym.bench.sim_fit.fit_predictor`): a Spearman match alone left the simulated
+  predictor picking far worse than the bank's.
 
 Episode lengths (``min_turns``, ``max_turns``) come from the recorded roots' depths.
 """
@@ -152,5 +151,6 @@ def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict
 
 def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~trace_gym.bench.config.SimBenchConfig` keys of a :func:`calibration` result."""
-    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman")
+    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman",
+            "predictor_level_shift", "warmup_prompts")
     return {k: calibrated[k] for k in keys if k in calibrated}

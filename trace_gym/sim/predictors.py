@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -34,6 +35,7 @@ class OraclePredictor:
         pass
 
 
+@functools.lru_cache(maxsize=512)  # a fit asks the same (target, prior) once per simulated bank and grid point
 def noise_for_spearman(
     target: float, prior: tuple[float, float], n_samples: int = 20000, seed: int = 0
 ) -> float:
@@ -41,12 +43,15 @@ def noise_for_spearman(
 
     Spearman is rank-based, so only the distribution of logit p matters. Estimated on
     ``n_samples`` common random numbers and solved by bisection (the correlation falls
-    monotonically in sigma); the sampling error is about 1 / sqrt(n_samples).
+    monotonically in sigma); the sampling error is about 1 / sqrt(n_samples). A target of 0
+    is infinite noise (:func:`trace_gym.sim.make_pool` then gives a feature of pure noise).
     """
-    if not 0 < target <= 1:
-        raise ValueError(f"target Spearman correlation must lie in (0, 1], got {target!r}")
+    if not 0 <= target <= 1:
+        raise ValueError(f"target Spearman correlation must lie in [0, 1], got {target!r}")
     if target == 1:
         return 0.0
+    if target == 0:
+        return float("inf")
     from scipy import stats
 
     rng = np.random.default_rng(seed)
@@ -109,7 +114,10 @@ class LearnedPredictor:
     the soft targets (minimised by the true success probability), with L2 penalty
     ``l2``. ``memory = 0`` keeps no replay memory: each update fits its own batch alone
     (a batch longer than ``memory > 0`` keeps its last ``memory`` examples). Before the
-    first update every prediction is 0.5.
+    first update every prediction is 0.5. ``level_shift`` (logit units) is added to every
+    *prompt* prediction (t = 0) after that: an offset in level of the kind a real predictor
+    carries, which the simulator calibrated to a bank sets from the bank predictor's measured
+    level error (:mod:`trace_gym.bench.sim_fit`); it never enters the regression.
 
     Raises:
         ValueError: ``memory`` that is not an integer >= 0, ``newton_steps`` not >= 1,
@@ -120,6 +128,7 @@ class LearnedPredictor:
     newton_steps: int = 3
     l2: float = 1e-3
     memory: int = 50_000
+    level_shift: float = 0.0
     weights: np.ndarray | None = None
     _x: np.ndarray | None = None
     _y: np.ndarray | None = None
@@ -146,7 +155,14 @@ class LearnedPredictor:
     def predict(self, contexts: Sequence[SimState]) -> np.ndarray:
         if self.weights is None:
             return np.full(len(contexts), 0.5)
-        return sigmoid(np.clip(self._phi(contexts) @ self.weights, -30, 30))
+        return sigmoid(self.logits(contexts))
+
+    def logits(self, contexts: Sequence[SimState]) -> np.ndarray:
+        """The logit of every prediction (after the first update), ``level_shift`` added at prompts."""
+        z = np.clip(self._phi(contexts) @ self.weights, -30, 30)
+        if self.level_shift:
+            z = z + self.level_shift * np.fromiter((c.turn == 0 for c in contexts), dtype=float, count=len(contexts))
+        return z
 
     def update(self, contexts, targets, weights=None) -> dict[str, float]:
         if len(contexts) == 0:

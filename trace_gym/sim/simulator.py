@@ -114,7 +114,8 @@ class SimWorld:
             reveals less).
         feature_dim: task features a learned predictor sees; feature 0 is
             logit(p) + N(0, feature_noise^2), the others are pure noise.
-        feature_noise: std of the noise on the informative feature (logit units).
+        feature_noise: std of the noise on the informative feature (logit units; ``inf``:
+            no feature informs, a predictor's Spearman 0).
         signal_noise: std of the per-turn observation signal logit(V_t) + noise.
         prompt_tokens: prompt length (tokens).
         policy_tokens_per_turn, observation_tokens_per_turn: Poisson means (tokens).
@@ -169,7 +170,8 @@ def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPo
     a, b = world.prior()
     p = rng.beta(a, b, size=n_tasks)
     feats = rng.standard_normal((n_tasks, world.feature_dim))
-    feats[:, 0] = logit(p) + world.feature_noise * feats[:, 0]
+    if np.isfinite(world.feature_noise):  # infinite noise: feature 0 is as uninformative as the others
+        feats[:, 0] = logit(p) + world.feature_noise * feats[:, 0]
     turns = rng.integers(world.min_turns, world.max_turns + 1, size=n_tasks)
     return TaskPool(success=p, features=feats, turns=turns)
 

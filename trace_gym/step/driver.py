@@ -46,6 +46,7 @@ from trace_gym.step.learning import PREFIX_SHARE, Learning, update_predictor
 from trace_gym.allocation.planning import ExpansionPlan
 from trace_gym.predictor.kinds import SuccessPredictor
 from trace_gym.step.strategy_boundary import Asked, StrategyBoundary, StrategyViolation
+from trace_gym.step.mixed import THRESHOLD, MixedRule
 from trace_gym.tree import SUCCESS_THRESHOLD, RolloutTree
 from trace_gym.allocation.waves import NEVER, HistoryBook, OneShot, PrefixView, StepView, frozen, is_wave_strategy
 
@@ -198,6 +199,7 @@ def run_step(
     history: HistoryBook | None = None,
     step_index: int = 0,
     boundary: StrategyBoundary | None = None,
+    mixed_rule: MixedRule = THRESHOLD,
 ) -> StepResult:
     """One step: the strategy's waves at ``nominal_budget`` trajectory-equivalents, then
     (``learn``) the predictor's update on the trees.
@@ -223,6 +225,8 @@ def run_step(
             root outcomes are added at its end); ``None``: none kept.
         step_index: the step's index in the run (what views and histories record).
         boundary: the strategy's boundary (``None``: one with the default deadline).
+        mixed_rule: what counts a tree as mixed in ``progress`` (:mod:`trace_gym.step.mixed`; a
+            bench's ``mixed_rule``).
 
     Raises:
         StrategyViolation: the strategy broke a rule (one line naming it); every live
@@ -242,7 +246,7 @@ def run_step(
         posterior = predictor.posterior(contexts) if callable(getattr(predictor, "posterior", None)) else None
     run = _StepRun(candidates, waves, boundary, predictor, runner, ledger, values, posterior, contexts,
                    budget_units(nominal_budget), nominal_budget, history or HistoryBook(), step_index,
-                   bool(fallback_first or getattr(runner, "single_turn", False)))
+                   bool(fallback_first or getattr(runner, "single_turn", False)), mixed_rule)
     try:
         run.all_waves(rng)
     except BaseException:
@@ -274,11 +278,11 @@ class _StepRun:
     """One step's waves (:func:`run_step`): the state the driver keeps while they run."""
 
     def __init__(self, candidates, waves, boundary, predictor, runner, ledger, values, posterior, contexts,
-                 budget, nominal_budget, history, step_index, single_turn):
+                 budget, nominal_budget, history, step_index, single_turn, mixed_rule=THRESHOLD):
         self.candidates, self.waves, self.boundary = candidates, waves, boundary
         self.predictor, self.runner, self.ledger = predictor, runner, ledger
         self.values, self.budget, self.nominal_budget, self.step_index = values, budget, nominal_budget, step_index
-        self.single_turn = single_turn
+        self.single_turn, self.mixed_rule = single_turn, mixed_rule
         n = len(candidates)
         self.ids = tuple(prompt_id(runner, c, x) for c, x in zip(candidates, contexts))
         past = [history.get(i) for i in self.ids] if history.entries else [NEVER] * n
@@ -392,7 +396,7 @@ class _StepRun:
                     self._returned(result)
             self.reserve[:] = 0  # what the wave's reserves left goes back to the step's budget
             self.progress.append((self.ledger.generated_tokens,
-                                  sum(t.is_mixed() for t in self.trees.values() if t.leaves())))
+                                  sum(self.mixed_rule.tree(t) for t in self.trees.values() if t.leaves())))
             self.wave += 1
 
     def _charge(self, cost: int, left: int, what: str) -> None:

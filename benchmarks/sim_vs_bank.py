@@ -1,0 +1,224 @@
+"""Does the calibrated simulator agree with the bank it was fitted to? (issue 45, item 4)
+
+For each shipped bank, at the bank bench's default shape, this runs the bank bench and the
+simulator calibrated to that bank (``calibrate_from=BANK``, the same candidates, M, N, G,
+steps and warm-up) for uniform, PCL, random tree and TRACE, and prints one table per bank:
+
+- per strategy and headline metric (effective ratio, mixed prompts per step): the bank's mean
+  with its 95 % interval, the simulator's mean, and whether the simulator's lies inside the
+  bank's interval;
+- per pair of the bank bench's paired table (each strategy with uniform and with TRACE) and
+  metric: the verdict word of each (shown above, shown below, not shown) and whether they match;
+  and the two headline lines;
+
+then PASS when every row of every bank agrees, else FAIL naming the rows::
+
+    python benchmarks/sim_vs_bank.py                         # every shipped bank (minutes)
+    python benchmarks/sim_vs_bank.py math_python_smollm2
+    python benchmarks/sim_vs_bank.py --plant uncalibrated    # the check failing: a default simulator
+    python benchmarks/sim_vs_bank.py --from runs/sim_vs_bank # re-read the JSON, run nothing
+
+The simulator runs ``--sim-seeds`` repetitions (default 3x the bank's): its mean is read as
+its expectation, so the interval test asks whether the *simulator* lies in the bank's
+interval, not whether two noisy means happen to fall near each other. Its verdict words are
+judged on its first repetitions, as many as the bank ran (the same power as the bank's).
+
+Plants (each must FAIL): ``uncalibrated``: the simulator at the bank's shape with its
+default world and no ``calibrate_from``; ``cold``: calibrated, but its learned predictor
+starts cold (``warmup_prompts=0``), as every calibrated simulator did before.
+
+The commands (their JSON lands in ``--out``, default ``runs/sim_vs_bank/<bank>``)::
+
+    trace-gym bench --bank BANK [shape] strategies=uniform,pcl,random_tree,trace --json bank.json
+    trace-gym bench --sim calibrate_from=BANK seeds=S candidates=C root_budget=M group_size=G
+        continuations_per_root=N steps=T warmup_steps=W strategies=... --json sim.json
+
+Exit status 0 on PASS, 1 on FAIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+#: Every shipped bank and the overrides that make its bench run: the guessing bank's 4-turn
+#: roots ask up to 8 continuations at one prefix at N = 2 and it recorded K = 4 (docs/benchmarking.md).
+BANKS: dict[str, tuple[str, ...]] = {"math_python_smollm2": (), "guess_number_smollm2": ("continuations_per_root=1",)}
+STRATEGIES = ("uniform", "pcl", "random_tree", "trace")
+METRICS = (("effective_ratio", "effective ratio"), ("mixed_prompts", "mixed prompts/step"))
+#: The bench's shape keys the simulator copies from the bank bench's resolved config.
+SHAPE = ("candidates", "root_budget", "group_size", "continuations_per_root", "steps", "warmup_steps")
+WORDS = {1: "shown above", -1: "shown below", 0: "not shown"}
+PLANTS = ("uncalibrated", "cold")
+
+
+# ---------------------------------------------------------------------- the check (pure)
+def inside(bank_row: Mapping[str, Any], key: str, value: float) -> bool:
+    """Whether ``value`` lies in the bank row's 95 % interval ``key`` ± ``key_ci`` (ends included;
+    with no interval, one repetition, only the bank's own value)."""
+    half = bank_row.get(key + "_ci")
+    half = 0.0 if half is None or half != half else float(half)
+    return abs(float(value) - float(bank_row[key])) <= half + 1e-12
+
+
+def first_repetitions(results: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """``results`` with every row cut to its first ``n`` repetitions (``per_rep``), the headline
+    metrics re-averaged over them (what a run of ``n`` repetitions would have printed)."""
+    from trace_gym import report
+
+    rows = {}
+    for name, row in results["strategies"].items():
+        reps = row["per_rep"][:n]
+        cut = {**row, "per_rep": reps, "repetitions": len(reps)}
+        for key in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens"):
+            cut[key], cut[key + "_ci"], _ = report.mean_ci([float(r[key]) for r in reps])
+        rows[name] = cut
+    return {**results, "strategies": rows}
+
+
+def verdict_word(results: Mapping[str, Any], a: str, b: str, key: str) -> str:
+    """The paired verdict on ``key`` of ``a`` against ``b`` (:func:`trace_gym.bench.checks.paired`):
+    shown above, shown below or not shown."""
+    from trace_gym.bench.checks import METRICS as BY_KEY
+    from trace_gym.bench.checks import headline_rows, paired
+
+    return WORDS[paired(headline_rows(results), a, b, BY_KEY[key])["shown"]]
+
+
+def pairs_of(names: Sequence[str]) -> list[tuple[str, str]]:
+    """The bank bench's pairs among ``names``: each with uniform, then each with TRACE
+    (:func:`trace_gym.bench.checks.pair_list`)."""
+    from trace_gym.bench.checks import Roles, pair_list
+
+    return pair_list({n: None for n in names}, Roles())
+
+
+def agreement(bank: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
+    """The comparison of one bank: ``{"rows": [...], "pairs": [...], "headline": (bank, sim),
+    "failed": [what disagreed], "passed"}``. The simulator's words are judged on its first
+    repetitions, as many as the bank's."""
+    from trace_gym.bench.checks import verdict
+
+    names = [n for n in STRATEGIES if n in bank["strategies"]]
+    n = min(r["repetitions"] for r in bank["strategies"].values())
+    judged = first_repetitions(sim, n)
+    rows, pairs, failed = [], [], []
+    for name in names:
+        for key, label in METRICS:
+            b, s = bank["strategies"][name], sim["strategies"].get(name)
+            ok = s is not None and inside(b, key, s[key])
+            rows.append({"strategy": name, "metric": label, "bank": b[key], "bank_ci": b[key + "_ci"],
+                         "sim": None if s is None else s[key], "sim_ci": None if s is None else s[key + "_ci"],
+                         "inside": ok})
+            if not ok:
+                failed.append(f"{name} {label}")
+    for a, b in pairs_of(names):
+        for key, label in METRICS:
+            wb, ws = verdict_word(bank, a, b, key), verdict_word(judged, a, b, key)
+            pairs.append({"pair": f"{a} - {b}", "metric": label, "bank": wb, "sim": ws, "same": wb == ws})
+            if wb != ws:
+                failed.append(f"{a} - {b} {label}")
+    heads = (verdict(bank).split(":")[0], verdict(judged).split(":")[0])
+    return {"rows": rows, "pairs": pairs, "headline": heads, "failed": failed, "passed": not failed,
+            "sim_judged_on": n}
+
+
+# ---------------------------------------------------------------------- printing
+def _pm(value: float | None, half: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if half is None or half != half else f"{value:.3f} ± {half:.3f}"
+
+
+def table(name: str, result: Mapping[str, Any], commands: Sequence[str]) -> str:
+    """The markdown of one bank's comparison."""
+    lines = [f"### {name}", "", *[f"`{c}`" + ("  " if i < len(commands) - 1 else "") for i, c in enumerate(commands)],
+             "", "| strategy | metric | bank (95 %) | calibrated sim | sim inside the bank's interval |",
+             "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['strategy']} | {r['metric']} | {_pm(r['bank'], r['bank_ci'])} | "
+                     f"{_pm(r['sim'], r['sim_ci'])} | {'yes' if r['inside'] else '**no**'} |")
+    lines += ["", f"| paired verdict (95 %) | metric | bank | calibrated sim (first {result['sim_judged_on']} "
+              "repetitions) | same |", "|---|---|---|---|---|"]
+    for p in result["pairs"]:
+        lines.append(f"| {p['pair']} | {p['metric']} | {p['bank']} | {p['sim']} | {'yes' if p['same'] else '**no**'} |")
+    bank_head, sim_head = result["headline"]
+    lines += ["", f"Headline, bank: {bank_head}.  ", f"Headline, calibrated sim: {sim_head}.", "",
+              "PASS" if result["passed"] else f"FAIL: {'; '.join(result['failed'])}"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- running
+def run(args: list[str]) -> float:
+    """Run ``trace-gym ARGS``; returns its wall-clock seconds."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "trace_gym.cli", *args], check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def sim_args(bank: str, config: Mapping[str, Any], seeds: int, plant: str | None) -> list[str]:
+    """The simulator's command at the bank bench's resolved shape (``config``)."""
+    shape = [f"{k}={config[k]}" for k in SHAPE]
+    calibration = {None: [f"calibrate_from={bank}"], "cold": [f"calibrate_from={bank}", "warmup_prompts=0"],
+                   "uncalibrated": []}[plant]
+    return ["bench", "--sim", *calibration, f"seeds={seeds}", *shape, "strategies=" + ",".join(STRATEGIES)]
+
+
+def compare_bank(bank: str, out: Path, *, read: bool, sim_seeds: int | None, plant: str | None,
+                 keep_bank: bool = False) -> tuple[str, bool]:
+    """Run (or with ``read``, read) one bank's two benches; returns its table and whether it passed.
+    With ``keep_bank`` a bank bench already in ``out`` is read, not rerun."""
+    bank_args = ["bench", "--bank", bank, *BANKS.get(bank, ()), "strategies=" + ",".join(STRATEGIES)]
+    if not read and not (keep_bank and (out / "bank.json").exists()):
+        out.mkdir(parents=True, exist_ok=True)
+        run([*bank_args, "--json", str(out / "bank.json")])
+    bank_res = json.loads((out / "bank.json").read_text())
+    seeds = sim_seeds or 3 * bank_res["config"]["seeds"]
+    sim_cmd = sim_args(bank, bank_res["config"], seeds, plant)
+    sim_file = out / f"sim{'-' + plant if plant else ''}.json"
+    if not read:
+        out.mkdir(parents=True, exist_ok=True)
+        run([*sim_cmd, "--json", str(sim_file)])
+    sim_res = json.loads(sim_file.read_text())
+    result = agreement(bank_res, sim_res)
+    commands = [" ".join(["trace-gym", *bank_args]), " ".join(["trace-gym", *sim_cmd])]
+    return table(bank + (f" (planted: {plant})" if plant else ""), result, commands), result["passed"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("banks", nargs="*", help=f"shipped bank names (default: {', '.join(BANKS)})")
+    ap.add_argument("--out", type=Path, default=Path("runs/sim_vs_bank"), help="where the JSON goes, per bank")
+    ap.add_argument("--from", dest="read_from", type=Path, default=None, help="read the JSON from DIR, run nothing")
+    ap.add_argument("--sim-seeds", type=int, default=None, help="the simulator's repetitions (default 3x the bank's)")
+    ap.add_argument("--plant", choices=PLANTS, default=None, help="a broken simulator the check must FAIL")
+    ap.add_argument("--keep-bank", action="store_true",
+                    help="read a bank bench already in --out instead of rerunning it")
+    args = ap.parse_args(argv)
+    unknown = [b for b in args.banks if b not in BANKS]
+    if unknown:
+        print(f"unknown bank {unknown[0]!r}; shipped: {', '.join(BANKS)}", file=sys.stderr)
+        return 2
+    if args.sim_seeds is not None and args.sim_seeds < 2:
+        print(f"--sim-seeds must be >= 2 (an interval needs two repetitions), got {args.sim_seeds}", file=sys.stderr)
+        return 2
+    root = args.read_from or args.out
+    passed = []
+    for bank in args.banks or list(BANKS):
+        text, ok = compare_bank(bank, root / bank, read=args.read_from is not None, sim_seeds=args.sim_seeds,
+                                plant=args.plant, keep_bank=args.keep_bank)
+        print(text + "\n")
+        passed.append((bank, ok))
+    bad = [b for b, ok in passed if not ok]
+    print("PASS: the calibrated simulator agrees with every bank" if not bad else
+          f"FAIL: the simulator disagrees with {', '.join(bad)}")
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

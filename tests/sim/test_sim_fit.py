@@ -1,0 +1,157 @@
+"""The simulator warmed up and fitted as the bank bench's predictor is (issue 45, item 4): the
+measures the fit reads, the fit's objective, and the warm-up's equivalence with the bank's,
+against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trace_gym.predictor.quality import drawn_group_mixed, selection_precision
+from trace_gym.sim.simulator import SimState, SimWorld, TaskPool
+from trace_gym.bench.sim_fit import RecordedShape, StartSample, closest, fit_predictor, shift_for_level, start_samples
+from trace_gym.sim.predictors import LearnedPredictor
+
+
+def test_a_group_drawn_from_recorded_roots_is_mixed_by_the_hypergeometric_count():
+    # s = 1 of 8: a group of 4 misses the success with C(7, 4) / C(8, 4) = 35 / 70
+    got = drawn_group_mixed([1, 4, 0, 8, 1, 0, 2], [8, 8, 8, 8, 2, 2, 4], 4)
+    assert got.tolist() == pytest.approx([0.5, 1 - 2 / 70, 0.0, 0.0, 1.0, 0.0, 1.0])  # n < G: all of them
+    with pytest.raises(ValueError, match="successes 9"):
+        drawn_group_mixed([9], [8], 4)
+
+
+def test_selection_precision_reads_the_prompts_nearest_one_half():
+    # one pool of all four: the two nearest 0.5 are 0.5 (mixed 1) and 0.45 (mixed 0.5)
+    assert selection_precision([0.5, 0.9, 0.1, 0.45], [1, 0, 0, 0.5], pool=4, picks=2) == 0.75
+    # pools of 2 of 3: {0, 1} and {0, 2} pick candidate 0 (1.0); {1, 2} tie at 0.4, the earlier in the
+    # (random) pool order wins: 0 or 0.2 alike. Expected (1 + 1 + 0.1) / 3 = 0.7.
+    got = selection_precision([0.5, 0.9, 0.1], [1, 0, 0.2], pool=2, picks=1, draws=20000)
+    assert got == pytest.approx(0.7, abs=0.01)
+
+
+def test_the_level_shift_is_solved_by_bisection():
+    flat = StartSample(np.zeros(4), np.full(4, 0.5), np.array([1.0, 0, 0, 1]))
+    # predictions sigmoid(c) must average 0.25 = 0.5 - 0.25: c = logit(0.25) = -ln 3
+    assert shift_for_level([flat, flat], -0.25) == pytest.approx(-math.log(3), abs=1e-9)
+    assert shift_for_level([flat], 0.6) == 20.0  # a mean above 1 cannot be reached: the bound
+    q = flat.quality(0.0, selection=(4, 2))
+    assert (q["mixed_auc"], q["level_error"], q["selection_precision"]) == (0.5, 0.0, 0.5)  # all tied: pool order
+
+
+def test_closest_takes_the_least_informative_of_equal_fits():
+    assert closest([0.5, 0.6, 0.7], 0.64) == 1
+    assert closest([0.5, 0.7], 0.6) == 0  # the less informative feature, first on the grid
+    assert closest([0.45, 0.6, 0.592], 0.6, tolerance=0.01) == 1
+    assert closest([0.45, 0.595, 0.6], 0.6, tolerance=0.01) == 1  # within the noise of the best: the weaker
+
+
+def test_the_level_shift_moves_prompt_predictions_only():
+    world = SimWorld()
+    pred = LearnedPredictor(np.array([[0.3, 0, 0, 0]]), level_shift=1.0)
+    prompt, prefix = SimState(0, 0, 0.5), SimState(0, 1, 0.5, signal=0.2)
+    assert pred.predict([prompt, prefix]).tolist() == [0.5, 0.5]  # cold: no information, no shift
+    pred.update([prompt, prefix], [0.8, 0.3])
+    plain = LearnedPredictor(pred.features, weights=pred.weights)
+    z = plain.logits([prompt, prefix])
+    assert pred.logits([prompt, prefix]).tolist() == pytest.approx([z[0] + 1.0, z[1]])
+    assert world.feature_dim == 4
+
+
+def certain_pool() -> TaskPool:
+    """Two tasks of two turns: one always succeeds (p = 1), one always fails (p = 0)."""
+    return TaskPool(success=np.array([1.0, 0.0]), features=np.zeros((2, 4)), turns=np.array([2, 2]))
+
+
+def test_the_sim_warm_up_reads_what_a_bank_of_the_same_shape_gives(tmp_path):
+    """R = 2 roots, K = 3 continuations at the one prefix (depth 1) of each root: per prompt 2 roots,
+    6 continuations, and 3 samples (the prompt and its two roots' prefixes); the same counts as the
+    bank warm-up reads from a recorded bank of that shape, through the same learning loop."""
+    from bank_fixtures import write_synthetic_bank
+
+    from trace_gym.banks import open_bank
+    from trace_gym.banks.warmup import learn_from_batches, warm_up
+    from trace_gym.step.learning import predictor_samples
+    from trace_gym.predictor.kinds import make_predictor
+    from trace_gym.bench.sim_fit import warmup_batches
+
+    world, pool, shape = SimWorld(min_turns=2, max_turns=2), certain_pool(), RecordedShape(2, 3, None)
+    batches = warmup_batches(pool, world, [0, 1], shape, seed=0)
+    sim = learn_from_batches(LearnedPredictor(pool.features), batches, prefix_share=0.06)
+    bank = write_synthetic_bank(tmp_path / "b.jsonl.gz", [2, 0], roots=2, continuations=3, turns=2)
+    recorded = warm_up(make_predictor("constant"), open_bank(bank), [0, 1], seed=0, prefix_share=0.06)
+    keys = ("prompts", "roots", "continuations", "updates", "samples")
+    assert {k: sim[k] for k in keys} == {k: recorded[k] for k in keys} == {
+        "prompts": 2, "roots": 4, "continuations": 12, "updates": 1, "samples": 6}
+    runner, step = batches[0]
+    _, targets, tree, _ = predictor_samples(step.trees, lambda t, n: None, root_rollouts_only=True)
+    assert targets.tolist() == [1.0] * 3 + [0.0] * 3 and tree.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_a_prefix_cap_keeps_the_recorders_prefixes():
+    from trace_gym.bench.sim_fit import warmup_batches
+
+    pool = TaskPool(success=np.array([0.5]), features=np.zeros((1, 4)), turns=np.array([6]))
+    (_, step), = warmup_batches(pool, SimWorld(min_turns=6, max_turns=6), [0], RecordedShape(2, 1, 2), seed=1)
+    tree = step.trees[0]
+    anchors = sorted(tree.nodes[b.anchor].depth for b in tree.branches if b.is_continuation)
+    assert anchors == [1, 1, 5, 5]  # prefix_depths(6, 2): the first and the last prefix of each root
+
+
+def test_the_sim_bench_holds_its_warm_up_tasks_out_of_every_pool():
+    from trace_gym.bench.sim import SimRepetition, SimSource
+    from trace_gym.bench.config import SimBenchConfig
+
+    cold = SimBenchConfig(pool_size=300, candidates=50, steps=3, seeds=1)
+    warm = SimBenchConfig(pool_size=300, candidates=50, steps=3, seeds=1, warmup_prompts=100)
+    old = [np.random.default_rng([0, 1, s]).choice(300, 50, replace=False) for s in range(3)]
+    rep = SimRepetition(cold, SimSource(cold).world, 0)
+    assert all((a == b).all() for a, b in zip(rep.draws, old))  # no warm-up: the draws are as before
+    rep = SimRepetition(warm, SimSource(warm).world, 0)
+    assert min(int(d.min()) for d in rep.draws) >= 100
+
+
+@pytest.mark.parametrize("key, value", [("warmup_prompts", 260), ("warmup_prompts", -1),
+                                        ("predictor_level_shift", math.inf), ("feature_spearman", 1.2)])
+def test_a_bad_simulator_key_is_one_line(capsys, key, value):
+    from trace_gym.cli import main
+
+    code = main(["bench", "--sim", f"{key}={value}", "pool_size=300", "candidates=50"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and key in err[0], err
+
+
+@pytest.mark.slow  # about 20 s: six grid points of simulated warm-ups
+def test_the_fit_recovers_the_knobs_of_a_simulated_target():
+    """A target measured on the simulator itself at feature Spearman 0.9 and shift +0.3 (where the
+    selection precision is well above the base rate): the fit, on the same common random numbers,
+    finds both again."""
+    from trace_gym.bench.sim_fit import mean_quality
+
+    world, shape = SimWorld(target_mixed=0.4, mean_success=0.4, group_size=4, min_turns=1, max_turns=3), \
+        RecordedShape(4, 2, 1)
+    kw = dict(warmup_prompts=32, scored=256, seeds=2, prefix_share=0.06)
+    target = mean_quality(start_samples(world, shape, spearmans=[0.9], **kw)[0.9], 0.3, selection=(64, 8))
+    fit = fit_predictor(world, shape, target, selection=(64, 8), grid=(0.3, 0.9), tolerance=0.0, **kw)
+    assert fit["feature_spearman"] == 0.9 and fit["predictor_level_shift"] == pytest.approx(0.3, abs=1e-6)
+    assert fit["reached"]["selection_precision"] == pytest.approx(target["selection_precision"])
+
+
+def test_a_warm_simulated_bench_starts_its_first_step_informed():
+    """Cold, the learned predictor says 0.5 for every candidate of step 0; warmed on 32 held-out
+    tasks (R = 8 roots each: 256 roots) it does not, and the report says what it read."""
+    from trace_gym.bench.sim import run_sim_bench
+    from trace_gym.bench.config import SimBenchConfig
+    from trace_gym.strategies import shaped_strategies
+
+    keys = dict(seeds=1, steps=1, warmup_steps=0, pool_size=300, candidates=50, root_budget=16, group_size=4,
+                oracle_upper_bound=False, strategies=("pcl",))
+    strategies = shaped_strategies(("pcl",), group_size=4, continuations_per_root=2)
+    for held, spread in ((0, 0.0), (32, None)):
+        out = run_sim_bench(SimBenchConfig(**keys, warmup_prompts=held), strategies)
+        step0 = out["strategies"]["pcl"]["by_step"][0]["value_spread"]
+        assert (step0 == 0.0) if spread == 0.0 else step0 > 0.05, (held, step0)
+    assert out["warmup"]["roots"] == 256 and out["warmup"]["prompts"] == 32
+    assert "32 held-out simulated tasks" in out["warmup"]["description"]
