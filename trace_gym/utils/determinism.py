@@ -168,7 +168,9 @@ def _set_torch(state: tuple) -> None:
 
     n, algorithms, warn_only, cudnn_deterministic, cudnn_benchmark = state
     threads.set_threads(n)
-    torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+    now = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if now != (algorithms, warn_only):  # the call imports torch._inductor: ~2.4 s, even when it changes nothing
+        torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, cudnn_benchmark
 
 
