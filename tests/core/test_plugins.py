@@ -128,8 +128,25 @@ def site(tmp_path_factory):
     return path
 
 
-def test_envs_and_strategies_list_the_plugin(site):
-    out = run(site, "-m", "trace_gym.cli", "envs")
+@pytest.fixture(scope="module")
+def envs_listing(site):
+    """One ``envs`` run (~10 s: it lists every ecosystem) read by two tests: the installed
+    plugin's entry-point env and the env ``--plugin=echo_local`` (before the subcommand)
+    registers, both in the list."""
+    return run(site, "-m", "trace_gym.cli", "--plugin=echo_local", "envs")
+
+
+@pytest.fixture(scope="module")
+def sim_beside_builtins(site):
+    """One ``bench --sim`` run read by three tests: the installed plugin's strategy beside the
+    built-ins and named as the baseline, and the strategy ``--plugin echo_local`` registers."""
+    return run(site, "-m", "trace_gym.cli", "bench", "--sim", "--plugin", "echo_local", "--strategies",
+               "uniform,trace,greedy_half,local_greedy", "--seeds", "2", "--steps", "2", "--pool-size", "512",
+               "--candidates", "128", "--root-budget", "64", "--baseline", "greedy_half")
+
+
+def test_envs_and_strategies_list_the_plugin(site, envs_listing):
+    out = envs_listing
     assert out.returncode == 0, out.stderr
     assert "trace_gym/Echo-v0" in out.stdout.split()
     out = run(site, "-m", "trace_gym.cli", "strategies")
@@ -148,18 +165,20 @@ def test_gymnasium_make_after_import_trace_gym_without_importing_the_plugin_firs
     assert out.stdout.startswith("EchoEnv Reply with the number")
 
 
-def test_bench_sim_runs_the_plugin_strategy_beside_the_builtins(site):
-    out = run(site, "-m", "trace_gym.cli", "bench", "--sim", "--strategies", "uniform,trace,greedy_half",
-              "--seeds", "1", "--steps", "2", "--pool-size", "512", "--candidates", "128", "--root-budget", "64")
+def test_bench_sim_runs_the_plugin_strategy_beside_the_builtins(sim_beside_builtins):
+    out = sim_beside_builtins
     assert out.returncode == 0, out.stderr
     rows = {line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")}
     assert {"uniform", "trace", "greedy_half"} <= rows
     assert "group size 8 (applied to uniform)" in out.stdout  # greedy_half declares no group size
 
 
-def test_a_plugin_strategy_gets_paired_verdicts_against_uniform_and_trace_on_a_shipped_bank(site):
+def test_a_plugin_strategy_gets_paired_verdicts_against_uniform_and_trace_on_a_shipped_bank(site, sim_beside_builtins):
+    # beta_posterior: a predictor that learns, without the embedding predictor's ~10 s of
+    # sentence-transformers import (what is tested is the plugin's pairing, not the predictor)
     out = run(site, "-m", "trace_gym.cli", "bench", "--bank", "math_python_smollm2", "strategies=uniform,trace,greedy_half",
-              "seeds=3", "steps=1", "candidates=32", "oracle_upper_bound=false", "--json", str(site / "b.json"))
+              "seeds=3", "steps=1", "candidates=32", "oracle_upper_bound=false", "predictor=beta_posterior",
+              "--json", str(site / "b.json"))
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads((site / "b.json").read_text())
     pairs = {(e["a"], e["b"]): e for e in res["paired"]}
@@ -168,12 +187,13 @@ def test_a_plugin_strategy_gets_paired_verdicts_against_uniform_and_trace_on_a_s
         assert all(entry[k]["n"] == 3 for k in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens"))
         assert f"| greedy_half - {other}" in out.stdout
     # --baseline names another strategy by role: its pairs and checks follow it
-    out = run(site, "-m", "trace_gym.cli", "bench", "--sim", "strategies=uniform,trace,greedy_half", "seeds=2",
-              "steps=2", "pool_size=512", "candidates=128", "root_budget=64", "--baseline", "greedy_half")
+    out = sim_beside_builtins
     assert out.returncode == 0, out.stderr[-3000:]
     assert "trace effective ratio above greedy_half" in out.stdout and "| uniform - greedy_half" in out.stdout
 
 
+@pytest.mark.slow  # ~10 s; test_the_same_with_plugin_module_for_an_uninstalled_module covers bench --env on a plugin
+# env with a plugin strategy, test_a_plugin_estimator_trains_one_step[entry point] a model run on the entry-point env
 def test_bench_env_runs_on_the_plugin_env(site, tiny_model_path):
     out = run(site, "-m", "trace_gym.cli", "bench", "--env", "trace_gym/Echo-v0", "--policy", str(tiny_model_path),
               "--engine", "hf", "--strategies", "uniform,greedy_half", "--candidates", "4", "--root-budget", "4",
@@ -185,18 +205,17 @@ def test_bench_env_runs_on_the_plugin_env(site, tiny_model_path):
     assert "| greedy_half" in out.stdout
 
 
-def test_the_same_with_plugin_module_for_an_uninstalled_module(tmp_path, tiny_model_path):
+def test_the_same_with_plugin_module_for_an_uninstalled_module(tmp_path, tiny_model_path, envs_listing,
+                                                                sim_beside_builtins):
+    assert envs_listing.returncode == 0, envs_listing.stderr
+    assert "trace_gym/EchoLocal-v0" in envs_listing.stdout.split()  # `--plugin=echo_local envs`
+    out = sim_beside_builtins  # `bench --sim --plugin echo_local --strategies ...,local_greedy`
+    assert out.returncode == 0 and "| local_greedy" in out.stdout, out.stderr
     write_plugin(tmp_path, installed=False)
     out = run(tmp_path, "-m", "trace_gym.cli", "strategies")
     assert "local_greedy" not in out.stdout  # nothing registered without --plugin
     out = run(tmp_path, "-m", "trace_gym.cli", "strategies", "--plugin", "echo_local")
     assert out.returncode == 0 and "local_greedy" in out.stdout, out.stderr
-    out = run(tmp_path, "-m", "trace_gym.cli", "--plugin=echo_local", "envs")
-    assert "trace_gym/EchoLocal-v0" in out.stdout.split()
-    out = run(tmp_path, "-m", "trace_gym.cli", "bench", "--sim", "--plugin", "echo_local", "--strategies",
-              "uniform,local_greedy", "--seeds", "1", "--steps", "2", "--pool-size", "512", "--candidates", "128",
-              "--root-budget", "64")
-    assert out.returncode == 0 and "| local_greedy" in out.stdout, out.stderr
     out = run(tmp_path, "-m", "trace_gym.cli", "bench", "--env", "EchoLocal-v0", "--plugins", "echo_local",
               "--policy", str(tiny_model_path), "--engine", "hf", "--strategies", "local_greedy", "--candidates",
               "4", "--root-budget", "4", "--continuations-per-root", "0", "--warmup-budget", "0", "--max-turns",
@@ -214,7 +233,12 @@ def metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
 
-@pytest.mark.parametrize("how", ["entry point", "--plugin"])
+@pytest.mark.parametrize("how", [
+    "entry point",
+    # ~10 s more: test_a_plugin_module_estimator_is_a_train_choice checks that --plugin registers the estimator
+    # as a train choice, and the entry-point variant trains a step with a plugin's estimator from that table
+    pytest.param("--plugin", marks=pytest.mark.slow),
+])
 def test_a_plugin_estimator_trains_one_step(tmp_path, tiny_model_path, how):
     """An estimator from a throwaway plugin is listed and trains a real step: it gives every
     node advantage 1, so every node is trained, where the built-in GRPO gives the tiny
@@ -236,6 +260,18 @@ def test_a_plugin_estimator_trains_one_step(tmp_path, tiny_model_path, how):
     assert metrics(tmp_path / "grpo")["nodes_with_advantage"] == 0
     out = run(tmp_path, "-m", "trace_gym.cli", *common, "advantage=every_tern", f"run_dir={tmp_path / 'typo'}")
     assert out.returncode == 2 and "advantage must be one of" in out.stderr
+
+
+def test_a_plugin_module_estimator_is_a_train_choice(tmp_path, tiny_model_path):
+    """``--plugin`` of an uninstalled module registers its estimator for ``estimators`` and for
+    ``train``'s ``advantage=`` (a mistyped name is refused naming it, before any model loads)."""
+    write_plugin(tmp_path, installed=False)
+    listed = run(tmp_path, "-m", "trace_gym.cli", "estimators", "--plugin", "echo_local")
+    assert listed.returncode == 0 and "local_every_turn" in listed.stdout, listed.stderr
+    out = run(tmp_path, "-m", "trace_gym.cli", *TRAIN_ONE_STEP, f"policy={tiny_model_path}", "--plugin", "echo_local",
+              "env=trace_gym/EchoLocal-v0", "advantage=local_every_tern", f"run_dir={tmp_path / 'typo'}")
+    assert out.returncode == 2 and "advantage must be one of" in out.stderr
+    assert "'local_every_turn'" in out.stderr and "did you mean local_every_turn" in out.stderr
 
 
 def test_a_broken_plugin_is_one_line_and_the_builtins_still_work(tmp_path):

@@ -9,10 +9,12 @@ from trace_gym import cli
 
 
 def test_bench_env_runs_a_multi_turn_gem_game_with_smollm2(capsys, tmp_path, smollm2_path):
+    # two prompts, 12 tokens a turn (SmolLM2's \boxed{} guesses fit), up to 3 turns: still several turns an
+    # episode (a tiny random model would end each at its first, unparsable, guess)
     code = cli.main(["bench", "--env", "gem:game:GuessTheNumber-v0-easy", "--env-kwargs", '{"few_shot": true}',
                      "--policy", str(smollm2_path), "--engine", "hf", "--strategies", "uniform,trace",
-                     "--candidates", "4", "--root-budget", "4", "--continuations-per-root", "1",
-                     "--warmup-budget", "0", "--max-turns", "4", "--max-turn-tokens", "16",
+                     "--candidates", "2", "--root-budget", "2", "--continuations-per-root", "1",
+                     "--warmup-budget", "0", "--max-turns", "3", "--max-turn-tokens", "12",
                      "--max-episode-tokens", "2048", "--predictor", "constant", "--json", str(tmp_path / "b.json")])
     out = capsys.readouterr().out
     assert code == 0, out[-2000:]
@@ -20,6 +22,7 @@ def test_bench_env_runs_a_multi_turn_gem_game_with_smollm2(capsys, tmp_path, smo
     rows = json.loads((tmp_path / "b.json").read_text())["strategies"]
     assert set(rows) == {"uniform", "trace"}
     assert all(r["env_steps"] >= r["rollouts"] > 0 for r in rows.values())  # every rollout stepped the GEM game
+    assert any(r["env_steps"] > r["rollouts"] for r in rows.values())  # and some played on past a first guess
 
 
 def test_train_one_step_on_a_reasoning_gym_dataset(capsys, tmp_path, tiny_model_path):
