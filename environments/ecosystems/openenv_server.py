@@ -25,6 +25,7 @@ import urllib.request
 from typing import Mapping, Sequence
 
 from trace_gym.env.boundary import error_text
+from trace_gym.utils.pythonpath import source_folders_path
 APP_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 LOOPBACK = "127.0.0.1"
 #: how a server's failure to bind a port reads in its log (then it is retried on another)
@@ -88,7 +89,7 @@ class ServerProcess:
         self.env = {**os.environ, **{str(k): str(v) for k, v in (env or {}).items()}}
         if isinstance(server_cmd, str) and APP_TARGET.fullmatch(server_cmd.strip()):
             # the app module imports in the server as it would here (a test's folder, say)
-            self.env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [self.env.get("PYTHONPATH", "")])
+            self.env["PYTHONPATH"] = os.pathsep.join([source_folders_path(), self.env.get("PYTHONPATH", "")])
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.command: list[str] = []

@@ -26,6 +26,7 @@ from registry_fixtures import registries_restored  # noqa: E402
 from trace_gym.api import resolve_env  # noqa: E402
 from trace_gym.env.checks import check_env  # noqa: E402
 from trace_gym.types import Message  # noqa: E402
+from trace_gym.utils.pythonpath import source_folders_path  # noqa: E402
 
 GUESS_APP = "ecosystem_envs_openenv.guess:app"
 COUNTER_APP = "ecosystem_envs_openenv.counter:app"
@@ -51,7 +52,7 @@ def counter_url():
     """A counter server started by the test itself (the ``openenv:<URL>`` form)."""
     port = servers.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", COUNTER_APP, "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning"], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                             "--log-level", "warning"], env={**os.environ, "PYTHONPATH": source_folders_path()},
                             start_new_session=True)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
     local = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -18,20 +18,34 @@ from trace_gym.types import Completion, SamplingParams, Task
 
 
 class ScriptedPolicy:
-    """Answers the ``t``-th generate call with ``script[t]`` for every completion asked."""
+    """Answers an episode's ``t``-th turn with ``script[t]``. ``t`` is read from the prefix: one
+    more than the turn of the longest earlier prefix it extends (an episode's context only
+    grows). Episodes whose env steps end at different times are asked in separate generate
+    calls, so a count of calls would hand one episode another's turn; and the prefix's text
+    cannot be counted, since an attack prints the chat template's own tokens."""
 
     def __init__(self, tokenizer, script: list[str]):
-        self.tokenizer, self.script, self.calls = tokenizer, script, 0
+        self.tokenizer, self.script = tokenizer, script
         self.weights_version = 0
+        self._turns: dict[tuple, int] = {}
 
-    def generate(self, prefixes, n, sampling):
-        text = self.script[min(self.calls, len(self.script) - 1)]
-        self.calls += 1
+    def _turn(self, prefix) -> int:
+        prefix = tuple(prefix)
+        if prefix not in self._turns:
+            earlier = [t for q, t in self._turns.items() if len(q) < len(prefix) and prefix[: len(q)] == q]
+            self._turns[prefix] = max(earlier, default=-1) + 1
+        return self._turns[prefix]
+
+    def _completion(self, prefix, sampling) -> Completion:
+        text = self.script[min(self._turn(prefix), len(self.script) - 1)]
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")  # what a tokenizer can emit
         ids = self.tokenizer.encode(text, add_special_tokens=False)[: sampling.max_tokens - 1]
         ids.append(self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token))
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return [[Completion(tuple(ids), (0.0,) * len(ids), "stop", text=text) for _ in range(k)] for k in n]
+        return Completion(tuple(ids), (0.0,) * len(ids), "stop", text=text)
+
+    def generate(self, prefixes, n, sampling):
+        return [[self._completion(prefix, sampling)] * k for prefix, k in zip(prefixes, n)]
 
     def close(self):
         pass

@@ -14,10 +14,11 @@ import itertools
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
+
+from trace_gym.utils.pythonpath import source_folders_path
 
 NAMESPACE = "trace_gym"
 _launches = itertools.count()
@@ -60,20 +61,6 @@ class RayCluster:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def _worker_path() -> str:
-    """The driver's source folders (not site-packages), for the workers' ``PYTHONPATH``:
-    an env factory defined in a test folder or a plugin checkout imports there too."""
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    keep = []
-    for entry in sys.path:
-        real = os.path.realpath(entry or os.getcwd())
-        if not os.path.isdir(real) or "site-packages" in real or any(real.startswith(p + os.sep) for p in prefixes):
-            continue
-        if real not in keep:
-            keep.append(real)
-    return os.pathsep.join(keep)
-
-
 def start_ray(address: str | None = None, *, num_cpus: int | None = None, temp_dir: str | None = None,
               object_store_memory: int | None = None) -> RayCluster:
     """Start a local Ray cluster (``address=None``) or join ``address``.
@@ -93,7 +80,7 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None, temp_d
 
     if ray.is_initialized():
         return RayCluster(address, None, False)
-    env_vars = {"PYTHONPATH": _worker_path(), "TOKENIZERS_PARALLELISM": "false"}
+    env_vars = {"PYTHONPATH": source_folders_path(), "TOKENIZERS_PARALLELISM": "false"}
     for key in ("OMP_NUM_THREADS", "HF_HOME", "HF_HUB_OFFLINE", "TRACE_GYM_HOME"):
         if key in os.environ:
             env_vars[key] = os.environ[key]
