@@ -100,8 +100,9 @@ def record(family: str, name: str, out: Path, setting: tuple[int, dict, dict, di
     subprocess.run(args, check=True, env=env, cwd=ROOT)
 
 
-def row(path: Path, group: int = ROOTS) -> dict[str, Any]:
-    """One table row from a setting's bank (see the module docstring)."""
+def row(path: Path, group: int = ROOTS, family: str = "") -> dict[str, Any]:
+    """One table row from a setting's bank (see the module docstring); for ``bfcl`` also
+    what the first actions were (:func:`first_calls`)."""
     import numpy as np
 
     from trace_gym.banks import iter_prompts
@@ -111,10 +112,14 @@ def row(path: Path, group: int = ROOTS) -> dict[str, Any]:
 
     footer = read_footer(path)
     rewards, mixed, prompts, errors = [], [], 0, 0
+    calls: dict[str, int] = {}
     for record in iter_prompts(path, verify=footer is not None):  # a stopped recording: the prompts it wrote
         prompts += 1
         leaves = [r for r in record.roots if r["turns"]]
         errors += len(record.roots) - len(leaves)
+        if family == "bfcl":
+            for kind in first_calls(record.data["task"], leaves):
+                calls[kind] = calls.get(kind, 0) + 1
         rewards += [float(r["reward"]) for r in leaves]
         wins = sum(bool(r["success"]) for r in leaves)
         mixed.append(mixed_without_replacement(wins, len(leaves), group) if len(leaves) >= group else 0.0)
@@ -129,7 +134,24 @@ def row(path: Path, group: int = ROOTS) -> dict[str, Any]:
             "mean_reward": float(r.mean()) if len(r) else math.nan, "reward_std": float(r.std()) if len(r) else math.nan,
             "partial_share": float(((r > 0) & (r < 1)).mean()) if len(r) else math.nan,
             "seconds_per_prompt": footer.get("seconds", recorded_seconds(path)) / max(prompts, 1),
-            "complete": bool(footer)}
+            "complete": bool(footer), "first_calls": calls}
+
+
+#: What a BFCL episode's first action was: no call BFCL can decode, a call of a function the
+#: ground truth calls, or calls of other functions only.
+FIRST_CALLS = ("no call", "right function", "other function")
+
+
+def first_calls(task: Mapping[str, Any], leaves: list[Mapping[str, Any]]) -> list[str]:
+    """One of :data:`FIRST_CALLS` per episode, decoded as the env decodes actions."""
+    from environments.bfcl.parsing import decode, parse_ground_truth_call
+
+    gold = {parse_ground_truth_call(call)[0] for turn in task["answer"] for call in turn}
+    kinds = []
+    for leaf in leaves:
+        names = {call.name for call in decode(leaf["turns"][0]["action"]).calls}
+        kinds.append("no call" if not names else "right function" if names & gold else "other function")
+    return kinds
 
 
 def recorded_seconds(path: Path) -> float:
@@ -152,6 +174,8 @@ def markdown(rows: Mapping[str, dict[str, Any]]) -> str:
     """The knob table (percentages; intervals are 95 % Wilson)."""
     lines = ["| setting | prompts x roots | success rate [95 % CI] | mixed share, G = 8 [95 % CI] | mean reward "
              "(std; partial share) | s/prompt |", "|---|---:|---|---|---|---:|"]
+    empty = [name for name, x in rows.items() if not x["prompts"]]
+    rows = {name: x for name, x in rows.items() if x["prompts"]}
     for name, x in rows.items():
         lo, hi = x["success_ci"]
         mlo, mhi = x["mixed_ci"]
@@ -161,6 +185,16 @@ def markdown(rows: Mapping[str, dict[str, Any]]) -> str:
                      f"{100 * hi:.1f}] | {100 * x['mixed_share']:.1f} % [{100 * mlo:.1f}, {100 * mhi:.1f}] | "
                      f"{x['mean_reward']:.3f} ({x['reward_std']:.3f}; {100 * x['partial_share']:.0f} %) | "
                      f"{x['seconds_per_prompt']:.0f} |")
+    if empty:
+        lines += ["", "Started, no prompt written (not tabulated): " + ", ".join(f"`{n}`" for n in empty) + "."]
+    if any(x.get("first_calls") for x in rows.values()):
+        lines += ["", "First actions (share of episodes; decoded as the env decodes them):", "",
+                  "| setting | " + " | ".join(FIRST_CALLS) + " |", "|---|" + "---:|" * len(FIRST_CALLS)]
+        for name, x in rows.items():
+            n = sum(x["first_calls"].values())
+            if n:
+                lines.append(f"| `{name}` | " + " | ".join(f"{100 * x['first_calls'].get(k, 0) / n:.0f} %"
+                                                         for k in FIRST_CALLS) + " |")
     return "\n".join(lines)
 
 
@@ -186,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.table_only:
             record(args.family, name, path, settings[name])
         if path.exists():
-            rows[name] = row(path)
+            rows[name] = row(path, family=args.family)
     print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
