@@ -13,6 +13,7 @@ recording's seconds per prompt::
     python benchmarks/contrast_table.py wiki_qa                  # record what is missing, print the table
     python benchmarks/contrast_table.py bfcl --only single_call_f1,single_call_f1_examples
     python benchmarks/contrast_table.py wiki_qa --table-only     # read the banks there, record nothing
+    python benchmarks/contrast_table.py wiki_qa --table-only --also bank=trace_gym/banks/data/wiki_qa_smollm2.jsonl.gz
 
 Banks go to ``--out`` (default ``runs/contrast/<family>/<setting>.jsonl.gz``); a killed
 run resumes (``bank record`` resumes a bank; a complete one is skipped). Stop a run as a
@@ -205,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="folder of the banks (default runs/contrast/<family>)")
     ap.add_argument("--table-only", action="store_true", help="record nothing; tabulate the banks there")
     ap.add_argument("--json", default="", help="also write the rows as JSON here")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=BANK",
+                    help="tabulate another bank of the family as a row (its roots; e.g. the shipped bank)")
     args = ap.parse_args(argv)
     settings = SETTINGS[args.family]
     names = [n for n in args.only.split(",") if n] or list(settings)
@@ -212,6 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown setting(s) {unknown} of {args.family}; expected some of {list(settings)}", file=sys.stderr)
         return 2
+    also = []
+    for item in args.also:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            print(f"--also wants NAME=BANK with an existing bank file, got {item!r}", file=sys.stderr)
+            return 2
+        also.append((name, Path(path)))
     folder = Path(args.out or ROOT / "runs" / "contrast" / args.family)
     folder.mkdir(parents=True, exist_ok=True)
     rows = {}
@@ -221,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             record(args.family, name, path, settings[name])
         if path.exists():
             rows[name] = row(path, family=args.family)
+    for name, path in also:
+        rows[name] = row(path, family=args.family)
     print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -58,3 +58,12 @@ def test_the_demo_bank_bench_fits_in_each_shipped_bank(name, tmp_path, capsys):
     assert guard["status"] == "PASS", guard["detail"]
     assert not results["verdict"].startswith("NO VERDICT")
     assert "**Verdict (real rollouts):**" in capsys.readouterr().out
+
+
+def test_bank_list_names_each_bank_once_with_its_recording_time(capsys):
+    assert cli.main(["bank", "list", str(SHIPPED), str(SHIPPED.relative_to(ROOT))]) == 0
+    printed = capsys.readouterr().out
+    for name in SHIPPED_BANKS:
+        lines = [line for line in printed.splitlines() if f"{name}.jsonl.gz" in line]
+        footer_seconds = next(r for r in list_banks(SHIPPED) if Path(r["path"]).name == f"{name}.jsonl.gz")["seconds"]
+        assert len(lines) == 1 and f"| {footer_seconds / 60:.0f} min (1 run(s)) |" in lines[0], lines

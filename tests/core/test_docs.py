@@ -49,3 +49,13 @@ def test_tutorial_blocks_run(page, tmp_path, monkeypatch, smollm2_path):
             exec(compile(block, f"{page} block {ran + 1}", "exec"), namespace)
             ran += 1
     assert ran >= 1
+
+
+#: a line that is one ALL_CAPS_NAME alone: a generator's placeholder left where its output belongs
+PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$", re.M)
+
+
+def test_no_page_ships_a_placeholder():
+    pages = [DOCS.parent / "README.md", *sorted(DOCS.rglob("*.md"))]
+    found = [f"{p.relative_to(DOCS.parent)}: {m.group(0)}" for p in pages for m in PLACEHOLDER.finditer(p.read_text())]
+    assert not found, f"placeholders where generated text belongs: {found}"

@@ -428,7 +428,8 @@ def read_footer(path: str | os.PathLike, tail_bytes: int = 1 << 16) -> dict[str,
 
 def list_banks(folder: str | os.PathLike, pattern: str = "**/*.jsonl.gz") -> list[dict[str, Any]]:
     """One row per bank under ``folder`` (files that are not banks are skipped): path, env, policy,
-    counts, size, whether complete; from the header and footer only (fast, not verified)."""
+    counts, size (bytes), whether complete, and a complete bank's recording time (``seconds`` over
+    ``runs`` runs, from its footer); from the header and footer only (fast, not verified)."""
     rows = []
     for path in sorted(Path(folder).glob(pattern)):
         try:
@@ -439,5 +440,6 @@ def list_banks(folder: str | os.PathLike, pattern: str = "**/*.jsonl.gz") -> lis
         rows.append({"path": str(path), "env_id": m.get("env_id"), "policy": m.get("policy"),
                      "prompts": footer["prompts"] if footer else None, "roots": m.get("roots"),
                      "continuations": m.get("continuations"), "max_prefixes_per_root": m.get("max_prefixes_per_root"),
-                     "complete": footer is not None, "bytes": path.stat().st_size, "created_at": m.get("created_at")})
+                     "complete": footer is not None, "bytes": path.stat().st_size, "created_at": m.get("created_at"),
+                     "seconds": footer.get("seconds") if footer else None, "runs": footer.get("runs") if footer else None})
     return rows

@@ -178,16 +178,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     from trace_gym.banks import list_banks
     from trace_gym.report import markdown_table
 
-    rows = []
+    rows, seen = [], set()
     for folder in [SHIPPED, *(Path(f) for f in args.folders)]:
         for b in list_banks(folder) if folder.exists() else []:
+            if Path(b["path"]).resolve() in seen:  # the shipped folder named again
+                continue
+            seen.add(Path(b["path"]).resolve())
+            recorded = "-" if b.get("seconds") is None else f"{b['seconds'] / 60:.0f} min ({b['runs']} run(s))"
             rows.append([Path(b["path"]).name, b.get("env_id", "?"), b.get("policy", "?"), b.get("prompts", "?"),
                          b.get("roots", "?"), b.get("continuations", "?"), b.get("complete", "?"),
-                         f"{b.get('bytes', 0) / 1e6:.1f}", str(Path(b["path"]).parent)])
+                         f"{b.get('bytes', 0) / 1e6:.1f}", recorded, str(Path(b["path"]).parent)])
     if not rows:
         print("no banks found", file=sys.stderr)
         return 0
-    print(markdown_table(["bank", "env", "policy", "prompts", "roots", "cont.", "complete", "MB", "folder"], rows))
+    print(markdown_table(["bank", "env", "policy", "prompts", "roots", "cont.", "complete", "MB", "recorded",
+                          "folder"], rows))
     return 0
 
 
