@@ -90,6 +90,8 @@ v0: first version, for ``openenv-core`` 0.3.0.
 
 from __future__ import annotations
 
+import os
+
 import re
 from typing import Any, Mapping, Sequence
 
@@ -295,11 +297,35 @@ def load_tasks(n: int, seed: int = 0, *, name: str, reset_kwargs: Mapping[str, A
             for s in range(seed, seed + n)]
 
 
+def _discovery_module() -> Any:
+    """OpenEnv's ``openenv.auto._discovery``, loaded alone: the module needs only the standard
+    library and yaml, while importing it as ``openenv.auto``'s submodule first runs that
+    package's ``__init__``, which imports the server stack (gradio: 5-12 s, most of what
+    ``trace-gym envs`` spent). Falls back to the plain import if the file cannot be loaded alone."""
+    import importlib.util
+    import sys
+
+    name = "_trace_gym_openenv_discovery"
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        package = importlib.util.find_spec("openenv")
+        folders = list(package.submodule_search_locations or []) if package else []
+        spec = importlib.util.spec_from_file_location(name, os.path.join(folders[0], "auto", "_discovery.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
+        return module
+    except Exception:  # noqa: BLE001 - another layout of openenv: the import it documents
+        sys.modules.pop(name, None)
+        import openenv.auto._discovery as module
+
+        return module
+
+
 def _discovery() -> Any:
     # OpenEnv's AutoEnv finds installed openenv-* packages with this; there is no public listing
-    from openenv.auto._discovery import get_discovery
-
-    discovery = get_discovery()
+    discovery = _discovery_module().get_discovery()
     discovery.discover(use_cache=False)  # its file cache may list packages since uninstalled
     return discovery
 

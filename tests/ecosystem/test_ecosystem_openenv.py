@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -274,3 +275,16 @@ def test_installed_env_packages_are_found_with_their_server_app(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         adapter.available()  # discovery rewrites its file cache without the toy
+
+
+def test_listing_installed_packages_does_not_import_the_server_stack():
+    """`trace-gym envs` lists OpenEnv packages through OpenEnv's discovery module loaded alone:
+    importing it as openenv.auto's submodule ran the package's __init__ (gradio, 5-12 s)."""
+    code = ("import sys; from environments.ecosystems import openenv as a; found = a.available(); "
+            "print(sorted(m for m in ('gradio', 'openenv.core', 'openenv.auto') if m in sys.modules), "
+            "isinstance(found, list))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2],
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "[] True", out.stdout
