@@ -90,3 +90,45 @@ def test_calibration_round_trips_through_the_simulators_prior():
     assert a + b == pytest.approx(out["fitted"]["concentration"], rel=1e-3)
     assert set(calibrate.sim_overrides(out)) == {"mean_success", "target_mixed", "step_concentration", "min_turns",
                                                  "max_turns", "feature_spearman"}
+
+
+def test_flips_under_lengths_that_ignore_the_outcome_are_the_closed_form():
+    """Equal histograms: W_t = V_t, so flip(t) = E[2 V_t (1 - V_t)] = 2 E[p (1 - p)] r^t whatever the
+    lengths and the depths kept (a = 1, b = 3: 2 E[p (1 - p)] = 2 * 3 / (4 * 5) = 0.3)."""
+    from trace_gym.sim.lengths import LengthModel
+
+    model = LengthModel.of(1, 4, (0.1, 0.2, 0.3, 0.4))
+    kept = {1: [], 2: [1], 3: [1, 2], 4: [1, 3]}
+    got = calibrate.flips_under_lengths(0.6, [1, 2, 3], (1.0, 3.0), model, kept)
+    assert got == pytest.approx([0.3 * 0.6, 0.3 * 0.36, 0.3 * 0.216], rel=0.02)
+    assert np.isnan(calibrate.flips_under_lengths(0.6, [3], (1.0, 3.0), model, {4: [1]})).all()  # no root keeps 3
+
+
+def test_kappa_under_lengths_is_recovered_from_a_simulated_bank():
+    """A bank grown by the simulator itself (kappa 3, failed episodes short, successful ones long; 8
+    roots, 4 continuations at up to 2 prefixes per root): the fit under the lengths finds kappa again,
+    where the closed form (which reads every flip as the value path's) does not."""
+    from trace_gym.banks.record import prefix_depths
+    from trace_gym.bench.sim_fit import RecordedShape, warmup_batches
+
+    world = sim.SimWorld(target_mixed=0.45, mean_success=0.5, group_size=4, min_turns=1, max_turns=4,
+                         step_concentration=3.0, turn_shares=(0.6, 0.2, 0.1, 0.1),
+                         success_turn_shares=(0.1, 0.1, 0.2, 0.6))
+    shape = RecordedShape(8, 4, 2)
+    pool = sim.make_pool(world, 1500, np.random.default_rng(0))
+    flips: dict[int, list[int]] = {}
+    for _, step in warmup_batches(pool, world, range(1500), shape, seed=1):
+        for tree in step.trees:
+            for branch in tree.branches:
+                if branch.is_continuation:
+                    root = tree.node(tree.branch_leaf(tree.nodes[branch.anchor].branch)).reward
+                    f = flips.setdefault(tree.nodes[branch.anchor].depth, [0, 0])
+                    f[0] += tree.node(tree.branch_leaf(branch.id)).reward != root
+                    f[1] += 1
+    depths = sorted(flips)
+    counts, trials = [flips[d][0] for d in depths], [flips[d][1] for d in depths]
+    kept = {n: prefix_depths(n, 2) for n in range(1, 5)}
+    kappa = calibrate.concentration_under_lengths(depths, counts, trials, world.prior(), world.length_model(), kept)
+    assert kappa / (kappa + 1) == pytest.approx(0.75, abs=0.03)
+    closed = calibrate.concentration_from_flips(depths, counts, trials, world.prior())
+    assert closed / (closed + 1) < 0.7

@@ -123,6 +123,20 @@ def test_a_bad_simulator_key_is_one_line(capsys, key, value):
     assert code == 2 and len(err) == 1 and key in err[0], err
 
 
+@pytest.mark.parametrize("value, said", [
+    ("turn_shares=1,2", "turn_shares must be 4 shares >= 0, one per episode length 3..6, not all 0, got (1.0, 2.0)"),
+    ("turn_shares=1,-1,1,1", "turn_shares: expected every item to be a finite number in [0, 1000000], got -1.0"),
+    ("turn_shares=0,0,0,0", "turn_shares must be 4 shares >= 0, one per episode length 3..6, not all 0, got (0.0, "),
+    ("success_turn_shares=1,1,1,1", "success_turn_shares (1.0, 1.0, 1.0, 1.0) needs turn_shares"),
+])
+def test_bad_episode_length_shares_are_one_line(capsys, value, said):
+    from trace_gym.cli import main
+
+    code = main(["bench", "--sim", value, "pool_size=300", "candidates=50"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and said in err[0], err
+
+
 @pytest.mark.slow  # about 20 s: six grid points of simulated warm-ups
 def test_the_fit_recovers_the_knobs_of_a_simulated_target():
     """A target measured on the simulator itself at feature Spearman 0.9 and shift +0.3 (where the
@@ -155,3 +169,50 @@ def test_a_warm_simulated_bench_starts_its_first_step_informed():
         assert (step0 == 0.0) if spread == 0.0 else step0 > 0.05, (held, step0)
     assert out["warmup"]["roots"] == 256 and out["warmup"]["prompts"] == 32
     assert "32 held-out simulated tasks" in out["warmup"]["description"]
+
+
+def write_bank_with_lengths(path, successes, roots: int = 8, continuations: int = 2):
+    """A bank whose failed roots take 1 turn and successful ones 3 (prefixes at depths 1 and 2 of
+    each successful root, each continuation a success with probability 1/2)."""
+    from bank_fixtures import _episode
+
+    from trace_gym.banks.writer import BankWriter
+
+    rng = np.random.default_rng(0)
+    manifest = {"policy": "synthetic", "policy_path": None, "weights_sha256": None, "env_id": "synthetic",
+                "env_kwargs": {}, "seed": 0, "prompts": len(successes), "roots": roots,
+                "continuations": continuations, "max_prefixes_per_root": None, "sampling": {}, "agent": {},
+                "command": ["synthetic"], "created_at": 0.0}
+    writer = BankWriter(path, manifest)
+    writer.start_run(["synthetic"])
+    for i, s in enumerate(successes):
+        out = []
+        for j, win in enumerate(rng.permutation([True] * int(s) + [False] * (roots - int(s)))):
+            turns = 3 if win else 1
+            root = _episode(bool(win), 1, turns, f"p{i} r{j}", cost=10)
+            root["prefixes"] = [{"depth": t, "continuations": [
+                _episode(bool(rng.random() < 0.5), t + 1, turns, f"p{i} r{j} t{t} c{c}", cost=5)
+                | {"replayed_env_steps": t} for c in range(continuations)]} for t in range(1, turns)]
+            out.append(root | {"left_out": [], "seed": 1000 * i + j})
+        task = {"id": f"synth/{i}", "prompt": f"synthetic prompt {i}", "answer": None, "source": "synthetic",
+                "metadata": {}}
+        writer.add({"task": task, "task_index": i, "prompt_tokens": 20, "roots": out, "run": 0, "written_at": 0.0})
+    writer.finish()
+    return path
+
+
+def test_calibrate_from_sets_each_episodes_length_by_its_outcome(tmp_path):
+    """Failed roots 1 turn, successful ones 3: turn_shares (1, 0, 0), success_turn_shares (0, 0, 1), and
+    kappa refitted under them; a min_turns or max_turns you set keeps the bank's shares off."""
+    from trace_gym.banks import open_bank
+    from trace_gym.bench.config import SimBenchConfig
+    from trace_gym.bench.sim import calibrated, lengths_by_outcome
+
+    path = write_bank_with_lengths(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8)
+    assert lengths_by_outcome(open_bank(str(path)), 1, 3) == {"turn_shares": (1.0, 0.0, 0.0),
+                                                              "success_turn_shares": (0.0, 0.0, 1.0)}
+    cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path)))
+    assert (cfg.min_turns, cfg.max_turns, cfg.turn_shares, cfg.success_turn_shares) == (1, 3, (1, 0, 0), (0, 0, 1))
+    assert info["fitted"]["r_without_lengths"] is not None and info["values"]["step_concentration"] > 0
+    mine, info = calibrated(SimBenchConfig(calibrate_from=str(path), max_turns=4))
+    assert (mine.min_turns, mine.max_turns, mine.turn_shares) == (1, 4, ()) and info["kept"] == {"max_turns": 4}

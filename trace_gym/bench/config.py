@@ -96,9 +96,18 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "kappa of the per-turn beta-splitting martingale", within="(0, 1000000]"))
     min_turns: int = field(default=3, metadata=doc("shortest simulated episode (turns)", within="[1, 1000]"))
     max_turns: int = field(default=6, metadata=doc("longest simulated episode (turns)", within="[1, 1000]"))
+    turn_shares: tuple[float, ...] = field(default=(), metadata=doc(
+        "per-episode lengths: the share of each length min_turns..max_turns among failed episodes (among every "
+        "episode without success_turn_shares); each branch draws its own length given its outcome "
+        "(trace_gym/sim/lengths.py). Empty: one length per task, uniform over min_turns..max_turns",
+        within="[0, 1000000]"))
+    success_turn_shares: tuple[float, ...] = field(default=(), metadata=doc(
+        "with turn_shares: the share of each length min_turns..max_turns among successful episodes",
+        within="[0, 1000000]"))
     calibrate_from: str = field(default="", metadata=doc(
-        "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns and feature_spearman "
-        "from its measurements (trace_gym/sim/calibrate.py), and print them"))
+        "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns, turn_shares and "
+        "success_turn_shares (its roots' lengths by outcome) and fit the learned predictor "
+        "(trace_gym/sim/calibrate.py, trace_gym/bench/sim_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
         "predicted values of the root-allocation demo", within="[0, 1]"))
     demo_budgets: tuple[int, ...] = field(default=(2, 4, 8, 12, 16, 24, 32, 48, 64), metadata=doc(
@@ -113,6 +122,14 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         _check_unit(self)
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns!r}, {self.max_turns!r}")
+        _check_lengths(self)
+
+
+def _check_lengths(cfg: "SimBenchConfig") -> None:
+    """The per-episode length keys (one line naming a bad value); a calibrated run's are the bank's."""
+    from trace_gym.sim.lengths import check_lengths
+
+    check_lengths(cfg.turn_shares, cfg.success_turn_shares, cfg.min_turns, cfg.max_turns)
 
 
 def _check_sim_predictor(cfg: "SimBenchConfig") -> None:

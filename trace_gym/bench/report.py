@@ -181,7 +181,11 @@ def _calibration(results: Mapping[str, Any]) -> list[str]:
     calibration = results.get("calibration")
     if not calibration:
         return []
-    num = lambda v: "unset" if v is None else f"{v:.4g}"  # noqa: E731
+    def num(v: Any) -> str:
+        if isinstance(v, (list, tuple)):  # per-episode length shares
+            return "(" + ", ".join(f"{x:.3g}" for x in v) + ")"
+        return "unset" if v is None else f"{v:.4g}"
+
     used = ", ".join(f"{k} {num(v)} (was {num(calibration['before'][k])})" for k, v in calibration["values"].items())
     fit = calibration["fitted"]
     kept = "".join(f"; {k} {v!r} kept (set by you)" for k, v in calibration.get("kept", {}).items())

@@ -34,7 +34,8 @@ def sim_world(cfg: SimBenchConfig) -> Any:
     from trace_gym.sim.predictors import noise_for_spearman
 
     base = dict(target_mixed=cfg.target_mixed, mean_success=cfg.mean_success, group_size=cfg.group_size,
-                step_concentration=cfg.step_concentration, min_turns=cfg.min_turns, max_turns=cfg.max_turns)
+                step_concentration=cfg.step_concentration, min_turns=cfg.min_turns, max_turns=cfg.max_turns,
+                turn_shares=tuple(cfg.turn_shares), success_turn_shares=tuple(cfg.success_turn_shares))
     prior = sim.SimWorld(**base).prior()
     return sim.SimWorld(**base, feature_noise=noise_for_spearman(cfg.feature_spearman, prior))
 
@@ -214,6 +215,8 @@ def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
     fitted = sim_overrides(found)
     kept = {k: getattr(cfg, k) for k in fitted if getattr(cfg, k) != getattr(defaults, k)}
     values = {k: v for k, v in fitted.items() if k not in kept}
+    if {"min_turns", "max_turns"} & set(kept):  # the bank's length shares are of the bank's range, not yours
+        values = {k: v for k, v in values.items() if k not in LENGTH_SHARES}
     before = {k: getattr(cfg, k) for k in values}
     fit = found["predictor_fit"]
     return dataclasses.replace(cfg, **values), {
@@ -236,16 +239,20 @@ def _fit_note(found: Mapping[str, Any]) -> str:
             f"(trace_gym/bench/sim_fit.py)")
 
 
-#: Bump when what :func:`bank_fit` computes changes (it is part of the cache entry's name).
-FIT_VERSION = 3
+#: Bump when what :func:`bank_fit` computes changes (it is part of the cache entry's name). 4 and 5
+#: were an experiment's (per-task length histograms, reverted); 6: per-episode lengths by outcome.
+FIT_VERSION = 6
+#: The per-episode length keys a bank's roots set (:func:`lengths_by_outcome`).
+LENGTH_SHARES = ("turn_shares", "success_turn_shares")
 
 
 def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
     """The calibration of a bank, and whether it came from the cache.
 
     :func:`trace_gym.sim.calibrate.calibration_from_stats` of its counts (difficulty prior, per-turn
-    concentration, episode lengths); the warm-up of the bank bench's defaults (``warmup_prompts``,
-    the bank's recorded shape); the bank bench's predictor at the start of its first step
+    concentration, episode lengths) with the roots' lengths by outcome (:func:`lengths_by_outcome`) and
+    kappa refitted under them (:func:`trace_gym.sim.calibrate.with_lengths`); the warm-up of the bank
+    bench's defaults (``warmup_prompts``, the bank's recorded shape); the bank bench's predictor at the start of its first step
     (:func:`trace_gym.banks.warmup.steady_state_quality` of the embedding predictor, read through
     the bank's embedding store); and the simulated predictor fitted to it
     (:func:`trace_gym.bench.sim_fit.fit_predictor`: ``feature_spearman``, ``predictor_level_shift``).
@@ -283,7 +290,8 @@ def _fit_bank(bank: Any, path: str, group_size: int) -> dict[str, Any]:
     from trace_gym.banks.stats import bank_stats
     from trace_gym.banks.warmup import steady_state_quality
     from trace_gym.bench.bank import warmup_size
-    from trace_gym.sim.calibrate import calibration_from_stats
+    from trace_gym.banks.record import prefix_depths
+    from trace_gym.sim.calibrate import calibration_from_stats, with_lengths
     from trace_gym.predictor.embeddings import bank_store, use_store
     from trace_gym.bench.config import BankBenchConfig
     from trace_gym.bench.sim_fit import fit_predictor
@@ -297,15 +305,36 @@ def _fit_bank(bank: Any, path: str, group_size: int) -> dict[str, Any]:
     stats = bank_stats(path) | {"predictor": {"prompt": quality["prompt_spearman"]}}
     found = calibration_from_stats(stats, group_size=group_size)
     shape = RecordedShape.of_manifest(bank.manifest)
+    if "min_turns" in found:  # each episode's length by its outcome, and kappa refitted under them
+        lo, hi = found["min_turns"], found["max_turns"]
+        kept = {n: prefix_depths(n, shape.prefixes_per_root) for n in range(lo, hi + 1)}
+        found = with_lengths(found, stats, lengths_by_outcome(bank, lo, hi), kept)
     world = sim.SimWorld(group_size=group_size, **{k: found[k] for k in ("target_mixed", "mean_success",
                                                                         "step_concentration", "min_turns",
-                                                                        "max_turns") if k in found})
+                                                                        "max_turns", *LENGTH_SHARES) if k in found})
     fit = fit_predictor(world, shape, quality, warmup_prompts=warm, prefix_share=defaults.prefix_share,
                         selection=selection)
     return found | {"selection": list(selection), "feature_spearman": fit["feature_spearman"],
                     "predictor_level_shift": fit["predictor_level_shift"],
                     "warmup_prompts": warm, "recorded_shape": dataclasses.asdict(shape), "bank_quality": quality,
                     "predictor_fit": fit, "learned_spearman": quality["prompt_spearman"]}
+
+
+def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, tuple[float, ...]]:
+    """The lengths of a bank's failed and of its successful roots, as shares of each length
+    ``min_turns..max_turns`` (``turn_shares``, ``success_turn_shares``: the simulator's per-episode
+    lengths, :mod:`trace_gym.sim.lengths`); an outcome no root had takes the other's lengths."""
+    from trace_gym.sim.lengths import length_shares
+
+    fail, win = [], []
+    for record in bank:
+        for root in record.roots:
+            if root["turns"]:
+                (win if root["success"] else fail).append(len(root["turns"]))
+    if not fail and not win:
+        return {}
+    return {"turn_shares": length_shares(fail or win, min_turns, max_turns),
+            "success_turn_shares": length_shares(win or fail, min_turns, max_turns)}
 
 
 def pcl_selection(cfg: Any, n_prompts: int, held_out: int, group_size: int) -> tuple[int, int]:

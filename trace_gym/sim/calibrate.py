@@ -20,7 +20,10 @@ The simulator (:mod:`trace_gym.sim.simulator`) has three knobs a bank can measur
       flip(t) = 2 E[p (1 - p)] r^t,   r = kappa / (kappa + 1),   E[p (1 - p)] = mu (1 - mu) (a + b) / (a + b + 1).
 
   r is the maximum-likelihood fit of the flip counts by depth (binomial per depth; a
-  bounded 1-D search), kappa = r / (1 - r) (:func:`concentration_from_flips`).
+  bounded 1-D search), kappa = r / (1 - r) (:func:`concentration_from_flips`). Where episode
+  lengths go with the outcome (per-episode lengths, :mod:`trace_gym.sim.lengths`), reaching a
+  depth says something about the outcome too, so r is fitted under the length model instead
+  (:func:`concentration_under_lengths`, :func:`with_lengths`).
 - **predictor informativeness** (``feature_spearman``): here, the learned predictor's measured
   prompt-level Spearman against the bank's empirical rates, when it was measured (a lower
   bound of what the knob means). ``bench --sim calibrate_from=BANK`` then replaces it, and
@@ -28,7 +31,11 @@ The simulator (:mod:`trace_gym.sim.simulator`) has three knobs a bank can measur
   (:func:`trace_gym.bench.sim_fit.fit_predictor`): a Spearman match alone left the simulated
   predictor picking far worse than the bank's.
 
-Episode lengths (``min_turns``, ``max_turns``) come from the recorded roots' depths.
+Episode lengths (``min_turns``, ``max_turns``) come from the recorded roots' depths; with a bank
+at hand, ``bench --sim calibrate_from=BANK`` also sets each length's share among the failed and
+among the successful roots (``turn_shares``, ``success_turn_shares``:
+:func:`trace_gym.bench.sim.lengths_by_outcome`), so each simulated episode draws its own length
+given its outcome (:mod:`trace_gym.sim.lengths`).
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from trace_gym.sim.lengths import LengthModel
 
 #: Bounds of the fitted Beta concentration a + b (a fit outside them is clipped, and
 #: :func:`calibration` says so in ``fitted["clipped"]``).
@@ -105,6 +114,69 @@ def concentration_from_flips(depths: Sequence[int], flips: Sequence[int], trials
     return r / (1 - r)
 
 
+def flips_under_lengths(r: float, depths: Sequence[int], prior: tuple[float, float], lengths: LengthModel,
+                        kept: Mapping[int, Sequence[int]], samples: int = 20_000, seed: int = 0) -> np.ndarray:
+    """P(a continuation from a recorded prefix at each of ``depths`` flips its root's outcome), with
+    per-turn variance ratio ``r`` (kappa = r / (1 - r)) and episode lengths that go with the outcome
+    (``lengths``, a :class:`~trace_gym.sim.lengths.LengthModel`), for prefixes recorded as a bank
+    records them (``kept``: a root of L turns -> the depths it keeps).
+
+    Given V_t, the root's outcome and length are drawn jointly (P(y, L | V_t) = V_t^y (1 - V_t)^(1 - y)
+    h_y(L)) and a continuation's outcome is Bernoulli(W_t) (W_t = P(y = 1 | V_t, L > t)), so
+
+        flip(t) = E[sum_{L kept t} (1 - V) h_0(L) W + V h_1(L) (1 - W)] / E[sum_{L kept t} (1 - V) h_0(L) + V h_1(L)],
+
+    the expectation over V_t (p ~ Beta(a, b) at ``samples`` quantiles, then t beta steps drawn by
+    inverse CDF from uniforms fixed by ``seed``: common random numbers, so the rates are smooth in
+    r). A depth no root can keep gets NaN."""
+    from scipy import special, stats
+
+    kappa = r / (1 - r)
+    v = stats.beta.ppf((np.arange(samples) + 0.5) / samples, *prior)
+    uniforms = np.random.default_rng(seed).random((max(depths, default=0), samples))
+    out, by_depth = [], {}
+    for t in range(1, max(depths, default=0) + 1):
+        inner = (v > 0) & (v < 1)
+        v = v.copy()
+        v[inner] = special.betaincinv(kappa * v[inner], kappa * (1 - v[inner]), uniforms[t - 1, inner])
+        by_depth[t] = v
+    for t in depths:
+        v, w = by_depth[t], lengths.value(by_depth[t], t)
+        h0 = sum(lengths.failure[L - lengths.min_turns] for L, ds in kept.items() if t in ds and L > t)
+        h1 = sum(lengths.success[L - lengths.min_turns] for L, ds in kept.items() if t in ds and L > t)
+        den = float(np.mean((1 - v) * h0 + v * h1))
+        out.append(float(np.mean((1 - v) * h0 * w + v * h1 * (1 - w))) / den if den > 0 else float("nan"))
+    return np.asarray(out)
+
+
+def concentration_under_lengths(depths: Sequence[int], flips: Sequence[int], trials: Sequence[int],
+                                prior: tuple[float, float], lengths: LengthModel,
+                                kept: Mapping[int, Sequence[int]]) -> float:
+    """kappa from flip counts by prefix depth when episode lengths go with the outcome: the
+    maximum-likelihood r of :func:`flips_under_lengths` (binomial per depth; a bounded 1-D search),
+    kappa = r / (1 - r). :func:`concentration_from_flips` reads every flip as the value path's own
+    resolution; where an episode's length says something about its outcome, reaching a depth
+    resolves part of it too, and that fit overstates how much one turn reveals (the guessing bank:
+    kappa 1.59, whose simulated flips are 0.09 / 0.44 / 0.01 at depths 1 / 2 / 3 against the bank's
+    0.14 / 0.88 / 0.03)."""
+    from scipy.optimize import minimize_scalar
+
+    t, f, n = (np.asarray(x, dtype=float) for x in (depths, flips, trials))
+    keep = n > 0
+    t, f, n = t[keep].astype(int), f[keep], n[keep]
+    if t.size == 0:
+        raise ValueError("no continuations were recorded: nothing to fit")
+
+    def nll(r: float) -> float:
+        q = np.clip(np.nan_to_num(flips_under_lengths(r, t.tolist(), prior, lengths, kept), nan=0.5), 1e-12,
+                    1 - 1e-12)
+        return -float((f * np.log(q) + (n - f) * np.log1p(-q)).sum())
+
+    fit = minimize_scalar(nll, bounds=(1e-4, 1 - 1e-6), method="bounded", options={"xatol": 1e-6})
+    r = float(fit.x)
+    return r / (1 - r)
+
+
 def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], flip_depths: Sequence[int],
                 flip_counts: Sequence[int], flip_trials: Sequence[int], root_turns: Sequence[int], *,
                 group_size: int, learned_spearman: float | None = None) -> dict[str, Any]:
@@ -138,10 +210,7 @@ def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict
     """:func:`calibration` of a bank's :func:`~trace_gym.banks.stats.bank_stats` (prompt counts,
     flips at depth >= 1, root turn histogram, the learned predictor's prompt Spearman when measured)."""
     counts = np.asarray(stats["prompt_counts"], dtype=int).reshape(-1, 2)
-    flips = {int(d): v for d, v in stats["flip_by_depth"].items() if int(d) >= 1 and v["continuations"]}
-    depths = sorted(flips)
-    trials = [int(flips[d]["continuations"]) for d in depths]
-    flipped = [int(round(flips[d]["flip"] * n)) for d, n in zip(depths, trials)]
+    depths, flipped, trials = flip_counts(stats)
     turns = [int(t) for t, c in stats["turns"]["histogram"].items() for _ in range(int(c))]
     learned = (stats.get("predictor") or {}).get("prompt")
     usable = counts[:, 1] >= 2
@@ -149,8 +218,36 @@ def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict
                        learned_spearman=learned)
 
 
+def flip_counts(stats: Mapping[str, Any]) -> tuple[list[int], list[int], list[int]]:
+    """``(depths, flips, continuations)`` at each prefix depth >= 1 of a bank's
+    :func:`~trace_gym.banks.stats.bank_stats`."""
+    flips = {int(d): v for d, v in stats["flip_by_depth"].items() if int(d) >= 1 and v["continuations"]}
+    depths = sorted(flips)
+    trials = [int(flips[d]["continuations"]) for d in depths]
+    return depths, [int(round(flips[d]["flip"] * n)) for d, n in zip(depths, trials)], trials
+
+
+def with_lengths(calibrated: Mapping[str, Any], stats: Mapping[str, Any], shares: Mapping[str, Sequence[float]],
+                 kept: Mapping[int, Sequence[int]]) -> dict[str, Any]:
+    """A :func:`calibration_from_stats` result with per-episode lengths by outcome (``shares``:
+    ``turn_shares`` and ``success_turn_shares`` over ``min_turns..max_turns``) and kappa refitted
+    under them (:func:`concentration_under_lengths`; ``kept``: a root of L turns -> the prefix
+    depths the bank records). ``fitted`` keeps the fit without lengths as ``r_without_lengths``."""
+    out = dict(calibrated) | {k: tuple(v) for k, v in shares.items()}
+    depths, flipped, trials = flip_counts(stats)
+    if not shares or "step_concentration" not in out or not depths:
+        return out
+    model = LengthModel.of(out["min_turns"], out["max_turns"], out["turn_shares"], out["success_turn_shares"])
+    fitted = out["fitted"]
+    kappa = float(np.clip(concentration_under_lengths(depths, flipped, trials, (fitted["a"], fitted["b"]), model,
+                                                      kept), 1e-3, 1e6))
+    out["step_concentration"] = kappa
+    out["fitted"] = {**fitted, "r": kappa / (kappa + 1), "r_without_lengths": fitted["r"]}
+    return out
+
+
 def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~trace_gym.bench.config.SimBenchConfig` keys of a :func:`calibration` result."""
-    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "feature_spearman",
-            "predictor_level_shift", "warmup_prompts")
-    return {k: calibrated[k] for k in keys if k in calibrated}
+    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "turn_shares",
+            "success_turn_shares", "feature_spearman", "predictor_level_shift", "warmup_prompts")
+    return {k: tuple(calibrated[k]) if k.endswith("turn_shares") else calibrated[k] for k in keys if k in calibrated}

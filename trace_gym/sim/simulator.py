@@ -31,6 +31,10 @@ Token and step counts are simulated too, so the ledger's exact units are meaning
 each turn generates ~Poisson(``policy_tokens_per_turn``) tokens and returns
 ~Poisson(``observation_tokens_per_turn``); prefill counts the prompt and observations
 of a root rollout and, for a continuation, its whole replayed context (no prefix cache).
+
+Episode lengths: by default a task has one length T_i, shared by all its episodes. With
+``SimWorld.turn_shares`` each branch draws its own length given its outcome, as a bank's
+roots do (:mod:`trace_gym.sim.lengths`); only the turns a branch ran are counted.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import numpy as np
 from trace_gym.budget import BudgetLedger
 from trace_gym.step.driver import BranchResult, run_step
 from trace_gym.predictor.kinds import SuccessPredictor
+from trace_gym.sim.lengths import LengthModel, check_lengths, episode_paths
 from trace_gym.allocation.strategy import Strategy
 from trace_gym.tree import ROOT, TARGET_ESTIMATORS, RolloutTree
 
@@ -109,7 +114,13 @@ class SimWorld:
             calibrated to (0.27: GRPO on DeepScaleR in the paper).
         mean_success: mean of the difficulty prior, E[p].
         group_size: G used for the calibration.
-        min_turns, max_turns: episode length T_i ~ Uniform{min_turns..max_turns}.
+        min_turns, max_turns: episode length T_i ~ Uniform{min_turns..max_turns}, one per
+            task, unless ``turn_shares`` is set.
+        turn_shares: per-episode lengths (:mod:`trace_gym.sim.lengths`): the share of each
+            length min_turns..max_turns among failed episodes (among every episode when
+            ``success_turn_shares`` is empty); each branch draws its own length given its
+            outcome, on a value path of max_turns turns. Empty (the default): one length per task.
+        success_turn_shares: with ``turn_shares``, the shares among successful episodes.
         step_concentration: kappa of the beta-splitting martingale (larger: each turn
             reveals less).
         feature_dim: task features a learned predictor sees; feature 0 is
@@ -126,6 +137,8 @@ class SimWorld:
     group_size: int = 8
     min_turns: int = 3
     max_turns: int = 6
+    turn_shares: tuple[float, ...] = ()
+    success_turn_shares: tuple[float, ...] = ()
     step_concentration: float = 3.0
     feature_dim: int = 4
     feature_noise: float = 6.0
@@ -137,6 +150,9 @@ class SimWorld:
     def __post_init__(self) -> None:
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}")
+        for name in ("turn_shares", "success_turn_shares"):  # a list from a caller: hashable like the rest
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_lengths(self.turn_shares, self.success_turn_shares, self.min_turns, self.max_turns)
         if self.step_concentration <= 0:
             raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
         if self.feature_dim < 1:
@@ -146,6 +162,12 @@ class SimWorld:
         """Calibrated Beta(a, b) difficulty prior."""
         return calibrate_prior(self.target_mixed, self.mean_success, self.group_size)
 
+    def length_model(self) -> LengthModel | None:
+        """The per-episode length model of ``turn_shares``; ``None``: one length per task."""
+        if not len(self.turn_shares):
+            return None
+        return LengthModel.of(self.min_turns, self.max_turns, self.turn_shares, self.success_turn_shares)
+
 
 @dataclass(frozen=True)
 class TaskPool:
@@ -154,7 +176,8 @@ class TaskPool:
     Attributes:
         success: p_i, shape (n,).
         features: what a learned predictor sees, shape (n, feature_dim).
-        turns: T_i, shape (n,).
+        turns: T_i, shape (n,): every episode's length; with per-episode lengths the value
+            path's horizon (max_turns), which no episode outruns.
     """
 
     success: np.ndarray
@@ -172,7 +195,10 @@ def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPo
     feats = rng.standard_normal((n_tasks, world.feature_dim))
     if np.isfinite(world.feature_noise):  # infinite noise: feature 0 is as uninformative as the others
         feats[:, 0] = logit(p) + world.feature_noise * feats[:, 0]
-    turns = rng.integers(world.min_turns, world.max_turns + 1, size=n_tasks)
+    if len(world.turn_shares):  # each episode draws its own length (trace_gym.sim.lengths)
+        turns = np.full(n_tasks, world.max_turns)
+    else:
+        turns = rng.integers(world.min_turns, world.max_turns + 1, size=n_tasks)
     return TaskPool(success=p, features=feats, turns=turns)
 
 
@@ -183,9 +209,12 @@ class SimState:
     Attributes:
         task: task index in the pool.
         turn: completed turns t.
-        value: true V_t (hidden from the learned predictor).
-        signal: noisy observation logit(V_t) + N(0, signal_noise^2); 0 at the root.
+        value: true P(success | history after t turns) (hidden from the learned predictor):
+            V_t, or with per-episode lengths W_t, which also reads that the episode ran past t.
+        signal: noisy observation logit(value) + N(0, signal_noise^2); 0 at the root.
         context_tokens: tokens in the history so far (prompt + all segments).
+        latent: with per-episode lengths, the value path's V_t the future is drawn from;
+            ``None``: ``value``.
     """
 
     task: int
@@ -193,6 +222,12 @@ class SimState:
     value: float
     signal: float = 0.0
     context_tokens: int = 0
+    latent: float | None = None
+
+    @property
+    def latent_value(self) -> float:
+        """V_t: ``latent``, or ``value`` where the two coincide."""
+        return self.value if self.latent is None else self.latent
 
 
 def root_state(pool: TaskPool, task: int, world: SimWorld) -> SimState:
@@ -212,12 +247,13 @@ def simulate_branches(
     From the root a rollout is a full rollout; from a deeper node a continuation
     (restore the node's state, resample the future). All branches are simulated in
     lockstep (vectorised over branches, turn by turn) and then appended to the tree one
-    branch at a time, in ``anchors`` order. Records the exact units (generated and
-    prefill tokens, env steps) in ``ledger``; the nominal ones (rollouts,
-    continuations) are the step driver's. Returns the leaf id of each branch.
+    branch at a time, in ``anchors`` order. A branch ends at its task's T_i, or with
+    ``world.turn_shares`` at its own length (:mod:`trace_gym.sim.lengths`). Records the
+    exact units of the turns run (generated and prefill tokens, env steps) in ``ledger``;
+    the nominal ones (rollouts, continuations) are the step driver's. Returns the leaf id
+    of each branch.
     """
-    count = len(anchors)
-    if count == 0:
+    if len(anchors) == 0:
         return []
     states: list[SimState] = [tree.node(a).snapshot for a in anchors]
     task = states[0].task
@@ -227,9 +263,23 @@ def simulate_branches(
     start = np.array([st.turn for st in states])
     if (start >= T).any():
         raise ValueError(f"anchor at turn {int(start.max())} >= the task's last turn {T}; nothing to continue")
-    t0 = int(start.min())
+    model = world.length_model()
+    if model is None:
+        values, latents = _task_paths(states, start, T, world.step_concentration, rng), None
+        ends = np.full(len(start), T)
+    else:
+        latents, values, ends = episode_paths(np.array([st.latent_value for st in states]),
+                                              np.array([st.value for st in states]), start, world.step_concentration,
+                                              model, rng)
+    return _record(tree, anchors, states, start, (values, latents, ends), world, rng, ledger)
+
+
+def _task_paths(states: Sequence[SimState], start: np.ndarray, T: int, kappa: float,
+                rng: np.random.Generator) -> np.ndarray:
+    """The values of turns t0 + 1 .. T (t0 = min(start)) of branches that all end at T: shape
+    (T - t0, n), the reward at row T."""
+    count, t0 = len(states), int(start.min())
     n_rows = T - t0  # rows are turns t0 + 1 .. T
-    kappa = world.step_concentration
     values = np.empty((n_rows, count))
     v = np.array([st.value for st in states], dtype=float)
     for row in range(n_rows):
@@ -242,12 +292,27 @@ def simulate_branches(
         else:
             v = (rng.random(count) < v).astype(float)
         values[row] = v
-    active = (t0 + 1 + np.arange(n_rows))[:, None] > start[None, :]  # (n_rows, count)
+    return values
+
+
+def _record(tree: RolloutTree, anchors: Sequence[int], states: Sequence[SimState], start: np.ndarray,
+            paths: tuple[np.ndarray, np.ndarray | None, np.ndarray], world: SimWorld, rng: np.random.Generator,
+            ledger: BudgetLedger) -> list[int]:
+    """Tokens, signals and ledger units of the branches' turns (``paths``: values and latent values
+    of shape (rows, n), rows the turns t0 + 1 .., and each branch's end turn), then the turns
+    appended to ``tree``; returns the leaves. Only a branch's turns start + 1 .. end are counted."""
+    values, latents, ends = paths
+    n_rows, count = values.shape
+    t0, task = int(start.min()), states[0].task
+    turn = (t0 + 1 + np.arange(n_rows))[:, None]
+    active = (turn > start[None, :]) & (turn <= ends[None, :])  # (n_rows, count)
+    last = ends - t0 - 1  # each branch's terminal row
+    cols = np.arange(count)
     gen = rng.poisson(world.policy_tokens_per_turn, size=(n_rows, count)) * active
     obs = rng.poisson(world.observation_tokens_per_turn, size=(n_rows, count)) * active
-    obs[-1] = 0  # no observation after the final answer
+    obs[last, cols] = 0  # no observation after the final answer
     signal = logit(values) + world.signal_noise * rng.standard_normal((n_rows, count))
-    signal[-1] = 0.0
+    signal[last, cols] = 0.0
     ctx = np.array([st.context_tokens for st in states]) + np.cumsum(gen + obs, axis=0)
 
     is_root = np.array([a == ROOT for a in anchors])
@@ -259,6 +324,7 @@ def simulate_branches(
     )
     ledger.add_env_steps(int(active.sum()))
 
+    latent_rows = [None] * count if latents is None else latents.T.tolist()
     leaves = []
     for j, (vals, sigs, ctxs, gens, obss) in enumerate(
         zip(values.T.tolist(), signal.T.tolist(), ctx.T.tolist(), gen.T.tolist(), obs.T.tolist())
@@ -266,14 +332,15 @@ def simulate_branches(
         anchor = anchors[j]
         branch = tree.start_branch(anchor)
         node = anchor
-        for row in range(int(start[j]) - t0, n_rows):
-            last = row == n_rows - 1
+        for row in range(int(start[j]) - t0, int(last[j]) + 1):
+            end = row == last[j]
             node = tree.add_turn(
                 node,
                 branch=branch,
-                snapshot=SimState(task, t0 + 1 + row, vals[row], sigs[row], ctxs[row]),
-                reward=vals[row] if last else None,
-                terminal=last,
+                snapshot=SimState(task, t0 + 1 + row, vals[row], sigs[row], ctxs[row],
+                                  None if latent_rows[j] is None else latent_rows[j][row]),
+                reward=vals[row] if end else None,
+                terminal=end,
                 info={"policy_tokens": gens[row], "observation_tokens": obss[row]},
             )
         leaves.append(node)
