@@ -20,6 +20,9 @@ MATH = [c for c in CASES if c.env == "math"]
 BFCL = [c for c in CASES if c.env != "math"]
 LIMITS = KernelLimits(cell_timeout_s=1.5, memory_mb=512, max_processes=24, output_bytes=4096)
 TASK = Task(id="corpus", prompt="What is 2 + 3?", answer="5")
+#: attacks whose background thread ends the interpreter 50 ms after their cell: on a loaded
+#: machine the death can land in the next cell instead
+LATE_DEATHS = {"math_code_background_exit"}
 CANARY = "/tmp/trace_gym_bfcl_canary"
 
 
@@ -55,6 +58,11 @@ def run_math(case: Case, tokenizer) -> str:
             assert reward in (0.0, 1.0)
             return case.name
         obs, *_ = env.step("```python\nprint(6 * 7)\n```")  # the env goes on working
+        if case.name in LATE_DEATHS and "KernelDied" in obs[0].content:
+            # the attack's thread ended the interpreter while this cell ran (under load it runs
+            # late): that cell reports the death, and the restarted kernel takes the next one
+            assert "exited with code 9" in obs[0].content, (case.name, obs[0].content[-300:])
+            obs, *_ = env.step("```python\nprint(6 * 7)\n```")
         assert "42" in obs[0].content, (case.name, obs[0].content[-300:])
         return case.name
     finally:
