@@ -53,8 +53,11 @@ demo-full: demo
 # engines, kernels and graders otherwise slow each other down by an order of magnitude.
 # Two pytest workers, each given whole test files (module fixtures are built once): one
 # process leaves the second core idle (16 min 24 s serial, 10 min 2 s so, on this 2-core box).
+# A worker that dies is not replaced: xdist names the test it was running and the run ends
+# with the rest; replaced, a worker of --dist loadfile is handed the dead one's file again
+# (a file that kills its worker kills each new one) or waits forever.
 test: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart=0
 
 bench: install
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
