@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_step.py"
-    spec = importlib.util.spec_from_file_location("bench_step", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_step"] = module  # its dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("bench_step") as module:
         yield module
-    finally:
-        sys.modules.pop("bench_step", None)
 
 
 @pytest.mark.parametrize("task,prompts", [("single", 4), ("multi", 16), ("multi", 4)])

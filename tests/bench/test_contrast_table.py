@@ -3,22 +3,16 @@ known outcomes, and the BFCL first-action classes decoded as the env decodes act
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-from tests.fixtures.bank_fixtures import write_synthetic_bank
-
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "contrast_table.py"
+from bank_fixtures import write_synthetic_bank
+from benchmark_scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def ct():
-    spec = importlib.util.spec_from_file_location("contrast_table", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with benchmark_script("contrast_table") as module:
+        yield module
 
 
 def test_a_row_counts_successes_and_mixed_groups_of_a_known_bank(ct, tmp_path):

@@ -3,23 +3,18 @@ that agrees passes; one whose TRACE is uniform's fails on the rows and the verdi
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
 from trace_gym import report
-
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_vs_bank.py"
+from benchmark_scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def svb():
-    spec = importlib.util.spec_from_file_location("sim_vs_bank", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with benchmark_script("sim_vs_bank") as module:
+        yield module
 
 
 def row(ratios, mixed) -> dict:
