@@ -43,8 +43,10 @@ def test_a_shipped_bank_is_intact_and_matches_its_recording_config(name):
 
 
 #: The bench shape the main job runs on each shipped bank (the Makefile's demo): the guessing
-#: game's 4-turn roots ask for more than K = 4 continuations at a prefix with N = 2.
-DEMO_SHAPE = {"math_python_smollm2": [], "guess_number_smollm2": ["continuations_per_root=1"], "wiki_qa_smollm2": []}
+#: game's 4-turn roots ask for more than K = 4 continuations at a prefix with N = 2; the QA bank's 96
+#: measured prompts hold 3 steps of 32 candidates without drawing a prompt twice (64 run out).
+DEMO_SHAPE = {"math_python_smollm2": [], "guess_number_smollm2": ["continuations_per_root=1"],
+              "wiki_qa_smollm2": ["candidates=32"]}
 
 
 # the guess and QA banks replay MiniLM over new histories (~30 s): behind -m slow; make demo runs the guess bank
