@@ -91,7 +91,6 @@ v0: first version, for ``openenv-core`` 0.3.0.
 from __future__ import annotations
 
 import os
-
 import re
 from typing import Any, Mapping, Sequence
 

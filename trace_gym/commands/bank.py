@@ -181,9 +181,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows, seen = [], set()
     for folder in [SHIPPED, *(Path(f) for f in args.folders)]:
         for b in list_banks(folder) if folder.exists() else []:
-            if Path(b["path"]).resolve() in seen:  # the shipped folder named again
+            resolved = Path(b["path"]).resolve()
+            if resolved in seen:  # the shipped folder named again
                 continue
-            seen.add(Path(b["path"]).resolve())
+            seen.add(resolved)
             recorded = "-" if b.get("seconds") is None else f"{b['seconds'] / 60:.0f} min ({b['runs']} run(s))"
             rows.append([Path(b["path"]).name, b.get("env_id", "?"), b.get("policy", "?"), b.get("prompts", "?"),
                          b.get("roots", "?"), b.get("continuations", "?"), b.get("complete", "?"),
