@@ -272,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"trace-gym {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `trace-gym bank list | head`: the reader left; end quietly, as `ls | head` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        return 141
 
 
 if __name__ == "__main__":

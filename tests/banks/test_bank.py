@@ -23,9 +23,11 @@ from trace_gym.bench.report import format_bench
 from trace_gym.bench import loop as bench
 from trace_gym.agent.loop import AgentConfig, AgentRunner
 from trace_gym.banks import (EXHAUSTED, BankBranchRunner, BankDraws, BankError, BankTree, BankWriter, bank_stats,
-                             format_bank_stats, iter_prompts, list_banks, mixed_without_replacement, open_bank,
+                             close_recording, format_bank_stats, iter_prompts, list_banks, mixed_without_replacement, open_bank,
                              record_bank)
 from trace_gym.banks.record import prefix_depths
+from trace_gym.banks.writer import lock_bank, lock_path
+from trace_gym.runs.files import release_lock
 from trace_gym.bench.bank import run_bank_bench
 from trace_gym.bench.config import BankBenchConfig
 from trace_gym.budget import BudgetLedger
@@ -337,6 +339,37 @@ def test_a_resume_cuts_a_damaged_tail_and_keeps_what_came_before(tmp_path):
 
 
 # ---------------------------------------------------------------------- the format
+def test_close_ends_an_interrupted_recording_at_the_prompts_it_holds(tmp_path):
+    path = tmp_path / "short.jsonl.gz"
+    writer = BankWriter(path, {"roots": 2, "continuations": 1, "prompts": 5})
+    writer.start_run()
+    writer.add(synthetic_record(0, 1, 2, 1))
+    writer.add(synthetic_record(1, 1, 2, 1))
+    writer.close()  # a recording stopped after 2 of 5 prompts
+    with open(path, "ab") as f:  # killed while it wrote a third
+        f.write(gzip.compress(b'{"kind": "prompt", "task": {"id": "half"}}\n')[:17])
+    holder = lock_bank(path)  # a recorder still running: refused, named, nothing touched
+    size = path.stat().st_size
+    with pytest.raises(ValueError, match=f"in use by pid {os.getpid()}"):
+        close_recording(path)
+    assert path.stat().st_size == size
+    release_lock(holder, lock_path(path), remove=True)
+    footer = close_recording(path)
+    assert (footer["prompts"], footer["tasks"], footer["closed_early"], footer["runs"]) == (2, 5, True, 1)
+    bank = open_bank(path)  # verified: checksum and count; the torn line was cut
+    assert [e.task_id for e in bank.entries] == [synthetic_record(i, 1, 2, 1)["task"]["id"] for i in (0, 1)]
+    row = next(r for r in list_banks(tmp_path) if r["path"] == str(path))
+    assert (row["prompts"], row["planned"], row["complete"]) == (2, 5, True)
+    with pytest.raises(BankError, match="already complete \\(2 prompts\\)"):
+        close_recording(path)
+    with pytest.raises(BankError, match="is complete; nothing to record"):
+        BankWriter(path, {"roots": 2, "continuations": 1, "prompts": 5}, resume=True).start_run()
+    empty = tmp_path / "empty.jsonl.gz"
+    BankWriter(empty, {"roots": 2, "continuations": 1}).close()
+    with pytest.raises(BankError, match="holds no prompt yet"):
+        close_recording(empty)
+
+
 def test_streaming_reader_random_access_and_listing(tmp_path):
     path = write_synthetic_bank(tmp_path / "s.jsonl.gz", [0, 1, 2, 3, 4], roots=4, continuations=1)
     stream = iter_prompts(path)

@@ -29,12 +29,12 @@ May import: ``agent``, ``budget``, ``config``, ``config_sections``, ``predictor`
 from trace_gym.banks.format import (FORMAT, VERSION, Bank, BankError, BankPrompt, iter_prompts, list_banks, open_bank,
                                     read_footer, read_header)
 from trace_gym.banks.record import record_bank
-from trace_gym.banks.writer import BankWriter, weights_hash
+from trace_gym.banks.writer import BankWriter, close_recording, weights_hash
 from trace_gym.banks.replay import (EXHAUSTED, AnchoredContext, BankBranchRunner, BankDraws, BankOraclePredictor,
                                     BankTree)
 from trace_gym.banks.stats import bank_stats, format_bank_stats, mixed_without_replacement, predictor_spearman
 
-__all__ = ["FORMAT", "VERSION", "Bank", "BankError", "BankPrompt", "BankWriter", "iter_prompts", "list_banks",
+__all__ = ["FORMAT", "VERSION", "Bank", "BankError", "BankPrompt", "BankWriter", "close_recording", "iter_prompts", "list_banks",
            "open_bank", "read_footer", "read_header", "weights_hash", "record_bank", "EXHAUSTED", "AnchoredContext",
            "BankBranchRunner", "BankDraws", "BankOraclePredictor", "BankTree", "bank_stats", "format_bank_stats",
            "mixed_without_replacement", "predictor_spearman"]

@@ -429,7 +429,8 @@ def read_footer(path: str | os.PathLike, tail_bytes: int = 1 << 16) -> dict[str,
 def list_banks(folder: str | os.PathLike, pattern: str = "**/*.jsonl.gz") -> list[dict[str, Any]]:
     """One row per bank under ``folder`` (files that are not banks are skipped): path, env, policy,
     counts, size (bytes), whether complete, and a complete bank's recording time (``seconds`` over
-    ``runs`` runs, from its footer); from the header and footer only (fast, not verified)."""
+    ``runs`` runs, from its footer) and, for one closed early (``bank close``), the prompts it
+    ``planned``; from the header and footer only (fast, not verified)."""
     rows = []
     for path in sorted(Path(folder).glob(pattern)):
         try:
@@ -441,5 +442,6 @@ def list_banks(folder: str | os.PathLike, pattern: str = "**/*.jsonl.gz") -> lis
                      "prompts": footer["prompts"] if footer else None, "roots": m.get("roots"),
                      "continuations": m.get("continuations"), "max_prefixes_per_root": m.get("max_prefixes_per_root"),
                      "complete": footer is not None, "bytes": path.stat().st_size, "created_at": m.get("created_at"),
-                     "seconds": footer.get("seconds") if footer else None, "runs": footer.get("runs") if footer else None})
+                     "seconds": footer.get("seconds") if footer else None, "runs": footer.get("runs") if footer else None,
+                     "planned": footer.get("tasks") if footer and footer.get("closed_early") else None})
     return rows

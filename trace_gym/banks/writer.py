@@ -195,6 +195,33 @@ class BankWriter:
         return footer
 
 
+def close_recording(path: str | os.PathLike) -> dict[str, Any]:
+    """End an interrupted recording at the prompts it holds: append the footer (their count
+    and checksum, the recording seconds, ``tasks`` the manifest's planned prompts and
+    ``closed_early: true``), so the bank replays; it can no longer be resumed. Returns the footer.
+
+    For a recording whose budget ran out (a bank of the first 192 of 256 planned prompts is
+    a bank of 192 prompts: each prompt line is whole and independent). Takes the writer's
+    lock first, so a recorder still running is refused, named, before anything is touched;
+    a partial last line (a recorder killed mid-write) is cut as a resume would cut it.
+
+    Raises:
+        BankError: not a bank, already complete, or holding no prompt.
+        ValueError: another writer holds the bank (its pid, host and start time).
+    """
+    from trace_gym.banks.format import read_header
+
+    path = Path(path)
+    manifest = read_header(path)["manifest"]
+    with BankWriter(path, manifest, resume=True) as writer:
+        if writer.complete:
+            raise BankError(f"{path} is already complete ({len(writer.present)} prompts); nothing to close")
+        if not writer.present:
+            raise BankError(f"{path} holds no prompt yet; record at least one before closing it")
+        planned = {"tasks": manifest["prompts"]} if "prompts" in manifest else {}
+        return writer.finish(closed_early=True, **planned)
+
+
 def lock_path(bank: str | os.PathLike) -> Path:
     """The lock file of a bank's writer: ``<bank>.lock`` beside it (removed when the writer closes)."""
     bank = Path(bank)

@@ -1,7 +1,8 @@
-"""``trace-gym bank record | stats | list``: rollout banks (``docs/banks.md``).
+"""``trace-gym bank record | close | stats | list``: rollout banks (``docs/banks.md``).
 
 ``record`` runs a real policy through the agent loop of training and writes a bank
-(resumable: rerun the same command after a kill); ``stats`` prints a bank's calibration
+(resumable: rerun the same command after a kill); ``close`` ends an interrupted recording at
+the prompts it holds (a bank of fewer prompts than planned); ``stats`` prints a bank's calibration
 numbers (prompt success rates, flip probability by depth, the learned predictor's
 Spearman); ``list`` shows the shipped banks and any under a folder. ``bench --bank FILE``
 replays strategies on a bank.
@@ -132,6 +133,15 @@ def _say(progress: bool) -> Any:
     return say
 
 
+def cmd_close(args: argparse.Namespace) -> int:
+    from trace_gym.banks import close_recording
+
+    footer = close_recording(args.bank)
+    print(f"closed {args.bank}: {footer['prompts']} of {footer.get('tasks', '?')} planned prompts; recorded in "
+          f"{footer['seconds'] / 60:.0f} min over {footer['runs']} run(s); it replays now and can no longer be resumed")
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     from trace_gym.banks import bank_stats, format_bank_stats
     from trace_gym.runs.output_paths import check_output, write_output_text
@@ -186,7 +196,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 continue
             seen.add(resolved)
             recorded = "-" if b.get("seconds") is None else f"{b['seconds'] / 60:.0f} min ({b['runs']} run(s))"
-            rows.append([Path(b["path"]).name, b.get("env_id", "?"), b.get("policy", "?"), b.get("prompts", "?"),
+            rows.append([Path(b["path"]).name, b.get("env_id", "?"), b.get("policy", "?"),
+                         b.get("prompts", "?") if b.get("planned") is None else f"{b['prompts']} of {b['planned']}",
                          b.get("roots", "?"), b.get("continuations", "?"), b.get("complete", "?"),
                          f"{b.get('bytes', 0) / 1e6:.1f}", recorded, str(Path(b["path"]).parent)])
     if not rows:
@@ -199,11 +210,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def add(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bank", help="record, inspect and list rollout banks (bench --bank replays them)")
-    sub = p.add_subparsers(dest="bank_command", required=True, metavar="{record,stats,list}")
+    sub = p.add_subparsers(dest="bank_command", required=True, metavar="{record,close,stats,list}")
     record = add_config_parser(sub, "record", "record a rollout bank from a real policy (resumable)",
                                BankRecordConfig, flags=True)
     record.add_argument("--dry-run", action="store_true", help="resolve the config, env and prompts; load no model")
     record.set_defaults(func=cmd_record)
+    close = sub.add_parser("close", help="end an interrupted recording at the prompts it holds (writes the footer; "
+                           "no resume after)")
+    close.add_argument("bank", help="the bank file of the interrupted recording")
+    close.set_defaults(func=cmd_close)
     stats = sub.add_parser("stats", help="a bank's calibration numbers (success rates, flips by depth, Spearman)")
     stats.add_argument("bank", help="a bank file or a shipped bank's name")
     stats.add_argument("--predictor", default="embedding", help="learned predictor whose Spearman is measured "
