@@ -109,8 +109,9 @@ def _cell(value: float, rank: float, digits: int = 3) -> str:
     return f"{shown} (#{rank:g})"
 
 
-def ranking_section(results: Mapping[str, Any]) -> list[str]:
-    """The ranking and the paired table against uniform and TRACE, as markdown lines."""
+def ranking_section(results: Mapping[str, Any], methods: Mapping[str, str] | None = None) -> list[str]:
+    """The ranking and the paired table against uniform and TRACE, as markdown lines
+    (``methods``: arm name -> what it stands for, a column beside the arm's name)."""
     from trace_gym.report import markdown_table
 
     rank = results.get("ranking")
@@ -119,10 +120,13 @@ def ranking_section(results: Mapping[str, Any]) -> list[str]:
     metrics = rank["metrics"]
     labels = [m["label"] + (f" ({rank['target']} mixed)" if m["key"] == "tokens_to_target" else "")
               for m in metrics]
-    rows = [[e["arm"], e["predictor"], *[_cell(e["values"][m["key"]], e["ranks"][m["key"]]) for m in metrics],
+    cited = [] if methods is None else ["method"]
+    rows = [[e["arm"], *([methods.get(e["arm"], "")] if methods is not None else []), e["predictor"],
+             *[_cell(e["values"][m["key"]], e["ranks"][m["key"]]) for m in metrics],
              f"{e['mean_rank']:.2f}", f"{e['waves_per_step']:.2f}", f"{e['generated_tokens']:,.0f}"] for e in rank["rows"]]
     lines = ["### Ranking (every arm; # = rank on that measure, 1 best; no arm is the method here)", "",
-             markdown_table(["arm", "predictor", *labels, "mean rank", "waves/step", "gen tokens/step"], rows), ""]
+             markdown_table(["arm", *cited, "predictor", *labels, "mean rank", "waves/step", "gen tokens/step"], rows),
+             ""]
     if rank["paired"]:
         def cell(p: Mapping[str, Any] | None) -> str:
             if p is None:
