@@ -43,6 +43,23 @@ def _signal_handlers_put_back(request):
                           stacklevel=1)
 
 
+def pytest_testnodedown(node, error):
+    """A worker that died (xdist: "node down: Not properly terminated") is named with how it
+    ended: its exit code or the signal that killed it (a SIGKILL from outside, an exit from
+    native code such as the JVM, a crash), which xdist itself does not say."""
+    if not error:
+        return
+    popen = getattr(getattr(getattr(node, "gateway", None), "_io", None), "popen", None)
+    try:
+        code = popen.wait(timeout=5) if popen is not None else None
+    except Exception:  # still running, or no process to ask: say so
+        code = None
+    how = ("unknown" if code is None else f"killed by {signal.Signals(-code).name}" if code < 0
+           else f"exit code {code}")
+    node.config.get_terminal_writer().line(f"[{node.gateway.id}] worker process ended: {how} "
+                                           f"(pid {getattr(popen, 'pid', '?')})")
+
+
 @pytest.fixture(scope="session")
 def smollm2_path():
     from trace_gym.models import pull_model
