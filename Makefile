@@ -36,7 +36,8 @@ $(STAMP): pyproject.toml Makefile
 # generated math tasks with the sandboxed Python tool), evaluated before and after on held-out
 # tasks, and compared (tables + plots in runs/demo/compare). Within 10 minutes idle on a 2-core
 # box (benchmarks/bench_demo.py times each phase). `make demo-full` adds the guessing-game bank,
-# the default simulator and the math bank's budget curve.
+# the default simulator, the math bank's budget curve and the zoo (every published method's arm
+# ranked on the deep math bank; docs/strategies.md).
 demo: install
 	$(BIN)/trace-gym bench --bank math_python_smollm2 --json runs/demo/bank_math_python.json
 	$(BIN)/trace-gym bench --sim calibrate_from=math_python_smollm2 candidates=64 root_budget=16 group_size=4 --json runs/demo/sim_calibrated.json
@@ -48,6 +49,7 @@ demo-full: demo
 	$(BIN)/trace-gym bench --bank guess_number_smollm2 continuations_per_root=1 --json runs/demo/bank_guess_number.json
 	$(BIN)/trace-gym bench --sim --json runs/demo/sim.json --out runs/demo/sim
 	$(BIN)/trace-gym bench --bank math_python_smollm2 --root-budgets 8,16,32 --json runs/demo/budget_curve.json --out runs/demo/budget_curve
+	$(BIN)/trace-gym bench --config configs/bench_zoo.yaml --json runs/demo/zoo.json --out runs/demo/zoo
 
 # One OpenMP thread per process: on 2 shared cores, spinning OpenMP workers of the
 # engines, kernels and graders otherwise slow each other down by an order of magnitude.
