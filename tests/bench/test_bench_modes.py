@@ -71,3 +71,20 @@ def test_the_table_refuses_a_taken_name_and_a_target_that_is_not_a_mode(monkeypa
         bench_mode("fake")
     with pytest.raises(ValueError, match="unknown bench mode 'nope'"):
         bench_mode("nope")
+
+
+def test_a_config_that_names_its_bank_is_a_bank_bench_and_a_bank_override_wins(tmp_path, capsys):
+    import json
+
+    from trace_gym import cli
+
+    cfg = tmp_path / "zoo.yaml"
+    cfg.write_text("bank: math_python_smollm2\nseeds: 1\nsteps: 1\ncandidates: 16\nroot_budget: 8\n"
+                   "strategies: [uniform]\npredictor: constant\nwarmup_prompts: 16\noracle_upper_bound: false\n")
+    for extra, bank in (([], "math_python_smollm2"), (["bank=guess_number_smollm2"], "guess_number_smollm2")):
+        out = tmp_path / f"{bank}.json"
+        assert cli.main(["bench", "--config", str(cfg), *extra, "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["bank"]["path"].endswith(f"{bank}.jsonl.gz")
+    cfg.write_text("seeds: 1\n")  # no bank named, no mode flag: one line naming the choices
+    assert cli.main(["bench", "--config", str(cfg)]) == 2
+    assert "give exactly one of --sim, --env" in capsys.readouterr().err
