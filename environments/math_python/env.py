@@ -32,8 +32,9 @@ its block starts with ``restart_notice``. Output printed between cells by backgr
 threads or processes is shown, labelled by ``background_notice``, before the next
 cell's output. Limits per response: ``max_action_chars`` (a longer response is not run
 and not graded), ``max_cells`` code blocks (the rest are not run, ``cells_notice``),
-``step_timeout_s`` seconds of code in total (later cells are not run,
-``skipped_notice``), ``max_observation_chars`` of observation. Nothing is ever re-run
+``step_timeout_s`` seconds of code in total, the cells' own run time (later cells are not
+run, ``skipped_notice``; starting a kernel is not charged, so a loaded machine does not
+skip a response's cells), ``max_observation_chars`` of observation. Nothing is ever re-run
 behind the model's back. The step that ends the episode returns
 ``[Message(role, final_message)]``. Every observation is valid UTF-8 (lone surrogates
 are escaped).
@@ -134,7 +135,8 @@ class MathPythonEnv(gymnasium.Env):
             in the background now, so the first cell does not wait for imports.
         max_action_chars: longer responses are not run and not graded.
         max_cells: code blocks run per response; later ones are not run.
-        step_timeout_s: seconds all cells of one response may run together.
+        step_timeout_s: seconds all cells of one response may run together (their run time,
+            kernel start-up excluded).
         max_observation_chars: longest observation (head 3/4 and tail 1/4 kept).
         system_prompt, prompt_template: the first observation (``{question}`` field).
         output_template, empty_output, truncation_marker, timeout_notice,
@@ -289,9 +291,9 @@ class MathPythonEnv(gymnasium.Env):
                     return self._replay_timed_out(cells, info)
             except KernelError as exc:
                 infra = f"no Python kernel could be started: {exc}"
-        deadline = time.monotonic() + self.step_timeout_s
+        spent = 0.0  # the cells' own run time: starting or restarting a kernel is the sandbox's cost, not the code's
         for code in cells[: self.max_cells]:
-            left = deadline - time.monotonic()
+            left = self.step_timeout_s - spent
             if infra is not None or left <= 0:
                 notice = INFRA_NOTICE if infra is not None else self.templates["skipped"].format(limit=self.step_timeout_s)
                 blocks.append(self.templates["output"].format(output=notice))
@@ -305,6 +307,7 @@ class MathPythonEnv(gymnasium.Env):
                 blocks.append(self.templates["output"].format(output=INFRA_NOTICE))
                 cell_infos.append({"status": "skipped"})
                 continue
+            spent += result.elapsed
             if not result.kernel_alive:  # the interpreter is gone: a new generation starts empty
                 self._close_kernel()
                 self._generation += 1

@@ -165,6 +165,33 @@ def test_the_kernel_cannot_import_the_project_or_read_task_data(env, tmp_path):
                 or "PermissionError: [Errno 13] Permission denied" in obs[0].content), (path, obs[0].content)
 
 
+
+def test_a_slow_kernel_start_is_not_charged_to_the_response(tokenizer):
+    """The per-response budget counts the cells' own run time: a kernel that takes long to
+    start (a loaded machine) must not skip the response's cells, or the reward would depend
+    on the machine's load. The start is slowed here by a second, around the real kernel."""
+    env = MathPythonEnv([TASK], limits=LIMITS, step_timeout_s=0.8, max_turns=5, prestart_kernel=False)
+    real = env._ensure_kernel
+
+    def slow_start():
+        fresh = env._kernel is None
+        kernel = real()
+        if fresh:
+            time.sleep(1.0)  # longer than the whole response's budget
+        return kernel
+
+    env._ensure_kernel = slow_start
+    try:
+        env.reset(seed=0)
+        obs, _, _, _, info = env.step(code("print(6 * 7)", "print(6 * 8)", "import time\ntime.sleep(0.9)", "print(1)"))
+        text = assert_readable(tokenizer, obs)
+        assert "42" in text and "48" in text, text
+        statuses = [c["status"] for c in info["exec"]["cells"]]
+        assert statuses[:2] == ["ok", "ok"] and statuses[-1] == "skipped", statuses  # the sleep spent it
+        assert "limit per response" in text
+    finally:
+        env.close()
+
 # -- 5. infrastructure faults never change a reward -------------------------------------
 
 def test_grader_killed_between_gradings_regrades_in_a_fresh_worker():
