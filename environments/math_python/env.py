@@ -92,7 +92,7 @@ from environments.math_python.generated import generate_tasks
 from environments.math_python.grading import EXTRACTIONS, Grader, normalize_answer
 from environments.math_python.observations import (
     ACTION_TOO_LONG, BACKGROUND_NOTICE, CELLS_NOTICE, CRASH_NOTICE, FEW_SHOT_DEMO, INFRA_NOTICE, OUTPUT_TEMPLATE,
-    REPLAY_TIMEOUT_NOTICE, RESTART_NOTICE, SKIPPED_NOTICE, SYSTEM_PROMPT, TIMEOUT_NOTICE, TRUNCATION_MARKER,
+    REPLAY_TIMEOUT_NOTICE, RESTART_NOTICE, SKIPPED_NOTICE, STARTS_NOTICE, SYSTEM_PROMPT, TIMEOUT_NOTICE, TRUNCATION_MARKER,
     cap_observation, format_cell)
 from environments.math_python.replay import kernel_seed, replay_cells
 from environments.math_python.sandbox import CellResult, Kernel, KernelError, KernelFactory, KernelLimits
@@ -137,6 +137,10 @@ class MathPythonEnv(gymnasium.Env):
         max_cells: code blocks run per response; later ones are not run.
         step_timeout_s: seconds all cells of one response may run together (their run time,
             kernel start-up excluded).
+        max_kernel_starts: Python sessions one response may start (the first included); a cell
+            that would need one more is not run (``starts_notice``). With ``step_timeout_s`` it
+            bounds a step's wall time: code that ends its interpreter in every cell cannot make
+            each of ``max_cells`` cells wait for a new kernel.
         max_observation_chars: longest observation (head 3/4 and tail 1/4 kept).
         system_prompt, prompt_template: the first observation (``{question}`` field).
         output_template, empty_output, truncation_marker, timeout_notice,
@@ -179,7 +183,8 @@ class MathPythonEnv(gymnasium.Env):
                  max_action_chars: int = MAX_ACTION_CHARS, max_cells: int = 8, step_timeout_s: float = 30.0,
                  max_observation_chars: int = 32768, restart_notice: str = RESTART_NOTICE,
                  background_notice: str = BACKGROUND_NOTICE, cells_notice: str = CELLS_NOTICE,
-                 kernel_server: ForkServer | None = None, replay_timeout_s: float | None = None):
+                 kernel_server: ForkServer | None = None, replay_timeout_s: float | None = None,
+                 max_kernel_starts: int = 3, starts_notice: str = STARTS_NOTICE):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if observation_role not in ("user", "tool"):
@@ -189,7 +194,8 @@ class MathPythonEnv(gymnasium.Env):
         replay_timeout_s = step_timeout_s if replay_timeout_s is None else replay_timeout_s
         for name, value in (("max_action_chars", max_action_chars), ("max_cells", max_cells),
                             ("step_timeout_s", step_timeout_s), ("max_observation_chars", max_observation_chars),
-                            ("replay_timeout_s", replay_timeout_s), ("replay_timeout_factor", replay_timeout_factor)):
+                            ("replay_timeout_s", replay_timeout_s), ("replay_timeout_factor", replay_timeout_factor),
+                            ("max_kernel_starts", max_kernel_starts)):
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
         if isinstance(tasks, str):
@@ -203,8 +209,9 @@ class MathPythonEnv(gymnasium.Env):
             "system": system_prompt, "prompt": prompt_template, "output": output_template,
             "empty": empty_output, "truncation": truncation_marker, "timeout": timeout_notice,
             "crash": crash_notice, "skipped": skipped_notice, "final": final_message, "restart": restart_notice,
-            "background": background_notice, "cells": cells_notice,
+            "background": background_notice, "cells": cells_notice, "starts": starts_notice,
         }
+        self.max_kernel_starts = int(max_kernel_starts)
         self.max_action_chars, self.max_cells = int(max_action_chars), int(max_cells)
         self.step_timeout_s, self.max_observation_chars = float(step_timeout_s), int(max_observation_chars)
         self.observation_role = observation_role
@@ -291,14 +298,21 @@ class MathPythonEnv(gymnasium.Env):
                     return self._replay_timed_out(cells, info)
             except KernelError as exc:
                 infra = f"no Python kernel could be started: {exc}"
-        spent = 0.0  # the cells' own run time: starting or restarting a kernel is the sandbox's cost, not the code's
+        # the cells' own run time is the code's budget (a kernel's start is the sandbox's cost, not the code's);
+        # the starts are capped instead, so code that ends its interpreter in every cell cannot make each cell
+        # wait for a new one: a step's wall time is at most step_timeout_s + max_kernel_starts starts
+        spent, starts = 0.0, 0
         for code in cells[: self.max_cells]:
             left = self.step_timeout_s - spent
-            if infra is not None or left <= 0:
-                notice = INFRA_NOTICE if infra is not None else self.templates["skipped"].format(limit=self.step_timeout_s)
+            needs_start = self._kernel is None
+            if infra is not None or left <= 0 or (needs_start and starts >= self.max_kernel_starts):
+                notice = (INFRA_NOTICE if infra is not None
+                          else self.templates["skipped"].format(limit=self.step_timeout_s) if left <= 0
+                          else self.templates["starts"].format(count=starts))
                 blocks.append(self.templates["output"].format(output=notice))
                 cell_infos.append({"status": "skipped"})
                 continue
+            starts += needs_start
             limit = min(self.limits.cell_timeout_s, left)
             try:
                 result, note = self._execute(code, limit)
@@ -308,6 +322,7 @@ class MathPythonEnv(gymnasium.Env):
                 cell_infos.append({"status": "skipped"})
                 continue
             spent += result.elapsed
+            starts += note is not None  # the kernel had died in the background: this cell started another
             if not result.kernel_alive:  # the interpreter is gone: a new generation starts empty
                 self._close_kernel()
                 self._generation += 1

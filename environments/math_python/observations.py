@@ -43,6 +43,8 @@ CRASH_NOTICE = (
     "imports and files from earlier cells are lost."
 )
 SKIPPED_NOTICE = "(not executed: this response's code already ran for {limit:g} s, the limit per response)"
+STARTS_NOTICE = ("(not executed: this response's code needed {count} Python sessions, the limit per response; "
+                 "the next response gets a new one)")
 RESTART_NOTICE = (
     "(The Python session had died after the previous cell: {reason}. It was restarted for this cell: all "
     "variables, imports and files from earlier cells are lost.)"

@@ -192,6 +192,24 @@ def test_a_slow_kernel_start_is_not_charged_to_the_response(tokenizer):
     finally:
         env.close()
 
+
+def test_code_that_ends_its_interpreter_in_every_cell_gets_a_bounded_number_of_new_ones(env, tokenizer):
+    """The starts a response may cause are capped (``max_kernel_starts``): with the code budget
+    counting only the cells' run time, 8 cells that each end the interpreter would otherwise
+    make the step wait for 8 new kernels."""
+    assert "42" in env.step(code("print(6 * 7)"))[0][0].content  # a live kernel takes the first cell
+    t0 = time.monotonic()
+    obs, _, _, _, info = env.step(code(*["import os\nos._exit(0)"] * 8))
+    elapsed = time.monotonic() - t0
+    statuses = [c["status"] for c in info["exec"]["cells"]]
+    ran = 1 + env.max_kernel_starts  # the live kernel's cell, then one per allowed start
+    assert statuses == ["crashed"] * ran + ["skipped"] * (8 - ran), statuses
+    text = assert_readable(tokenizer, obs)
+    assert text.count(f"needed {env.max_kernel_starts} Python sessions, the limit per response") == 8 - ran
+    assert elapsed < env.step_timeout_s, f"one step took {elapsed:.1f} s"
+    obs, *_ = env.step(code("print(6 * 7)"))  # the next response gets a new session
+    assert "42" in obs[0].content
+
 # -- 5. infrastructure faults never change a reward -------------------------------------
 
 def test_grader_killed_between_gradings_regrades_in_a_fresh_worker():
