@@ -37,8 +37,7 @@ END = "<!-- /zoo-table -->"
 ONE_SHOT = {"uniform": "GRPO (arXiv:2402.03300)", "pcl": "PCL, predictive prompt selection",
             "random_tree": "TreePO-style random branch points", "trace": "TRACE (arXiv:2606.11119)",
             "trace_adaptive": "beyond TRACE (this repo)", "trace_root_only": "TRACE ablation: adaptive root only",
-            "trace_prefix_only": "TRACE ablation: adaptive prefix only",
-            "trace (oracle, upper bound)": "TRACE with the bank's own rates: an upper bound, not a method"}
+            "trace_prefix_only": "TRACE ablation: adaptive prefix only"}
 
 
 def citations(names: list[str]) -> dict[str, str]:
@@ -62,8 +61,11 @@ def citations(names: list[str]) -> dict[str, str]:
 def run_bench(out: Path, overrides: list[str]) -> float:
     """The zoo bench into ``out``; returns its wall-clock seconds."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "trace_gym.cli", "bench", "--config", str(CONFIG), *overrides,
-                    "--json", str(out / "bench.json"), "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "trace_gym.cli", "bench", "--config", str(CONFIG), *overrides,
+                           "--json", str(out / "bench.json"), "--out", str(out)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the zoo bench failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return time.perf_counter() - t0
 
 
@@ -75,6 +77,8 @@ def section(results: dict, seconds: float | None) -> list[str]:
     rows = results["ranking"]["rows"]
     exhausted = {name: row.get("exhausted_share", 0.0) for name, row in results["strategies"].items()}
     worst = max(exhausted, key=exhausted.get) if exhausted else None
+    ran_out = (f"{exhausted[worst]:.1%} ({worst})" if worst is not None and exhausted[worst] > 0
+               else "none (no arm asked for more rollouts than the bank recorded)")
     took = f"; the run took {seconds:.0f} s on this box" if seconds else ""
     lines = [START, "",
              f"`trace-gym bench --config configs/bench_zoo.yaml`: bank `{Path(bank.get('path', cfg['bank'])).name}` "
@@ -82,19 +86,23 @@ def section(results: dict, seconds: float | None) -> list[str]:
              f"x {cfg['steps']} steps ({cfg.get('epochs') or 0} epoch(s) over the measured prompts), "
              f"{cfg['candidates']} candidates a step, M = {cfg['root_budget']}, N = {cfg['continuations_per_root']}, "
              f"group size {cfg['group_size']}, predictor `{cfg['predictor']}` for the one-shot arms (each zoo arm "
-             f"its own){took}. Largest share of requests refused as exhausted: "
-             f"{exhausted.get(worst, 0.0):.1%} ({worst}). {len(rows)} arms.", ""]
+             f"its own){took}. Largest share of requests refused as exhausted: {ran_out}. {len(rows)} arms.", ""]
     lines += ranking_section(results, citations([r["arm"] for r in rows]))
     lines += ["![every arm on each measure](images/zoo/ranking.png)", "",
               "![each arm minus uniform and minus TRACE](images/zoo/paired.png)", "", END]
     return lines
 
 
-def write(lines: list[str]) -> None:
+def check_markers() -> str:
+    """The page's text, once its markers are found (``SystemExit`` naming them otherwise)."""
     text = DOC.read_text()
     if START not in text or END not in text:
         raise SystemExit(f"{DOC}: the markers {START!r} and {END!r} are missing")
-    head, rest = text.split(START, 1)
+    return text
+
+
+def write(lines: list[str]) -> None:
+    head, rest = check_markers().split(START, 1)
     _, tail = rest.split(END, 1)
     DOC.write_text(head + "\n".join(lines) + tail)
 
@@ -116,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = section(results, seconds)
     print("\n".join(lines))
     if args.write:
+        check_markers()
+        missing = [png for png in ("ranking.png", "paired.png") if not (folder / png).is_file()]
+        if missing:
+            raise SystemExit(f"{folder}: no {', '.join(missing)} (the bench writes them with --out)")
         IMAGES.mkdir(parents=True, exist_ok=True)
         for png in ("ranking.png", "paired.png"):
             shutil.copy(folder / png, IMAGES / png)

@@ -43,6 +43,7 @@ def _signal_handlers_put_back(request):
                           stacklevel=1)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist (-p no:xdist) there is no such hook
 def pytest_testnodedown(node, error):
     """A worker that died (xdist: "node down: Not properly terminated") is named with how it
     ended: its exit code or the signal that killed it (a SIGKILL from outside, an exit from
@@ -54,7 +55,7 @@ def pytest_testnodedown(node, error):
         code = popen.wait(timeout=5) if popen is not None else None
     except Exception:  # still running, or no process to ask: say so
         code = None
-    how = ("unknown" if code is None else f"killed by {signal.Signals(-code).name}" if code < 0
+    how = ("unknown" if code is None else f"killed by {signal.strsignal(-code) or -code} (signal {-code})" if code < 0
            else f"exit code {code}")
     node.config.get_terminal_writer().line(f"[{node.gateway.id}] worker process ended: {how} "
                                            f"(pid {getattr(popen, 'pid', '?')})")

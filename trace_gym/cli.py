@@ -273,8 +273,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trace-gym {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `trace-gym bank list | head`: the reader left; end quietly, as `ls | head` does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        if not _stdout_gone():
+            raise  # another pipe broke (a worker, a server): that is a real failure
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when the interpreter flushes stdout at exit
+        os.close(devnull)
         return 141
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 if __name__ == "__main__":

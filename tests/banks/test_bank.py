@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -343,8 +344,8 @@ def test_close_ends_an_interrupted_recording_at_the_prompts_it_holds(tmp_path):
     path = tmp_path / "short.jsonl.gz"
     writer = BankWriter(path, {"roots": 2, "continuations": 1, "prompts": 5})
     writer.start_run()
-    writer.add(synthetic_record(0, 1, 2, 1))
-    writer.add(synthetic_record(1, 1, 2, 1))
+    for i in range(2):  # as the recorder writes them: each line says when
+        writer.add(synthetic_record(i, 1, 2, 1) | {"written_at": time.time()})
     writer.close()  # a recording stopped after 2 of 5 prompts
     with open(path, "ab") as f:  # killed while it wrote a third
         f.write(gzip.compress(b'{"kind": "prompt", "task": {"id": "half"}}\n')[:17])
@@ -354,8 +355,12 @@ def test_close_ends_an_interrupted_recording_at_the_prompts_it_holds(tmp_path):
         close_recording(path)
     assert path.stat().st_size == size
     release_lock(holder, lock_path(path), remove=True)
+    time.sleep(0.5)  # closed a while after the recording stopped: that while is not recording time
     footer = close_recording(path)
     assert (footer["prompts"], footer["tasks"], footer["closed_early"], footer["runs"]) == (2, 5, True, 1)
+    lines = [json.loads(line) for line in gzip.open(path, "rt")]
+    run, last = lines[1], [r for r in lines if r["kind"] == "prompt"][-1]
+    assert footer["seconds"] == pytest.approx(last["written_at"] - run["started_at"]) and footer["seconds"] < 0.5
     bank = open_bank(path)  # verified: checksum and count; the torn line was cut
     assert [e.task_id for e in bank.entries] == [synthetic_record(i, 1, 2, 1)["task"]["id"] for i in (0, 1)]
     row = next(r for r in list_banks(tmp_path) if r["path"] == str(path))
@@ -364,6 +369,13 @@ def test_close_ends_an_interrupted_recording_at_the_prompts_it_holds(tmp_path):
         close_recording(path)
     with pytest.raises(BankError, match="is complete; nothing to record"):
         BankWriter(path, {"roots": 2, "continuations": 1, "prompts": 5}, resume=True).start_run()
+    full = tmp_path / "full.jsonl.gz"  # every planned prompt in, the footer lost: a rerun of the recorder finishes it
+    writer = BankWriter(full, {"roots": 2, "continuations": 1, "prompts": 1})
+    writer.start_run()
+    writer.add(synthetic_record(0, 1, 2, 1))
+    writer.close()
+    with pytest.raises(BankError, match="holds all 1 planned prompts; rerun"):
+        close_recording(full)
     empty = tmp_path / "empty.jsonl.gz"
     BankWriter(empty, {"roots": 2, "continuations": 1}).close()
     with pytest.raises(BankError, match="holds no prompt yet"):

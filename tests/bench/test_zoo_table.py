@@ -37,3 +37,7 @@ def test_the_zoo_section_is_read_from_the_bench_and_written_between_the_markers(
         page = doc.read_text()
         assert page.startswith("before\n") and page.endswith("\nafter\n") and "old table" not in page
         assert page.count(zoo.START) == 1 and page.count("| knapsack ") == 3  # its ranking row, minus uniform, minus trace
+        monkeypatch.setattr(zoo, "IMAGES", tmp_path / "images")  # the command line's --write: page and plots
+        assert zoo.main(["--from", str(out), "--write"]) == 0
+        assert (tmp_path / "images" / "ranking.png").stat().st_size > 0 and (tmp_path / "images" / "paired.png").is_file()
+        assert doc.read_text() == page

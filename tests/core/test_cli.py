@@ -160,3 +160,21 @@ def test_bank_record_refuses_bad_settings(capsys):
     assert "must end with .jsonl.gz" in capsys.readouterr().err
     assert cli.main(["bank", "stats", "no-such-bank"]) == 2
     assert "no bank file 'no-such-bank'" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`trace-gym bank list | head -1`: the closed pipe is the reader's choice, not an error
+    (exit 141 as `ls | head`, no traceback). The reader is gone before the command writes (it
+    waits for its stdin to close), so the order is fixed."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); from trace_gym.cli import main; "
+                             "sys.exit(main())", "bank", "list"], stdin=subprocess.PIPE, stdout=write,
+                            stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    os.close(read)  # the reader leaves before a byte is written
+    _, err = proc.communicate("", timeout=120)
+    assert proc.returncode == 141 and "Traceback" not in err, (proc.returncode, err[-2000:])

@@ -179,13 +179,16 @@ class BankWriter:
         self.present.add(task_id)
         self._last_write[int(record.get("run", 0))] = float(record.get("written_at", time.time()))
 
-    def finish(self, **extra: Any) -> dict[str, Any]:
-        """Append the footer (count, checksum, recording seconds summed over runs) and release
-        the lock (:meth:`close`); returns the footer."""
+    def finish(self, *, last_run_ends_now: bool = True, **extra: Any) -> dict[str, Any]:
+        """Append the footer (count, checksum, recording seconds summed over runs: each run from
+        its start to its last prompt written, the last run to now unless ``last_run_ends_now``
+        is false, as for a recording closed long after it was killed) and release the lock
+        (:meth:`close`); returns the footer."""
         now = time.time()
         seconds = 0.0
         for n, run in enumerate(self._runs):
-            last = now if n == len(self._runs) - 1 else self._last_write.get(n, run["started_at"])
+            ends_now = last_run_ends_now and n == len(self._runs) - 1
+            last = now if ends_now else self._last_write.get(n, run["started_at"])
             seconds += max(last - run["started_at"], 0.0)
         footer = {"kind": "footer", "prompts": len(self.present), "sha256": self._digest.hexdigest(),
                   "finished_at": now, "runs": len(self._runs), "seconds": seconds, **_normal(extra)}
@@ -212,14 +215,23 @@ def close_recording(path: str | os.PathLike) -> dict[str, Any]:
     from trace_gym.banks.format import read_header
 
     path = Path(path)
-    manifest = read_header(path)["manifest"]
+    manifest = dict(read_header(path)["manifest"])
+    if isinstance(manifest.get("policy"), str):  # compared as a resume compares it (a bank from before portable names)
+        manifest["policy"] = portable_path(manifest["policy"])
     with BankWriter(path, manifest, resume=True) as writer:
         if writer.complete:
             raise BankError(f"{path} is already complete ({len(writer.present)} prompts); nothing to close")
         if not writer.present:
             raise BankError(f"{path} holds no prompt yet; record at least one before closing it")
-        planned = {"tasks": manifest["prompts"]} if "prompts" in manifest else {}
-        return writer.finish(closed_early=True, **planned)
+        planned = manifest.get("prompts")
+        if planned is not None and len(writer.present) >= planned:  # killed as it wrote its footer
+            raise BankError(f"{path} holds all {planned} planned prompts; rerun its `trace-gym bank record` "
+                            "command to finish it (that writes the footer with the run's costs)")
+        try:
+            return writer.finish(last_run_ends_now=False, closed_early=True,
+                                 **({"tasks": planned} if planned is not None else {}))
+        except OSError as exc:
+            raise BankError(f"{path}: could not write the footer: {exc}") from None
 
 
 def lock_path(bank: str | os.PathLike) -> Path:

@@ -68,10 +68,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_output(args.out, "folder", key="--out")
     modes = bench_modes()
     chosen = [name for name in modes if getattr(args, name, None)]
-    if not chosen and getattr(args, "config", None):  # a config that names its bank is a bank bench
+    if not chosen:  # a bank named by key (bank=FILE, or a config's bank:) makes a bank bench
         from trace_gym.config import read_yaml
 
-        named = (getattr(args, "overrides", None) or {}).get("bank") or read_yaml(args.config).get("bank")
+        named = (getattr(args, "overrides", None) or {}).get("bank") or (
+            read_yaml(args.config).get("bank") if getattr(args, "config", None) else None)
         if isinstance(named, str) and named:
             args.bank, chosen = named, ["bank"]
     if len(chosen) != 1:
