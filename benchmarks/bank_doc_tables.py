@@ -39,6 +39,13 @@ METRICS = (("effective_ratio", "effective ratio"), ("mixed_prompts", "mixed prom
            ("mixed_per_1k_tokens", "mixed/1k tok"))
 
 
+def shown(value: object) -> str:
+    """A calibrated value as the section prints it (numbers to 4 digits, lists of them too)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(shown(v) for v in value) + "]"
+    return f"{value:.4g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
 def run(args: list[str]) -> float:
     """Run ``trace-gym ARGS``; returns its wall-clock seconds."""
     t0 = time.perf_counter()
@@ -141,7 +148,7 @@ def section(bank: str, bench: dict, stats: dict, sim: dict, sweep: dict, command
               "| flip | " + " | ".join(f"{flips[d]['flip']:.3f}" for d in depths) + " |",
               "| n | " + " | ".join(str(flips[d]["continuations"]) for d in depths) + " |", ""]
     cal = sim.get("calibration") or {}
-    used = ", ".join(f"{k} = {v:.4g}" for k, v in cal.get("values", {}).items())
+    used = ", ".join(f"{k} = {shown(v)}" for k, v in cal.get("values", {}).items())
     fit = cal.get("fitted", {})
     prior = f"; fitted prior Beta({fit['a']:.3g}, {fit['b']:.3g})" if "a" in fit else ""
     lines += [f"Calibrated simulator (`{commands[2]}`): {used}{prior}. Its learned predictor reaches "
