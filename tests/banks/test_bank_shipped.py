@@ -13,7 +13,7 @@ from trace_gym.banks import bank_stats, list_banks, open_bank
 from trace_gym.commands.bank import SHIPPED
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_BANKS = ("math_python_smollm2", "guess_number_smollm2", "wiki_qa_smollm2")
+SHIPPED_BANKS = ("math_python_smollm2", "guess_number_smollm2", "wiki_qa_smollm2", "math_python_smollm2_deep")
 
 
 def test_bank_list_shows_the_shipped_banks_complete(capsys):
@@ -32,7 +32,11 @@ def test_a_shipped_bank_is_intact_and_matches_its_recording_config(name):
     bank = open_bank(path)  # verifies the checksum
     cfg = yaml.safe_load((ROOT / "configs" / "banks" / f"{name}.yaml").read_text())
     manifest = bank.manifest
-    assert len(bank) == cfg["prompts"] >= 128
+    footer = bank.scan.footer
+    if footer.get("closed_early"):  # recorded until its time ran out (`bank close`): the planned count is kept
+        assert footer["tasks"] == cfg["prompts"] > len(bank) >= 192
+    else:
+        assert len(bank) == cfg["prompts"] >= 128
     assert (manifest["roots"], manifest["continuations"]) == (cfg["roots"], cfg["continuations"])
     assert manifest["roots"] >= 8 and manifest["continuations"] >= 4
     assert manifest["policy"] == "smollm2-135m" and manifest["weights_sha256"]
@@ -46,7 +50,7 @@ def test_a_shipped_bank_is_intact_and_matches_its_recording_config(name):
 #: game's 4-turn roots ask for more than K = 4 continuations at a prefix with N = 2; the QA bank's 96
 #: measured prompts hold 3 steps of 32 candidates without drawing a prompt twice (64 run out).
 DEMO_SHAPE = {"math_python_smollm2": [], "guess_number_smollm2": ["continuations_per_root=1"],
-              "wiki_qa_smollm2": ["candidates=32"]}
+              "wiki_qa_smollm2": ["candidates=32"], "math_python_smollm2_deep": ["--config", str(ROOT / "configs" / "bench_zoo.yaml")]}
 
 
 # the guess and QA banks replay MiniLM over new histories (~30 s): behind -m slow; make demo runs the guess bank
@@ -70,4 +74,27 @@ def test_bank_list_names_each_bank_once_with_its_recording_time(capsys):
         lines = [line for line in printed.splitlines() if f"{name}.jsonl.gz" in line]
         footer_seconds = next(r for r in list_banks(SHIPPED) if Path(r["path"]).name == f"{name}.jsonl.gz")["seconds"]
         cells = [cell.strip() for cell in lines[0].split("|")] if len(lines) == 1 else []
-        assert f"{footer_seconds / 60:.0f} min (1 run(s))" in cells, lines
+        runs = next(r for r in list_banks(SHIPPED) if Path(r["path"]).name == f"{name}.jsonl.gz")["runs"]
+        assert f"{footer_seconds / 60:.0f} min ({runs} run(s))" in cells, lines
+
+
+@pytest.mark.slow  # every arm, two epochs over the deep bank: about a minute
+def test_the_zoo_bench_ranks_every_arm_on_the_deep_bank_and_none_runs_out(tmp_path):
+    import json
+
+    from trace_gym.strategies import STRATEGIES
+
+    out = tmp_path / "zoo.json"
+    assert cli.main(["bench", "--config", str(ROOT / "configs" / "bench_zoo.yaml"), "seeds=3", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["config"]["epochs"] == 2 and Path(results["bank"]["path"]).name == "math_python_smollm2_deep.jsonl.gz"
+    assert results["violations"] == {}
+    for name in STRATEGIES:  # no arm refused a rollout for exhaustion, every arm ranked
+        assert results["strategies"][name]["exhausted_share"] == 0.0, name
+    ranked = {e["arm"] for e in results["ranking"]["rows"]}
+    assert ranked == set(STRATEGIES)
+    for pair in results["ranking"]["paired"]:  # paired intervals on both headline metrics and budget-to-target
+        assert pair["b"] in ("uniform", "trace")
+        for key in ("effective_ratio", "mixed_prompts", "tokens_to_target"):
+            assert pair[key] is not None and pair[key]["low"] <= pair[key]["high"], (pair["a"], pair["b"], key)
+    assert {p["a"] for p in results["ranking"]["paired"]} | {"uniform"} == set(STRATEGIES)

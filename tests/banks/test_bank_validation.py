@@ -221,7 +221,8 @@ def test_a_prompt_read_back_is_the_line_the_scan_checked(good, tmp_path):
 
 
 def test_the_shipped_banks_pass_the_schema():
-    for name, prompts in (("math_python_smollm2", 256), ("guess_number_smollm2", 256), ("wiki_qa_smollm2", 128)):
+    for name, prompts in (("math_python_smollm2", 256), ("guess_number_smollm2", 256), ("wiki_qa_smollm2", 128),
+                          ("math_python_smollm2_deep", 192)):
         path = ROOT / "trace_gym" / "banks" / "data" / f"{name}.jsonl.gz"
         assert len(open_bank(path)) == prompts
 
