@@ -135,12 +135,9 @@ class MathPythonEnv(gymnasium.Env):
             in the background now, so the first cell does not wait for imports.
         max_action_chars: longer responses are not run and not graded.
         max_cells: code blocks run per response; later ones are not run.
-        step_timeout_s: seconds all cells of one response may run together (their run time,
-            kernel start-up excluded).
-        max_kernel_starts: Python sessions one response may start (the first included); a cell
-            that would need one more is not run (``starts_notice``). With ``step_timeout_s`` it
-            bounds a step's wall time: code that ends its interpreter in every cell cannot make
-            each of ``max_cells`` cells wait for a new kernel.
+        step_timeout_s: seconds all cells of one response may run together (run time, kernel starts excluded).
+        max_kernel_starts: Python sessions one response may start (a cell needing one more is not run,
+            ``starts_notice``): with ``step_timeout_s`` it bounds a step's wall time.
         max_observation_chars: longest observation (head 3/4 and tail 1/4 kept).
         system_prompt, prompt_template: the first observation (``{question}`` field).
         output_template, empty_output, truncation_marker, timeout_notice,
@@ -298,9 +295,7 @@ class MathPythonEnv(gymnasium.Env):
                     return self._replay_timed_out(cells, info)
             except KernelError as exc:
                 infra = f"no Python kernel could be started: {exc}"
-        # the cells' own run time is the code's budget (a kernel's start is the sandbox's cost, not the code's);
-        # the starts are capped instead, so code that ends its interpreter in every cell cannot make each cell
-        # wait for a new one: a step's wall time is at most step_timeout_s + max_kernel_starts starts
+        # the budget is the cells' run time (a start is the sandbox's cost); starts are capped, so wall <= budget + starts
         spent, starts = 0.0, 0
         for code in cells[: self.max_cells]:
             left = self.step_timeout_s - spent
