@@ -69,13 +69,12 @@ def test_the_demo_bank_bench_fits_in_each_shipped_bank(name, tmp_path, capsys):
 
 def test_bank_list_names_each_bank_once_with_its_recording_time(capsys):
     assert cli.main(["bank", "list", str(SHIPPED), str(SHIPPED.relative_to(ROOT))]) == 0
-    printed = capsys.readouterr().out
+    printed, listed = capsys.readouterr().out, list_banks(SHIPPED)
     for name in SHIPPED_BANKS:
         lines = [line for line in printed.splitlines() if f"{name}.jsonl.gz" in line]
-        footer_seconds = next(r for r in list_banks(SHIPPED) if Path(r["path"]).name == f"{name}.jsonl.gz")["seconds"]
+        row = next(r for r in listed if Path(r["path"]).name == f"{name}.jsonl.gz")
         cells = [cell.strip() for cell in lines[0].split("|")] if len(lines) == 1 else []
-        runs = next(r for r in list_banks(SHIPPED) if Path(r["path"]).name == f"{name}.jsonl.gz")["runs"]
-        assert f"{footer_seconds / 60:.0f} min ({runs} run(s))" in cells, lines
+        assert f"{row['seconds'] / 60:.0f} min ({row['runs']} run(s))" in cells, lines
 
 
 @pytest.mark.slow  # the zoo bench as docs/strategies.md runs it (10 repetitions: fewer leave random tree

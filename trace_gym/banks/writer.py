@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Mapping, Sequence
 
 from trace_gym.banks.format import (FORMAT, RUN_KEYS, VERSION, BankError, check_line_bytes, compress_line,
-                                    encode_line, iter_members, parse_line, scan_bank)
+                                    encode_line, iter_members, parse_line, read_header, scan_bank)
 from trace_gym.banks.lines import open_file
 from trace_gym.banks.schema import check_encodable, check_manifest, check_prompt_record
 from trace_gym.runs.files import exclusive_lock, release_lock
@@ -111,9 +111,7 @@ class BankWriter:
 
     def _resume(self) -> None:
         scan = scan_bank(self.path, lenient=True)
-        old = {k: v for k, v in scan.manifest.items() if k not in RUN_KEYS}
-        if isinstance(old.get("policy"), str):  # a bank recorded before names were made portable
-            old["policy"] = portable_path(old["policy"])
+        old = {k: v for k, v in _portable_policy(scan.manifest).items() if k not in RUN_KEYS}
         new = {k: v for k, v in self.manifest.items() if k not in RUN_KEYS}
         differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if differ:
@@ -198,6 +196,14 @@ class BankWriter:
         return footer
 
 
+def _portable_policy(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """``manifest`` with its policy name made portable (a bank recorded before names were)."""
+    out = dict(manifest)
+    if isinstance(out.get("policy"), str):
+        out["policy"] = portable_path(out["policy"])
+    return out
+
+
 def close_recording(path: str | os.PathLike) -> dict[str, Any]:
     """End an interrupted recording at the prompts it holds: append the footer (their count
     and checksum, the recording seconds, ``tasks`` the manifest's planned prompts and
@@ -212,12 +218,8 @@ def close_recording(path: str | os.PathLike) -> dict[str, Any]:
         BankError: not a bank, already complete, or holding no prompt.
         ValueError: another writer holds the bank (its pid, host and start time).
     """
-    from trace_gym.banks.format import read_header
-
     path = Path(path)
-    manifest = dict(read_header(path)["manifest"])
-    if isinstance(manifest.get("policy"), str):  # compared as a resume compares it (a bank from before portable names)
-        manifest["policy"] = portable_path(manifest["policy"])
+    manifest = _portable_policy(read_header(path)["manifest"])  # compared as a resume compares it
     with BankWriter(path, manifest, resume=True) as writer:
         if writer.complete:
             raise BankError(f"{path} is already complete ({len(writer.present)} prompts); nothing to close")
