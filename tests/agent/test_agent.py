@@ -414,6 +414,33 @@ def test_an_episode_that_ends_comes_back_before_the_next_generation(planted):
     assert all(len(e.turns) == 4 and calls_when_back[e.uid] == 4 for e in (eps[0], eps[2]))
 
 
+def test_a_step_collected_with_the_closes_never_runs_past_max_turns(tiny_engine, monkeypatch):  # noqa: F811
+    """The race a bank recording met under load (a continuation of 4 turns under max_turns = 3): a
+    round takes in env results, cuts episodes at their limits, then takes in again for the closes of
+    episodes that just ended; a step that landed in that second take reached max_turns after the cut.
+    Forced here: the late episode's 2nd step (its max_turns-th) waits until the other episode's close
+    runs, and that close outlasts the runner's wait, so the step is collected in the second take with
+    no finished episode to hold the generation back."""
+    import threading
+
+    import planted_env
+
+    monkeypatch.setattr(planted_env, "GATE", threading.Event())
+    monkeypatch.setattr(planted_env, "STEPPED", threading.Event())
+    runner = AgentRunner(RecordingEngine(tiny_engine), tiny_engine.tokenizer, PlantedEnv,
+                         SamplingParams(temperature=1.0, seed=5),
+                         AgentConfig(max_turn_tokens=8, max_episode_tokens=1024, max_turns=2, straggler_seconds=0.5))
+    try:
+        late, opens = runner.start_many([(t, 0) for t in planted_tasks("late", "opens")])
+        runner.run([late, opens])
+    finally:
+        planted_env.GATE.set()
+        runner.close()
+    assert planted_env.STEPPED.is_set()  # the order the test means did happen
+    assert opens.error == "RuntimeError in env.step: planted step failure"
+    assert len(late.turns) == 2 and late.turns[-1].truncation == "max_turns"
+
+
 def test_cancel_closes_every_live_env(planted):
     eps = planted.start_many([(t, 0) for t in planted_tasks(None, None, None)])
     planted.advance()  # steps are in flight now

@@ -281,6 +281,7 @@ class AgentRunner:
         if any(kind == "close" and f not in self._stragglers for f, (kind, _, _) in self._inflight.items()):
             self._take_env_results()  # the closes of episodes that just ended
         if self._ready and not self._finished:
+            self._cut_long_episodes()  # a step the second take collected may have reached a limit
             self._generate()
         if not self._ready and self._inflight and all(kind == "close" for kind, _, _ in self._inflight.values()):
             self._take_env_results()  # only closes left: finish them now
