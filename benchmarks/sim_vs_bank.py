@@ -17,6 +17,13 @@ then PASS when every row of every bank agrees, else FAIL naming the rows::
     python benchmarks/sim_vs_bank.py math_python_smollm2
     python benchmarks/sim_vs_bank.py --plant uncalibrated    # the check failing: a default simulator
     python benchmarks/sim_vs_bank.py --from runs/sim_vs_bank # re-read the JSON, run nothing
+    python benchmarks/sim_vs_bank.py --self --keep-bank      # the bank again in the simulator's place
+
+The bank bench runs ``--bank-seeds`` repetitions (default 30, :data:`BANK_SEEDS`; each draws its own
+warm-up slice). Beside the check, each row also says whether the two means differ by less than
+their half-widths combined (a two-sample reading: the bank's mean is itself an estimate), and
+``--self`` puts the bank bench at other seeds in the simulator's place, a simulator equal to the
+bank in expectation: what the check says of it is the check's own false-alarm rate.
 
 The simulator runs ``--sim-seeds`` repetitions (default 3x the bank's): its mean is read as
 its expectation, so the interval test asks whether the *simulator* lies in the bank's
@@ -29,7 +36,7 @@ starts cold (``warmup_prompts=0``), as every calibrated simulator did before.
 
 The commands (their JSON lands in ``--out``, default ``runs/sim_vs_bank/<bank>``)::
 
-    trace-gym bench --bank BANK [shape] strategies=uniform,pcl,random_tree,trace --json bank.json
+    trace-gym bench --bank BANK [shape] seeds=30 strategies=uniform,pcl,random_tree,trace --json bank.json
     trace-gym bench --sim calibrate_from=BANK seeds=S candidates=C root_budget=M group_size=G
         continuations_per_root=N steps=T warmup_steps=W strategies=... --json sim.json
 
@@ -50,7 +57,7 @@ from typing import Any, Mapping, Sequence
 #: roots ask up to 8 continuations at one prefix at N = 2 and it recorded K = 4 (docs/benchmarking.md);
 #: the QA bank's 96 measured prompts hold 3 steps of 32 candidates (64 draws prompts again: NO VERDICT).
 BANKS: dict[str, tuple[str, ...]] = {"math_python_smollm2": (), "guess_number_smollm2": ("continuations_per_root=1",),
-                                    "wiki_qa_smollm2": ("candidates=32",)}
+                                    "wiki_qa_smollm2": ("candidates=32",), "math_python_smollm2_deep": ()}
 STRATEGIES = ("uniform", "pcl", "random_tree", "trace")
 METRICS = (("effective_ratio", "effective ratio"), ("mixed_prompts", "mixed prompts/step"))
 #: The bench's shape keys the simulator copies from the bank bench's resolved config.
@@ -66,6 +73,18 @@ def inside(bank_row: Mapping[str, Any], key: str, value: float) -> bool:
     half = bank_row.get(key + "_ci")
     half = 0.0 if half is None or half != half else float(half)
     return abs(float(value) - float(bank_row[key])) <= half + 1e-12
+
+
+def within_combined(bank_row: Mapping[str, Any], sim_row: Mapping[str, Any], key: str) -> bool:
+    """Whether the two means differ by at most their 95 % half-widths combined, sqrt(h_bank^2 + h_sim^2)
+    (a two-sample comparison: the bank's mean is itself a noisy estimate, so even a simulator equal to
+    the bank in expectation lands outside the bank's own interval in a share of runs; :func:`inside`
+    is the issue's rule and decides PASS, this one is printed beside it)."""
+    def half(row: Mapping[str, Any]) -> float:
+        h = row.get(key + "_ci")
+        return 0.0 if h is None or h != h else float(h)
+
+    return abs(float(sim_row[key]) - float(bank_row[key])) <= (half(bank_row) ** 2 + half(sim_row) ** 2) ** 0.5 + 1e-12
 
 
 def first_repetitions(results: Mapping[str, Any], n: int) -> dict[str, Any]:
@@ -116,7 +135,7 @@ def agreement(bank: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]
             ok = s is not None and inside(b, key, s[key])
             rows.append({"strategy": name, "metric": label, "bank": b[key], "bank_ci": b[key + "_ci"],
                          "sim": None if s is None else s[key], "sim_ci": None if s is None else s[key + "_ci"],
-                         "inside": ok})
+                         "inside": ok, "combined": s is not None and within_combined(b, s, key)})
             if not ok:
                 failed.append(f"{name} {label}")
     for a, b in pairs_of(names):
@@ -126,8 +145,9 @@ def agreement(bank: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]
             if wb != ws:
                 failed.append(f"{a} - {b} {label}")
     heads = (verdict(bank).split(":")[0], verdict(judged).split(":")[0])
+    apart = [f"{r['strategy']} {r['metric']}" for r in rows if not r["combined"]]
     return {"rows": rows, "pairs": pairs, "headline": heads, "failed": failed, "passed": not failed,
-            "sim_judged_on": n}
+            "sim_judged_on": n, "apart": apart}
 
 
 # ---------------------------------------------------------------------- printing
@@ -137,21 +157,25 @@ def _pm(value: float | None, half: float | None) -> str:
     return f"{value:.3f}" if half is None or half != half else f"{value:.3f} ± {half:.3f}"
 
 
-def table(name: str, result: Mapping[str, Any], commands: Sequence[str]) -> str:
-    """The markdown of one bank's comparison."""
+def table(name: str, result: Mapping[str, Any], commands: Sequence[str], sim: str = "calibrated sim") -> str:
+    """The markdown of one bank's comparison (``sim``: what stands in the simulator's column)."""
+    yes = lambda ok: "yes" if ok else "**no**"  # noqa: E731
     lines = [f"### {name}", "", *[f"`{c}`" + ("  " if i < len(commands) - 1 else "") for i, c in enumerate(commands)],
-             "", "| strategy | metric | bank (95 %) | calibrated sim | sim inside the bank's interval |",
-             "|---|---|---|---|---|"]
+             "", f"| strategy | metric | bank (95 %) | {sim} | inside the bank's interval | difference within "
+             "both intervals combined |", "|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['strategy']} | {r['metric']} | {_pm(r['bank'], r['bank_ci'])} | "
-                     f"{_pm(r['sim'], r['sim_ci'])} | {'yes' if r['inside'] else '**no**'} |")
-    lines += ["", f"| paired verdict (95 %) | metric | bank | calibrated sim (first {result['sim_judged_on']} "
+                     f"{_pm(r['sim'], r['sim_ci'])} | {yes(r['inside'])} | {yes(r['combined'])} |")
+    lines += ["", f"| paired verdict (95 %) | metric | bank | {sim} (first {result['sim_judged_on']} "
               "repetitions) | same |", "|---|---|---|---|---|"]
     for p in result["pairs"]:
         lines.append(f"| {p['pair']} | {p['metric']} | {p['bank']} | {p['sim']} | {'yes' if p['same'] else '**no**'} |")
     bank_head, sim_head = result["headline"]
     lines += ["", f"Headline, bank: {bank_head}.  ", f"Headline, calibrated sim: {sim_head}.", "",
-              "PASS" if result["passed"] else f"FAIL: {'; '.join(result['failed'])}"]
+              "PASS" if result["passed"] else f"FAIL: {'; '.join(result['failed'])}",
+              "", "Two-sample (beside the check, not deciding it): " + (
+                  "every row's difference within both intervals combined" if not result["apart"] else
+                  f"apart beyond both intervals combined: {'; '.join(result['apart'])}")]
     return "\n".join(lines)
 
 
@@ -171,24 +195,47 @@ def sim_args(bank: str, config: Mapping[str, Any], seeds: int, plant: str | None
     return ["bench", "--sim", *calibration, f"seeds={seeds}", *shape, "strategies=" + ",".join(STRATEGIES)]
 
 
+#: The base seed of ``--self``'s bank bench: other candidate pools, warm-up slice and draws than the check's.
+SELF_SEED = 1000
+
+
+def self_args(bank_args: Sequence[str], seeds: int) -> list[str]:
+    """``--self``: the bank bench itself in the simulator's place, ``seeds`` repetitions from base seed
+    :data:`SELF_SEED`: a simulator equal to the bank in expectation, so what the check says of it is
+    the check's own false-alarm rate at this bank's noise."""
+    return [*[a for a in bank_args if not a.startswith("seeds=")], f"seeds={seeds}", f"seed={SELF_SEED}"]
+
+
+#: The bank bench's repetitions in the check: at the bench's default 10, a bank row's mean moves by about
+#: its own half-width from one set of 10 to the next (the math bank's TRACE: 0.583, 0.692 and 0.661 over
+#: three consecutive sets of 10 of one run), so which side of an interval end a simulator lands on
+#: would be chance; at 30 the bank's interval is narrower and its centre steadier.
+BANK_SEEDS = 30
+
+
 def compare_bank(bank: str, out: Path, *, read: bool, sim_seeds: int | None, plant: str | None,
-                 keep_bank: bool = False) -> tuple[str, bool]:
+                 keep_bank: bool = False, itself: bool = False, bank_seeds: int = BANK_SEEDS) -> tuple[str, bool]:
     """Run (or with ``read``, read) one bank's two benches; returns its table and whether it passed.
-    With ``keep_bank`` a bank bench already in ``out`` is read, not rerun."""
-    bank_args = ["bench", "--bank", bank, *BANKS.get(bank, ()), "strategies=" + ",".join(STRATEGIES)]
+    With ``keep_bank`` a bank bench already in ``out`` is read, not rerun; with ``itself`` the bank
+    bench at other seeds stands in for the simulator (:func:`self_args`)."""
+    bank_args = ["bench", "--bank", bank, *BANKS.get(bank, ()), f"seeds={bank_seeds}",
+                 "strategies=" + ",".join(STRATEGIES)]
     if not read and not (keep_bank and (out / "bank.json").exists()):
         out.mkdir(parents=True, exist_ok=True)
         run([*bank_args, "--json", str(out / "bank.json")])
     bank_res = json.loads((out / "bank.json").read_text())
     seeds = sim_seeds or 3 * bank_res["config"]["seeds"]
-    sim_cmd = sim_args(bank, bank_res["config"], seeds, plant)
-    sim_file = out / f"sim{'-' + plant if plant else ''}.json"
+    sim_cmd = self_args(bank_args, seeds) if itself else sim_args(bank, bank_res["config"], seeds, plant)
+    sim_file = out / ("self.json" if itself else f"sim{'-' + plant if plant else ''}.json")
     if not read:
         out.mkdir(parents=True, exist_ok=True)
         run([*sim_cmd, "--json", str(sim_file)])
     sim_res = json.loads(sim_file.read_text())
     result = agreement(bank_res, sim_res)
     commands = [" ".join(["trace-gym", *bank_args]), " ".join(["trace-gym", *sim_cmd])]
+    if itself:
+        return table(f"{bank} (itself at seed {SELF_SEED}: a perfect simulator)", result, commands,
+                     sim="the bank again"), result["passed"]
     return table(bank + (f" (planted: {plant})" if plant else ""), result, commands), result["passed"]
 
 
@@ -198,13 +245,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/sim_vs_bank"), help="where the JSON goes, per bank")
     ap.add_argument("--from", dest="read_from", type=Path, default=None, help="read the JSON from DIR, run nothing")
     ap.add_argument("--sim-seeds", type=int, default=None, help="the simulator's repetitions (default 3x the bank's)")
+    ap.add_argument("--bank-seeds", type=int, default=BANK_SEEDS,
+                    help=f"the bank bench's repetitions (default {BANK_SEEDS}; the bench's own default is 10)")
     ap.add_argument("--plant", choices=PLANTS, default=None, help="a broken simulator the check must FAIL")
+    ap.add_argument("--self", dest="itself", action="store_true",
+                    help="the bank bench at other seeds in the simulator's place: what the check says of a "
+                         "simulator equal to the bank in expectation")
     ap.add_argument("--keep-bank", action="store_true",
                     help="read a bank bench already in --out instead of rerunning it")
     args = ap.parse_args(argv)
     unknown = [b for b in args.banks if b not in BANKS]
     if unknown:
         print(f"unknown bank {unknown[0]!r}; shipped: {', '.join(BANKS)}", file=sys.stderr)
+        return 2
+    if args.itself and args.plant:
+        print("--self and --plant are two different stand-ins for the simulator; give one", file=sys.stderr)
+        return 2
+    if args.bank_seeds < 2:
+        print(f"--bank-seeds must be >= 2 (an interval needs two repetitions), got {args.bank_seeds}", file=sys.stderr)
         return 2
     if args.sim_seeds is not None and args.sim_seeds < 2:
         print(f"--sim-seeds must be >= 2 (an interval needs two repetitions), got {args.sim_seeds}", file=sys.stderr)
@@ -213,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     passed = []
     for bank in args.banks or list(BANKS):
         text, ok = compare_bank(bank, root / bank, read=args.read_from is not None, sim_seeds=args.sim_seeds,
-                                plant=args.plant, keep_bank=args.keep_bank)
+                                plant=args.plant, keep_bank=args.keep_bank, itself=args.itself,
+                                bank_seeds=args.bank_seeds)
         print(text + "\n")
         passed.append((bank, ok))
     bad = [b for b, ok in passed if not ok]

@@ -29,10 +29,15 @@ def test_the_warmup_slice_is_disjoint_from_every_measured_pool(bank_path):
     held = set(source.held_out)
     assert len(held) == 12 and held == set(held_out_prompts(48, 12, cfg.seed))
     assert len(BankSource(BankBenchConfig(bank=str(bank_path), candidates=12)).held_out) == 12  # default: a quarter
+    slices = []
     for rep in range(cfg.seeds):
-        pools = source.repetition(rep).pools
-        assert all(not held & set(pool) for pool in pools)  # no measured pool draws a held-out prompt
-        assert len({i for pool in pools for i in pool}) == 36  # one pass over the 36 measurable prompts
+        repetition = source.repetition(rep)
+        held = set(repetition.held_out)
+        assert len(held) == 12 and held == set(held_out_prompts(48, 12, repetition.seed))
+        assert all(not held & set(pool) for pool in repetition.pools)  # no measured pool draws a held-out prompt
+        assert len({i for pool in repetition.pools for i in pool}) == 36  # one pass over the 36 measurable prompts
+        slices.append(frozenset(held))
+    assert len(set(slices)) == cfg.seeds  # a slice per repetition: the interval covers its choice
     assert held_out_prompts(48, 12, 1) != held_out_prompts(48, 12, 0)  # seeded by the bench's seed
     with pytest.raises(ValueError, match="warmup_prompts must lie in"):
         BankSource(BankBenchConfig(bank=str(bank_path), warmup_prompts=48, candidates=4))
@@ -90,3 +95,17 @@ def test_every_arm_starts_from_the_same_warm_predictor_and_the_report_says_so(ba
         assert {"effective_ratio", "mixed_prompts", "mixed_per_1k_tokens"} <= set(row["by_step"][0])
     assert "Per-step curve" in printed and "Predictor quality where it is used" in printed
     assert "trace_adaptive - uniform" in printed
+
+
+def test_the_calibration_target_averages_the_benchs_warm_up_slices(bank_path):
+    from trace_gym.banks.warmup import mean_steady_state_quality, repetition_seed, steady_state_quality
+
+    bank = open_bank(bank_path)
+    source = BankSource(BankBenchConfig(bank=str(bank_path), seeds=3, candidates=12, warmup_prompts=12))
+    assert [source.repetition(r).seed for r in range(3)] == [repetition_seed(0, r) for r in range(3)]
+    kw = dict(prefix_share=0.06, group_size=4)
+    each = [steady_state_quality(ConstantPredictor(0.3), bank, 12, seed=repetition_seed(0, r), **kw) for r in range(3)]
+    mean = mean_steady_state_quality(lambda: ConstantPredictor(0.3), bank, 12, seed=0, repetitions=3, **kw)
+    assert mean["slices"] == 3
+    assert mean["level_error"] == pytest.approx(np.mean([e["level_error"] for e in each]))
+    assert len({round(e["level_error"], 9) for e in each}) == 3  # each slice measures other prompts

@@ -34,6 +34,10 @@ def results(uniform, trace, times: int = 1) -> dict:
                            "trace": row(trace[0] * times, trace[1] * times)}}
 
 
+def verdict_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(("PASS", "FAIL")))
+
+
 def test_inside_is_the_banks_interval_ends_included(svb):
     assert svb.inside({"x": 0.5, "x_ci": 0.1}, "x", 0.6) and not svb.inside({"x": 0.5, "x_ci": 0.1}, "x", 0.61)
     no_interval = {"x": 0.5, "x_ci": math.nan}
@@ -53,7 +57,7 @@ def test_a_simulator_that_agrees_passes(svb):
     assert [(p["pair"], p["bank"], p["sim"]) for p in out["pairs"]] == [
         ("trace - uniform", "shown above", "shown above")] * 2
     assert out["headline"] == ("trace beats uniform on both headline metrics",) * 2
-    assert "PASS" in svb.table("b", out, ["cmd"]).splitlines()[-1]
+    assert verdict_line(svb.table("b", out, ["cmd"])) == "PASS"
 
 
 def test_a_simulator_whose_trace_is_uniform_fails_naming_the_rows(svb):
@@ -63,8 +67,10 @@ def test_a_simulator_whose_trace_is_uniform_fails_naming_the_rows(svb):
     assert out["failed"] == ["trace effective ratio", "trace mixed prompts/step", "trace - uniform effective ratio",
                              "trace - uniform mixed prompts/step"]
     assert out["headline"][1] == "trace and uniform cannot be told apart on both headline metrics"
-    last = svb.table("b", out, ["cmd"]).splitlines()[-1]
-    assert last.startswith("FAIL: trace effective ratio; ")
+    text = svb.table("b", out, ["cmd"])
+    assert verdict_line(text).startswith("FAIL: trace effective ratio; ")
+    assert text.splitlines()[-1] == ("Two-sample (beside the check, not deciding it): apart beyond both intervals "
+                                     "combined: trace effective ratio; trace mixed prompts/step")
 
 
 def test_a_bad_argument_is_one_line(svb, capsys):
@@ -73,3 +79,27 @@ def test_a_bad_argument_is_one_line(svb, capsys):
     assert len(err) == 1 and "'no_such_bank'" in err[0]
     assert svb.main(["--sim-seeds", "1", "math_python_smollm2"]) == 2
     assert "--sim-seeds must be >= 2" in capsys.readouterr().err
+    assert svb.main(["--bank-seeds", "1", "math_python_smollm2"]) == 2
+    assert "--bank-seeds must be >= 2" in capsys.readouterr().err
+    assert svb.main(["--self", "--plant", "cold", "math_python_smollm2"]) == 2
+    assert "give one" in capsys.readouterr().err
+
+
+def test_within_combined_adds_the_half_widths_in_quadrature(svb):
+    bank, sim = {"x": 0.5, "x_ci": 0.06}, {"x": 0.6, "x_ci": 0.08}  # sqrt(0.06^2 + 0.08^2) = 0.1
+    assert svb.within_combined(bank, sim, "x") and not svb.inside(bank, "x", 0.6)
+    assert not svb.within_combined(bank, {"x": 0.601, "x_ci": 0.08}, "x")
+    assert not svb.within_combined({"x": 0.5, "x_ci": math.nan}, {"x": 0.51, "x_ci": math.nan}, "x")
+
+
+def test_a_mean_just_outside_the_banks_interval_can_still_agree_two_sample(svb):
+    bank = results(UNIFORM, TRACE)
+    shifted = ([x + 0.065 for x in UNIFORM[0]] * 3, UNIFORM[1] * 3)  # 0.065 apart: past the bank half-width 0.062, within the combined 0.067
+    sim = {"strategies": {"uniform": row(*shifted), "trace": row(TRACE[0] * 3, TRACE[1] * 3)}}
+    out = svb.agreement(bank, sim)
+    assert "uniform effective ratio" in out["failed"] and out["apart"] == []
+
+
+def test_self_runs_the_bank_bench_at_other_seeds(svb):
+    args = svb.self_args(["bench", "--bank", "b", "seeds=10", "strategies=uniform"], 30)
+    assert args == ["bench", "--bank", "b", "strategies=uniform", "seeds=30", f"seed={svb.SELF_SEED}"]

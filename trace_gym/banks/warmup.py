@@ -24,7 +24,7 @@ The warm-up is charged to no arm: it is the history a predictor brings to a step
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -111,6 +111,25 @@ def learn_from_batches(predictor: Any, batches: Sequence[tuple[Any, StepResult]]
         stats["samples"] += len(learning.targets)
     stats["seconds"] = time.perf_counter() - start
     return stats
+
+
+def repetition_seed(seed: int, rep: int) -> int:
+    """The seed of a bank bench's repetition ``rep`` from its base ``seed``: its draws and its warm-up
+    slice (:func:`held_out_prompts`) follow it."""
+    return seed + 7919 * rep
+
+
+def mean_steady_state_quality(make: Callable[[], Any], bank: Bank, warmup_prompts: int, *, seed: int,
+                              repetitions: int, prefix_share: float, group_size: int | None = None,
+                              selection: tuple[int, int] | None = None) -> dict[str, float]:
+    """:func:`steady_state_quality` averaged over the warm-up slices of a bank bench's first
+    ``repetitions`` repetitions (:func:`repetition_seed`), a fresh predictor (``make()``) each: the
+    predictor the bench's interval is over, not one slice's (which slice warms the predictor moves
+    a bank's verdict: docs/benchmarking.md). Each measure is the mean over the slices (NaN ones
+    left out); ``"slices"`` says how many."""
+    rows = [steady_state_quality(make(), bank, warmup_prompts, seed=repetition_seed(seed, r), prefix_share=prefix_share,
+                                 group_size=group_size, selection=selection) for r in range(repetitions)]
+    return {k: float(np.nanmean([row[k] for row in rows])) for k in rows[0]} | {"slices": repetitions}
 
 
 def steady_state_quality(predictor: Any, bank: Bank, warmup_prompts: int, *, seed: int, prefix_share: float,

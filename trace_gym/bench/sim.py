@@ -240,8 +240,9 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 
 
 #: Bump when what :func:`bank_fit` computes changes (it is part of the cache entry's name). 4 and 5
-#: were an experiment's (per-task length histograms, reverted); 6: per-episode lengths by outcome.
-FIT_VERSION = 6
+#: were an experiment's (per-task length histograms, reverted); 6: per-episode lengths by outcome; 7: the bank
+#: predictor's quality averaged over the bench's per-repetition warm-up slices.
+FIT_VERSION = 7
 #: The per-episode length keys a bank's roots set (:func:`lengths_by_outcome`).
 LENGTH_SHARES = ("turn_shares", "success_turn_shares")
 
@@ -252,9 +253,10 @@ def bank_fit(path: str, group_size: int) -> tuple[dict[str, Any], bool]:
     :func:`trace_gym.sim.calibrate.calibration_from_stats` of its counts (difficulty prior, per-turn
     concentration, episode lengths) with the roots' lengths by outcome (:func:`lengths_by_outcome`) and
     kappa refitted under them (:func:`trace_gym.sim.calibrate.with_lengths`); the warm-up of the bank
-    bench's defaults (``warmup_prompts``, the bank's recorded shape); the bank bench's predictor at the start of its first step
-    (:func:`trace_gym.banks.warmup.steady_state_quality` of the embedding predictor, read through
-    the bank's embedding store); and the simulated predictor fitted to it
+    bench's defaults (``warmup_prompts``, the bank's recorded shape); the bank bench's predictor at the
+    start of its first step (:func:`trace_gym.banks.warmup.mean_steady_state_quality` of the embedding
+    predictor, averaged over the bench's per-repetition warm-up slices, read through the bank's
+    embedding store); and the simulated predictor fitted to it
     (:func:`trace_gym.bench.sim_fit.fit_predictor`: ``feature_spearman``, ``predictor_level_shift``).
     Cached in ``$TRACE_GYM_CACHE/calibrations/<bank sha256>-G<group>-v<FIT_VERSION>.json``, keyed by
     the bank's checksum, so a calibrated simulator run costs seconds after the first. A damaged
@@ -288,7 +290,7 @@ def _fit_bank(bank: Any, path: str, group_size: int) -> dict[str, Any]:
 
     from trace_gym.sim import simulator as sim
     from trace_gym.banks.stats import bank_stats
-    from trace_gym.banks.warmup import steady_state_quality
+    from trace_gym.banks.warmup import mean_steady_state_quality
     from trace_gym.bench.bank import warmup_size
     from trace_gym.banks.record import prefix_depths
     from trace_gym.sim.calibrate import calibration_from_stats, with_lengths
@@ -300,8 +302,10 @@ def _fit_bank(bank: Any, path: str, group_size: int) -> dict[str, Any]:
     warm = warmup_size(defaults, len(bank))
     selection = pcl_selection(defaults, len(bank), warm, group_size)
     with use_store(bank_store(bank.scan.sha256)):  # the vectors the bank bench embeds (and keeps) itself
-        quality = steady_state_quality(make_predictor("embedding", seed=0), bank, warm, seed=defaults.seed,
-                                       prefix_share=defaults.prefix_share, group_size=group_size, selection=selection)
+        quality = mean_steady_state_quality(lambda: make_predictor("embedding", seed=0), bank, warm,
+                                            seed=defaults.seed, repetitions=defaults.seeds,
+                                            prefix_share=defaults.prefix_share, group_size=group_size,
+                                            selection=selection)
     stats = bank_stats(path) | {"predictor": {"prompt": quality["prompt_spearman"]}}
     found = calibration_from_stats(stats, group_size=group_size)
     shape = RecordedShape.of_manifest(bank.manifest)
