@@ -1,0 +1,194 @@
+"""Budget shape on real rollouts: more roots with fewer continuations, or fewer roots with more? (issue 45, item 5)
+
+At equal nominal budget B = M (1 + N/2) (a continuation costs half a rollout), the paper's
+budget-shape result is that wider root coverage beats deeper replay: (M, N) = (1024, 2) over
+(512, 6) on HotpotQA. This script replays a rollout bank at two shapes of one budget, (16, 2)
+and (8, 6) by default (B = 32 both), for the tree strategies (random tree, TRACE), and pairs
+the two shapes repetition by repetition: both benches run the same seeds, so a repetition
+draws the same candidate pools, warm-up slice and recorded rollouts at either shape, and the
+difference is a paired one (:func:`trace_gym.bench.checks.paired`, the bench's own paired
+interval). Per strategy and headline metric it prints both shapes' means, the difference with
+its 95 % interval and the verdict word; a bench whose bank ran out (more than 1 % of branches
+refused, :func:`trace_gym.bench.checks.exhaustion_check`) gives NO VERDICT for that shape, naming
+the bank sizes it needed. With ``--sim`` the calibrated simulator (``calibrate_from=BANK``) runs
+the same two shapes and the table says whether its verdict words are the bank's::
+
+    python benchmarks/budget_shape.py                                  # the shape bank, (16, 2) vs (8, 6)
+    python benchmarks/budget_shape.py --sim                            # and the calibrated simulator
+    python benchmarks/budget_shape.py math_python_smollm2_deep         # a bank too small: NO VERDICT
+    python benchmarks/budget_shape.py --from runs/budget_shape/BANK    # re-read the JSON, run nothing
+
+The commands (their JSON lands in ``--out``, default ``runs/budget_shape/<bank>``)::
+
+    trace-gym bench --bank BANK root_budget=M continuations_per_root=N seeds=S strategies=random_tree,trace
+        oracle_upper_bound=false [overrides] --json bank-MxN.json
+    trace-gym bench --sim calibrate_from=BANK root_budget=M continuations_per_root=N seeds=S candidates=C
+        group_size=G steps=T warmup_steps=W strategies=random_tree,trace --json sim-MxN.json
+
+Exit status 0 when every shape of the bank gave a verdict (and, with ``--sim``, the simulator's
+words are the bank's), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+DEFAULT_BANK = "math_python_smollm2_shape"
+SHAPES = ((16, 2.0), (8, 6.0))
+STRATEGIES = ("random_tree", "trace")
+METRIC_KEYS = ("effective_ratio", "mixed_prompts")
+WORDS = {1: "shown above", -1: "shown below", 0: "not shown"}
+#: The bench keys the simulator copies from the bank bench's resolved config (its shape but M and N).
+COPIED = ("candidates", "group_size", "steps", "warmup_steps")
+
+
+# ---------------------------------------------------------------------- the comparison (pure)
+def label(shape: tuple[int, float]) -> str:
+    """``(16, 2)``: a shape as the paper writes it."""
+    m, n = shape
+    return f"({m}, {n:g})"
+
+
+def nominal(shape: tuple[int, float]) -> float:
+    """B = M (1 + N/2), the nominal budget of a shape (trajectory-equivalents)."""
+    m, n = shape
+    return m * (1 + n / 2)
+
+
+def compare(runs: Mapping[tuple[int, float], Mapping[str, Any]], strategies: Sequence[str]) -> dict[str, Any]:
+    """The paired comparison of the first shape of ``runs`` against the second, per strategy and metric.
+
+    Returns ``{"rows": [{"strategy", "metric", "first", "second", "pair", "word"}], "exhausted": {shape
+    label: the exhaustion check's detail}, "verdict": bool}``: ``verdict`` is False when any shape's
+    bank ran out (then every word is "no verdict"). A pair whose repetitions all gave the same
+    value on both shapes is degenerate and says so (``pair["note"]``)."""
+    from trace_gym.bench.checks import METRICS, exhaustion_check, headline_rows, paired
+
+    (s1, r1), (s2, r2) = list(runs.items())
+    out_of = {label(s): c.detail for s, r in runs.items() if (c := exhaustion_check(r)) and c.status == "FAIL"}
+    rows = []
+    for name in strategies:
+        merged = {"a": headline_rows(r1)[name], "b": headline_rows(r2)[name]}
+        for key in METRIC_KEYS:
+            p = paired(merged, "a", "b", METRICS[key])
+            word = "no verdict" if out_of else WORDS[p["shown"]]
+            rows.append({"strategy": name, "metric": METRICS[key].label, "first": p["mean_a"], "second": p["mean_b"],
+                         "pair": p, "word": word})
+    return {"rows": rows, "exhausted": out_of, "verdict": not out_of, "shapes": (label(s1), label(s2))}
+
+
+def sentence(result: Mapping[str, Any]) -> str:
+    """One line per strategy: which shape the bank favours, on both headline metrics."""
+    if not result["verdict"]:
+        return "NO VERDICT: " + "; ".join(f"{s}: {d}" for s, d in result["exhausted"].items())
+    a, b = result["shapes"]
+    by: dict[str, list[str]] = {}
+    for r in result["rows"]:
+        by.setdefault(r["strategy"], []).append(r["word"])
+    said = {("shown above",) * 2: f"{a} beats {b} on both headline metrics",
+            ("shown below",) * 2: f"{b} beats {a} on both headline metrics",
+            ("not shown",) * 2: f"{a} and {b} cannot be told apart on either headline metric"}
+    parts = []
+    for name, words in by.items():
+        text = said.get(tuple(words)) or "; ".join(f"{a} vs {b} {w} on {m}" for w, m in
+                                                    zip(words, ("effective ratio", "mixed prompts/step")))
+        parts.append(f"{name}: {text}")
+    return "; ".join(parts)
+
+
+def table(title: str, result: Mapping[str, Any], commands: Sequence[str],
+          sim: Mapping[str, Any] | None = None) -> str:
+    """The markdown of one comparison (with ``sim``: the simulator's words beside the bank's)."""
+    from trace_gym.bench.checks import interval_text
+
+    a, b = result["shapes"]
+    head = f"| strategy | metric | {a} | {b} | {a} - {b} (95 %) | verdict |"
+    rule = "|---|---|---|---|---|---|"
+    if sim is not None:
+        head, rule = head + " calibrated sim | same |", rule + "---|---|"
+    lines = [f"### {title}", "", *[f"`{c}`" + ("  " if i < len(commands) - 1 else "") for i, c in enumerate(commands)],
+             "", head, rule]
+    for i, r in enumerate(result["rows"]):
+        cells = [r["strategy"], r["metric"], f"{r['first']:.3f}", f"{r['second']:.3f}", interval_text(r["pair"]),
+                 r["word"]]
+        if sim is not None:
+            s = sim["rows"][i]
+            cells += [f"{s['word']} ({s['first']:.3f} vs {s['second']:.3f})", "yes" if s["word"] == r["word"] else "**no**"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Bank: {sentence(result)}."]
+    if sim is not None:
+        lines.append(f"Calibrated simulator: {sentence(sim)}.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- running
+def run(args: list[str]) -> float:
+    """Run ``trace-gym ARGS``; returns its wall-clock seconds."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "trace_gym.cli", *args], check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def bank_args(bank: str, shape: tuple[int, float], seeds: int, overrides: Sequence[str]) -> list[str]:
+    m, n = shape
+    return ["bench", "--bank", bank, f"root_budget={m}", f"continuations_per_root={n:g}", f"seeds={seeds}",
+            "strategies=" + ",".join(STRATEGIES), "oracle_upper_bound=false", *overrides]
+
+
+def sim_args(bank: str, shape: tuple[int, float], seeds: int, config: Mapping[str, Any]) -> list[str]:
+    m, n = shape
+    return ["bench", "--sim", f"calibrate_from={bank}", f"root_budget={m}", f"continuations_per_root={n:g}",
+            f"seeds={seeds}", *[f"{k}={config[k]}" for k in COPIED], "strategies=" + ",".join(STRATEGIES)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bank", nargs="?", default=DEFAULT_BANK, help=f"a shipped bank or a bank file ({DEFAULT_BANK})")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of both bank benches (e.g. candidates=16)")
+    ap.add_argument("--seeds", type=int, default=10, help="repetitions of each bench (paired across the shapes)")
+    ap.add_argument("--sim", action="store_true", help="also the calibrated simulator at both shapes")
+    ap.add_argument("--out", type=Path, default=None, help="where the JSON goes (default runs/budget_shape/<bank>)")
+    ap.add_argument("--from", dest="read_from", type=Path, default=None, help="read the JSON from DIR, run nothing")
+    args = ap.parse_args(argv)
+    if args.seeds < 2:
+        print(f"--seeds must be >= 2 (a paired interval needs two repetitions), got {args.seeds}", file=sys.stderr)
+        return 2
+    if nominal(SHAPES[0]) != nominal(SHAPES[1]):  # a guard for whoever edits SHAPES
+        print(f"the shapes {SHAPES} have different nominal budgets", file=sys.stderr)
+        return 2
+    out = args.read_from or args.out or Path("runs/budget_shape") / Path(args.bank).name.split(".")[0]
+    out.mkdir(parents=True, exist_ok=True)
+    banks, sims, commands, sim_commands = {}, {}, [], []
+    for shape in SHAPES:
+        tag = f"{shape[0]}x{shape[1]:g}"
+        cmd = bank_args(args.bank, shape, args.seeds, args.overrides)
+        commands.append(" ".join(["trace-gym", *cmd]))
+        if args.read_from is None:
+            print(f"{tag}: bank bench ... {run([*cmd, '--json', str(out / f'bank-{tag}.json')]):.0f} s", file=sys.stderr)
+        banks[shape] = json.loads((out / f"bank-{tag}.json").read_text())
+        if args.sim:
+            cmd = sim_args(args.bank, shape, args.seeds, banks[shape]["config"])
+            sim_commands.append(" ".join(["trace-gym", *cmd]))
+            if args.read_from is None:
+                print(f"{tag}: simulator ... {run([*cmd, '--json', str(out / f'sim-{tag}.json')]):.0f} s",
+                      file=sys.stderr)
+            sims[shape] = json.loads((out / f"sim-{tag}.json").read_text())
+    result = compare(banks, STRATEGIES)
+    sim = compare(sims, STRATEGIES) if args.sim else None
+    print(table(f"{args.bank}: budget shape at B = {nominal(SHAPES[0]):g}", result, commands + sim_commands, sim))
+    agree = sim is None or all(s["word"] == r["word"] for s, r in zip(sim["rows"], result["rows"]))
+    ok = result["verdict"] and agree
+    print("\n" + ("PASS" if ok else "FAIL") + (": a verdict at both shapes" if result["verdict"] else ": no verdict")
+          + ("" if sim is None else "; the simulator's words are the bank's" if agree else
+             "; the simulator's words differ from the bank's"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

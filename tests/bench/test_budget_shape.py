@@ -1,0 +1,80 @@
+"""benchmarks/budget_shape.py's comparison (issue 45, item 5), on hand-made bank-bench results: two
+shapes paired by repetition, a verdict word per strategy and metric, and NO VERDICT when a shape's
+bank ran out."""
+
+from __future__ import annotations
+
+import pytest
+
+from trace_gym import report
+from benchmark_scripts import benchmark_script
+
+
+@pytest.fixture(scope="module")
+def bs():
+    with benchmark_script("budget_shape") as module:
+        yield module
+
+
+def row(ratios, mixed, exhausted=0.0) -> dict:
+    reps = [{"effective_ratio": e, "mixed_prompts": m, "mixed_per_1k_tokens": 1.0, "exhausted_share": exhausted,
+             "roots_needed": 16, "continuations_needed": 24} for e, m in zip(ratios, mixed)]
+    out = {"per_rep": reps, "repetitions": len(reps), "upper_bound": False, "predictor": "p",
+           "exhausted_share": exhausted}
+    for key in ("effective_ratio", "mixed_prompts"):
+        out[key], out[key + "_ci"], _ = report.mean_ci([r[key] for r in reps])
+    return out
+
+
+def results(tree, trace, exhausted=0.0) -> dict:
+    return {"strategies": {"random_tree": row(*tree, exhausted), "trace": row(*trace, exhausted)},
+            "bank": {"roots": 16, "continuations": 24}}
+
+
+WIDE_TREE = ([0.5, 0.6, 0.55, 0.5, 0.6], [2, 2.4, 2.2, 2, 2.4])
+DEEP_TREE = ([0.4, 0.45, 0.4, 0.35, 0.5], [1, 1.2, 1.1, 1, 1.2])  # below WIDE_TREE in every repetition
+TRACE = ([0.7, 0.8, 0.7, 0.75, 0.8], [4, 4.5, 4, 4.2, 4.4])
+TRACE_NOISY = ([0.8, 0.7, 0.75, 0.7, 0.8], [4.4, 4, 4.2, 4.5, 4])  # the same values, other repetitions
+
+
+def test_the_default_shapes_spend_one_nominal_budget(bs):
+    assert [bs.nominal(s) for s in bs.SHAPES] == [32.0, 32.0] and bs.label((16, 2.0)) == "(16, 2)"
+
+
+def test_the_shapes_are_paired_by_repetition(bs):
+    out = bs.compare({(16, 2.0): results(WIDE_TREE, TRACE), (8, 6.0): results(DEEP_TREE, TRACE_NOISY)},
+                     bs.STRATEGIES)
+    words = {(r["strategy"], r["metric"]): r["word"] for r in out["rows"]}
+    assert words == {("random_tree", "effective ratio"): "shown above",
+                     ("random_tree", "mixed prompts/step"): "shown above",
+                     ("trace", "effective ratio"): "not shown", ("trace", "mixed prompts/step"): "not shown"}
+    first = out["rows"][0]
+    assert first["first"] == pytest.approx(0.55) and first["second"] == pytest.approx(0.42)
+    assert first["pair"]["difference"] == pytest.approx(0.13) and first["pair"]["n"] == 5
+    assert bs.sentence(out) == ("random_tree: (16, 2) beats (8, 6) on both headline metrics; trace: (16, 2) and "
+                                "(8, 6) cannot be told apart on either headline metric")
+    assert out["verdict"]
+
+
+def test_a_shape_whose_bank_ran_out_gives_no_verdict_naming_what_it_needed(bs):
+    out = bs.compare({(16, 2.0): results(WIDE_TREE, TRACE), (8, 6.0): results(DEEP_TREE, TRACE, exhausted=0.3)},
+                     bs.STRATEGIES)
+    assert not out["verdict"] and list(out["exhausted"]) == ["(8, 6)"]
+    assert {r["word"] for r in out["rows"]} == {"no verdict"}
+    text = bs.table("t", out, ["cmd"])
+    assert "NO VERDICT" in text and "24 continuations per recorded prefix" in text
+
+
+def test_the_simulators_words_are_set_beside_the_banks(bs):
+    bank = bs.compare({(16, 2.0): results(WIDE_TREE, TRACE), (8, 6.0): results(DEEP_TREE, TRACE_NOISY)},
+                      bs.STRATEGIES)
+    sim = bs.compare({(16, 2.0): results(WIDE_TREE, TRACE), (8, 6.0): results(WIDE_TREE, TRACE_NOISY)},
+                     bs.STRATEGIES)
+    lines = bs.table("t", bank, ["cmd"], sim).splitlines()
+    tree = [line for line in lines if line.startswith("| random_tree | effective ratio")][0]
+    assert tree.endswith("| **no** |") and "not shown (0.550 vs 0.550)" in tree
+
+
+def test_bad_seeds_are_one_line(bs, capsys):
+    assert bs.main(["--seeds", "1"]) == 2
+    assert "--seeds must be >= 2" in capsys.readouterr().err
