@@ -171,7 +171,7 @@ def table(name: str, result: Mapping[str, Any], commands: Sequence[str], sim: st
     for p in result["pairs"]:
         lines.append(f"| {p['pair']} | {p['metric']} | {p['bank']} | {p['sim']} | {'yes' if p['same'] else '**no**'} |")
     bank_head, sim_head = result["headline"]
-    lines += ["", f"Headline, bank: {bank_head}.  ", f"Headline, calibrated sim: {sim_head}.", "",
+    lines += ["", f"Headline, bank: {bank_head}.  ", f"Headline, {sim}: {sim_head}.", "",
               "PASS" if result["passed"] else f"FAIL: {'; '.join(result['failed'])}",
               "", "Two-sample (beside the check, not deciding it): " + (
                   "every row's difference within both intervals combined" if not result["apart"] else
