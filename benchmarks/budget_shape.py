@@ -96,8 +96,10 @@ def sentence(result: Mapping[str, Any]) -> str:
             ("not shown",) * 2: f"{a} and {b} cannot be told apart on either headline metric"}
     parts = []
     for name, words in by.items():
-        text = said.get(tuple(words)) or "; ".join(f"{a} vs {b} {w} on {m}" for w, m in
-                                                    zip(words, ("effective ratio", "mixed prompts/step")))
+        each = {"shown above": "{a} above {b} on {m}", "shown below": "{b} above {a} on {m}",
+                "not shown": "{a} and {b} not told apart on {m}", "no verdict": "no verdict on {m}"}
+        text = said.get(tuple(words)) or ", ".join(each[w].format(a=a, b=b, m=m) for w, m in
+                                                   zip(words, ("effective ratio", "mixed prompts/step")))
         parts.append(f"{name}: {text}")
     return "; ".join(parts)
 

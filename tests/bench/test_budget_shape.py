@@ -54,6 +54,10 @@ def test_the_shapes_are_paired_by_repetition(bs):
     assert bs.sentence(out) == ("random_tree: (16, 2) beats (8, 6) on both headline metrics; trace: (16, 2) and "
                                 "(8, 6) cannot be told apart on either headline metric")
     assert out["verdict"]
+    mixed = bs.compare({(16, 2.0): results(WIDE_TREE, TRACE), (8, 6.0): results(WIDE_TREE, ([0.75] * 5, [3] * 5))},
+                       ("trace",))
+    assert bs.sentence(mixed) == ("trace: (16, 2) and (8, 6) not told apart on effective ratio, (16, 2) above (8, 6) "
+                                  "on mixed prompts/step")
 
 
 def test_a_shape_whose_bank_ran_out_gives_no_verdict_naming_what_it_needed(bs):
