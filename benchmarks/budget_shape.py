@@ -137,6 +137,13 @@ def run(args: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def read(path: Path) -> dict[str, Any]:
+    """A bench's JSON; a missing one is one line naming it (``--from`` a folder that lacks it)."""
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist: run without --from (or with --out) to write it")
+    return json.loads(path.read_text())
+
+
 def bank_args(bank: str, shape: tuple[int, float], seeds: int, overrides: Sequence[str]) -> list[str]:
     m, n = shape
     return ["bench", "--bank", bank, f"root_budget={m}", f"continuations_per_root={n:g}", f"seeds={seeds}",
@@ -157,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim", action="store_true", help="also the calibrated simulator at both shapes")
     ap.add_argument("--out", type=Path, default=None, help="where the JSON goes (default runs/budget_shape/<bank>)")
     ap.add_argument("--from", dest="read_from", type=Path, default=None, help="read the JSON from DIR, run nothing")
+    ap.add_argument("--keep-bank", action="store_true", help="read bank benches already in --out instead of rerunning")
     args = ap.parse_args(argv)
     if args.seeds < 2:
         print(f"--seeds must be >= 2 (a paired interval needs two repetitions), got {args.seeds}", file=sys.stderr)
@@ -171,16 +179,16 @@ def main(argv: list[str] | None = None) -> int:
         tag = f"{shape[0]}x{shape[1]:g}"
         cmd = bank_args(args.bank, shape, args.seeds, args.overrides)
         commands.append(" ".join(["trace-gym", *cmd]))
-        if args.read_from is None:
+        if args.read_from is None and not (args.keep_bank and (out / f"bank-{tag}.json").exists()):
             print(f"{tag}: bank bench ... {run([*cmd, '--json', str(out / f'bank-{tag}.json')]):.0f} s", file=sys.stderr)
-        banks[shape] = json.loads((out / f"bank-{tag}.json").read_text())
+        banks[shape] = read(out / f"bank-{tag}.json")
         if args.sim:
             cmd = sim_args(args.bank, shape, args.seeds, banks[shape]["config"])
             sim_commands.append(" ".join(["trace-gym", *cmd]))
             if args.read_from is None:
                 print(f"{tag}: simulator ... {run([*cmd, '--json', str(out / f'sim-{tag}.json')]):.0f} s",
                       file=sys.stderr)
-            sims[shape] = json.loads((out / f"sim-{tag}.json").read_text())
+            sims[shape] = read(out / f"sim-{tag}.json")
     result = compare(banks, STRATEGIES)
     sim = compare(sims, STRATEGIES) if args.sim else None
     print(table(f"{args.bank}: budget shape at B = {nominal(SHAPES[0]):g}", result, commands + sim_commands, sim))

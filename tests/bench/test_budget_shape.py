@@ -82,3 +82,8 @@ def test_the_simulators_words_are_set_beside_the_banks(bs):
 def test_bad_seeds_are_one_line(bs, capsys):
     assert bs.main(["--seeds", "1"]) == 2
     assert "--seeds must be >= 2" in capsys.readouterr().err
+
+
+def test_from_a_folder_without_the_json_is_one_line(bs, tmp_path):
+    with pytest.raises(SystemExit, match=r"bank-16x2\.json does not exist: run without --from"):
+        bs.main(["b", "--from", str(tmp_path)])
