@@ -87,3 +87,11 @@ def test_bad_seeds_are_one_line(bs, capsys):
 def test_from_a_folder_without_the_json_is_one_line(bs, tmp_path):
     with pytest.raises(SystemExit, match=r"bank-16x2\.json does not exist: run without --from"):
         bs.main(["b", "--from", str(tmp_path)])
+
+
+def test_the_simulator_runs_the_bank_benchs_shape_and_warm_up(bs):
+    config = {"candidates": 5, "group_size": 4, "steps": 3, "warmup_steps": 0, "warmup_prompts": 4}
+    args = bs.sim_args("b", (8, 6.0), 10, config)
+    assert args[:6] == ["bench", "--sim", "calibrate_from=b", "root_budget=8", "continuations_per_root=6", "seeds=10"]
+    assert {"candidates=5", "group_size=4", "steps=3", "warmup_steps=0", "warmup_prompts=4"} <= set(args)
+    assert not any(a.startswith("warmup_prompts") for a in bs.sim_args("b", (8, 6.0), 10, {**config, "warmup_prompts": None}))
