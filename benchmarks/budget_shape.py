@@ -121,7 +121,8 @@ def table(title: str, result: Mapping[str, Any], commands: Sequence[str],
                  r["word"]]
         if sim is not None:
             s = sim["rows"][i]
-            cells += [f"{s['word']} ({s['first']:.3f} vs {s['second']:.3f})", "yes" if s["word"] == r["word"] else "**no**"]
+            same = "yes" if s["word"] == r["word"] else "**no**"
+            cells += [f"{s['word']} ({s['first']:.3f} vs {s['second']:.3f})", same]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Bank: {sentence(result)}."]
     if sim is not None:
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = bank_args(args.bank, shape, args.seeds, args.overrides)
         commands.append(" ".join(["trace-gym", *cmd]))
         if args.read_from is None and not (args.keep_bank and (out / f"bank-{tag}.json").exists()):
-            print(f"{tag}: bank bench ... {run([*cmd, '--json', str(out / f'bank-{tag}.json')]):.0f} s", file=sys.stderr)
+            seconds = run([*cmd, "--json", str(out / f"bank-{tag}.json")])
+            print(f"{tag}: bank bench ... {seconds:.0f} s", file=sys.stderr)
         banks[shape] = read(out / f"bank-{tag}.json")
         if args.sim:
             cmd = sim_args(args.bank, shape, args.seeds, banks[shape]["config"])

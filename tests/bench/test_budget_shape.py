@@ -94,4 +94,5 @@ def test_the_simulator_runs_the_bank_benchs_shape_and_warm_up(bs):
     args = bs.sim_args("b", (8, 6.0), 10, config)
     assert args[:6] == ["bench", "--sim", "calibrate_from=b", "root_budget=8", "continuations_per_root=6", "seeds=10"]
     assert {"candidates=5", "group_size=4", "steps=3", "warmup_steps=0", "warmup_prompts=4"} <= set(args)
-    assert not any(a.startswith("warmup_prompts") for a in bs.sim_args("b", (8, 6.0), 10, {**config, "warmup_prompts": None}))
+    unset = bs.sim_args("b", (8, 6.0), 10, {**config, "warmup_prompts": None})
+    assert not any(a.startswith("warmup_prompts") for a in unset)

@@ -94,7 +94,8 @@ def test_within_combined_adds_the_half_widths_in_quadrature(svb):
 
 def test_a_mean_just_outside_the_banks_interval_can_still_agree_two_sample(svb):
     bank = results(UNIFORM, TRACE)
-    shifted = ([x + 0.065 for x in UNIFORM[0]] * 3, UNIFORM[1] * 3)  # 0.065 apart: past the bank half-width 0.062, within the combined 0.067
+    # 0.065 apart: past the bank's half-width 0.062, within the two combined (0.067)
+    shifted = ([x + 0.065 for x in UNIFORM[0]] * 3, UNIFORM[1] * 3)
     sim = {"strategies": {"uniform": row(*shifted), "trace": row(TRACE[0] * 3, TRACE[1] * 3)}}
     out = svb.agreement(bank, sim)
     assert "uniform effective ratio" in out["failed"] and out["apart"] == []
