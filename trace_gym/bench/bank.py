@@ -16,8 +16,8 @@ a slice no measured pool of the repetition draws from, charged to no arm; so the
 over repetitions covers which prompts warm the predictor and which are measured), then
 copied to each arm and learning online across the replayed steps from the recorded texts
 (the LM critic reads the policy named in the bank's manifest); and, as an upper bound labelled
-as one, TRACE with the bank's empirical rates (:class:`~trace_gym.banks.replay.BankOraclePredictor`). Each step hands the bench the
-candidates' empirical rates and whether their recorded roots were mixed (the truth of
+as one, TRACE with the bank's empirical rates (:class:`~trace_gym.banks.replay.BankOraclePredictor`).
+Each step hands the bench the candidates' empirical rates and whether their recorded roots were mixed (the truth of
 the predictor-quality measures). Besides the shared metrics, a row holds the
 predictor's Spearman over every recorded prefix it scored before training on it
 (overall and by depth),
@@ -205,8 +205,9 @@ class BankSource:
     def split(self, rep: int) -> tuple[list[int], list[int]]:
         """``(held_out, measurable)`` of repetition ``rep``: its warm-up slice, drawn afresh for each
         repetition (seeded by the repetition's seed, :func:`~trace_gym.banks.warmup.repetition_seed`),
-        and the prompts its pools draw from. A slice fixed for the whole run would leave its choice out of the interval: on the
-        math bank two base seeds gave PCL 0.729 +- 0.047 and 0.638 +- 0.033 (docs/benchmarking.md)."""
+        and the prompts its pools draw from. A slice fixed for the whole run would leave its choice
+        out of the interval: on the math bank two base seeds gave PCL 0.729 +- 0.047 and 0.638 +-
+        0.033 (docs/benchmarking.md)."""
         held = held_out_prompts(len(self.bank), self.warmup_count, repetition_seed(self.config.seed, rep))
         skip = set(held)
         return held, [i for i in range(len(self.bank)) if i not in skip]
