@@ -193,7 +193,7 @@ class BM25Searcher:
     """Lucene BM25 top-k search behind the :class:`~retrieval_index.protocol.Searcher` Protocol.
 
     Every Java call runs on one worker thread owned by the searcher (pyjnius attaches
-    each calling thread to the JVM, and threads that end attached leak), so the
+    each calling thread to the JVM), which :meth:`close` detaches before it ends, so the
     searcher is safe to call from any thread; ``threads`` is Lucene's own parallelism
     inside a batch.
 
@@ -244,11 +244,23 @@ class BM25Searcher:
         return {**self.manifest, "k1": self.k1, "b": self.b}
 
     def close(self) -> None:
-        searcher = getattr(self, "_searcher", None)
-        if searcher is not None:
-            self._worker.submit(searcher.close).result()
-            self._searcher = None
+        """Close the index and end the worker thread, detached from the JVM. A thread that ends
+        attached stays registered in the JVM with its stack gone, and a later garbage
+        collection that walks it can crash the whole process (SIGSEGV; a test worker died so)."""
+        if getattr(self, "_searcher", None) is not None:
+            self._worker.submit(self._release).result()
         self._worker.shutdown(wait=True)
+
+    def _release(self) -> None:
+        """On the worker thread: close the searcher, drop its Java references there, then detach."""
+        import jnius
+
+        searcher, self._searcher = self._searcher, None
+        try:
+            searcher.close()
+        finally:
+            del searcher  # its Java objects are freed on this attached thread, before the detach
+            jnius.detach()
 
 
 def _hit(scored: Any) -> Hit:

@@ -58,6 +58,29 @@ def test_search_finds_entities_by_name_with_sorted_bm25_scores(built, world):
         searcher.close()
 
 
+def _open_search_close(folder) -> None:
+    searcher = bm25.BM25Searcher(folder)
+    try:
+        searcher.search(["x"], 1)
+    finally:
+        searcher.close()
+
+
+def test_a_closed_searcher_leaves_no_thread_attached_to_the_jvm(built):
+    """Each searcher's worker thread attaches to the JVM; one that ended attached stayed registered
+    there with its stack gone (a test worker later died in a garbage collection, SIGSEGV). The JVM's
+    live thread count is back where it was after each close (it grew by one a searcher before)."""
+    import jnius
+
+    _, folder, _ = built
+    _open_search_close(folder)  # the JVM's own lazily started threads
+    threads = jnius.autoclass("java.lang.management.ManagementFactory").getThreadMXBean()
+    before = threads.getThreadCount()
+    for _ in range(3):
+        _open_search_close(folder)
+    assert threads.getThreadCount() == before
+
+
 def test_recall_at_3_of_the_gold_passages_per_hop(built, world):
     _, folder, _ = built
     searcher = bm25.BM25Searcher(folder)
