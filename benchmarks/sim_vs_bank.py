@@ -67,12 +67,16 @@ PLANTS = ("uncalibrated", "cold")
 
 
 # ---------------------------------------------------------------------- the check (pure)
+def half_width(row: Mapping[str, Any], key: str) -> float:
+    """A row's 95 % half-width of ``key`` (``key_ci``); 0 where there is none (one repetition)."""
+    half = row.get(key + "_ci")
+    return 0.0 if half is None or half != half else float(half)
+
+
 def inside(bank_row: Mapping[str, Any], key: str, value: float) -> bool:
     """Whether ``value`` lies in the bank row's 95 % interval ``key`` ± ``key_ci`` (ends included;
     with no interval, one repetition, only the bank's own value)."""
-    half = bank_row.get(key + "_ci")
-    half = 0.0 if half is None or half != half else float(half)
-    return abs(float(value) - float(bank_row[key])) <= half + 1e-12
+    return abs(float(value) - float(bank_row[key])) <= half_width(bank_row, key) + 1e-12
 
 
 def within_combined(bank_row: Mapping[str, Any], sim_row: Mapping[str, Any], key: str) -> bool:
@@ -80,11 +84,8 @@ def within_combined(bank_row: Mapping[str, Any], sim_row: Mapping[str, Any], key
     (a two-sample comparison: the bank's mean is itself a noisy estimate, so even a simulator equal to
     the bank in expectation lands outside the bank's own interval in a share of runs; :func:`inside`
     is the issue's rule and decides PASS, this one is printed beside it)."""
-    def half(row: Mapping[str, Any]) -> float:
-        h = row.get(key + "_ci")
-        return 0.0 if h is None or h != h else float(h)
-
-    return abs(float(sim_row[key]) - float(bank_row[key])) <= (half(bank_row) ** 2 + half(sim_row) ** 2) ** 0.5 + 1e-12
+    combined = (half_width(bank_row, key) ** 2 + half_width(sim_row, key) ** 2) ** 0.5
+    return abs(float(sim_row[key]) - float(bank_row[key])) <= combined + 1e-12
 
 
 def first_repetitions(results: Mapping[str, Any], n: int) -> dict[str, Any]:
