@@ -8,6 +8,8 @@ Rows (throughput in queries per second; latency per call, milliseconds):
 
 1. ``in-process, per call`` (the baseline of the goal): ``--clients`` threads share one
    ``DenseSearcher`` and call ``search([q], 3)``; each call is its own encode + FAISS search.
+   For BM25 the searcher object is the same, and each call is one round trip to its JVM host
+   process (``retrieval_index/jvm_host.py``: Lucene never runs in the caller's process).
 2. ``server (loopback HTTP)``: ``--clients`` asyncio clients (aiohttp, else httpx) POST ``/retrieve``
    to ``trace-gym index serve`` started in its own process on 127.0.0.1, as deployed;
    the server batches concurrent requests into one encode + search. Latency includes

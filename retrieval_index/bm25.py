@@ -323,3 +323,24 @@ def lucene_search(searcher: Any, queries: list[str], topk: int, threads: int) ->
 def _hit(scored: Any) -> tuple[str, str, float]:
     raw = json.loads(scored.lucene_document.get("raw"))
     return str(raw.get("id", scored.docid)), raw["contents"], float(scored.score)
+
+
+def host_requests() -> dict[str, Any]:
+    """What the JVM host answers (:func:`retrieval_index.jvm_host.serve`); its open searchers by handle."""
+    searchers: dict[int, Any] = {}
+    handles = iter(range(1, 1 << 62))
+
+    def open_index(index: str, k1: float, b: float) -> int:
+        handle = next(handles)
+        searchers[handle] = open_lucene(index, k1, b)
+        return handle
+
+    return {"jvm": start_jvm, "index": index_in_this_process, "open": open_index,
+            "search": lambda handle, queries, topk, threads: lucene_search(searchers[handle], queries, topk, threads),
+            "close": lambda handle: searchers.pop(handle).close()}
+
+
+if __name__ == "__main__":  # the JVM host process (retrieval_index.jvm_host.JVMHost starts it)
+    from retrieval_index.jvm_host import run_host
+
+    run_host(host_requests())

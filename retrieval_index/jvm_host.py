@@ -10,8 +10,9 @@ test suite's worker died so, SIGSEGV with no report, beside torch, vLLM and Ray 
 process. In a host of its own the JVM meets none of them, a crash there cannot take the
 trainer or the env down with it, and HotSpot's report is kept (``hs_err_path``).
 
-The host is ``python -m retrieval_index.jvm_host``; :class:`JVMHost` starts it. One host
-serves any number of searchers (each a handle) and index builds, one request at a time.
+The host is ``python -m retrieval_index.bm25`` (that module names the requests it answers;
+this one knows no Java); :class:`JVMHost` starts it. One host serves any number of searchers
+(each a handle) and index builds, one request at a time.
 
 Protocol: JSON lines. The client writes a request ``{"op": ..., ...}`` to the host's
 stdin; the host answers one line ``{"ok": value}`` or ``{"error": [type, message]}`` on a
@@ -31,8 +32,10 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
+#: The module the host runs (``python -m``): its ``__main__`` calls :func:`run_host` with its requests.
+HOST_MODULE = "retrieval_index.bm25"
 #: Exceptions the host may report that the client raises as themselves (others: RuntimeError).
 _RAISABLE: dict[str, type[Exception]] = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError,
                                          "RuntimeError": RuntimeError, "UnicodeEncodeError": ValueError}
@@ -59,7 +62,7 @@ class JVMHost:
         child_env = dict(os.environ, **(env or {}))
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH", "")) if p)
         self._lock = threading.Lock()
-        self.proc = subprocess.Popen([sys.executable, "-m", "retrieval_index.jvm_host"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", HOST_MODULE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=child_env, text=True, encoding="utf-8",
                                      errors="surrogateescape")
         self.owner = os.getpid()
@@ -142,41 +145,20 @@ def _close_shared() -> None:
 # ---------------------------------------------------------------- the host's side
 
 
-def serve(requests, reply: Callable[[str], None]) -> None:
-    """Answer each JSON line of ``requests`` (an iterable of lines) with one line to ``reply``."""
-    from retrieval_index import bm25
-
-    searchers: dict[int, Any] = {}
-    handles = iter(range(1, 1 << 62))
-    ops: dict[str, Callable[..., Any]] = {
-        "jvm": bm25.start_jvm,
-        "index": bm25.index_in_this_process,
-        "open": lambda index, k1, b: _open(searchers, next(handles), bm25.open_lucene(index, k1, b)),
-        "search": lambda handle, queries, topk, threads: bm25.lucene_search(searchers[handle], queries, topk,
-                                                                             threads),
-        "close": lambda handle: searchers.pop(handle).close(),
-        "count": lambda handle: int(searchers[handle].num_docs),
-    }
-    try:
-        for line in requests:
-            try:
-                request = json.loads(line)
-                op = ops[request.pop("op")]
-                answer = {"ok": op(**request)}
-            except Exception as exc:  # every failure goes back to the client, named; the host goes on
-                answer = {"error": [type(exc).__name__, str(exc)]}
-            reply(json.dumps(answer))
-    finally:
-        for searcher in searchers.values():
-            searcher.close()
+def serve(requests: Iterable[str], reply: Callable[[str], None], ops: Mapping[str, Callable[..., Any]]) -> None:
+    """Answer each JSON line of ``requests`` with one line to ``reply``: ``ops[op](**args)``'s value,
+    or the error it raised (named, and the host goes on)."""
+    for line in requests:
+        try:
+            request = json.loads(line)
+            answer = {"ok": ops[request.pop("op")](**request)}
+        except Exception as exc:  # every failure goes back to the client, named; the host goes on
+            answer = {"error": [type(exc).__name__, str(exc)]}
+        reply(json.dumps(answer))
 
 
-def _open(searchers: dict[int, Any], handle: int, searcher: Any) -> int:
-    searchers[handle] = searcher
-    return handle
-
-
-def main() -> None:
+def run_host(ops: Mapping[str, Callable[..., Any]]) -> None:
+    """The host's main: serve stdin on a private copy of stdout, with stdout itself pointed at stderr."""
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # Java's and pyserini's prints go to stderr, never into the channel
     sys.stdout = sys.stderr
@@ -185,8 +167,4 @@ def main() -> None:
         channel.write(text + "\n")
         channel.flush()
 
-    serve(sys.stdin, reply)
-
-
-if __name__ == "__main__":
-    main()
+    serve(sys.stdin, reply, ops)
