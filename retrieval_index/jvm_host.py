@@ -3,12 +3,14 @@
 Why a process of its own: a JVM embedded in a Python process shares that process's signal
 handlers and threads with everything else loaded there. HotSpot raises SIGSEGV on purpose
 (implicit null checks, safepoint polls) and expects its own handler to run; a handler that
-another library installs later (Ray's C++ core installs one: pyserini issue #1867, segfaults
-"during search with ray") turns those into crashes, and Python's ``faulthandler`` (which
-pytest enables) takes over a real JVM crash before HotSpot writes its error report. The
-test suite's worker died so, SIGSEGV with no report, beside torch, vLLM and Ray in the same
-process. In a host of its own the JVM meets none of them, a crash there cannot take the
-trainer or the env down with it, and HotSpot's report is kept (``hs_err_path``).
+another library installs later turns those into crashes (pyserini issue #1867: segfaults
+"during search with ray"), and a handler installed before the JVM (Python's
+``faulthandler``, which pytest enables) is chained behind HotSpot's and takes a real crash
+before HotSpot writes its error report. The test suite's worker died with SIGSEGV and no
+report in a BM25 test, in a process that also held torch, vLLM and Ray (three stops and CI,
+never in the file run alone; the cause inside the JVM was not pinned down). In a host of
+its own the JVM meets none of them, a crash there cannot take the trainer or the env down
+with it, and HotSpot's report is kept (:func:`hs_err_path`).
 
 The host is ``python -m retrieval_index.bm25`` (that module names the requests it answers;
 this one knows no Java); :class:`JVMHost` starts it. One host serves any number of searchers
@@ -51,15 +53,11 @@ class HostDied(RuntimeError):
 
 
 class JVMHost:
-    """A running host process and the channel to it (thread-safe: one request at a time).
+    """A running host process and the channel to it (thread-safe: one request at a time)."""
 
-    Args:
-        env: extra environment variables for the host.
-    """
-
-    def __init__(self, env: dict[str, str] | None = None):
+    def __init__(self):
         root = str(Path(__file__).resolve().parent.parent)  # the folder that holds retrieval_index
-        child_env = dict(os.environ, **(env or {}))
+        child_env = dict(os.environ)
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH", "")) if p)
         self._lock = threading.Lock()
         self.proc = subprocess.Popen([sys.executable, "-m", HOST_MODULE], stdin=subprocess.PIPE,
@@ -85,7 +83,7 @@ class JVMHost:
                 answer = self.proc.stdout.readline()
             except (BrokenPipeError, OSError, ValueError):
                 answer = ""
-            if not answer:
+            if not answer.endswith("\n"):  # EOF, or a line cut off as the host died
                 raise HostDied(self.how_it_ended())
         reply = json.loads(answer)
         if "error" in reply:
