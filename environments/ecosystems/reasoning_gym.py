@@ -59,8 +59,8 @@ query instead), composite datasets' weighting across runs, and GEM's ``rg:<name>
 ## Scoring is sandboxed
 Several scorers evaluate the answer text as code (``eval``, sympy's ``parse_expr``), and
 some run for tens of seconds on hostile numbers. Every score therefore runs in a forked
-child of a sandboxed kernel of the math env, is killed after ``score_timeout_s``
-(default 5 s; the answer then scores 0 with ``info["env_error"]``), and, for a dataset
+child of a sandboxed kernel of the math env, is killed after ``score_timeout_s`` of CPU time
+(default 5 s, not wall clock; the answer then scores 0 with ``info["env_error"]``), and, for a dataset
 whose scorer evaluates text, an answer outside its dataset's allow-list grammar
 (:mod:`environments.ecosystems.answer_grammar`) or holding code-reaching names scores 0
 unscored, with ``info["env_error"]`` naming the rule

@@ -10,8 +10,12 @@ process. Each score runs in a forked child of a sandboxed kernel
 a read-only root without the project, a memory cgroup, a seccomp filter, rlimits), and:
 
 * **host safety**: whatever the answer runs, it runs there, with no network, no project
-  files, bounded memory and processes; a child past ``timeout_s`` is SIGKILLed and the
-  answer scores 0 (``info["env_error"]`` says why); a kernel that dies is replaced.
+  files, bounded memory and processes; a child past ``timeout_s`` seconds of *CPU time*
+  (``RLIMIT_CPU``, rounded up to whole seconds) is killed and the answer scores 0
+  (``info["env_error"]`` says why); a kernel that dies is replaced. CPU time, not wall
+  clock, so that a score does not depend on how busy the machine is (a wall-clock limit
+  made the same answer's outcome a function of the load); a child that waits without
+  using CPU is killed after 3 ``timeout_s`` + 5 s of wall clock.
 * **no state between scores**: the child is forked per score and exits, so an answer
   cannot patch the scorer for later answers; its stdout/stderr go to ``/dev/null`` and
   the score comes back on a pipe the kernel reads, so printed text cannot pose as one;
@@ -40,7 +44,7 @@ import re
 import threading
 from typing import Any
 
-#: seconds one score may take before its child is killed (answer scores 0)
+#: CPU seconds one score may take before its child is killed (answer scores 0)
 DEFAULT_TIMEOUT_S = 5.0
 #: what in a dataset module's source means its scorer may evaluate answer text
 EVALUATES = re.compile(r"\beval\(|\bexec\(|\bsympify\b|\bparse_expr\b")
@@ -53,7 +57,8 @@ CODE_NAMES = re.compile(
 
 #: the kernel side: defines ``_trace_gym_score`` (``from_json`` comes from :mod:`.entry_json`, :func:`_setup_cell`); a score forks a child per call
 _SETUP = r'''
-import ctypes as _ctypes, json as _json, os as _os, select as _select, signal as _signal, time as _time
+import ctypes as _ctypes, json as _json, math as _math, os as _os, resource as _resource, select as _select
+import signal as _signal, time as _time
 _os.environ["MPLCONFIGDIR"] = _os.getcwd()
 _ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the scoring child cannot ptrace this process
 import reasoning_gym as _rg
@@ -69,6 +74,8 @@ def _trace_gym_score(request):
     pid = _os.fork()
     if pid == 0:  # the child: scores once, reports on the pipe, exits
         try:
+            cpu = max(1, _math.ceil(timeout))  # CPU seconds: what the machine's load cannot change
+            _resource.setrlimit(_resource.RLIMIT_CPU, (cpu, cpu))
             _os.close(read)
             null = _os.open(_os.devnull, _os.O_WRONLY)
             _os.dup2(null, 1)
@@ -82,12 +89,13 @@ def _trace_gym_score(request):
         finally:
             _os._exit(0)
     _os.close(write)
-    deadline, chunks = _time.monotonic() + timeout, []
+    deadline, chunks = _time.monotonic() + 3 * timeout + 5, []  # wall clock: only for a child that waits
     while True:
         left = deadline - _time.monotonic()
         if left <= 0 or not _select.select([read], [], [], left)[0]:
             _os.kill(pid, _signal.SIGKILL)
-            result = {"error": "the scorer ran past %g s" % timeout}
+            result = {"error": "the scorer ran past %g s of wall clock without finishing" % (3 * timeout + 5)}
+            chunks = None  # killed here, not by its CPU limit
             break
         chunk = _os.read(read, 65536)
         if not chunk:
@@ -98,7 +106,9 @@ def _trace_gym_score(request):
             break
         chunks.append(chunk)
     _os.close(read)
-    _os.waitpid(pid, 0)
+    _, status = _os.waitpid(pid, 0)
+    if chunks == [] and _os.WIFSIGNALED(status) and _os.WTERMSIG(status) in (_signal.SIGXCPU, _signal.SIGKILL):
+        result = {"error": "the scorer ran past %g s of CPU time" % timeout}
     print(_json.dumps(result))
 '''
 
@@ -128,7 +138,7 @@ class SandboxedScorer:
     per process, shared by every env (a lock serialises the kernel; a score takes ms).
 
     Args:
-        timeout_s: seconds one score may take.
+        timeout_s: CPU seconds one score may take (a waiting child: 3x that + 5 s of wall clock).
     """
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
