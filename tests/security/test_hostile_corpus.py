@@ -18,7 +18,9 @@ from trace_gym.types import Task
 CASES = all_cases()
 MATH = [c for c in CASES if c.env == "math"]
 BFCL = [c for c in CASES if c.env != "math"]
-LIMITS = KernelLimits(cell_timeout_s=1.5, memory_mb=512, max_processes=24, output_bytes=4096)
+#: 3 s of wall clock a cell: at 1.5 s a follow-up print(6 * 7) among 4 concurrent episodes timed out in a
+#: clean-clone run beside a bank recording (the test takes as long either way: 30 s here)
+LIMITS = KernelLimits(cell_timeout_s=3.0, memory_mb=512, max_processes=24, output_bytes=4096)
 TASK = Task(id="corpus", prompt="What is 2 + 3?", answer="5")
 #: attacks whose background thread ends the interpreter 50 ms after their cell: on a loaded
 #: machine the death can land in the next cell instead
