@@ -14,6 +14,7 @@ the bank sizes it needed. With ``--sim`` the calibrated simulator (``calibrate_f
 the same two shapes and the table says whether its verdict words are the bank's::
 
     python benchmarks/budget_shape.py                                  # the shape bank, (16, 2) vs (8, 6)
+                                                                       # (its size: DEFAULT_OVERRIDES)
     python benchmarks/budget_shape.py --sim                            # and the calibrated simulator
     python benchmarks/budget_shape.py math_python_smollm2_deep         # a bank too small: NO VERDICT
     python benchmarks/budget_shape.py --from runs/budget_shape/BANK    # re-read the JSON, run nothing
@@ -40,6 +41,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 DEFAULT_BANK = "math_python_smollm2_shape"
+#: The shape bank's bench size when none is given: its 69 prompts hold a 15-prompt warm-up slice and
+#: 3 steps of 18 candidates without drawing a prompt twice (the bench's defaults, 64 + 3 x 64, do not fit).
+DEFAULT_OVERRIDES = ("warmup_prompts=15", "candidates=18", "steps=3")
 SHAPES = ((16, 2.0), (8, 6.0))
 STRATEGIES = ("random_tree", "trace")
 METRIC_KEYS = ("effective_ratio", "mixed_prompts")
@@ -163,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bank", nargs="?", default=DEFAULT_BANK, help=f"a shipped bank or a bank file ({DEFAULT_BANK})")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of both bank benches (e.g. candidates=16)")
-    ap.add_argument("--seeds", type=int, default=10, help="repetitions of each bench (paired across the shapes)")
+    ap.add_argument("--seeds", type=int, default=30, help="repetitions of each bench (paired across the shapes)")
     ap.add_argument("--sim", action="store_true", help="also the calibrated simulator at both shapes")
     ap.add_argument("--out", type=Path, default=None, help="where the JSON goes (default runs/budget_shape/<bank>)")
     ap.add_argument("--from", dest="read_from", type=Path, default=None, help="read the JSON from DIR, run nothing")
     ap.add_argument("--keep-bank", action="store_true", help="read bank benches already in --out instead of rerunning")
     args = ap.parse_args(argv)
+    if args.bank == DEFAULT_BANK and not args.overrides:
+        args.overrides = list(DEFAULT_OVERRIDES)
     if args.seeds < 2:
         print(f"--seeds must be >= 2 (a paired interval needs two repetitions), got {args.seeds}", file=sys.stderr)
         return 2
