@@ -59,9 +59,11 @@ from typing import Any, Mapping, Sequence
 
 #: Every shipped bank and the overrides that make its bench run: the guessing bank's 4-turn
 #: roots ask up to 8 continuations at one prefix at N = 2 and it recorded K = 4 (docs/benchmarking.md);
-#: the QA bank's 96 measured prompts hold 3 steps of 32 candidates (64 draws prompts again: NO VERDICT).
+#: the QA bank's 96 measured prompts hold 3 steps of 32 candidates (64 draws prompts again: NO VERDICT);
+#: the shape bank's 69 prompts hold a 15-prompt warm-up slice and 3 steps of 18 (benchmarks/budget_shape.py).
 BANKS: dict[str, tuple[str, ...]] = {"math_python_smollm2": (), "guess_number_smollm2": ("continuations_per_root=1",),
-                                    "wiki_qa_smollm2": ("candidates=32",), "math_python_smollm2_deep": ()}
+                                    "wiki_qa_smollm2": ("candidates=32",), "math_python_smollm2_deep": (),
+                                    "math_python_smollm2_shape": ("warmup_prompts=15", "candidates=18", "steps=3")}
 STRATEGIES = ("uniform", "pcl", "random_tree", "trace")
 METRICS = (("effective_ratio", "effective ratio"), ("mixed_prompts", "mixed prompts/step"))
 #: The bench's shape keys the simulator copies from the bank bench's resolved config.
@@ -228,7 +230,9 @@ def run(args: list[str]) -> float:
 def sim_args(bank: str, config: Mapping[str, Any], seeds: int, plant: str | None) -> list[str]:
     """The simulator's command at the bank bench's resolved shape (``config``)."""
     shape = [f"{k}={config[k]}" for k in SHAPE]
-    calibration = {None: [f"calibrate_from={bank}"], "cold": [f"calibrate_from={bank}", "warmup_prompts=0"],
+    # a bank bench sized below the calibrated default warm-up (the shape bank): the simulator warms as much
+    warm = [a for a in BANKS.get(bank, ()) if a.startswith("warmup_prompts=")]
+    calibration = {None: [f"calibrate_from={bank}", *warm], "cold": [f"calibrate_from={bank}", "warmup_prompts=0"],
                    "uncalibrated": []}[plant]
     return ["bench", "--sim", *calibration, f"seeds={seeds}", *shape, "strategies=" + ",".join(STRATEGIES)]
 
