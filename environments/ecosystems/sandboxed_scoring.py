@@ -75,7 +75,7 @@ def _trace_gym_score(request):
     if pid == 0:  # the child: scores once, reports on the pipe, exits
         try:
             cpu = max(1, _math.ceil(timeout))  # CPU seconds: what the machine's load cannot change
-            _resource.setrlimit(_resource.RLIMIT_CPU, (cpu, cpu))
+            _resource.setrlimit(_resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at cpu s, SIGKILL 1 s later
             _os.close(read)
             null = _os.open(_os.devnull, _os.O_WRONLY)
             _os.dup2(null, 1)
@@ -107,8 +107,9 @@ def _trace_gym_score(request):
         chunks.append(chunk)
     _os.close(read)
     _, status = _os.waitpid(pid, 0)
-    if chunks == [] and _os.WIFSIGNALED(status) and _os.WTERMSIG(status) in (_signal.SIGXCPU, _signal.SIGKILL):
-        result = {"error": "the scorer ran past %g s of CPU time" % timeout}
+    if chunks == [] and _os.WIFSIGNALED(status):  # died before it wrote: its CPU limit, or another signal
+        result = {"error": "the scorer ran past %g s of CPU time" % timeout if _os.WTERMSIG(status) == _signal.SIGXCPU
+                  else "the scorer process was killed by signal %d" % _os.WTERMSIG(status)}
     print(_json.dumps(result))
 '''
 
