@@ -156,11 +156,11 @@ def bank_args(bank: str, shape: tuple[int, float], seeds: int, overrides: Sequen
 
 
 def sim_args(bank: str, shape: tuple[int, float], seeds: int, config: Mapping[str, Any]) -> list[str]:
+    from trace_gym.bench.config import sim_shape_overrides
+
     m, n = shape
     return ["bench", "--sim", f"calibrate_from={bank}", f"root_budget={m}", f"continuations_per_root={n:g}",
-            f"seeds={seeds}", *[f"{k}={config[k]}" for k in COPIED],
-            *([f"warmup_prompts={config['warmup_prompts']}"] if config.get("warmup_prompts") is not None else []),
-            "strategies=" + ",".join(STRATEGIES)]
+            f"seeds={seeds}", *sim_shape_overrides(config, COPIED), "strategies=" + ",".join(STRATEGIES)]
 
 
 def main(argv: list[str] | None = None) -> int:

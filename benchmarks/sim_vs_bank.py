@@ -66,8 +66,6 @@ BANKS: dict[str, tuple[str, ...]] = {"math_python_smollm2": (), "guess_number_sm
                                     "math_python_smollm2_shape": ("warmup_prompts=15", "candidates=18", "steps=3")}
 STRATEGIES = ("uniform", "pcl", "random_tree", "trace")
 METRICS = (("effective_ratio", "effective ratio"), ("mixed_prompts", "mixed prompts/step"))
-#: The bench's shape keys the simulator copies from the bank bench's resolved config.
-SHAPE = ("candidates", "root_budget", "group_size", "continuations_per_root", "steps", "warmup_steps")
 WORDS = {1: "shown above", -1: "shown below", 0: "not shown"}
 PLANTS = ("uncalibrated", "cold")
 
@@ -79,10 +77,14 @@ def half_width(row: Mapping[str, Any], key: str) -> float:
     return 0.0 if half is None or half != half else float(half)
 
 
+def _within(bank_row: Mapping[str, Any], key: str, value: float, half: float) -> bool:
+    return abs(float(value) - float(bank_row[key])) <= half + 1e-12
+
+
 def inside(bank_row: Mapping[str, Any], key: str, value: float) -> bool:
     """Whether ``value`` lies in the bank row's 95 % interval ``key`` ± ``key_ci`` (ends included;
     with no interval, one repetition, only the bank's own value)."""
-    return abs(float(value) - float(bank_row[key])) <= half_width(bank_row, key) + 1e-12
+    return _within(bank_row, key, value, half_width(bank_row, key))
 
 
 #: The check's level for all of a bank's rows together: each row's interval is the bank's at
@@ -107,7 +109,7 @@ def familywise_half(bank_row: Mapping[str, Any], key: str, rows: int) -> float:
 
 def inside_familywise(bank_row: Mapping[str, Any], key: str, value: float, rows: int) -> bool:
     """Whether ``value`` lies in the bank row's interval at the family-wise level (:func:`familywise_half`)."""
-    return abs(float(value) - float(bank_row[key])) <= familywise_half(bank_row, key, rows) + 1e-12
+    return _within(bank_row, key, value, familywise_half(bank_row, key, rows))
 
 
 def within_combined(bank_row: Mapping[str, Any], sim_row: Mapping[str, Any], key: str) -> bool:
@@ -229,10 +231,12 @@ def run(args: list[str]) -> float:
 
 def sim_args(bank: str, config: Mapping[str, Any], seeds: int, plant: str | None) -> list[str]:
     """The simulator's command at the bank bench's resolved shape (``config``)."""
-    shape = [f"{k}={config[k]}" for k in SHAPE]
-    # a bank bench sized below the calibrated default warm-up (the shape bank): the simulator warms as much
-    warm = [a for a in BANKS.get(bank, ()) if a.startswith("warmup_prompts=")]
-    calibration = {None: [f"calibrate_from={bank}", *warm], "cold": [f"calibrate_from={bank}", "warmup_prompts=0"],
+    from trace_gym.bench.config import sim_shape_overrides
+
+    shape = sim_shape_overrides(config)
+    if plant is not None:  # the plants' own warm-up: cold (0), or the uncalibrated simulator's default
+        shape = [a for a in shape if not a.startswith("warmup_prompts=")]
+    calibration = {None: [f"calibrate_from={bank}"], "cold": [f"calibrate_from={bank}", "warmup_prompts=0"],
                    "uncalibrated": []}[plant]
     return ["bench", "--sim", *calibration, f"seeds={seeds}", *shape, "strategies=" + ",".join(STRATEGIES)]
 

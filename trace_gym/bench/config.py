@@ -227,3 +227,15 @@ class BankBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget
         check_sections(self)
         _check_measured_steps(self)
         _check_unit(self)
+
+
+#: The bench keys a calibrated simulator copies from a bank bench's resolved config to run that bench's shape.
+BANK_SHAPE_KEYS = ("candidates", "root_budget", "group_size", "continuations_per_root", "steps", "warmup_steps")
+
+
+def sim_shape_overrides(bank_config: dict[str, Any], keys: tuple[str, ...] = BANK_SHAPE_KEYS) -> list[str]:
+    """``key=value`` overrides that make ``bench --sim calibrate_from=BANK`` run the shape of the bank
+    bench whose resolved config is ``bank_config``: its ``keys``, and its warm-up slice where that bench
+    set one (unset, the calibration's warm-up is already the bank bench's default)."""
+    warm = bank_config.get("warmup_prompts")
+    return [f"{k}={bank_config[k]}" for k in keys] + ([f"warmup_prompts={warm}"] if warm is not None else [])
