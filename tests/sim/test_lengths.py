@@ -128,11 +128,12 @@ def test_the_default_world_is_mains_to_the_digit():
     pool = sim.make_pool(world, 300, rng)
     step = run_step(list(range(64)), STRATEGIES["trace"], OraclePredictor(), sim.SimBranchRunner(pool, world, rng),
                     96, rng, learn=False)
-    nodes = [(n.snapshot.turn, n.snapshot.value, n.snapshot.signal, n.snapshot.context_tokens, n.reward)
-             for t in step.trees for n in t.nodes]
+    # values to 9 decimals: the last bits of scipy's beta quantiles move between releases (scipy 1.17.1 moved them)
+    nodes = [(n.snapshot.turn, round(n.snapshot.value, 9), round(n.snapshot.signal, 9), n.snapshot.context_tokens,
+              n.reward) for t in step.trees for n in t.nodes]
     led = step.ledger
     assert (len(nodes), led.generated_tokens, led.prefill_tokens, led.env_steps) == (546, 106576, 95336, 534)
-    assert hashlib.sha256(json.dumps(nodes).encode()).hexdigest()[:16] == "525b80e8446de4a4"
+    assert hashlib.sha256(json.dumps(nodes).encode()).hexdigest()[:16] == "7900ec84f912db0a"
     assert world.length_model() is None and all(n.snapshot.latent is None for t in step.trees for n in t.nodes)
 
 
