@@ -31,16 +31,16 @@ $(STAMP): pyproject.toml Makefile
 # The main job, headline first: every strategy replayed on the shipped rollout bank of real
 # SmolLM2-135M math outcomes (the verdict on strategies, with its paired intervals, per-step curve
 # and the predictor's quality; about a minute), the simulator calibrated to that bank at the same
-# shape (its fit cached by the bank's checksum), then SmolLM2-135M trained on CPU with TRACE and
-# with uniform GRPO at the same nominal budget (3 steps of 16 trajectory-equivalents each, on
-# generated math tasks with the sandboxed Python tool), evaluated before and after on held-out
-# tasks, and compared (tables + plots in runs/demo/compare). Within 10 minutes idle on a 2-core
-# box (benchmarks/bench_demo.py times each phase). `make demo-full` adds the guessing-game bank,
-# the default simulator, the math bank's budget curve and the zoo (every published method's arm
-# ranked on the deep math bank; docs/strategies.md).
+# shape with 30 repetitions (its fit, about a minute, cached by the bank's checksum and the shape),
+# then SmolLM2-135M trained on CPU with TRACE and with uniform GRPO at the same nominal budget (3
+# steps of 16 trajectory-equivalents each, on generated math tasks with the sandboxed Python tool),
+# evaluated before and after on held-out tasks, and compared (tables + plots in runs/demo/compare).
+# Within 10 minutes idle on a 2-core box (benchmarks/bench_demo.py times each phase).
+# `make demo-full` adds the guessing-game bank, the default simulator, the math bank's budget curve and the zoo
+# (every published method's arm ranked on the deep math bank; docs/strategies.md).
 demo: install
 	$(BIN)/trace-gym bench --bank math_python_smollm2 --json runs/demo/bank_math_python.json
-	$(BIN)/trace-gym bench --sim calibrate_from=math_python_smollm2 candidates=64 root_budget=16 group_size=4 --json runs/demo/sim_calibrated.json
+	$(BIN)/trace-gym bench --sim calibrate_from=math_python_smollm2 seeds=30 candidates=64 root_budget=16 group_size=4 steps=3 warmup_steps=0 --json runs/demo/sim_calibrated.json
 	$(BIN)/trace-gym train --config configs/train_cpu_trace.yaml
 	$(BIN)/trace-gym train --config configs/train_cpu_uniform.yaml
 	$(BIN)/trace-gym compare runs/demo/trace runs/demo/uniform --out runs/demo/compare

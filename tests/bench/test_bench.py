@@ -474,8 +474,8 @@ def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
     rng = np.random.default_rng(0)
     successes = rng.binomial(8, rng.beta(0.5, 1.5, size=64))
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", successes, roots=8, continuations=4, turns=3)
-    cfg = SimBenchConfig(**{**SMALL, "seeds": 1, "steps": 2, "calibrate_from": str(path)},
-                         strategies=("uniform", "trace"))
+    cfg = SimBenchConfig(**{**SMALL, "seeds": 1, "steps": 2, "candidates": 24, "root_budget": 16,
+                            "calibrate_from": str(path)}, strategies=("uniform", "trace"))
     res = run_sim_bench(cfg, strategies_for(cfg))
     values = res["calibration"]["values"]
     assert values["mean_success"] == pytest.approx(successes.mean() / 8, abs=1e-9)
@@ -491,7 +491,8 @@ def test_calibration_keeps_the_knobs_you_set(tmp_path):
     from trace_gym.bench.sim import calibrated
 
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8, roots=8, continuations=4, turns=3)
-    cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path), mean_success=0.3))
+    cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path), mean_success=0.3, candidates=16, root_budget=8,
+                                          pool_size=400, steps=2, warmup_steps=0))
     assert cfg.mean_success == 0.3 and info["kept"] == {"mean_success": 0.3} and "mean_success" not in info["values"]
     assert cfg.max_turns == 3 and info["values"]["max_turns"] == 3
 

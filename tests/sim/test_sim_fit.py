@@ -11,7 +11,8 @@ import pytest
 
 from trace_gym.predictor.quality import drawn_group_mixed, selection_precision
 from trace_gym.sim.simulator import SimState, SimWorld, TaskPool
-from trace_gym.bench.sim_fit import RecordedShape, StartSample, closest, fit_predictor, shift_for_level, start_samples
+from trace_gym.bench.sim_fit import (RecordedShape, StartSample, closest, fit_predictor, shift_for_level, start_samples,
+                                     steady_samples)
 from trace_gym.sim.predictors import LearnedPredictor
 
 
@@ -148,7 +149,8 @@ def test_the_fit_recovers_the_knobs_of_a_simulated_target():
         RecordedShape(4, 2, 1)
     kw = dict(warmup_prompts=32, scored=256, seeds=2, prefix_share=0.06)
     target = mean_quality(start_samples(world, shape, spearmans=[0.9], **kw)[0.9], 0.3, selection=(64, 8))
-    fit = fit_predictor(world, shape, target, selection=(64, 8), grid=(0.3, 0.9), tolerance=0.0, **kw)
+    fit = fit_predictor(steady_samples(world, shape, **kw), target, selection=(64, 8), grid=(0.3, 0.9),
+                        tolerance=0.0)
     assert fit["feature_spearman"] == 0.9 and fit["predictor_level_shift"] == pytest.approx(0.3, abs=1e-6)
     assert fit["reached"]["selection_precision"] == pytest.approx(target["selection_precision"])
 
@@ -211,8 +213,82 @@ def test_calibrate_from_sets_each_episodes_length_by_its_outcome(tmp_path):
     path = write_bank_with_lengths(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8)
     assert lengths_by_outcome(open_bank(str(path)), 1, 3) == {"turn_shares": (1.0, 0.0, 0.0),
                                                               "success_turn_shares": (0.0, 0.0, 1.0)}
-    cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path)))
+    small = dict(candidates=32, root_budget=8, pool_size=400, steps=2, warmup_steps=0)  # the fit runs this shape
+    cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path), **small))
     assert (cfg.min_turns, cfg.max_turns, cfg.turn_shares, cfg.success_turn_shares) == (1, 3, (1, 0, 0), (0, 0, 1))
     assert info["fitted"]["r_without_lengths"] is not None and info["values"]["step_concentration"] > 0
-    mine, info = calibrated(SimBenchConfig(calibrate_from=str(path), max_turns=4))
+    # fitted at the simulated bench's own shape (its 256 candidates: more than the bank's 24 past its warm-up)
+    assert "32 candidates to the 24 prompts past its 8-prompt warm-up (M 8 to 6)" in info["spearman_note"]
+    mine, info = calibrated(SimBenchConfig(calibrate_from=str(path), max_turns=4, **small))
     assert (mine.min_turns, mine.max_turns, mine.turn_shares) == (1, 4, ()) and info["kept"] == {"max_turns": 4}
+
+
+def test_the_fit_runs_the_bank_bench_at_the_simulated_bench_shape():
+    """The calibration reads the bank bench at the simulated bench's own shape (issue 45): its warm-up
+    slice, candidates, M and steps; cut to what the bank holds, with one note saying how."""
+    from trace_gym.bench.sim import FitShape
+
+    def sizes(cfg):
+        return cfg.warmup_prompts, cfg.candidates, cfg.root_budget, cfg.steps, cfg.warmup_steps, cfg.seeds
+
+    cfg, note = FitShape().bank_bench("b", 256, 4, seeds=10)  # the bank bench's defaults on 256 prompts
+    assert sizes(cfg) == (64, 64, 16, 3, 0, 10) and note is None and not cfg.oracle_upper_bound
+    cfg, note = FitShape(15, 18, 16, 2, 3, 0).bank_bench("b", 69, 4, seeds=10)  # the shape bank's bench
+    assert sizes(cfg) == (15, 18, 16, 3, 0, 10) and note is None
+    # 5 steps of 64 from 192 prompts: one pass is 3 (a prompt seen again would draw the roots left)
+    cfg, note = FitShape(None, 64, 16, 2, 5, 1).bank_bench("b", 256, 4, seeds=10)
+    assert sizes(cfg)[3:5] == (3, 1) and note == "the bank bench cut to the bank: 5 steps to 3 (1 not measured)"
+    # more candidates than the 98 prompts past the warm-up: all of them, M cut by the same share
+    cfg, note = FitShape(None, 256, 256, 2, 5, 1).bank_bench("b", 130, 4, seeds=10)
+    assert sizes(cfg)[:5] == (32, 98, 98, 1, 0)
+    assert "256 candidates to the 98 prompts past its 32-prompt warm-up (M 256 to 98); 5 steps to 1" in note
+    with pytest.raises(ValueError, match="warmup_prompts=69 leaves none of the bank's 69 prompts"):
+        FitShape(warmup_prompts=69).bank_bench("b", 69, 4, seeds=10)
+
+
+def test_the_uniform_arm_reads_its_predictor_on_the_same_candidates_whatever_it_predicts():
+    """In-bench samples (trace_gym.bench.in_bench): one per repetition and measured step, the step's
+    candidates with their truth; two simulated benches that differ only in the feature's information
+    meet the same candidates and outcomes (the uniform arm does not read its predictor), and their
+    predictions differ."""
+    import dataclasses
+
+    from trace_gym.bench.config import SimBenchConfig
+    from trace_gym.bench.in_bench import arm_samples
+    from trace_gym.bench.sim import SimSource
+    from trace_gym.predictor.quality import mixed_probability
+    from trace_gym.strategies import shaped_strategies
+
+    uniform = shaped_strategies(["uniform"], group_size=4, continuations_per_root=2)["uniform"]
+    cfg = SimBenchConfig(seeds=2, steps=3, warmup_steps=1, pool_size=400, candidates=20, root_budget=16, group_size=4,
+                         warmup_prompts=16, oracle_upper_bound=False)
+    weak, sharp = (arm_samples(SimSource(dataclasses.replace(cfg, feature_spearman=s)), uniform) for s in (0.2, 0.95))
+    assert len(weak) == len(sharp) == 2 * 2  # repetitions x measured steps
+    for a, b in zip(weak, sharp):
+        assert a.rates.shape == (20,) and np.array_equal(a.rates, b.rates)
+        assert np.allclose(a.mixed, mixed_probability(a.rates, 4))
+        assert not np.allclose(a.logits, b.logits)
+    assert np.mean([b.quality(0.0)["prompt_spearman"] for b in sharp]) > \
+        np.mean([a.quality(0.0)["prompt_spearman"] for a in weak]) + 0.3
+
+
+def test_on_a_bank_the_truth_is_a_group_drawn_from_the_recorded_roots(tmp_path):
+    """On a bank each candidate's mixed truth is P(a group of G drawn from its recorded roots without
+    replacement is mixed): 1 - C(s, 4) / C(8, 4) - C(8 - s, 4) / C(8, 4) for s of 8 successes."""
+    from math import comb
+
+    from trace_gym.bench.bank import BankSource
+    from trace_gym.bench.config import BankBenchConfig
+    from trace_gym.bench.in_bench import arm_samples
+    from trace_gym.strategies import shaped_strategies
+
+    wins = [0, 1, 2, 4, 6, 7, 8, 3] * 4
+    path = write_bank_with_lengths(tmp_path / "b.jsonl.gz", wins)
+    uniform = shaped_strategies(["uniform"], group_size=4, continuations_per_root=2)["uniform"]
+    cfg = BankBenchConfig(bank=str(path), seeds=1, steps=2, warmup_prompts=8, candidates=12, root_budget=8,
+                          group_size=4, predictor="constant", oracle_upper_bound=False)
+    samples = arm_samples(BankSource(cfg), uniform)
+    assert len(samples) == 2
+    for sample in samples:
+        s = np.rint(sample.rates * 8).astype(int)
+        assert sample.mixed.tolist() == pytest.approx([1 - (comb(k, 4) + comb(8 - k, 4)) / comb(8, 4) for k in s])

@@ -155,12 +155,12 @@ def step_record(out: Any, measured: bool, mixed_rule: MixedRule = THRESHOLD) -> 
                                     if k in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens")}
     truth = out.extras.get("truth")
     if truth is not None:
-        row |= predictor_quality(_truth_values(out), truth[0], truth[1])
+        row |= predictor_quality(truth_values(out), truth[0], truth[1])
     row["value_spread"] = float(np.ptp(out.values)) if len(out.values) else 0.0
     return row
 
 
-def _truth_values(out: Any) -> np.ndarray:
+def truth_values(out: Any) -> np.ndarray:
     """The predicted values the truth covers: every candidate's, or with a third element
     (candidate indices) in ``extras["truth"]``, those candidates' only."""
     truth = out.extras["truth"]
@@ -174,7 +174,7 @@ def pooled_quality(steps: Sequence[Any]) -> dict[str, float]:
     have = [s for s in steps if s.extras.get("truth") is not None]
     if not have:
         return {}
-    values = np.concatenate([_truth_values(s) for s in have])
+    values = np.concatenate([truth_values(s) for s in have])
     rates = np.concatenate([np.asarray(s.extras["truth"][0], dtype=float) for s in have])
     mixed = np.concatenate([np.asarray(s.extras["truth"][1], dtype=float) for s in have])
     return predictor_quality(values, rates, mixed)

@@ -1,0 +1,65 @@
+"""A learned predictor read where it is used: step by step, inside a bench (issue 45, item 4).
+
+What a value-reading selector (PCL, TRACE's root stage) meets is the predictor *in the bench*:
+warmed on the held-out slice, then learning from each step's rollouts. :func:`arm_samples` runs one
+arm of a bench source (bank or simulator alike) and keeps, per measured step, its predictor's prompt
+predictions on the step's candidates (made before it trained on them) with their truth. Read on the
+uniform arm, whose rollouts do not depend on the predictor, two runs that differ only in the
+predictor meet the same candidates and outcomes (common random numbers), and an offset added to the
+predictions afterwards is what the run would have predicted with it.
+
+The calibrated simulator reports this reading beside its fit (``in_bench`` of
+:func:`trace_gym.bench.sim.bank_fit`). It is not what the fit matches: fitted to the bank's uniform
+arm in the bench, the simulator put PCL above the math bank (0.695 against 0.642 +- 0.048), because
+the bank's embedding predictor, trained on the prompts PCL picks, picks worse than the uniform arm's,
+and the simulated one does not (docs/benchmarking.md).
+
+The truth is each candidate's success rate and the probability that a group of G is mixed: fresh
+draws in the simulator (:func:`~trace_gym.predictor.quality.mixed_probability`), on a bank a
+group drawn without replacement from its recorded roots, as the bank bench draws one
+(:func:`~trace_gym.predictor.quality.drawn_group_mixed`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trace_gym.bench.sim_fit import StartSample
+
+
+def arm_samples(source: Any, strategy: Any, *, arm: str = "uniform") -> list[StartSample]:
+    """Per repetition and measured step of ``source`` (a :class:`~trace_gym.bench.loop.BenchSource`),
+    ``strategy`` run as the arm ``arm``: its predictor's prompt logits on the step's candidates and
+    their truth (:class:`~trace_gym.bench.sim_fit.StartSample`; the logit of each value, clipped to
+    [1e-9, 1 - 1e-9]). Shapes per sample: (candidates,)."""
+    from trace_gym.bench.loop import truth_values
+    from trace_gym.predictor.quality import drawn_group_mixed
+    from trace_gym.step.strategy_boundary import StrategyPlay
+
+    group_size = int(source.config.group_size)
+    target = source.arms({arm: strategy})[arm]
+    out: list[StartSample] = []
+    for r in range(source.repetitions):
+        rep = source.repetition(r)
+        predictor, rng = rep.predictor(target), rep.rng(target)
+        play = StrategyPlay.start(arm, target.strategy)
+        for step in range(source.steps):
+            counted = step >= source.warmup_steps
+            play.step = step
+            result = rep.step(target, rep.candidates(step), predictor, source.nominal_budget, rng, measured=counted,
+                              play=play)
+            if not counted:
+                continue
+            truth = result.extras["truth"]
+            records = result.extras.get("records")
+            if records is not None:  # a bank: a group drawn from the recorded roots
+                wins = np.array([sum(r.outcomes()) for r in records], dtype=int)
+                trials = np.array([len(r.outcomes()) for r in records], dtype=int)
+                mixed = drawn_group_mixed(wins, trials, group_size)
+            else:
+                mixed = np.asarray(truth[1], dtype=float)
+            values = np.clip(np.asarray(truth_values(result), dtype=float), 1e-9, 1 - 1e-9)
+            out.append(StartSample(np.log(values) - np.log1p(-values), np.asarray(truth[0], dtype=float), mixed))
+    return out
