@@ -483,6 +483,10 @@ def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
     assert res["config"]["mean_success"] == values["mean_success"] and res["config"]["max_turns"] == 3
     assert 0 < values["target_mixed"] < 1 and values["step_concentration"] > 0
     assert "Calibrated from the bank" in format_bench(res)
+    # uniform ran, so both predictors were also read in the bench, on its arm (beside the fit)
+    steps = res["calibration"]["in_bench"]
+    assert all(0 <= steps[side]["selection_precision"] <= 1 for side in ("bank", "simulated"))
+    assert (steps["steps"], steps["repetitions"]) == (1, 10) and "In the bench" in format_bench(res)
 
 
 def test_calibration_keeps_the_knobs_you_set(tmp_path):

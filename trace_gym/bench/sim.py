@@ -201,16 +201,17 @@ def warmup_count(cfg: SimBenchConfig) -> int:
     return cfg.warmup_prompts or 0
 
 
-def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
+def calibrated(cfg: SimBenchConfig, reference: Strategy | None = None) -> tuple[SimBenchConfig, dict[str, Any]]:
     """``cfg`` with the simulator's knobs set from the bank ``cfg.calibrate_from``
     (:func:`bank_fit`), and what was used: ``{"bank", "values", "fitted", "before", "kept",
-    "learned_spearman", "bank_quality", "predictor_fit", "recorded_shape", "cached"}``. A knob set
-    away from its default in ``cfg`` is yours and is kept (``kept``)."""
+    "learned_spearman", "bank_quality", "predictor_fit", "recorded_shape", "in_bench", "cached"}``
+    (``in_bench`` with a ``reference`` strategy, else None: :func:`bank_fit`). A knob set away from its
+    default in ``cfg`` is yours and is kept (``kept``)."""
     import dataclasses
 
     from trace_gym.sim.calibrate import sim_overrides
 
-    found, cached = bank_fit(cfg.calibrate_from, cfg.group_size, FitShape.of_sim(cfg))
+    found, cached = bank_fit(cfg.calibrate_from, cfg.group_size, FitShape.of_sim(cfg), reference)
     defaults = SimBenchConfig()
     fitted = sim_overrides(found)
     kept = {k: getattr(cfg, k) for k in fitted if getattr(cfg, k) != getattr(defaults, k)}
@@ -223,7 +224,7 @@ def calibrated(cfg: SimBenchConfig) -> tuple[SimBenchConfig, dict[str, Any]]:
         "bank": cfg.calibrate_from, "values": values, "kept": kept, "fitted": found["fitted"], "before": before,
         "learned_spearman": found.get("learned_spearman"), "cached": cached, "bank_quality": found["bank_quality"],
         "predictor_fit": {k: v for k, v in fit.items() if k != "grid"}, "recorded_shape": found["recorded_shape"],
-        "spearman_note": _fit_note(found)}
+        "in_bench": found.get("in_bench"), "spearman_note": _fit_note(found)}
 
 
 def _fit_note(found: Mapping[str, Any]) -> str:
@@ -336,7 +337,8 @@ class FitShape:
         return cfg, (f"the bank bench cut to the bank: {'; '.join(cut)}" if cut else None)
 
 
-def bank_fit(path: str, group_size: int, shape: FitShape = FitShape()) -> tuple[dict[str, Any], bool]:
+def bank_fit(path: str, group_size: int, shape: FitShape = FitShape(),
+             reference: Strategy | None = None) -> tuple[dict[str, Any], bool]:
     """The calibration of a bank for a simulated bench of ``shape``, and whether it came from the cache.
 
     :func:`trace_gym.sim.calibrate.calibration_from_stats` of its counts (difficulty prior, per-turn
@@ -347,8 +349,9 @@ def bank_fit(path: str, group_size: int, shape: FitShape = FitShape()) -> tuple[
     (:func:`trace_gym.banks.warmup.mean_steady_state_quality` of the embedding predictor, averaged over
     the bench's per-repetition warm-up slices, read through the bank's embedding store); the simulated
     predictor fitted to it (:func:`trace_gym.bench.sim_fit.fit_predictor`: ``feature_spearman``,
-    ``predictor_level_shift``); and both read in the bench (``in_bench``: the uniform arm of each,
-    :func:`trace_gym.bench.in_bench.arm_samples`). Cached in
+    ``predictor_level_shift``); and, given a ``reference`` strategy that does not read its predictor
+    (the uniform one), both predictors read in the bench on its arm (``in_bench``,
+    :func:`_in_bench`; added to a cached entry that lacks it). Cached in
     ``$TRACE_GYM_CACHE/calibrations/<bank sha256>-G<group>-<shape>-v<FIT_VERSION>.json``, keyed by the
     bank's checksum and the shape, so a calibrated simulator run costs seconds after the first. A
     damaged cache entry is a miss."""
@@ -366,21 +369,28 @@ def bank_fit(path: str, group_size: int, shape: FitShape = FitShape()) -> tuple[
     try:
         found = loads_record(entry.read_bytes(), max_bytes=4 << 20)
         if isinstance(found, dict) and found.get("version") == FIT_VERSION and "predictor_fit" in found:
-            return found, True
+            if reference is None or "in_bench" in found:
+                return found, True
+            found["in_bench"] = _in_bench(bank, path, group_size, shape, found, reference)
+        else:
+            found = None
     except (OSError, JSONRefused):
-        pass
-    found = _fit_bank(bank, path, group_size, shape) | {"version": FIT_VERSION}
+        found = None
+    cached = found is not None
+    if found is None:
+        found = _fit_bank(bank, path, group_size, shape) | {"version": FIT_VERSION}
+        if reference is not None:
+            found["in_bench"] = _in_bench(bank, path, group_size, shape, found, reference)
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(found))
     os.replace(tmp, entry)
-    return found, False
+    return found, cached
 
 
 def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[str, Any]:
-    """:func:`bank_fit`'s computation (no cache)."""
+    """:func:`bank_fit`'s computation (no cache, no in-bench reading)."""
     import dataclasses
-    import math
 
     from trace_gym.sim import simulator as sim
     from trace_gym.banks.stats import bank_stats
@@ -388,25 +398,18 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
     from trace_gym.banks.warmup import mean_steady_state_quality
     from trace_gym.sim.calibrate import calibration_from_stats, with_lengths
     from trace_gym.predictor.embeddings import bank_store, use_store
-    from trace_gym.bench.bank import BankSource, groups_needed
     from trace_gym.bench.config import BankBenchConfig
-    from trace_gym.bench.in_bench import arm_samples
-    from trace_gym.budget import nominal_cost
-    from trace_gym.bench.sim_fit import fit_predictor, mean_quality, steady_samples
-    from trace_gym.strategies import shaped_strategies
+    from trace_gym.bench.sim_fit import fit_predictor, steady_samples
 
     defaults = BankBenchConfig()
     bank_cfg, note = shape.bank_bench(path, len(bank), group_size, seeds=defaults.seeds)
     warm = bank_cfg.warmup_prompts
     selection = (bank_cfg.candidates, pcl_selection(bank_cfg, len(bank), warm, group_size)[1])
-    uniform = shaped_strategies(["uniform"], group_size=group_size,
-                                continuations_per_root=shape.continuations_per_root)["uniform"]
     with use_store(bank_store(bank.scan.sha256)):  # the vectors the bank bench embeds (and keeps) itself
         quality = mean_steady_state_quality(lambda: make_predictor("embedding", seed=0), bank, warm,
                                             seed=defaults.seed, repetitions=defaults.seeds,
                                             prefix_share=defaults.prefix_share, group_size=group_size,
                                             selection=selection)
-        bank_steps = arm_samples(BankSource(bank_cfg), uniform)
     stats = bank_stats(path) | {"predictor": {"prompt": quality["prompt_spearman"]}}
     found = calibration_from_stats(stats, group_size=group_size)
     recorded = RecordedShape.of_manifest(bank.manifest)
@@ -414,29 +417,52 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
         lo, hi = found["min_turns"], found["max_turns"]
         kept = {n: prefix_depths(n, recorded.prefixes_per_root) for n in range(lo, hi + 1)}
         found = with_lengths(found, stats, lengths_by_outcome(bank, lo, hi), kept)
-    world = {k: found[k] for k in ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns",
-                                   *LENGTH_SHARES) if k in found}
+    world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
     fit = fit_predictor(steady_samples(sim.SimWorld(group_size=group_size, **world), recorded, warmup_prompts=warm,
                                        prefix_share=defaults.prefix_share), quality, selection=selection)
-    # beside the fit, not in it: both predictors read in the bench, on the uniform arm's steps
+    return found | {"selection": list(selection), "selection_note": note, "feature_spearman": fit["feature_spearman"],
+                    "predictor_level_shift": fit["predictor_level_shift"], "warmup_prompts": warm,
+                    "recorded_shape": dataclasses.asdict(recorded), "bank_quality": quality, "predictor_fit": fit,
+                    "learned_spearman": quality["prompt_spearman"]}
+
+
+def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: Mapping[str, Any],
+              reference: Strategy) -> dict[str, Any]:
+    """Both predictors read in the bench, beside the fit (not fitted: :mod:`trace_gym.bench.in_bench`):
+    ``reference`` (a strategy that does not read its predictor) run as one arm of the bank bench of
+    ``shape`` and of the simulated bench at the fitted knobs, its predictor's mean quality over the
+    measured steps of each, PCL's picks out of each bench's candidates."""
+    import math
+
+    from trace_gym.bench.bank import BankSource, groups_needed
+    from trace_gym.bench.config import BankBenchConfig
+    from trace_gym.bench.in_bench import arm_samples
+    from trace_gym.bench.sim_fit import mean_quality
+    from trace_gym.budget import nominal_cost
+    from trace_gym.predictor.embeddings import bank_store, use_store
+
+    bank_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=BankBenchConfig().seeds)
+    with use_store(bank_store(bank.scan.sha256)):
+        bank_steps = arm_samples(BankSource(bank_cfg), reference)
+    world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
     sim_cfg = SimBenchConfig(**world, group_size=group_size, candidates=shape.candidates or bank_cfg.candidates,
                              root_budget=shape.root_budget or bank_cfg.root_budget,
                              continuations_per_root=shape.continuations_per_root, steps=bank_cfg.steps,
-                             warmup_steps=bank_cfg.warmup_steps, pool_size=shape.pool_size, warmup_prompts=warm,
-                             seeds=IN_BENCH_SIM_SEEDS, oracle_upper_bound=False,
-                             feature_spearman=fit["feature_spearman"])
+                             warmup_steps=bank_cfg.warmup_steps, pool_size=shape.pool_size,
+                             warmup_prompts=found["warmup_prompts"], seeds=IN_BENCH_SIM_SEEDS,
+                             oracle_upper_bound=False, feature_spearman=found["feature_spearman"])
     sim_picks = max(1, groups_needed(math.floor(nominal_cost(sim_cfg.root_budget, sim_cfg.continuations_per_root)
                                                 + 1e-9), group_size))
-    sim_steps = arm_samples(SimSource(sim_cfg, recorded), uniform)
-    in_bench = {"bank": mean_quality(bank_steps, 0.0, selection=selection),
-                "simulated": mean_quality(sim_steps, fit["predictor_level_shift"],
-                                          selection=(sim_cfg.candidates, sim_picks)),
-                "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": bank_cfg.seeds,
-                "sim_repetitions": IN_BENCH_SIM_SEEDS, "sim_selection": [sim_cfg.candidates, sim_picks]}
-    return found | {"selection": list(selection), "selection_note": note, "feature_spearman": fit["feature_spearman"],
-                    "predictor_level_shift": fit["predictor_level_shift"], "in_bench": in_bench,
-                    "warmup_prompts": warm, "recorded_shape": dataclasses.asdict(recorded), "bank_quality": quality,
-                    "predictor_fit": fit, "learned_spearman": quality["prompt_spearman"]}
+    sim_steps = arm_samples(SimSource(sim_cfg, RecordedShape(**found["recorded_shape"])), reference)
+    return {"bank": mean_quality(bank_steps, 0.0, selection=tuple(found["selection"])),
+            "simulated": mean_quality(sim_steps, found["predictor_level_shift"],
+                                      selection=(sim_cfg.candidates, sim_picks)),
+            "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": bank_cfg.seeds,
+            "sim_repetitions": IN_BENCH_SIM_SEEDS, "sim_selection": [sim_cfg.candidates, sim_picks]}
+
+
+#: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
+SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES)
 
 
 def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, tuple[float, ...]]:
@@ -476,7 +502,7 @@ def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, pr
     simulator is first calibrated to that bank (:func:`calibrated`; ``results["calibration"]``)."""
     calibration, shape = None, RecordedShape()
     if cfg.calibrate_from:
-        cfg, calibration = calibrated(cfg)
+        cfg, calibration = calibrated(cfg, strategies.get("uniform"))
         shape = RecordedShape(**calibration["recorded_shape"])
     results = run_bench(SimSource(cfg, shape), strategies, progress=progress)
     if calibration is not None:
