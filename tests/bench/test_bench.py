@@ -492,7 +492,7 @@ def test_the_simulator_calibrated_to_a_bank_uses_the_banks_numbers(tmp_path):
 def test_calibration_keeps_the_knobs_you_set(tmp_path):
     from bank_fixtures import write_synthetic_bank
 
-    from trace_gym.bench.sim import calibrated
+    from trace_gym.bench.sim_calibration import calibrated
 
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8, roots=8, continuations=4, turns=3)
     cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path), mean_success=0.3, candidates=16, root_budget=8,

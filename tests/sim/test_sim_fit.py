@@ -208,7 +208,7 @@ def test_calibrate_from_sets_each_episodes_length_by_its_outcome(tmp_path):
     kappa refitted under them; a min_turns or max_turns you set keeps the bank's shares off."""
     from trace_gym.banks import open_bank
     from trace_gym.bench.config import SimBenchConfig
-    from trace_gym.bench.sim import calibrated, lengths_by_outcome
+    from trace_gym.bench.sim_calibration import calibrated, lengths_by_outcome
 
     path = write_bank_with_lengths(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8)
     assert lengths_by_outcome(open_bank(str(path)), 1, 3) == {"turn_shares": (1.0, 0.0, 0.0),
@@ -226,7 +226,7 @@ def test_calibrate_from_sets_each_episodes_length_by_its_outcome(tmp_path):
 def test_the_fit_runs_the_bank_bench_at_the_simulated_bench_shape():
     """The calibration reads the bank bench at the simulated bench's own shape (issue 45): its warm-up
     slice, candidates, M and steps; cut to what the bank holds, with one note saying how."""
-    from trace_gym.bench.sim import FitShape
+    from trace_gym.bench.sim_calibration import FitShape
 
     def sizes(cfg):
         return cfg.warmup_prompts, cfg.candidates, cfg.root_budget, cfg.steps, cfg.warmup_steps, cfg.seeds

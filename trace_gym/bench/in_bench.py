@@ -9,7 +9,7 @@ predictor meet the same candidates and outcomes (common random numbers), and an 
 predictions afterwards is what the run would have predicted with it.
 
 The calibrated simulator reports this reading beside its fit (``in_bench`` of
-:func:`trace_gym.bench.sim.bank_fit`). It is not what the fit matches: fitted to the bank's uniform
+:func:`trace_gym.bench.sim_calibration.bank_fit`). It is not what the fit matches: fitted to the bank's uniform
 arm in the bench, the simulator put PCL above the math bank (0.695 against 0.642 +- 0.048), because
 the bank's embedding predictor, trained on the prompts PCL picks, picks worse than the uniform arm's,
 and the simulated one does not (docs/benchmarking.md).

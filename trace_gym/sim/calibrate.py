@@ -34,7 +34,7 @@ The simulator (:mod:`trace_gym.sim.simulator`) has three knobs a bank can measur
 Episode lengths (``min_turns``, ``max_turns``) come from the recorded roots' depths; with a bank
 at hand, ``bench --sim calibrate_from=BANK`` also sets each length's share among the failed and
 among the successful roots (``turn_shares``, ``success_turn_shares``:
-:func:`trace_gym.bench.sim.lengths_by_outcome`), so each simulated episode draws its own length
+:func:`trace_gym.bench.sim_calibration.lengths_by_outcome`), so each simulated episode draws its own length
 given its outcome (:mod:`trace_gym.sim.lengths`).
 """
 
