@@ -11,8 +11,7 @@ import pytest
 
 from trace_gym.predictor.quality import drawn_group_mixed, selection_precision
 from trace_gym.sim.simulator import SimState, SimWorld, TaskPool
-from trace_gym.bench.sim_fit import (RecordedShape, StartSample, closest, fit_predictor, shift_for_level, start_samples,
-                                     steady_samples)
+from trace_gym.bench.sim_fit import RecordedShape, StartSample, closest, fit_predictor, shift_for_level, start_samples
 from trace_gym.sim.predictors import LearnedPredictor
 
 
@@ -149,8 +148,7 @@ def test_the_fit_recovers_the_knobs_of_a_simulated_target():
         RecordedShape(4, 2, 1)
     kw = dict(warmup_prompts=32, scored=256, seeds=2, prefix_share=0.06)
     target = mean_quality(start_samples(world, shape, spearmans=[0.9], **kw)[0.9], 0.3, selection=(64, 8))
-    fit = fit_predictor(steady_samples(world, shape, **kw), target, selection=(64, 8), grid=(0.3, 0.9),
-                        tolerance=0.0)
+    fit = fit_predictor(world, shape, target, selection=(64, 8), grid=(0.3, 0.9), tolerance=0.0, **kw)
     assert fit["feature_spearman"] == 0.9 and fit["predictor_level_shift"] == pytest.approx(0.3, abs=1e-6)
     assert fit["reached"]["selection_precision"] == pytest.approx(target["selection_precision"])
 

@@ -185,19 +185,17 @@ def bank_fit(path: str, group_size: int, shape: FitShape = FitShape(),
     entry = cache_root() / "calibrations" / f"{bank.scan.sha256}-G{group_size}-{key}-v{FIT_VERSION}.json"
     try:
         found = loads_record(entry.read_bytes(), max_bytes=4 << 20)
-        if isinstance(found, dict) and found.get("version") == FIT_VERSION and "predictor_fit" in found:
-            if reference is None or "in_bench" in found:
-                return found, True
-            found["in_bench"] = _in_bench(bank, path, group_size, shape, found, reference)
-        else:
-            found = None
     except (OSError, JSONRefused):
         found = None
+    if not (isinstance(found, dict) and found.get("version") == FIT_VERSION and "predictor_fit" in found):
+        found = None
     cached = found is not None
+    if cached and (reference is None or "in_bench" in found):
+        return found, True
     if found is None:
         found = _fit_bank(bank, path, group_size, shape) | {"version": FIT_VERSION}
-        if reference is not None:
-            found["in_bench"] = _in_bench(bank, path, group_size, shape, found, reference)
+    if reference is not None:
+        found["in_bench"] = _in_bench(bank, path, group_size, shape, found, reference)
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(found))
@@ -216,7 +214,7 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
     from trace_gym.sim.calibrate import calibration_from_stats, with_lengths
     from trace_gym.predictor.embeddings import bank_store, use_store
     from trace_gym.bench.config import BankBenchConfig
-    from trace_gym.bench.sim_fit import fit_predictor, steady_samples
+    from trace_gym.bench.sim_fit import fit_predictor
 
     defaults = BankBenchConfig()
     bank_cfg, note = shape.bank_bench(path, len(bank), group_size, seeds=defaults.seeds)
@@ -235,8 +233,8 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
         kept = {n: prefix_depths(n, recorded.prefixes_per_root) for n in range(lo, hi + 1)}
         found = with_lengths(found, stats, lengths_by_outcome(bank, lo, hi), kept)
     world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
-    fit = fit_predictor(steady_samples(sim.SimWorld(group_size=group_size, **world), recorded, warmup_prompts=warm,
-                                       prefix_share=defaults.prefix_share), quality, selection=selection)
+    fit = fit_predictor(sim.SimWorld(group_size=group_size, **world), recorded, quality, warmup_prompts=warm,
+                        prefix_share=defaults.prefix_share, selection=selection)
     return found | {"selection": list(selection), "selection_note": note, "feature_spearman": fit["feature_spearman"],
                     "predictor_level_shift": fit["predictor_level_shift"], "warmup_prompts": warm,
                     "recorded_shape": dataclasses.asdict(recorded), "bank_quality": quality, "predictor_fit": fit,
@@ -249,13 +247,10 @@ def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: Map
     ``reference`` (a strategy that does not read its predictor) run as one arm of the bank bench of
     ``shape`` and of the simulated bench at the fitted knobs, its predictor's mean quality over the
     measured steps of each, PCL's picks out of each bench's candidates."""
-    import math
-
-    from trace_gym.bench.bank import BankSource, groups_needed
+    from trace_gym.bench.bank import BankSource
     from trace_gym.bench.config import BankBenchConfig
     from trace_gym.bench.in_bench import arm_samples
     from trace_gym.bench.sim_fit import mean_quality
-    from trace_gym.budget import nominal_cost
     from trace_gym.predictor.embeddings import bank_store, use_store
 
     bank_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=BankBenchConfig().seeds)
@@ -268,8 +263,7 @@ def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: Map
                              warmup_steps=bank_cfg.warmup_steps, pool_size=shape.pool_size,
                              warmup_prompts=found["warmup_prompts"], seeds=IN_BENCH_SIM_SEEDS,
                              oracle_upper_bound=False, feature_spearman=found["feature_spearman"])
-    sim_picks = max(1, groups_needed(math.floor(nominal_cost(sim_cfg.root_budget, sim_cfg.continuations_per_root)
-                                                + 1e-9), group_size))
+    sim_picks = pcl_picks(sim_cfg.root_budget, sim_cfg.continuations_per_root, group_size)
     sim_steps = arm_samples(SimSource(sim_cfg, RecordedShape(**found["recorded_shape"])), reference)
     return {"bank": mean_quality(bank_steps, 0.0, selection=tuple(found["selection"])),
             "simulated": mean_quality(sim_steps, found["predictor_level_shift"],
@@ -302,11 +296,18 @@ def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, t
 def pcl_selection(cfg: Any, n_prompts: int, held_out: int, group_size: int) -> tuple[int, int]:
     """``(pool, picks)`` of a bank bench with ``cfg``'s shape: its candidates per step, and the fixed
     groups of ``group_size`` PCL buys at its nominal budget (:func:`trace_gym.bench.bank.bank_sizes`)."""
-    import math
-
-    from trace_gym.bench.bank import bank_sizes, groups_needed
-    from trace_gym.budget import nominal_cost
+    from trace_gym.bench.bank import bank_sizes
 
     candidates, root_budget, _ = bank_sizes(cfg, n_prompts, held_out)
-    roots = math.floor(nominal_cost(root_budget, cfg.continuations_per_root) + 1e-9)
-    return candidates, max(1, groups_needed(roots, group_size))
+    return candidates, pcl_picks(root_budget, cfg.continuations_per_root, group_size)
+
+
+def pcl_picks(root_budget: int, continuations_per_root: float, group_size: int) -> int:
+    """The fixed groups of ``group_size`` PCL buys at the nominal budget of M = ``root_budget`` and N =
+    ``continuations_per_root`` (at least one)."""
+    import math
+
+    from trace_gym.bench.bank import groups_needed
+    from trace_gym.budget import nominal_cost
+
+    return max(1, groups_needed(math.floor(nominal_cost(root_budget, continuations_per_root) + 1e-9), group_size))

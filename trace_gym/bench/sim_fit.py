@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -190,47 +190,36 @@ def closest(values: Sequence[float], target: float, tolerance: float = 0.0) -> i
     return int(np.flatnonzero(gaps <= np.nanmin(gaps) + tolerance)[0])
 
 
-def fit_predictor(samples_for: Callable[[Sequence[float]], Mapping[float, Sequence[StartSample]]],
-                  target: Mapping[str, float], *, selection: tuple[int, int], match: str = "selection_precision",
-                  grid: Sequence[float] = SPEARMAN_GRID, tolerance: float = FIT_TOLERANCE) -> dict[str, Any]:
-    """``feature_spearman`` and ``predictor_level_shift`` at which the simulated predictor's ``match``
-    measure and level error equal ``target``'s, the predictor read as ``samples_for`` reads it (per
-    feature Spearman of its argument, :class:`StartSample` s: :func:`steady_samples` at the first step's
-    start, or :func:`trace_gym.bench.in_bench.arm_samples` in the bench) and ``target`` the bank's
-    predictor read alike, with PCL's ``selection`` = (pool, picks): ``grid`` first, then ten steps
-    across one step of ``grid`` each side of its best; of fits within ``tolerance`` of the best, the
-    least informative (:func:`closest`).
+def fit_predictor(world: SimWorld, shape: RecordedShape, target: Mapping[str, float], *, warmup_prompts: int,
+                  prefix_share: float, selection: tuple[int, int], match: str = "selection_precision",
+                  seeds: int = 4, scored: int = 1024, grid: Sequence[float] = SPEARMAN_GRID,
+                  tolerance: float = FIT_TOLERANCE) -> dict[str, Any]:
+    """``feature_spearman`` and ``predictor_level_shift`` at which the warmed simulated predictor's
+    ``match`` measure and level error equal ``target``'s (a bank's
+    :func:`~trace_gym.banks.warmup.steady_state_quality` with the same ``selection``; see the module
+    docstring): ``grid`` first, then ten steps across one step of ``grid`` each side of its best;
+    of fits within ``tolerance`` of the best, the least informative (:func:`closest`).
 
     Returns ``{"feature_spearman", "predictor_level_shift", "match", "reached": the simulated measures
     at them, "grid": [{"feature_spearman", "shift", "mixed_auc", "level_error", ...}, ...]}``.
     """
-    rows = _grid_rows(samples_for, target, grid, selection)
+    kw = dict(warmup_prompts=warmup_prompts, scored=scored, seeds=seeds, prefix_share=prefix_share)
+    rows = _grid_rows(world, shape, target, grid, selection, kw)
     best = rows[closest([r[match] for r in rows], float(target[match]), tolerance)]
     step = float(np.diff(sorted(grid)).min()) if len(grid) > 1 else 0.0
     around = np.linspace(best["feature_spearman"] - step, best["feature_spearman"] + step, 11)
     fine = sorted({round(float(x), 3) for x in around if 0 <= x <= 1} - {float(g) for g in grid})
-    rows += _grid_rows(samples_for, target, fine, selection)
+    rows += _grid_rows(world, shape, target, fine, selection, kw)
     rows.sort(key=lambda r: r["feature_spearman"])
     best = rows[closest([r[match] for r in rows], float(target[match]), tolerance)]
     return {"feature_spearman": best["feature_spearman"], "predictor_level_shift": best["shift"], "match": match,
             "reached": {k: v for k, v in best.items() if k not in ("feature_spearman", "shift")}, "grid": rows}
 
 
-def steady_samples(world: SimWorld, shape: RecordedShape, *, warmup_prompts: int, prefix_share: float,
-                   seeds: int = 4, scored: int = 1024) -> Callable[[Sequence[float]], dict[float, list[StartSample]]]:
-    """A ``samples_for`` of :func:`fit_predictor`: the predictor at the first step's start
-    (:func:`start_samples` of these arguments)."""
-    return lambda spearmans: start_samples(world, shape, warmup_prompts=warmup_prompts, scored=scored, seeds=seeds,
-                                           prefix_share=prefix_share, spearmans=spearmans)
-
-
-def _grid_rows(samples_for: Callable[[Sequence[float]], Mapping[float, Sequence[StartSample]]],
-               target: Mapping[str, float], spearmans: Sequence[float],
-               selection: tuple[int, int]) -> list[dict[str, float]]:
+def _grid_rows(world: SimWorld, shape: RecordedShape, target: Mapping[str, float], spearmans: Sequence[float],
+               selection: tuple[int, int], kw: Mapping[str, Any]) -> list[dict[str, float]]:
     """Per feature Spearman: the level-matching shift and the mean quality there."""
-    if not len(spearmans):
-        return []
-    samples = samples_for(spearmans)
+    samples = start_samples(world, shape, spearmans=spearmans, **kw)
     rows = []
     for s in spearmans:
         shift = shift_for_level(samples[s], float(target["level_error"]))
