@@ -56,12 +56,22 @@ def _histogram(rates: Sequence[float]) -> dict[str, int]:
     return out
 
 
+def task_kind(task_id: Any) -> str:
+    """The kind of task an id names: the part before its last ``/`` (``gen/d1/s0/17`` -> ``gen/d1/s0``, a
+    tier of the generated math family; ``synthetic/director/5`` -> ``synthetic/director``); ``""`` for an
+    id without one. Kinds are what a text predictor can tell from the prompt's form alone, which the
+    calibrated simulator's task types copy (:mod:`trace_gym.sim.prior`)."""
+    text = "" if task_id is None else str(task_id)
+    return text.rsplit("/", 1)[0] if "/" in text else ""
+
+
 @dataclass
 class _Tally:
     """Running counts of :func:`bank_stats`'s one pass over a bank."""
 
     rates: list[float] = field(default_factory=list)  # per prompt with a leaf
     counts: list[tuple[int, int]] = field(default_factory=list)  # per prompt: (successes, roots with a leaf)
+    kinds: list[str] = field(default_factory=list)  # per prompt of ``counts``: its task kind (task_kind)
     flips: dict[int, list[int]] = field(default_factory=dict)  # depth -> [flips, continuations]
     turns: list[int] = field(default_factory=list)  # turns of each root that has any
     ends: dict[str, int] = field(default_factory=dict)  # episode end -> episodes
@@ -84,6 +94,7 @@ class _Tally:
         if outcomes:
             self.rates.append(sum(outcomes) / len(outcomes))
             self.counts.append((sum(outcomes), len(outcomes)))
+            self.kinds.append(task_kind(record.task_id))
         if len(outcomes) >= 2:  # depth 0: a second root against the first, over all ordered pairs
             s, n = sum(outcomes), len(outcomes)
             f = self.flips.setdefault(0, [0, 0])
@@ -172,7 +183,8 @@ def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prom
     Returns:
         ``{"path", "manifest", "prompts", "roots", "prefixes", "continuations", "left_out_prefixes",
         "errors", "success_rate": {"mean", "histogram", "all_fail", "all_success", "mixed"},
-        "prompt_counts": [[successes, roots with a leaf] per prompt],
+        "prompt_counts": [[successes, roots with a leaf] per prompt], "prompt_kinds": [each one's
+        :func:`task_kind`],
         "mixed_by_group_size": {G: P(mixed)}, "flip_by_depth": {t: {"flip", "continuations"}},
         "turns": {"mean", "min", "max", "histogram"}, "costs": {... per episode and per turn}, "ends": {end: count},
         "predictor"?}``.
@@ -189,6 +201,7 @@ def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prom
         "success_rate": _success_rate(tally.rates),
         "mixed_by_group_size": _mixed_by_group_size(tally.counts, int(manifest["roots"])),
         "prompt_counts": [[int(s), int(n)] for s, n in tally.counts],
+        "prompt_kinds": list(tally.kinds),
         "flip_by_depth": {str(d): {"flip": f / n if n else math.nan, "continuations": n}
                           for d, (f, n) in sorted(tally.flips.items())},
         "turns": _turns_summary(tally.turns),

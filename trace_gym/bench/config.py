@@ -104,6 +104,18 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     success_turn_shares: tuple[float, ...] = field(default=(), metadata=doc(
         "with turn_shares: the share of each length min_turns..max_turns among successful episodes",
         within="[0, 1000000]"))
+    type_shares: tuple[float, ...] = field(default=(), metadata=doc(
+        "a prior of task types (trace_gym/sim/prior.py): each type's share of the tasks (summing to 1), with "
+        "type_means and type_concentrations (its Beta's mean and a + b); empty: one Beta from target_mixed and "
+        "mean_success. calibrate_from sets them where a bank's counts need types", within="(0, 1]"))
+    type_means: tuple[float, ...] = field(default=(), metadata=doc(
+        "with type_shares: each type's mean success probability", within="(0, 1)"))
+    type_concentrations: tuple[float, ...] = field(default=(), metadata=doc(
+        "with type_shares: each type's Beta concentration a + b (large: every task of the type alike)",
+        within="(0, 10000000]"))
+    type_visibility: float = field(default=1.0, metadata=doc(
+        "with types: the probability that the learned predictor sees a task's own type (else a random one; "
+        "calibrate_from fits it)", within="[0, 1]"))
     calibrate_from: str = field(default="", metadata=doc(
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns, turn_shares and "
         "success_turn_shares (its roots' lengths by outcome) and fit the learned predictor "
@@ -126,10 +138,13 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
 
 
 def _check_lengths(cfg: "SimBenchConfig") -> None:
-    """The per-episode length keys (one line naming a bad value); a calibrated run's are the bank's."""
+    """The per-episode length and task-type keys (one line naming a bad value); a calibrated run's are
+    the bank's."""
     from trace_gym.sim.lengths import check_lengths
+    from trace_gym.sim.simulator import check_types
 
     check_lengths(cfg.turn_shares, cfg.success_turn_shares, cfg.min_turns, cfg.max_turns)
+    check_types(cfg.type_shares, cfg.type_means, cfg.type_concentrations, cfg.type_visibility)
 
 
 def _check_sim_predictor(cfg: "SimBenchConfig") -> None:

@@ -16,6 +16,7 @@ from trace_gym.bench.config import SimBenchConfig
 from trace_gym.bench.sim_source import SimSource
 from trace_gym.bench.sim_fit import RecordedShape
 from trace_gym.predictor.kinds import make_predictor
+from trace_gym.sim.simulator import TYPE_KEYS
 
 
 def calibrated(cfg: SimBenchConfig, reference: Strategy | None = None) -> tuple[SimBenchConfig, dict[str, Any]]:
@@ -55,6 +56,14 @@ def _fit_note(found: Mapping[str, Any]) -> str:
            f"in pools of {pool}: bank {bank['selection_precision']:.3f}, simulated {sim['selection_precision']:.3f}) "
            f"at the same level error (bank {bank['level_error']:+.3f}, simulated {sim['level_error']:+.3f}); "
            f"mixed-vs-pure AUC bank {bank['mixed_auc']:.3f}, simulated {sim['mixed_auc']:.3f}")
+    if found.get("type_shares"):
+        names = found["fitted"].get("kinds") or [""] * len(found["type_shares"])
+        kinds = ", ".join(f"{name} {100 * w:.0f} % of mean {m:.3f} (a + b = {c:.3g})" for name, w, m, c in
+                          zip(names, found["type_shares"], found["type_means"], found["type_concentrations"]))
+        out += (f"; one task type per kind of the bank's task ids (trace_gym/sim/prior.py): {kinds}, each task's "
+                f"type seen by the predictor with probability "
+                f"{found['type_visibility']:g}, the visibility whose Brier is nearest the bank's "
+                f"(bank {bank['brier']:.3f}, simulated {sim['brier']:.3f})")
     steps = found.get("in_bench")
     if steps:
         b, s = steps["bank"], steps["simulated"]
@@ -67,8 +76,9 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: Bump when what :func:`bank_fit` computes changes (it is part of the cache entry's name). 4 and 5
 #: were an experiment's (per-task length histograms, reverted); 6: per-episode lengths by outcome; 7: the bank
 #: predictor's quality averaged over the bench's per-repetition warm-up slices; 8: fitted at the simulated bench's
-#: own shape (its warm-up slice, candidates and PCL's picks), not the bank bench's defaults; the in-bench reading.
-FIT_VERSION = 8
+#: own shape (its warm-up slice, candidates and PCL's picks), not the bank bench's defaults; the in-bench reading;
+#: 9: task types where the counts need them (trace_gym/sim/prior.py), their visibility fitted to the bank's Brier.
+FIT_VERSION = 9
 #: The per-episode length keys a bank's roots set (:func:`lengths_by_outcome`).
 LENGTH_SHARES = ("turn_shares", "success_turn_shares")
 
@@ -214,7 +224,7 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
     from trace_gym.sim.calibrate import calibration_from_stats, with_lengths
     from trace_gym.predictor.embeddings import bank_store, use_store
     from trace_gym.bench.config import BankBenchConfig
-    from trace_gym.bench.sim_fit import fit_predictor
+    from trace_gym.bench.sim_fit import fit_visibility
 
     defaults = BankBenchConfig()
     bank_cfg, note = shape.bank_bench(path, len(bank), group_size, seeds=defaults.seeds)
@@ -233,8 +243,10 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
         kept = {n: prefix_depths(n, recorded.prefixes_per_root) for n in range(lo, hi + 1)}
         found = with_lengths(found, stats, lengths_by_outcome(bank, lo, hi), kept)
     world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
-    fit = fit_predictor(sim.SimWorld(group_size=group_size, **world), recorded, quality, warmup_prompts=warm,
-                        prefix_share=defaults.prefix_share, selection=selection)
+    fit = fit_visibility(sim.SimWorld(group_size=group_size, **world), recorded, quality, warmup_prompts=warm,
+                         prefix_share=defaults.prefix_share, selection=selection)
+    if fit["type_visibility"] is not None:
+        found = found | {"type_visibility": fit["type_visibility"]}
     return found | {"selection": list(selection), "selection_note": note, "feature_spearman": fit["feature_spearman"],
                     "predictor_level_shift": fit["predictor_level_shift"], "warmup_prompts": warm,
                     "recorded_shape": dataclasses.asdict(recorded), "bank_quality": quality, "predictor_fit": fit,
@@ -273,7 +285,8 @@ def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: Map
 
 
 #: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
-SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES)
+SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES,
+                  *TYPE_KEYS, "type_visibility")
 
 
 def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, tuple[float, ...]]:

@@ -141,7 +141,7 @@ def start_samples(world: SimWorld, shape: RecordedShape, *, warmup_prompts: int,
     from trace_gym.sim.predictors import LearnedPredictor, noise_for_spearman
 
     out: dict[float, list[StartSample]] = {s: [] for s in spearmans}
-    prior = world.prior()
+    prior = world.difficulty()
     for seed in range(seeds):
         base = make_pool(world, warmup_prompts + scored, np.random.default_rng([seed, 0]))
         batches = warmup_batches(base, world, range(warmup_prompts), shape, seed)  # trees read p and turns only
@@ -225,3 +225,29 @@ def _grid_rows(world: SimWorld, shape: RecordedShape, target: Mapping[str, float
         shift = shift_for_level(samples[s], float(target["level_error"]))
         rows.append({"feature_spearman": float(s), "shift": shift} | mean_quality(samples[s], shift, selection))
     return rows
+
+
+#: Type visibilities :func:`fit_visibility` tries (a world of task types only), least visible first.
+VISIBILITY_GRID = (0.0, 0.5, 0.8, 0.9, 1.0)
+#: Briers within this of the best fit are as good; :func:`fit_visibility` takes the least visible of them.
+BRIER_TOLERANCE = 0.003
+
+
+def fit_visibility(world: SimWorld, shape: RecordedShape, target: Mapping[str, float], *,
+                   grid: Sequence[float] = VISIBILITY_GRID, tolerance: float = BRIER_TOLERANCE,
+                   **kw: Any) -> dict[str, Any]:
+    """:func:`fit_predictor` at each ``type_visibility`` of ``grid``, then the visibility whose fitted
+    predictor's Brier score is nearest ``target``'s (of those within ``tolerance`` of the nearest, the
+    least visible): selection precision and level error are matched at every visibility, so the Brier
+    (the values' calibration, which TRACE's root stage reads in sizing its groups) is what tells them
+    apart. A world without task types has nothing to fit: :func:`fit_predictor` alone, ``type_visibility``
+    None. Returns :func:`fit_predictor`'s result with ``type_visibility`` and ``visibility_grid`` (per
+    visibility: its ``feature_spearman``, ``predictor_level_shift`` and reached measures)."""
+    if not world.type_shares:
+        return fit_predictor(world, shape, target, **kw) | {"type_visibility": None, "visibility_grid": []}
+    fits = [fit_predictor(dataclasses.replace(world, type_visibility=float(v)), shape, target, **kw) for v in grid]
+    best = closest([f["reached"]["brier"] for f in fits], float(target["brier"]), tolerance)
+    rows = [{"type_visibility": float(v), "feature_spearman": f["feature_spearman"],
+             "predictor_level_shift": f["predictor_level_shift"], **f["reached"]} for v, f in zip(grid, fits)]
+    return fits[best] | {"type_visibility": float(grid[best]), "visibility_grid": rows}
+

@@ -88,7 +88,8 @@ def concentration_from_flips(depths: Sequence[int], flips: Sequence[int], trials
         depths: prefix depths t >= 1.
         flips: continuations from depth t whose outcome differs from the root's.
         trials: continuations from depth t.
-        prior: the difficulty prior (a, b), e.g. from :func:`beta_from_counts`.
+        prior: the difficulty prior (a, b), e.g. from :func:`beta_from_counts`, or task types
+            ((share, a, b), ...) (:mod:`trace_gym.sim.prior`).
 
     Returns:
         kappa > 0 (large: a turn reveals little; small: the outcome is settled early).
@@ -102,8 +103,9 @@ def concentration_from_flips(depths: Sequence[int], flips: Sequence[int], trials
         raise ValueError("no continuations were recorded: nothing to fit")
     if (t < 1).any() or (f < 0).any() or (f > n).any():
         raise ValueError("depths must be >= 1 and 0 <= flips <= trials")
-    a, b = prior
-    base = 2 * a * b / (a + b) ** 2 * (a + b) / (a + b + 1)  # 2 E[p (1 - p)]
+    from trace_gym.sim.prior import components_of, mean_variance_term
+
+    base = 2 * mean_variance_term(components_of(prior))  # 2 E[p (1 - p)]
 
     def nll(r: float) -> float:
         q = np.clip(base * r**t, 1e-12, 1 - 1e-12)
@@ -114,7 +116,7 @@ def concentration_from_flips(depths: Sequence[int], flips: Sequence[int], trials
     return r / (1 - r)
 
 
-def flips_under_lengths(r: float, depths: Sequence[int], prior: tuple[float, float], lengths: LengthModel,
+def flips_under_lengths(r: float, depths: Sequence[int], prior: tuple, lengths: LengthModel,
                         kept: Mapping[int, Sequence[int]], samples: int = 20_000, seed: int = 0) -> np.ndarray:
     """P(a continuation from a recorded prefix at each of ``depths`` flips its root's outcome), with
     per-turn variance ratio ``r`` (kappa = r / (1 - r)) and episode lengths that go with the outcome
@@ -126,14 +128,17 @@ def flips_under_lengths(r: float, depths: Sequence[int], prior: tuple[float, flo
 
         flip(t) = E[sum_{L kept t} (1 - V) h_0(L) W + V h_1(L) (1 - W)] / E[sum_{L kept t} (1 - V) h_0(L) + V h_1(L)],
 
-    the expectation over V_t (p ~ Beta(a, b) at ``samples`` quantiles, then t beta steps drawn by
+    the expectation over V_t (p from ``prior``, a Beta (a, b) or task types, at ``samples`` quantiles
+    (:func:`trace_gym.sim.prior.quantiles`), then t beta steps drawn by
     inverse CDF from uniforms fixed by ``seed``: common random numbers, so the rates are smooth in
     r). A depth no root can keep gets NaN."""
-    from scipy import special, stats
+    from scipy import special
+
+    from trace_gym.sim.prior import components_of, quantiles
 
     kappa = r / (1 - r)
-    v = stats.beta.ppf((np.arange(samples) + 0.5) / samples, *prior)
-    uniforms = np.random.default_rng(seed).random((max(depths, default=0), samples))
+    v = quantiles(components_of(prior), samples)
+    uniforms = np.random.default_rng(seed).random((max(depths, default=0), v.size))
     out, by_depth = [], {}
     for t in range(1, max(depths, default=0) + 1):
         inner = (v > 0) & (v < 1)
@@ -150,7 +155,7 @@ def flips_under_lengths(r: float, depths: Sequence[int], prior: tuple[float, flo
 
 
 def concentration_under_lengths(depths: Sequence[int], flips: Sequence[int], trials: Sequence[int],
-                                prior: tuple[float, float], lengths: LengthModel,
+                                prior: tuple, lengths: LengthModel,
                                 kept: Mapping[int, Sequence[int]]) -> float:
     """kappa from flip counts by prefix depth when episode lengths go with the outcome: the
     maximum-likelihood r of :func:`flips_under_lengths` (binomial per depth; a bounded 1-D search),
@@ -179,15 +184,22 @@ def concentration_under_lengths(depths: Sequence[int], flips: Sequence[int], tri
 
 def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], flip_depths: Sequence[int],
                 flip_counts: Sequence[int], flip_trials: Sequence[int], root_turns: Sequence[int], *,
-                group_size: int, learned_spearman: float | None = None) -> dict[str, Any]:
+                group_size: int, learned_spearman: float | None = None,
+                kinds: Sequence[str] | None = None) -> dict[str, Any]:
     """The simulator settings a bank's counts imply: ``{"mean_success", "target_mixed",
     "step_concentration", "min_turns", "max_turns"}`` plus ``feature_spearman`` when
-    ``learned_spearman`` is given (and positive), and ``"fitted"`` with the fit's
-    intermediate values (a, b, r) for the report."""
+    ``learned_spearman`` is given (and positive), task types (``type_shares``, ``type_means``,
+    ``type_concentrations``) where ``kinds`` (one task kind per prompt) name two or more
+    (:func:`trace_gym.sim.prior.types_from_kinds`; kappa is then fitted under them), and ``"fitted"``
+    with the fit's intermediate values (a, b, r, the prior, the kinds) for the report."""
     from trace_gym.sim.simulator import mixed_probability
 
+    from trace_gym.sim.prior import mixed_share, types_from_kinds
+
     a, b = beta_from_counts(prompt_successes, prompt_roots)
-    kappa = concentration_from_flips(flip_depths, flip_counts, flip_trials, (a, b)) if len(flip_depths) else None
+    typed = types_from_kinds(kinds, prompt_successes, prompt_roots) if kinds is not None else None
+    prior, names = typed if typed is not None else (((1.0, a, b),), ())
+    kappa = concentration_from_flips(flip_depths, flip_counts, flip_trials, prior) if len(flip_depths) else None
     turns = np.asarray(root_turns, dtype=int)
     mu = a / (a + b)
     ceiling = 1 - mu**group_size - (1 - mu) ** group_size  # the simulator's prior needs target < ceiling
@@ -199,10 +211,16 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
         out["min_turns"], out["max_turns"] = max(1, int(turns.min())), max(1, int(turns.max()))
     if learned_spearman is not None and math.isfinite(learned_spearman) and learned_spearman > 0:
         out["feature_spearman"] = float(min(learned_spearman, 1.0))
+    if len(prior) > 1:  # the bank's prompts are of several kinds
+        out["type_shares"] = tuple(w for w, _, _ in prior)
+        out["type_means"] = tuple(x / (x + y) for _, x, y in prior)
+        out["type_concentrations"] = tuple(x + y for _, x, y in prior)
     lo, hi = CONCENTRATION_BOUNDS
     out["fitted"] = {"a": a, "b": b, "concentration": a + b,
                      "r": None if kappa is None else kappa / (kappa + 1),
-                     "clipped": bool(np.isclose(a + b, lo) or np.isclose(a + b, hi))}
+                     "clipped": bool(np.isclose(a + b, lo) or np.isclose(a + b, hi)),
+                     "prior": [list(c) for c in prior], "kinds": list(names),
+                     "types_mixed": mixed_share(prior, group_size)}
     return out
 
 
@@ -214,8 +232,10 @@ def calibration_from_stats(stats: Mapping[str, Any], *, group_size: int) -> dict
     turns = [int(t) for t, c in stats["turns"]["histogram"].items() for _ in range(int(c))]
     learned = (stats.get("predictor") or {}).get("prompt")
     usable = counts[:, 1] >= 2
+    kinds = stats.get("prompt_kinds")
+    kinds = None if kinds is None else [k for k, keep in zip(kinds, usable) if keep]
     return calibration(counts[usable, 0], counts[usable, 1], depths, flipped, trials, turns, group_size=group_size,
-                       learned_spearman=learned)
+                       learned_spearman=learned, kinds=kinds)
 
 
 def flip_counts(stats: Mapping[str, Any]) -> tuple[list[int], list[int], list[int]]:
@@ -239,8 +259,8 @@ def with_lengths(calibrated: Mapping[str, Any], stats: Mapping[str, Any], shares
         return out
     model = LengthModel.of(out["min_turns"], out["max_turns"], out["turn_shares"], out["success_turn_shares"])
     fitted = out["fitted"]
-    kappa = float(np.clip(concentration_under_lengths(depths, flipped, trials, (fitted["a"], fitted["b"]), model,
-                                                      kept), 1e-3, 1e6))
+    prior = tuple(tuple(c) for c in fitted.get("prior") or [(1.0, fitted["a"], fitted["b"])])
+    kappa = float(np.clip(concentration_under_lengths(depths, flipped, trials, prior, model, kept), 1e-3, 1e6))
     out["step_concentration"] = kappa
     out["fitted"] = {**fitted, "r": kappa / (kappa + 1), "r_without_lengths": fitted["r"]}
     return out
@@ -248,6 +268,9 @@ def with_lengths(calibrated: Mapping[str, Any], stats: Mapping[str, Any], shares
 
 def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~trace_gym.bench.config.SimBenchConfig` keys of a :func:`calibration` result."""
-    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", "turn_shares",
-            "success_turn_shares", "feature_spearman", "predictor_level_shift", "warmup_prompts")
-    return {k: tuple(calibrated[k]) if k.endswith("turn_shares") else calibrated[k] for k in keys if k in calibrated}
+    from trace_gym.sim.simulator import TYPE_KEYS
+
+    tuples = ("turn_shares", "success_turn_shares", *TYPE_KEYS)
+    keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", *tuples,
+            "type_visibility", "feature_spearman", "predictor_level_shift", "warmup_prompts")
+    return {k: tuple(calibrated[k]) if k in tuples else calibrated[k] for k in keys if k in calibrated}

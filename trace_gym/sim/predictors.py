@@ -37,9 +37,10 @@ class OraclePredictor:
 
 @functools.lru_cache(maxsize=512)  # a fit asks the same (target, prior) once per simulated bank and grid point
 def noise_for_spearman(
-    target: float, prior: tuple[float, float], n_samples: int = 20000, seed: int = 0
+    target: float, prior: tuple, n_samples: int = 20000, seed: int = 0
 ) -> float:
-    """sigma such that Spearman(p, logit p + sigma eps) = ``target`` for p ~ Beta(prior).
+    """sigma such that Spearman(p, logit p + sigma eps) = ``target`` for p drawn from ``prior``: a Beta
+    (a, b), or task types ((share, a, b), ...) (:func:`trace_gym.sim.prior.components_of`; hashable).
 
     Spearman is rank-based, so only the distribution of logit p matters. Estimated on
     ``n_samples`` common random numbers and solved by bisection (the correlation falls
@@ -54,8 +55,10 @@ def noise_for_spearman(
         return float("inf")
     from scipy import stats
 
+    from trace_gym.sim.prior import components_of, draw
+
     rng = np.random.default_rng(seed)
-    z = logit(rng.beta(*prior, size=n_samples))
+    z = logit(draw(components_of(prior), n_samples, rng)[0])
     eps = rng.standard_normal(n_samples)
     rz = stats.rankdata(z)
 
@@ -85,7 +88,7 @@ class NoisyOraclePredictor:
 
     @classmethod
     def with_spearman(cls, spearman: float, world: SimWorld, seed: int = 0) -> "NoisyOraclePredictor":
-        return cls(noise_for_spearman(spearman, world.prior()), np.random.default_rng(seed))
+        return cls(noise_for_spearman(spearman, world.difficulty()), np.random.default_rng(seed))
 
     def predict(self, contexts: Sequence[SimState]) -> np.ndarray:
         v = np.array([c.value for c in contexts], dtype=float)

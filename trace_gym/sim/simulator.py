@@ -48,6 +48,7 @@ from trace_gym.budget import BudgetLedger
 from trace_gym.step.driver import BranchResult, run_step
 from trace_gym.predictor.kinds import SuccessPredictor
 from trace_gym.sim.lengths import LengthModel, check_lengths, episode_paths
+from trace_gym.sim.prior import components_of, draw, mixed_probability
 from trace_gym.allocation.strategy import Strategy
 from trace_gym.tree import ROOT, TARGET_ESTIMATORS, RolloutTree
 
@@ -64,18 +65,6 @@ def sigmoid(x: np.ndarray | float) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- difficulty prior
-def mixed_probability(a: float, b: float, group_size: int = 8) -> float:
-    """E[1 - p^G - (1 - p)^G] for p ~ Beta(a, b): P(a group of G fresh rollouts is mixed)."""
-    if a <= 0 or b <= 0:
-        raise ValueError(f"Beta parameters must be > 0, got a={a!r}, b={b!r}")
-    if group_size < 1 or int(group_size) != group_size:
-        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
-    i = np.arange(int(group_size))
-    e_success = np.prod((a + i) / (a + b + i))
-    e_failure = np.prod((b + i) / (a + b + i))
-    return float(1.0 - e_success - e_failure)
-
-
 def calibrate_prior(target_mixed: float = 0.27, mean_success: float = 0.5, group_size: int = 8) -> tuple[float, float]:
     """Beta(a, b) with mean ``mean_success`` and P(mixed group of G) = ``target_mixed``.
 
@@ -128,6 +117,12 @@ class SimWorld:
         feature_noise: std of the noise on the informative feature (logit units; ``inf``:
             no feature informs, a predictor's Spearman 0).
         signal_noise: std of the per-turn observation signal logit(V_t) + noise.
+        type_shares, type_means, type_concentrations: a prior of task *types*
+            (:mod:`trace_gym.sim.prior`): type k's share, and its Beta's mean and concentration
+            a + b. Empty (the default): one Beta, from ``target_mixed`` and ``mean_success``.
+        type_visibility: with types, the probability that the one-hot type a learned predictor
+            sees (K features after the ``feature_dim`` ones) is the task's own; otherwise it is a type drawn uniformly
+            (0: the type is noise to the predictor; 1: it always sees it).
         prompt_tokens: prompt length (tokens).
         policy_tokens_per_turn, observation_tokens_per_turn: Poisson means (tokens).
     """
@@ -146,21 +141,34 @@ class SimWorld:
     prompt_tokens: int = 150
     policy_tokens_per_turn: float = 200.0
     observation_tokens_per_turn: float = 80.0
+    type_shares: tuple[float, ...] = ()
+    type_means: tuple[float, ...] = ()
+    type_concentrations: tuple[float, ...] = ()
+    type_visibility: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}")
-        for name in ("turn_shares", "success_turn_shares"):  # a list from a caller: hashable like the rest
+        for name in ("turn_shares", "success_turn_shares", *TYPE_KEYS):  # a list from a caller: hashable too
             object.__setattr__(self, name, tuple(getattr(self, name)))
         check_lengths(self.turn_shares, self.success_turn_shares, self.min_turns, self.max_turns)
         if self.step_concentration <= 0:
             raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
         if self.feature_dim < 1:
             raise ValueError(f"feature_dim must be >= 1, got {self.feature_dim!r}")
+        check_types(self.type_shares, self.type_means, self.type_concentrations, self.type_visibility)
 
     def prior(self) -> tuple[float, float]:
         """Calibrated Beta(a, b) difficulty prior."""
         return calibrate_prior(self.target_mixed, self.mean_success, self.group_size)
+
+    def difficulty(self) -> tuple[tuple[float, float, float], ...]:
+        """The prior as components (share, a, b) (:mod:`trace_gym.sim.prior`): the types, else the one
+        Beta of :meth:`prior`."""
+        if not self.type_shares:
+            return ((1.0, *self.prior()),)
+        return tuple((w, m * c, (1 - m) * c)
+                     for w, m, c in zip(self.type_shares, self.type_means, self.type_concentrations))
 
     def length_model(self) -> LengthModel | None:
         """The per-episode length model of ``turn_shares``; ``None``: one length per task."""
@@ -175,7 +183,8 @@ class TaskPool:
 
     Attributes:
         success: p_i, shape (n,).
-        features: what a learned predictor sees, shape (n, feature_dim).
+        features: what a learned predictor sees, shape (n, feature_dim), with task types (n, feature_dim + K):
+            the one-hot type seen last.
         turns: T_i, shape (n,): every episode's length; with per-episode lengths the value
             path's horizon (max_turns), which no episode outruns.
     """
@@ -190,8 +199,7 @@ class TaskPool:
 
 def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPool:
     """Draw ``n_tasks`` tasks from the world's calibrated prior."""
-    a, b = world.prior()
-    p = rng.beta(a, b, size=n_tasks)
+    p, types = draw(world.difficulty(), n_tasks, rng)
     feats = rng.standard_normal((n_tasks, world.feature_dim))
     if np.isfinite(world.feature_noise):  # infinite noise: feature 0 is as uninformative as the others
         feats[:, 0] = logit(p) + world.feature_noise * feats[:, 0]
@@ -199,7 +207,38 @@ def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPo
         turns = np.full(n_tasks, world.max_turns)
     else:
         turns = rng.integers(world.min_turns, world.max_turns + 1, size=n_tasks)
+    k = len(world.type_shares)
+    if k:  # drawn last: pools that differ only in visibility share every other draw
+        seen = np.where(rng.random(n_tasks) < world.type_visibility, types, rng.integers(0, k, size=n_tasks))
+        feats = np.concatenate([feats, (seen[:, None] == np.arange(k)[None, :]).astype(float)], axis=1)
     return TaskPool(success=p, features=feats, turns=turns)
+
+
+#: The :class:`SimWorld` (and simulated bench) keys of a prior of task types.
+TYPE_KEYS = ("type_shares", "type_means", "type_concentrations")
+
+
+def check_types(shares: Sequence[float], means: Sequence[float], concentrations: Sequence[float],
+                visibility: float) -> None:
+    """A prior of task types (one line naming a bad value): three lists of one length (empty: no
+    types), shares in (0, 1] summing to 1, means in (0, 1), concentrations > 0, a visibility in
+    [0, 1]."""
+    if not 0 <= visibility <= 1:
+        raise ValueError(f"type_visibility must lie in [0, 1], got {visibility!r}")
+    if not (len(shares) == len(means) == len(concentrations)):
+        raise ValueError(f"type_shares, type_means and type_concentrations need one value per type, got "
+                         f"{len(shares)}, {len(means)} and {len(concentrations)}")
+    if not len(shares):
+        return
+    for m in means:
+        if not 0 < m < 1:
+            raise ValueError(f"type_means must lie in (0, 1), got {m!r}")
+    for c in concentrations:
+        if not (c > 0 and np.isfinite(c)):
+            raise ValueError(f"type_concentrations must be finite and > 0, got {c!r}")
+    if abs(sum(shares) - 1) > 1e-6 or min(shares) <= 0:
+        raise ValueError(f"type_shares must be shares > 0 summing to 1, got {tuple(shares)!r} (sum {sum(shares):g})")
+    components_of([(w, m * c, (1 - m) * c) for w, m, c in zip(shares, means, concentrations)])
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,179 @@
+"""The simulator's difficulty prior: one Beta, or a mixture of task *types*, each a Beta (pure functions).
+
+A prior is a tuple of components ``(share, a, b)``: a task draws its type k with probability
+``share_k``, then its success probability p ~ Beta(a_k, b_k). One component is the simulator's
+classic prior (:func:`trace_gym.sim.simulator.calibrate_prior`). Several model a task family made
+of kinds of task a policy either mostly solves or mostly fails (templates, topics, tools), which a
+learned predictor can tell apart from the prompt alone, as an embedding tells a template:
+:func:`trace_gym.sim.simulator.make_pool` shows each task's type to the predictor (a one-hot
+feature, right with probability ``type_visibility``). The generated math bank with 16 roots is such a
+family: 26 % of its prompts never succeed, 39 % succeed 12 to 15 times of 16, and its embedding
+predictor's values cluster by kind (about 0.1 and 0.85) while saying little within a kind; a single
+Beta matched to its counts cannot give a simulated predictor both its selection and its calibration
+(docs/benchmarking.md).
+
+- :func:`components_of`: a prior from a Beta pair or components (checked, shares summing to 1).
+- :func:`draw`: tasks' p and types (one component draws exactly what ``rng.beta(a, b, n)`` does).
+- :func:`quantiles`: a deterministic sample of p (common random numbers for fits).
+- :func:`mean_variance_term`: E[p (1 - p)], what flip rates scale with.
+- :func:`mixed_share`: P(a group of G fresh rollouts is mixed).
+- :func:`types_from_kinds`: a bank's types, one per task kind its ids name
+  (:func:`trace_gym.banks.stats.task_kind`), each kind's Beta the maximum likelihood of its
+  prompts' counts (:func:`beta_mle`). The kinds, not a mixture fitted to the counts alone: on the
+  math bank of 16 roots the counts' best mixture (by the Bayesian information criterion) has two
+  types and lumps the tier its policy mostly fails with the one it half solves, which its
+  predictor tells apart (the tier is in the prompt's form).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+#: One component: (share, a, b).
+Component = tuple[float, float, float]
+Prior = tuple[Component, ...]
+
+#: Bounds of each fitted component's Beta parameters (a, b), as the single fit's concentration.
+PARAMETER_BOUNDS = (1e-3, 1e5)
+
+
+def components_of(prior: Sequence[float] | Sequence[Sequence[float]]) -> Prior:
+    """A prior as components: ``(a, b)`` is one Beta; ``((share, a, b), ...)`` a mixture.
+
+    Raises:
+        ValueError: a share not in (0, 1], shares not summing to 1 (within 1e-6), a Beta
+            parameter not finite and > 0 (one line naming the value).
+    """
+    items = list(prior)
+    if items and not isinstance(items[0], (tuple, list, np.ndarray)):
+        if len(items) != 2:
+            raise ValueError(f"a Beta prior is a pair (a, b), got {tuple(items)!r}")
+        items = [(1.0, items[0], items[1])]
+    out = tuple((float(w), float(a), float(b)) for w, a, b in items)
+    if not out:
+        raise ValueError("a prior needs at least one component")
+    for w, a, b in out:
+        if not 0 < w <= 1:
+            raise ValueError(f"a type's share must lie in (0, 1], got {w!r}")
+        if not (math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0):
+            raise ValueError(f"a type's Beta parameters must be finite and > 0, got a={a!r}, b={b!r}")
+    total = sum(w for w, _, _ in out)
+    if abs(total - 1) > 1e-6:
+        raise ValueError(f"the types' shares must sum to 1, got {total!r}")
+    return out
+
+
+def draw(prior: Prior, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` tasks' success probabilities and types (shapes (n,)). One component draws exactly
+    ``rng.beta(a, b, size=n)`` (type 0), so a one-Beta world's pools are what they always were."""
+    if len(prior) == 1:
+        _, a, b = prior[0]
+        return rng.beta(a, b, size=n), np.zeros(n, dtype=np.int64)
+    shares = np.array([w for w, _, _ in prior])
+    types = rng.choice(len(prior), size=n, p=shares / shares.sum())
+    a = np.array([c[1] for c in prior])[types]
+    b = np.array([c[2] for c in prior])[types]
+    return rng.beta(a, b), types
+
+
+def quantiles(prior: Prior, samples: int) -> np.ndarray:
+    """A deterministic sample of p of about ``samples`` values: each component's mid-point quantiles,
+    as many as its share of ``samples`` (at least one). Shape (m,), sorted within each component."""
+    from scipy import stats
+
+    out = []
+    for w, a, b in prior:
+        m = max(1, int(round(w * samples)))
+        out.append(stats.beta.ppf((np.arange(m) + 0.5) / m, a, b))
+    return np.concatenate(out)
+
+
+def mean_variance_term(prior: Prior) -> float:
+    """E[p (1 - p)] = sum_k share_k mu_k (1 - mu_k) s_k / (s_k + 1), s_k = a_k + b_k."""
+    return float(sum(w * a * b / (a + b) ** 2 * (a + b) / (a + b + 1) for w, a, b in prior))
+
+
+def mixed_share(prior: Prior, group_size: int) -> float:
+    """P(a group of ``group_size`` fresh rollouts is mixed): the components' shares of
+    :func:`mixed_probability`."""
+    return float(sum(w * mixed_probability(a, b, group_size) for w, a, b in prior))
+
+
+def mixed_probability(a: float, b: float, group_size: int = 8) -> float:
+    """E[1 - p^G - (1 - p)^G] for p ~ Beta(a, b): P(a group of G fresh rollouts is mixed)."""
+    if a <= 0 or b <= 0:
+        raise ValueError(f"Beta parameters must be > 0, got a={a!r}, b={b!r}")
+    if group_size < 1 or int(group_size) != group_size:
+        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
+    i = np.arange(int(group_size))
+    e_success = np.prod((a + i) / (a + b + i))
+    e_failure = np.prod((b + i) / (a + b + i))
+    return float(1.0 - e_success - e_failure)
+
+
+def mean_success(prior: Prior) -> float:
+    """E[p]."""
+    return float(sum(w * a / (a + b) for w, a, b in prior))
+
+
+def log_likelihood(prior: Prior, successes: np.ndarray, totals: np.ndarray) -> float:
+    """The beta-binomial log likelihood of per-prompt counts (the binomial coefficients included)."""
+    from scipy import special
+
+    s, n = np.asarray(successes, dtype=float), np.asarray(totals, dtype=float)
+    choose = special.gammaln(n + 1) - special.gammaln(s + 1) - special.gammaln(n - s + 1)
+    terms = [math.log(w) + special.betaln(s + a, n - s + b) - special.betaln(a, b) for w, a, b in prior]
+    return float((choose + np.logaddexp.reduce(np.stack(terms), axis=0)).sum())
+
+
+def beta_mle(successes: Sequence[int], totals: Sequence[int]) -> tuple[float, float]:
+    """The maximum-likelihood Beta(a, b) of per-prompt counts (beta-binomial; Nelder-Mead on log a,
+    log b within :data:`PARAMETER_BOUNDS`, from the method of moments' mean at two concentrations).
+    Counts that never (always) succeed run a (b) to its lower bound: a type whose mean is ~0 (~1).
+
+    Raises:
+        ValueError: no prompts, or counts outside 0 <= s_i <= n_i with n_i >= 1.
+    """
+    from scipy import optimize
+
+    s, n = np.asarray(successes, dtype=float), np.asarray(totals, dtype=float)
+    if s.shape != n.shape or s.size < 1:
+        raise ValueError(f"need counts of at least one prompt (same length), got {s.size} and {n.size}")
+    if (s < 0).any() or (s > n).any() or (n < 1).any():
+        raise ValueError("every prompt needs >= 1 recorded root and 0 <= successes <= roots")
+    lo, hi = (math.log(x) for x in PARAMETER_BOUNDS)
+
+    def nll(x: np.ndarray) -> float:
+        a, b = np.exp(np.clip(x, lo, hi))
+        return -log_likelihood(((1.0, float(a), float(b)),), s, n)
+
+    mu = float(np.clip(s.sum() / n.sum(), 1e-3, 1 - 1e-3))
+    fits = [optimize.minimize(nll, np.log([mu * c, (1 - mu) * c]), method="Nelder-Mead",
+                              options={"maxiter": 4000, "xatol": 1e-7, "fatol": 1e-9}) for c in (1.0, 20.0)]
+    a, b = np.exp(np.clip(min(fits, key=lambda f: f.fun).x, lo, hi))
+    return float(a), float(b)
+
+
+#: Prompts a kind needs for its own type (:func:`types_from_kinds`).
+MIN_KIND_PROMPTS = 3
+
+
+def types_from_kinds(kinds: Sequence[str], successes: Sequence[int], totals: Sequence[int],
+                     min_prompts: int = MIN_KIND_PROMPTS) -> tuple[Prior, tuple[str, ...]] | None:
+    """Task types from a bank's task kinds (:func:`trace_gym.banks.stats.task_kind`, one per prompt): each
+    kind a type, its share the kind's share of the prompts, its Beta the :func:`beta_mle` of its prompts'
+    counts; with the kinds' names, in the types' order (sorted by name). ``None`` where there are fewer
+    than two kinds, or a kind has fewer than ``min_prompts`` prompts (too few to fit its Beta; the counts
+    then take one Beta for all)."""
+    k = np.asarray(list(kinds), dtype=object)
+    s, n = np.asarray(successes, dtype=float), np.asarray(totals, dtype=float)
+    if not (k.shape == s.shape == n.shape):
+        raise ValueError(f"need one kind per prompt's counts, got {k.size} kinds for {s.size} prompts")
+    names = tuple(sorted(set(k.tolist())))
+    if len(names) < 2 or min(int((k == x).sum()) for x in names) < min_prompts:
+        return None
+    prior = tuple((float((k == x).mean()), *beta_mle(s[k == x], n[k == x])) for x in names)
+    return prior, names
