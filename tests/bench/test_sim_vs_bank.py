@@ -73,6 +73,34 @@ def test_a_simulator_whose_trace_is_uniform_fails_naming_the_rows(svb):
                                      "combined: trace effective ratio; trace mixed prompts/step")
 
 
+def test_the_simulators_word_is_the_one_most_of_its_blocks_say(svb):
+    """Three blocks of 5 repetitions: in the first TRACE is uniform's (not shown), in the other two it is
+    above every repetition: the word is 'shown above', the first block's printed beside it; with two
+    blocks of uniform the word is 'not shown' and the check fails."""
+    def sim(flat_blocks):
+        blocks = [UNIFORM if flat else TRACE for flat in flat_blocks]
+        return {"strategies": {"uniform": row(UNIFORM[0] * 3, UNIFORM[1] * 3),
+                               "trace": row(sum((b[0] for b in blocks), []), sum((b[1] for b in blocks), []))}}
+
+    bank = results(UNIFORM, TRACE)
+    out = svb.agreement(bank, sim([True, False, False]))
+    words = {p["metric"]: p for p in out["pairs"]}["effective ratio"]
+    assert words["blocks"] == ["not shown", "shown above", "shown above"] and words["sim"] == "shown above"
+    assert words["first"] == "not shown" and out["sim_blocks"] == 3
+    assert "| not shown, shown above, shown above |" in svb.table("b", out, ["cmd"])
+    out = svb.agreement(bank, sim([True, False, True]))
+    assert {p["metric"]: p["sim"] for p in out["pairs"]}["effective ratio"] == "not shown"
+    assert "trace - uniform effective ratio" in out["failed"]
+
+
+def test_a_word_no_majority_says_is_split(svb):
+    assert svb.modal_word(["shown above", "not shown", "shown below"]) == "split"
+    assert svb.modal_word(["shown above", "shown above"]) == "shown above"
+    assert svb.modal_word(["shown above", "not shown"]) == "split"  # a tie is no majority
+    assert [len(b["strategies"]["trace"]["per_rep"]) for b in svb.blocks(results(UNIFORM, TRACE, times=3), 5)] == \
+        [5, 5, 5]
+
+
 def test_a_bad_argument_is_one_line(svb, capsys):
     assert svb.main(["no_such_bank"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

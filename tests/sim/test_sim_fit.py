@@ -290,3 +290,35 @@ def test_on_a_bank_the_truth_is_a_group_drawn_from_the_recorded_roots(tmp_path):
     for sample in samples:
         s = np.rint(sample.rates * 8).astype(int)
         assert sample.mixed.tolist() == pytest.approx([1 - (comb(k, 4) + comb(8 - k, 4)) / comb(8, 4) for k in s])
+
+
+def test_the_visibility_fit_finds_a_predictor_that_reads_the_type_alone():
+    """A target measured on a two-type world whose predictor sees the type and no feature (visibility 1,
+    feature Spearman 0): of visibilities 0 and 1, the fit takes 1, where the four measures meet."""
+    from trace_gym.bench.sim_fit import fit_visibility, mean_quality
+
+    world = SimWorld(type_shares=(0.5, 0.5), type_means=(0.1, 0.85), type_concentrations=(4.0, 30.0),
+                     type_visibility=1.0, group_size=4, min_turns=1, max_turns=2)
+    shape = RecordedShape(4, 2, 1)
+    kw = dict(warmup_prompts=32, scored=256, seeds=1, prefix_share=0.06)
+    target = mean_quality(start_samples(world, shape, spearmans=[0.0], **kw)[0.0], 0.0, selection=(64, 8))
+    fit = fit_visibility(world, shape, target, grid=(0.0, 1.0), selection=(64, 8), **kw)
+    assert fit["type_visibility"] == 1.0
+    near, far = sorted(fit["visibility_grid"], key=lambda r: r["distance"])
+    assert near["type_visibility"] == 1.0 and near["distance"] < far["distance"]
+    assert abs(near["brier"] - target["brier"]) < abs(far["brier"] - target["brier"])
+
+
+def test_the_in_bench_choice_reads_the_picks_first_then_the_rest():
+    from trace_gym.bench.sim_calibration import choose_in_bench
+
+    bank = {"selection_precision": 0.68, "brier": 0.11, "mixed_auc": 0.75, "prompt_spearman": 0.85}
+    readings = [
+        {"selection_precision": 0.683, "brier": 0.108, "mixed_auc": 0.78, "prompt_spearman": 0.92},  # gaps .002+.03+.07
+        {"selection_precision": 0.677, "brier": 0.115, "mixed_auc": 0.77, "prompt_spearman": 0.90},  # .005+.02+.05
+        {"selection_precision": 0.723, "brier": 0.104, "mixed_auc": 0.75, "prompt_spearman": 0.84},  # nearest, but picks
+    ]
+    assert choose_in_bench(bank, readings) == 1  # the third picks 0.043 better than the bank: out
+    assert choose_in_bench(bank, readings, tolerance=0.05) == 2  # within a looser tolerance it is nearest
+    far = [dict(r, selection_precision=r["selection_precision"] - 0.1) for r in readings]
+    assert choose_in_bench(bank, far) == 2  # none within: the nearest picks (0.623), and those near it

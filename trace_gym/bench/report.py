@@ -190,8 +190,11 @@ def _calibration(results: Mapping[str, Any]) -> list[str]:
     fit = calibration["fitted"]
     kept = "".join(f"; {k} {v!r} kept (set by you)" for k, v in calibration.get("kept", {}).items())
     clipped = " (clipped at its bound)" if fit.get("clipped") else ""
+    prior = f"Beta({fit['a']:.3g}, {fit['b']:.3g}){clipped}"
+    if fit.get("kinds"):  # one Beta per task kind; the single Beta is what the counts give without them
+        prior = f"one Beta per task kind ({len(fit['kinds'])} kinds; all together {prior})"
     return ["", f"Calibrated from the bank {calibration['bank']}: {used}{kept}; fitted prior "
-            f"Beta({fit['a']:.3g}, {fit['b']:.3g}){clipped}, per-turn variance ratio r = "
+            f"{prior}, per-turn variance ratio r = "
             f"{fit['r'] if fit['r'] is None else round(fit['r'], 4)} (trace_gym/sim/calibrate.py; "
             f"{calibration.get('spearman_note', 'feature_spearman is the learned predictor measured Spearman')})."]
 

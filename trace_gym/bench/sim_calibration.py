@@ -8,8 +8,11 @@ knobs fitted where the bench the simulator runs selects (:class:`FitShape`, :fun
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from trace_gym.allocation.strategy import Strategy
 from trace_gym.bench.config import SimBenchConfig
@@ -25,8 +28,6 @@ def calibrated(cfg: SimBenchConfig, reference: Strategy | None = None) -> tuple[
     "learned_spearman", "bank_quality", "predictor_fit", "recorded_shape", "in_bench", "cached"}``
     (``in_bench`` with a ``reference`` strategy, else None: :func:`bank_fit`). A knob set away from its
     default in ``cfg`` is yours and is kept (``kept``)."""
-    import dataclasses
-
     from trace_gym.sim.calibrate import sim_overrides
 
     found, cached = bank_fit(cfg.calibrate_from, cfg.group_size, FitShape.of_sim(cfg), reference)
@@ -62,8 +63,13 @@ def _fit_note(found: Mapping[str, Any]) -> str:
                           zip(names, found["type_shares"], found["type_means"], found["type_concentrations"]))
         out += (f"; one task type per kind of the bank's task ids (trace_gym/sim/prior.py): {kinds}, each task's "
                 f"type seen by the predictor with probability "
-                f"{found['type_visibility']:g}, the visibility whose Brier is nearest the bank's "
-                f"(bank {bank['brier']:.3f}, simulated {sim['brier']:.3f})")
+                f"{found['type_visibility']:g}, the visibility whose predictor reads most like the bank's "
+                + ("in the bench (its picks first, then Brier, AUC and Spearman)"
+                   if found["predictor_fit"].get("chosen_in_bench") else
+                   "at the start of the first step (selection, Brier, AUC and Spearman; run uniform among the "
+                   "strategies to choose it in the bench)")
+                + f" (at the start: Brier bank {bank['brier']:.3f}, simulated {sim['brier']:.3f}; Spearman "
+                f"{bank['prompt_spearman']:.3f}, {sim['prompt_spearman']:.3f})")
     steps = found.get("in_bench")
     if steps:
         b, s = steps["bank"], steps["simulated"]
@@ -77,7 +83,7 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: were an experiment's (per-task length histograms, reverted); 6: per-episode lengths by outcome; 7: the bank
 #: predictor's quality averaged over the bench's per-repetition warm-up slices; 8: fitted at the simulated bench's
 #: own shape (its warm-up slice, candidates and PCL's picks), not the bank bench's defaults; the in-bench reading;
-#: 9: task types where the counts need them (trace_gym/sim/prior.py), their visibility fitted to the bank's Brier.
+#: 9: task types, one per kind of the bank's task ids (trace_gym/sim/prior.py), their visibility fitted.
 FIT_VERSION = 9
 #: The per-episode length keys a bank's roots set (:func:`lengths_by_outcome`).
 LENGTH_SHARES = ("turn_shares", "success_turn_shares")
@@ -133,8 +139,6 @@ class FitShape:
         Raises:
             ValueError: a warm-up slice that leaves no prompt to measure (naming both sizes).
         """
-        import dataclasses
-
         from trace_gym.bench.bank import bank_sizes, warmup_size
         from trace_gym.bench.config import BankBenchConfig
 
@@ -182,7 +186,6 @@ def bank_fit(path: str, group_size: int, shape: FitShape = FitShape(),
     ``$TRACE_GYM_CACHE/calibrations/<bank sha256>-G<group>-<shape>-v<FIT_VERSION>.json``, keyed by the
     bank's checksum and the shape, so a calibrated simulator run costs seconds after the first. A
     damaged cache entry is a miss."""
-    import dataclasses
     import json
     import os
 
@@ -215,7 +218,6 @@ def bank_fit(path: str, group_size: int, shape: FitShape = FitShape(),
 
 def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[str, Any]:
     """:func:`bank_fit`'s computation (no cache, no in-bench reading)."""
-    import dataclasses
 
     from trace_gym.sim import simulator as sim
     from trace_gym.banks.stats import bank_stats
@@ -253,12 +255,19 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
                     "learned_spearman": quality["prompt_spearman"]}
 
 
-def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: Mapping[str, Any],
+def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: dict[str, Any],
               reference: Strategy) -> dict[str, Any]:
-    """Both predictors read in the bench, beside the fit (not fitted: :mod:`trace_gym.bench.in_bench`):
-    ``reference`` (a strategy that does not read its predictor) run as one arm of the bank bench of
-    ``shape`` and of the simulated bench at the fitted knobs, its predictor's mean quality over the
-    measured steps of each, PCL's picks out of each bench's candidates."""
+    """Both predictors read in the bench (:mod:`trace_gym.bench.in_bench`): ``reference`` (a strategy that
+    does not read its predictor) run as one arm of the bank bench of ``shape`` and of the simulated bench,
+    its predictor's mean quality over the measured steps of each, PCL's picks out of each bench's
+    candidates. Beside the fit for a world of one type. For task types it also chooses the visibility
+    (and sets it in ``found`` with its fitted ``feature_spearman`` and ``predictor_level_shift``): each
+    visibility's fitted predictor is read in the bench, and of those whose selection precision there
+    lies within :data:`IN_BENCH_TOLERANCE` of the bank's (else the nearest), the one nearest the bank's
+    over Brier, AUC and Spearman (:func:`choose_in_bench`). Read at the start of the first step a
+    predictor that sees the type matched the math bank's on all four measures, but it went on learning
+    in the bench where the bank's embedding predictor does not (picks 0.723 against 0.680), and put
+    TRACE at 0.774 against the bank's 0.646 +- 0.054."""
     from trace_gym.bench.bank import BankSource
     from trace_gym.bench.config import BankBenchConfig
     from trace_gym.bench.in_bench import arm_samples
@@ -268,6 +277,7 @@ def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: Map
     bank_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=BankBenchConfig().seeds)
     with use_store(bank_store(bank.scan.sha256)):
         bank_steps = arm_samples(BankSource(bank_cfg), reference)
+    bank_q = mean_quality(bank_steps, 0.0, selection=tuple(found["selection"]))
     world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
     sim_cfg = SimBenchConfig(**world, group_size=group_size, candidates=shape.candidates or bank_cfg.candidates,
                              root_budget=shape.root_budget or bank_cfg.root_budget,
@@ -276,12 +286,51 @@ def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: Map
                              warmup_prompts=found["warmup_prompts"], seeds=IN_BENCH_SIM_SEEDS,
                              oracle_upper_bound=False, feature_spearman=found["feature_spearman"])
     sim_picks = pcl_picks(sim_cfg.root_budget, sim_cfg.continuations_per_root, group_size)
-    sim_steps = arm_samples(SimSource(sim_cfg, RecordedShape(**found["recorded_shape"])), reference)
-    return {"bank": mean_quality(bank_steps, 0.0, selection=tuple(found["selection"])),
-            "simulated": mean_quality(sim_steps, found["predictor_level_shift"],
-                                      selection=(sim_cfg.candidates, sim_picks)),
+    recorded = RecordedShape(**found["recorded_shape"])
+
+    def read(knobs: Mapping[str, Any]) -> dict[str, float]:
+        cfg = dataclasses.replace(sim_cfg, feature_spearman=knobs["feature_spearman"],
+                                  **({"type_visibility": knobs["type_visibility"]} if world.get("type_shares") else {}))
+        steps = arm_samples(SimSource(cfg, recorded), reference)
+        return mean_quality(steps, knobs["predictor_level_shift"], selection=(sim_cfg.candidates, sim_picks))
+
+    grid = found["predictor_fit"].get("visibility_grid") or []
+    readings = [read(row) for row in grid] if grid else [read(found)]
+    best = choose_in_bench(bank_q, readings) if grid else 0
+    if grid:
+        row = grid[best]
+        for k in ("type_visibility", "feature_spearman", "predictor_level_shift"):
+            found[k] = row[k]
+        reached = {k: row[k] for k in ("prompt_spearman", "mixed_auc", "brier", "level_error", "selection_precision")}
+        found["predictor_fit"] |= {"type_visibility": row["type_visibility"], "chosen_in_bench": True,
+                                   "feature_spearman": row["feature_spearman"],
+                                   "predictor_level_shift": row["predictor_level_shift"], "reached": reached}
+        for row, q in zip(grid, readings):
+            row["in_bench"] = q
+    return {"bank": bank_q, "simulated": readings[best],
             "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": bank_cfg.seeds,
             "sim_repetitions": IN_BENCH_SIM_SEEDS, "sim_selection": [sim_cfg.candidates, sim_picks]}
+
+
+#: In-bench selection precisions within this of the bank's are as good (:func:`choose_in_bench`): about the
+#: reading's spread over 30 simulated repetitions of 3 steps.
+IN_BENCH_TOLERANCE = 0.015
+
+
+def choose_in_bench(bank: Mapping[str, float], readings: Sequence[Mapping[str, float]],
+                    tolerance: float = IN_BENCH_TOLERANCE) -> int:
+    """Index of the reading that reads most like ``bank`` in the bench: of those whose
+    ``selection_precision`` lies within ``tolerance`` of the bank's (none: the nearest, and those within
+    ``tolerance`` of it), the nearest over Brier, mixed AUC and prompt Spearman (the sum of absolute
+    gaps; a tie: the first). Selection first: it is what PCL and TRACE's root stage read."""
+    from trace_gym.bench.sim_fit import closest
+
+    precision = [float(r["selection_precision"]) for r in readings]
+    gaps = np.abs(np.asarray(precision) - float(bank["selection_precision"]))
+    keep = np.flatnonzero(gaps <= max(tolerance, float(gaps.min()) + tolerance) + 1e-12)
+    rest = [sum(abs(float(readings[i][m]) - float(bank[m])) for m in ("brier", "mixed_auc", "prompt_spearman"))
+            for i in keep]
+    return int(keep[closest(rest, 0.0)])
 
 
 #: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).

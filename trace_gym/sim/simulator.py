@@ -187,11 +187,13 @@ class TaskPool:
             the one-hot type seen last.
         turns: T_i, shape (n,): every episode's length; with per-episode lengths the value
             path's horizon (max_turns), which no episode outruns.
+        types: each task's type (:mod:`trace_gym.sim.prior`), shape (n,); ``None``: one type.
     """
 
     success: np.ndarray
     features: np.ndarray
     turns: np.ndarray
+    types: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.success)
@@ -211,7 +213,7 @@ def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPo
     if k:  # drawn last: pools that differ only in visibility share every other draw
         seen = np.where(rng.random(n_tasks) < world.type_visibility, types, rng.integers(0, k, size=n_tasks))
         feats = np.concatenate([feats, (seen[:, None] == np.arange(k)[None, :]).astype(float)], axis=1)
-    return TaskPool(success=p, features=feats, turns=turns)
+    return TaskPool(success=p, features=feats, turns=turns, types=types)
 
 
 #: The :class:`SimWorld` (and simulated bench) keys of a prior of task types.
