@@ -33,8 +33,8 @@ def test_each_kind_gets_the_maximum_likelihood_beta_of_its_counts():
     # 3,000 prompts of two kinds, 16 roots each: shares, means and concentrations come back
     s, n = counts(TWO_KINDS, 3000, 16, seed=1)
     kinds = np.where(P.draw(TWO_KINDS, 3000, np.random.default_rng(1))[1] == 0, "gen/d1", "sum/m9")
-    prior, names = P.types_from_kinds(kinds, s, n)
-    assert names == ("gen/d1", "sum/m9")
+    prior, names, bic = P.types_from_kinds(kinds, s, n)
+    assert names == ("gen/d1", "sum/m9") and bic["bic_one"] - bic["bic_kinds"] > 1000
     assert [w for w, _, _ in prior] == pytest.approx([0.6, 0.4], abs=0.03)
     assert [a / (a + b) for _, a, b in prior] == pytest.approx([0.2, 0.85], abs=0.015)
     assert [a + b for _, a, b in prior] == pytest.approx([1.5, 40.0], rel=0.25)
@@ -57,7 +57,17 @@ def test_types_need_two_kinds_of_enough_prompts():
     s, n = [1, 2, 3, 4, 5, 6], [8] * 6
     assert P.types_from_kinds(["a"] * 6, s, n) is None  # one kind
     assert P.types_from_kinds(["a"] * 4 + ["b"] * 2, s, n) is None  # a kind of 2 prompts
-    assert P.types_from_kinds(["a"] * 3 + ["b"] * 3, s, n) is not None
+    assert P.types_from_kinds(["a"] * 3 + ["b"] * 3, s, n, margin=-math.inf) is not None
+    assert P.types_from_kinds(["a"] * 3 + ["b"] * 3, s, n) is None  # six prompts cannot show two kinds
+
+
+def test_kinds_that_do_not_explain_the_counts_are_not_types():
+    # one Beta for all, kinds drawn at random: the kinds' BIC is not 10 below one Beta's
+    s, n = counts(((1.0, 0.5, 1.5),), 600, 8, seed=11)
+    kinds = np.random.default_rng(12).choice(["x/a", "x/b", "x/c"], size=600)
+    assert P.types_from_kinds(kinds, s, n) is None
+    typed = P.types_from_kinds(kinds, s, n, margin=-math.inf)
+    assert typed is not None and typed[2]["bic_one"] < typed[2]["bic_kinds"]
     with pytest.raises(ValueError, match="one kind per prompt"):
         P.types_from_kinds(["a"] * 5, s, n)
 

@@ -237,3 +237,4 @@ def test_the_steps_learning_half_weights_prefixes_to_their_share_and_scores_them
     off = run_step(list(range(100)), STRATEGIES["trace"], untouched, sim.SimBranchRunner(pool, WORLD, rng), 128, rng,
                    learn=False)
     assert off.learning is None and untouched.weights is None
+

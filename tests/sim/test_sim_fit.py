@@ -304,7 +304,8 @@ def test_the_visibility_fit_finds_a_predictor_that_reads_the_type_alone():
     target = mean_quality(start_samples(world, shape, spearmans=[0.0], **kw)[0.0], 0.0, selection=(64, 8))
     fit = fit_visibility(world, shape, target, grid=(0.0, 1.0), selection=(64, 8), **kw)
     assert fit["type_visibility"] == 1.0
-    near, far = sorted(fit["visibility_grid"], key=lambda r: r["distance"])
+    near = min(fit["visibility_grid"], key=lambda r: r["distance"])
+    far = next(r for r in fit["visibility_grid"] if r["type_visibility"] == 0.0)
     assert near["type_visibility"] == 1.0 and near["distance"] < far["distance"]
     assert abs(near["brier"] - target["brier"]) < abs(far["brier"] - target["brier"])
 
@@ -322,3 +323,15 @@ def test_the_in_bench_choice_reads_the_picks_first_then_the_rest():
     assert choose_in_bench(bank, readings, tolerance=0.05) == 2  # within a looser tolerance it is nearest
     far = [dict(r, selection_precision=r["selection_precision"] - 0.1) for r in readings]
     assert choose_in_bench(bank, far) == 2  # none within: the nearest picks (0.623), and those near it
+
+
+def test_the_warmed_predictor_stays_finite_where_a_kind_never_succeeds():
+    """Four task types, one that never succeeds, the type seen 90 % of the time and no feature: a pure
+    Newton step ran the warmed predictor's logits to the +-30 clip in two of these four warm-ups (and
+    the fit's level shift to its bound); the damped step keeps them within the types' own range."""
+    world = SimWorld(type_shares=(0.17, 0.17, 0.16, 0.5), type_means=(0.335, 0.046, 0.006, 0.872),
+                     type_concentrations=(15.3, 12.2, 1e5, 27.7), type_visibility=0.9, group_size=4, min_turns=1,
+                     max_turns=3, step_concentration=1.2)
+    samples = start_samples(world, RecordedShape(8, 4, None), warmup_prompts=64, scored=256, seeds=4,
+                            prefix_share=0.06, spearmans=[0.0])[0.0]
+    assert max(float(np.abs(s.logits).max()) for s in samples) < 10

@@ -228,7 +228,7 @@ def _grid_rows(world: SimWorld, shape: RecordedShape, target: Mapping[str, float
 
 
 #: Type visibilities :func:`fit_visibility` tries (a world of task types only), least visible first.
-VISIBILITY_GRID = (0.0, 0.5, 0.8, 0.9, 1.0)
+VISIBILITY_GRID = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0)
 #: What :func:`fit_visibility` reads of each fitted predictor: the bank bench's four quality measures.
 VISIBILITY_MEASURES = ("selection_precision", "brier", "mixed_auc", "prompt_spearman")
 
@@ -236,7 +236,8 @@ VISIBILITY_MEASURES = ("selection_precision", "brier", "mixed_auc", "prompt_spea
 def fit_visibility(world: SimWorld, shape: RecordedShape, target: Mapping[str, float], *,
                    grid: Sequence[float] = VISIBILITY_GRID, tolerance: float = FIT_TOLERANCE,
                    **kw: Any) -> dict[str, Any]:
-    """:func:`fit_predictor` at each ``type_visibility`` of ``grid``, then the visibility whose fitted
+    """:func:`fit_predictor` at each ``type_visibility`` of ``grid`` (and at each visibility above 0 the type
+    alone: feature Spearman 0, the level shift solved), then the visibility whose fitted
     predictor is nearest ``target`` over :data:`VISIBILITY_MEASURES` (the sum of the absolute gaps; of
     those within ``tolerance`` of the nearest, the least visible). Selection precision and level error
     are matched at every visibility as well as the feature allows; what tells the visibilities apart
@@ -250,10 +251,25 @@ def fit_visibility(world: SimWorld, shape: RecordedShape, target: Mapping[str, f
     ``feature_spearman``, ``predictor_level_shift``, reached measures and ``distance``)."""
     if not world.type_shares:
         return fit_predictor(world, shape, target, **kw) | {"type_visibility": None, "visibility_grid": []}
-    fits = [fit_predictor(dataclasses.replace(world, type_visibility=float(v)), shape, target, **kw) for v in grid]
+    fits, seen = [], []
+    for v in grid:
+        typed = dataclasses.replace(world, type_visibility=float(v))
+        fits.append(fit_predictor(typed, shape, target, **kw))
+        seen.append(float(v))
+        if v > 0 and fits[-1]["feature_spearman"] > 0:  # the type alone, no feature: what an embedding reads
+            alone = _grid_rows(typed, shape, target, [0.0], kw["selection"], _sample_kw(kw))[0]
+            fits.append({"feature_spearman": 0.0, "predictor_level_shift": alone["shift"],
+                         "reached": {k: x for k, x in alone.items() if k not in ("feature_spearman", "shift")}})
+            seen.append(float(v))
     gaps = [sum(abs(float(f["reached"][m]) - float(target[m])) for m in VISIBILITY_MEASURES) for f in fits]
     best = closest(gaps, 0.0, tolerance)
-    rows = [{"type_visibility": float(v), "feature_spearman": f["feature_spearman"],
+    rows = [{"type_visibility": v, "feature_spearman": f["feature_spearman"],
              "predictor_level_shift": f["predictor_level_shift"], "distance": d, **f["reached"]}
-            for v, f, d in zip(grid, fits, gaps)]
-    return fits[best] | {"type_visibility": float(grid[best]), "visibility_grid": rows}
+            for v, f, d in zip(seen, fits, gaps)]
+    return fits[best] | {"type_visibility": seen[best], "visibility_grid": rows}
+
+
+def _sample_kw(kw: Mapping[str, Any]) -> dict[str, Any]:
+    """The :func:`start_samples` keywords among :func:`fit_predictor`'s (with its defaults)."""
+    return {"warmup_prompts": kw["warmup_prompts"], "prefix_share": kw["prefix_share"],
+            "scored": kw.get("scored", 1024), "seeds": kw.get("seeds", 4)}

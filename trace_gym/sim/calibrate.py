@@ -189,8 +189,8 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
     """The simulator settings a bank's counts imply: ``{"mean_success", "target_mixed",
     "step_concentration", "min_turns", "max_turns"}`` plus ``feature_spearman`` when
     ``learned_spearman`` is given (and positive), task types (``type_shares``, ``type_means``,
-    ``type_concentrations``) where ``kinds`` (one task kind per prompt) name two or more
-    (:func:`trace_gym.sim.prior.types_from_kinds`; kappa is then fitted under them), and ``"fitted"``
+    ``type_concentrations``) where ``kinds`` (one task kind per prompt) name two or more that explain the
+    counts (:func:`trace_gym.sim.prior.types_from_kinds`; kappa is then fitted under them), and ``"fitted"``
     with the fit's intermediate values (a, b, r, the prior, the kinds) for the report."""
     from trace_gym.sim.simulator import mixed_probability
 
@@ -198,7 +198,7 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
 
     a, b = beta_from_counts(prompt_successes, prompt_roots)
     typed = types_from_kinds(kinds, prompt_successes, prompt_roots) if kinds is not None else None
-    prior, names = typed if typed is not None else (((1.0, a, b),), ())
+    prior, names, bic = typed if typed is not None else (((1.0, a, b),), (), None)
     kappa = concentration_from_flips(flip_depths, flip_counts, flip_trials, prior) if len(flip_depths) else None
     turns = np.asarray(root_turns, dtype=int)
     mu = a / (a + b)
@@ -219,7 +219,7 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
     out["fitted"] = {"a": a, "b": b, "concentration": a + b,
                      "r": None if kappa is None else kappa / (kappa + 1),
                      "clipped": bool(np.isclose(a + b, lo) or np.isclose(a + b, hi)),
-                     "prior": [list(c) for c in prior], "kinds": list(names),
+                     "prior": [list(c) for c in prior], "kinds": list(names), "kinds_bic": bic,
                      "types_mixed": mixed_share(prior, group_size)}
     return out
 

@@ -105,6 +105,10 @@ class NoisyOraclePredictor:
         self.rng.bit_generator.state = state["rng"]
 
 
+#: Halvings of a Newton step before :class:`LearnedPredictor` gives up on it.
+MAX_HALVINGS = 30
+
+
 @dataclass
 class LearnedPredictor:
     """Online logistic regression on what a model could observe.
@@ -115,7 +119,9 @@ class LearnedPredictor:
     policy is stationary, so old targets stay valid): ``newton_steps`` Newton (IRLS)
     steps, warm-started from the previous weights, on the weighted cross-entropy against
     the soft targets (minimised by the true success probability), with L2 penalty
-    ``l2``. ``memory = 0`` keeps no replay memory: each update fits its own batch alone
+    ``l2``; a step that raises that objective is halved until it does not (a pure Newton step
+    overshot where a kind of task never succeeds and the design is near-separable: the weights
+    ran to logits of +-30 in three of four simulated warm-ups). ``memory = 0`` keeps no replay memory: each update fits its own batch alone
     (a batch longer than ``memory > 0`` keeps its last ``memory`` examples). Before the
     first update every prediction is 0.5. ``level_shift`` (logit units) is added to every
     *prompt* prediction (t = 0) after that: an offset in level of the kind a real predictor
@@ -184,14 +190,29 @@ class LearnedPredictor:
         if self.weights is None:
             self.weights = np.zeros(x.shape[1])
         eye = np.eye(x.shape[1])
+        objective = self._objective(x, y, w, self.weights)
         for _ in range(self.newton_steps):
             pred = sigmoid(np.clip(x @ self.weights, -30, 30))
             grad = x.T @ (w * (pred - y)) + self.l2 * self.weights
             hess = (x * (w * pred * (1 - pred))[:, None]).T @ x + self.l2 * eye
-            self.weights = self.weights - np.linalg.solve(hess, grad)
+            step = np.linalg.solve(hess, grad)
+            for _ in range(MAX_HALVINGS):  # damped: a step that raises the objective is halved
+                trial = self.weights - step
+                value = self._objective(x, y, w, trial)
+                if value <= objective:
+                    break
+                step = step / 2
+            else:
+                break  # no step lowers it: the weights stay
+            self.weights, objective = trial, value
         pred = np.clip(sigmoid(np.clip(x @ self.weights, -30, 30)), 1e-9, 1 - 1e-9)
         loss = float(-(w * (y * np.log(pred) + (1 - y) * np.log(1 - pred))).sum())
         return {"n": float(len(y)), "loss": loss}
+
+    def _objective(self, x: np.ndarray, y: np.ndarray, w: np.ndarray, weights: np.ndarray) -> float:
+        """The weighted cross-entropy plus the L2 penalty at ``weights`` (what each Newton step lowers)."""
+        z = x @ weights
+        return float((w * (np.logaddexp(0, z) - y * z)).sum() + 0.5 * self.l2 * weights @ weights)
 
     def state_dict(self) -> dict:
         """The weights and the replay memory (the features are the pool's, not state)."""
