@@ -315,9 +315,9 @@ def test_the_in_bench_choice_reads_the_picks_first_then_the_rest():
 
     bank = {"selection_precision": 0.68, "brier": 0.11, "mixed_auc": 0.75, "prompt_spearman": 0.85}
     readings = [
-        {"selection_precision": 0.683, "brier": 0.108, "mixed_auc": 0.78, "prompt_spearman": 0.92},  # gaps .002+.03+.07
+        {"selection_precision": 0.683, "brier": 0.108, "mixed_auc": 0.78, "prompt_spearman": 0.92},  # .002+.03+.07
         {"selection_precision": 0.677, "brier": 0.115, "mixed_auc": 0.77, "prompt_spearman": 0.90},  # .005+.02+.05
-        {"selection_precision": 0.723, "brier": 0.104, "mixed_auc": 0.75, "prompt_spearman": 0.84},  # nearest, but picks
+        {"selection_precision": 0.723, "brier": 0.104, "mixed_auc": 0.75, "prompt_spearman": 0.84},  # picks far
     ]
     assert choose_in_bench(bank, readings) == 1  # the third picks 0.043 better than the bank: out
     assert choose_in_bench(bank, readings, tolerance=0.05) == 2  # within a looser tolerance it is nearest

@@ -228,7 +228,7 @@ def _grid_rows(world: SimWorld, shape: RecordedShape, target: Mapping[str, float
 
 
 #: Type visibilities :func:`fit_visibility` tries (a world of task types only), least visible first.
-VISIBILITY_GRID = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0)
+VISIBILITY_GRID = (0.0, 0.5, 0.8, 0.9, 1.0)
 #: What :func:`fit_visibility` reads of each fitted predictor: the bank bench's four quality measures.
 VISIBILITY_MEASURES = ("selection_precision", "brier", "mixed_auc", "prompt_spearman")
 

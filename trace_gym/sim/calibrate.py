@@ -192,9 +192,7 @@ def calibration(prompt_successes: Sequence[int], prompt_roots: Sequence[int], fl
     ``type_concentrations``) where ``kinds`` (one task kind per prompt) name two or more that explain the
     counts (:func:`trace_gym.sim.prior.types_from_kinds`; kappa is then fitted under them), and ``"fitted"``
     with the fit's intermediate values (a, b, r, the prior, the kinds) for the report."""
-    from trace_gym.sim.simulator import mixed_probability
-
-    from trace_gym.sim.prior import mixed_share, types_from_kinds
+    from trace_gym.sim.prior import mixed_probability, mixed_share, types_from_kinds
 
     a, b = beta_from_counts(prompt_successes, prompt_roots)
     typed = types_from_kinds(kinds, prompt_successes, prompt_roots) if kinds is not None else None

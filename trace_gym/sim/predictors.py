@@ -121,11 +121,11 @@ class LearnedPredictor:
     the soft targets (minimised by the true success probability), with L2 penalty
     ``l2``; a step that raises that objective is halved until it does not (a pure Newton step
     overshot where a kind of task never succeeds and the design is near-separable: the weights
-    ran to logits of +-30 in three of four simulated warm-ups). ``memory = 0`` keeps no replay memory: each update fits its own batch alone
-    (a batch longer than ``memory > 0`` keeps its last ``memory`` examples). Before the
-    first update every prediction is 0.5. ``level_shift`` (logit units) is added to every
-    *prompt* prediction (t = 0) after that: an offset in level of the kind a real predictor
-    carries, which the simulator calibrated to a bank sets from the bank predictor's measured
+    ran to logits of +-30 in two of four simulated warm-ups). ``memory = 0`` keeps no replay
+    memory: each update fits its own batch alone (a batch longer than ``memory > 0`` keeps its
+    last ``memory`` examples). Before the first update every prediction is 0.5. ``level_shift``
+    (logit units) is added to every *prompt* prediction (t = 0) after that: an offset in level of
+    the kind a real predictor carries, which the simulator calibrated to a bank sets from the bank predictor's measured
     level error (:mod:`trace_gym.bench.sim_fit`); it never enters the regression.
 
     Raises:

@@ -121,8 +121,8 @@ class SimWorld:
             (:mod:`trace_gym.sim.prior`): type k's share, and its Beta's mean and concentration
             a + b. Empty (the default): one Beta, from ``target_mixed`` and ``mean_success``.
         type_visibility: with types, the probability that the one-hot type a learned predictor
-            sees (K features after the ``feature_dim`` ones) is the task's own; otherwise it is a type drawn uniformly
-            (0: the type is noise to the predictor; 1: it always sees it).
+            sees (K features after the ``feature_dim`` ones) is the task's own; otherwise it is a
+            type drawn uniformly (0: the type is noise to the predictor; 1: it always sees it).
         prompt_tokens: prompt length (tokens).
         policy_tokens_per_turn, observation_tokens_per_turn: Poisson means (tokens).
     """
