@@ -116,11 +116,6 @@ def mixed_probability(a: float, b: float, group_size: int = 8) -> float:
     return float(1.0 - e_success - e_failure)
 
 
-def mean_success(prior: Prior) -> float:
-    """E[p]."""
-    return float(sum(w * a / (a + b) for w, a, b in prior))
-
-
 def log_likelihood(prior: Prior, successes: np.ndarray, totals: np.ndarray) -> float:
     """The beta-binomial log likelihood of per-prompt counts (the binomial coefficients included)."""
     from scipy import special
