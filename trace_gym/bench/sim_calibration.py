@@ -19,7 +19,7 @@ from trace_gym.bench.config import SimBenchConfig
 from trace_gym.bench.sim_source import SimSource
 from trace_gym.bench.sim_fit import RecordedShape
 from trace_gym.predictor.kinds import make_predictor
-from trace_gym.sim.simulator import TYPE_KEYS
+from trace_gym.sim.prior import TYPE_KEYS
 
 
 def calibrated(cfg: SimBenchConfig, reference: Strategy | None = None) -> tuple[SimBenchConfig, dict[str, Any]]:

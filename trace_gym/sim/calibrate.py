@@ -266,7 +266,7 @@ def with_lengths(calibrated: Mapping[str, Any], stats: Mapping[str, Any], shares
 
 def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~trace_gym.bench.config.SimBenchConfig` keys of a :func:`calibration` result."""
-    from trace_gym.sim.simulator import TYPE_KEYS
+    from trace_gym.sim.prior import TYPE_KEYS
 
     tuples = ("turn_shares", "success_turn_shares", *TYPE_KEYS)
     keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", *tuples,

@@ -188,3 +188,30 @@ def types_from_kinds(kinds: Sequence[str], successes: Sequence[int], totals: Seq
     if bic["bic_one"] - bic["bic_kinds"] <= margin:
         return None
     return tuple((float((k == x).mean()), a, b) for (a, b), x in zip(fits, names)), names, bic
+
+
+#: The :class:`~trace_gym.sim.simulator.SimWorld` (and simulated bench) keys of a prior of task types.
+TYPE_KEYS = ("type_shares", "type_means", "type_concentrations")
+
+
+def check_types(shares: Sequence[float], means: Sequence[float], concentrations: Sequence[float],
+                visibility: float) -> None:
+    """A prior of task types (one line naming a bad value): three lists of one length (empty: no
+    types), shares in (0, 1] summing to 1, means in (0, 1), concentrations > 0, a visibility in
+    [0, 1]."""
+    if not 0 <= visibility <= 1:
+        raise ValueError(f"type_visibility must lie in [0, 1], got {visibility!r}")
+    if not (len(shares) == len(means) == len(concentrations)):
+        raise ValueError(f"type_shares, type_means and type_concentrations need one value per type, got "
+                         f"{len(shares)}, {len(means)} and {len(concentrations)}")
+    if not len(shares):
+        return
+    for m in means:
+        if not 0 < m < 1:
+            raise ValueError(f"type_means must lie in (0, 1), got {m!r}")
+    for c in concentrations:
+        if not (c > 0 and np.isfinite(c)):
+            raise ValueError(f"type_concentrations must be finite and > 0, got {c!r}")
+    if abs(sum(shares) - 1) > 1e-6 or min(shares) <= 0:
+        raise ValueError(f"type_shares must be shares > 0 summing to 1, got {tuple(shares)!r} (sum {sum(shares):g})")
+    components_of([(w, m * c, (1 - m) * c) for w, m, c in zip(shares, means, concentrations)])

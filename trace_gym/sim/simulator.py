@@ -48,7 +48,7 @@ from trace_gym.budget import BudgetLedger
 from trace_gym.step.driver import BranchResult, run_step
 from trace_gym.predictor.kinds import SuccessPredictor
 from trace_gym.sim.lengths import LengthModel, check_lengths, episode_paths
-from trace_gym.sim.prior import components_of, draw, mixed_probability
+from trace_gym.sim.prior import TYPE_KEYS, check_types, draw, mixed_probability
 from trace_gym.allocation.strategy import Strategy
 from trace_gym.tree import ROOT, TARGET_ESTIMATORS, RolloutTree
 
@@ -214,33 +214,6 @@ def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPo
         seen = np.where(rng.random(n_tasks) < world.type_visibility, types, rng.integers(0, k, size=n_tasks))
         feats = np.concatenate([feats, (seen[:, None] == np.arange(k)[None, :]).astype(float)], axis=1)
     return TaskPool(success=p, features=feats, turns=turns, types=types)
-
-
-#: The :class:`SimWorld` (and simulated bench) keys of a prior of task types.
-TYPE_KEYS = ("type_shares", "type_means", "type_concentrations")
-
-
-def check_types(shares: Sequence[float], means: Sequence[float], concentrations: Sequence[float],
-                visibility: float) -> None:
-    """A prior of task types (one line naming a bad value): three lists of one length (empty: no
-    types), shares in (0, 1] summing to 1, means in (0, 1), concentrations > 0, a visibility in
-    [0, 1]."""
-    if not 0 <= visibility <= 1:
-        raise ValueError(f"type_visibility must lie in [0, 1], got {visibility!r}")
-    if not (len(shares) == len(means) == len(concentrations)):
-        raise ValueError(f"type_shares, type_means and type_concentrations need one value per type, got "
-                         f"{len(shares)}, {len(means)} and {len(concentrations)}")
-    if not len(shares):
-        return
-    for m in means:
-        if not 0 < m < 1:
-            raise ValueError(f"type_means must lie in (0, 1), got {m!r}")
-    for c in concentrations:
-        if not (c > 0 and np.isfinite(c)):
-            raise ValueError(f"type_concentrations must be finite and > 0, got {c!r}")
-    if abs(sum(shares) - 1) > 1e-6 or min(shares) <= 0:
-        raise ValueError(f"type_shares must be shares > 0 summing to 1, got {tuple(shares)!r} (sum {sum(shares):g})")
-    components_of([(w, m * c, (1 - m) * c) for w, m, c in zip(shares, means, concentrations)])
 
 
 @dataclass(frozen=True, slots=True)
