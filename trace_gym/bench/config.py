@@ -107,7 +107,8 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     type_shares: tuple[float, ...] = field(default=(), metadata=doc(
         "a prior of task types (trace_gym/sim/prior.py): each type's share of the tasks (summing to 1), with "
         "type_means and type_concentrations (its Beta's mean and a + b); empty: one Beta from target_mixed and "
-        "mean_success. calibrate_from sets them where a bank's counts need types", within="(0, 1]"))
+        "mean_success. calibrate_from sets one per kind of a bank's task ids where the kinds explain its counts",
+        within="(0, 1]"))
     type_means: tuple[float, ...] = field(default=(), metadata=doc(
         "with type_shares: each type's mean success probability", within="(0, 1)"))
     type_concentrations: tuple[float, ...] = field(default=(), metadata=doc(
@@ -118,7 +119,8 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "calibrate_from fits it)", within="[0, 1]"))
     calibrate_from: str = field(default="", metadata=doc(
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns, turn_shares and "
-        "success_turn_shares (its roots' lengths by outcome) and fit the learned predictor "
+        "success_turn_shares (its roots' lengths by outcome), task types where its task kinds explain its "
+        "counts (type_shares, type_means, type_concentrations, type_visibility), and fit the learned predictor "
         "(trace_gym/sim/calibrate.py, trace_gym/bench/sim_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
         "predicted values of the root-allocation demo", within="[0, 1]"))
