@@ -242,11 +242,12 @@ def fit_visibility(world: SimWorld, shape: RecordedShape, target: Mapping[str, f
     those within ``tolerance`` of the nearest, the least visible). Selection precision and level error
     are matched at every visibility as well as the feature allows; what tells the visibilities apart
     is how the predictor gets there: seeing the type (the values cluster by kind, calibrated: a low
-    Brier) or reading a noisy feature of p (ranks within kinds too: a higher Spearman and AUC). On the
-    math bank the bank's embedding predictor is the first kind (the type alone: Spearman 0.842, AUC
-    0.743, Brier 0.104 against the bank's 0.845, 0.747, 0.108), where the feature alone at the same
-    selection precision reads Spearman 0.92 and put TRACE and PCL above the bank. A world without task
-    types has nothing to fit: :func:`fit_predictor` alone, ``type_visibility`` None. Returns
+    Brier) or reading a noisy feature of p (ranks within kinds too: a higher Spearman and AUC). At the
+    first step's start the math bank's embedding predictor reads like the type alone (Spearman 0.842,
+    AUC 0.743, Brier 0.104 against the bank's 0.845, 0.747, 0.108), but that predictor went on
+    learning in the bench where the bank's does not; so where a reference arm runs, the choice is
+    made again in the bench (:func:`trace_gym.bench.sim_calibration.choose_in_bench`), and this one
+    stands only without it. A world without task types has nothing to fit: :func:`fit_predictor` alone, ``type_visibility`` None. Returns
     :func:`fit_predictor`'s result with ``type_visibility`` and ``visibility_grid`` (per visibility: its
     ``feature_spearman``, ``predictor_level_shift``, reached measures and ``distance``)."""
     if not world.type_shares:
