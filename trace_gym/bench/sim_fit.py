@@ -236,8 +236,8 @@ VISIBILITY_MEASURES = ("selection_precision", "brier", "mixed_auc", "prompt_spea
 def fit_visibility(world: SimWorld, shape: RecordedShape, target: Mapping[str, float], *,
                    grid: Sequence[float] = VISIBILITY_GRID, tolerance: float = FIT_TOLERANCE,
                    **kw: Any) -> dict[str, Any]:
-    """:func:`fit_predictor` at each ``type_visibility`` of ``grid`` (and at each visibility above 0 the type
-    alone: feature Spearman 0, the level shift solved), then the visibility whose fitted
+    """:func:`fit_predictor` at each ``type_visibility`` of ``grid`` (and at each visibility above 0 the
+    type alone: feature Spearman 0, the level shift solved), then the visibility whose fitted
     predictor is nearest ``target`` over :data:`VISIBILITY_MEASURES` (the sum of the absolute gaps; of
     those within ``tolerance`` of the nearest, the least visible). Selection precision and level error
     are matched at every visibility as well as the feature allows; what tells the visibilities apart
