@@ -247,9 +247,10 @@ def fit_visibility(world: SimWorld, shape: RecordedShape, target: Mapping[str, f
     AUC 0.743, Brier 0.104 against the bank's 0.845, 0.747, 0.108), but that predictor went on
     learning in the bench where the bank's does not; so where a reference arm runs, the choice is
     made again in the bench (:func:`trace_gym.bench.sim_calibration.choose_in_bench`), and this one
-    stands only without it. A world without task types has nothing to fit: :func:`fit_predictor` alone, ``type_visibility`` None. Returns
-    :func:`fit_predictor`'s result with ``type_visibility`` and ``visibility_grid`` (per visibility: its
-    ``feature_spearman``, ``predictor_level_shift``, reached measures and ``distance``)."""
+    stands only without it. A world without task types has nothing to fit: :func:`fit_predictor` alone,
+    ``type_visibility`` None. Returns :func:`fit_predictor`'s result with ``type_visibility`` and
+    ``visibility_grid`` (per visibility: its ``feature_spearman``, ``predictor_level_shift``, reached
+    measures and ``distance``)."""
     if not world.type_shares:
         return fit_predictor(world, shape, target, **kw) | {"type_visibility": None, "visibility_grid": []}
     fits, seen = [], []
