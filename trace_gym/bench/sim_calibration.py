@@ -273,6 +273,7 @@ def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: dic
     from trace_gym.bench.in_bench import arm_samples
     from trace_gym.bench.sim_fit import mean_quality
     from trace_gym.predictor.embeddings import bank_store, use_store
+    from trace_gym.predictor.quality import QUALITY_KEYS
 
     bank_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=BankBenchConfig().seeds)
     with use_store(bank_store(bank.scan.sha256)):
@@ -301,12 +302,12 @@ def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: dic
         row = grid[best]
         for k in ("type_visibility", "feature_spearman", "predictor_level_shift"):
             found[k] = row[k]
-        reached = {k: row[k] for k in ("prompt_spearman", "mixed_auc", "brier", "level_error", "selection_precision")}
+        reached = {k: row[k] for k in (*QUALITY_KEYS, "selection_precision")}
         found["predictor_fit"] |= {"type_visibility": row["type_visibility"], "chosen_in_bench": True,
                                    "feature_spearman": row["feature_spearman"],
                                    "predictor_level_shift": row["predictor_level_shift"], "reached": reached}
-        for row, q in zip(grid, readings):
-            row["in_bench"] = q
+        for candidate, reading in zip(grid, readings):
+            candidate["in_bench"] = reading
     return {"bank": bank_q, "simulated": readings[best],
             "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": bank_cfg.seeds,
             "sim_repetitions": IN_BENCH_SIM_SEEDS, "sim_selection": [sim_cfg.candidates, sim_picks]}

@@ -46,6 +46,8 @@ from trace_gym.sim.simulator import SimBranchRunner, SimWorld, TaskPool, make_po
 #: Feature Spearman values :func:`fit_predictor` tries first; then ten steps across one step each
 #: side of the best (0.01 apart for this grid).
 SPEARMAN_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2).tolist())
+#: Simulated banks, and scored tasks in each, of every grid point of a fit (:func:`fit_predictor`).
+FIT_SEEDS, FIT_SCORED = 4, 1024
 #: Fits within this of the best are as good (about the simulated measure's noise over 4 simulated
 #: banks of 1,024 tasks); :func:`closest` takes the least informative of them.
 FIT_TOLERANCE = 0.01
@@ -192,7 +194,7 @@ def closest(values: Sequence[float], target: float, tolerance: float = 0.0) -> i
 
 def fit_predictor(world: SimWorld, shape: RecordedShape, target: Mapping[str, float], *, warmup_prompts: int,
                   prefix_share: float, selection: tuple[int, int], match: str = "selection_precision",
-                  seeds: int = 4, scored: int = 1024, grid: Sequence[float] = SPEARMAN_GRID,
+                  seeds: int = FIT_SEEDS, scored: int = FIT_SCORED, grid: Sequence[float] = SPEARMAN_GRID,
                   tolerance: float = FIT_TOLERANCE) -> dict[str, Any]:
     """``feature_spearman`` and ``predictor_level_shift`` at which the warmed simulated predictor's
     ``match`` measure and level error equal ``target``'s (a bank's
@@ -274,4 +276,4 @@ def fit_visibility(world: SimWorld, shape: RecordedShape, target: Mapping[str, f
 def _sample_kw(kw: Mapping[str, Any]) -> dict[str, Any]:
     """The :func:`start_samples` keywords among :func:`fit_predictor`'s (with its defaults)."""
     return {"warmup_prompts": kw["warmup_prompts"], "prefix_share": kw["prefix_share"],
-            "scored": kw.get("scored", 1024), "seeds": kw.get("seeds", 4)}
+            "scored": kw.get("scored", FIT_SCORED), "seeds": kw.get("seeds", FIT_SEEDS)}
