@@ -73,24 +73,49 @@ def test_a_simulator_whose_trace_is_uniform_fails_naming_the_rows(svb):
                                      "combined: trace effective ratio; trace mixed prompts/step")
 
 
+def blocky(flat_blocks) -> dict:
+    """Results whose TRACE is uniform's in the blocks of 5 marked True and above it in the others."""
+    chosen = [UNIFORM if flat else TRACE for flat in flat_blocks]
+    k = len(flat_blocks)
+    return {"strategies": {"uniform": row(UNIFORM[0] * k, UNIFORM[1] * k),
+                           "trace": row(sum((b[0] for b in chosen), []), sum((b[1] for b in chosen), []))}}
+
+
 def test_the_simulators_word_is_the_one_most_of_its_blocks_say(svb):
     """Three blocks of 5 repetitions: in the first TRACE is uniform's (not shown), in the other two it is
     above every repetition: the word is 'shown above', the first block's printed beside it; with two
     blocks of uniform the word is 'not shown' and the check fails."""
-    def sim(flat_blocks):
-        blocks = [UNIFORM if flat else TRACE for flat in flat_blocks]
-        return {"strategies": {"uniform": row(UNIFORM[0] * 3, UNIFORM[1] * 3),
-                               "trace": row(sum((b[0] for b in blocks), []), sum((b[1] for b in blocks), []))}}
-
     bank = results(UNIFORM, TRACE)
-    out = svb.agreement(bank, sim([True, False, False]))
+    out = svb.agreement(bank, blocky([True, False, False]))
     words = {p["metric"]: p for p in out["pairs"]}["effective ratio"]
     assert words["blocks"] == ["not shown", "shown above", "shown above"] and words["sim"] == "shown above"
     assert words["first"] == "not shown" and out["sim_blocks"] == 3
     assert "| not shown, shown above, shown above |" in svb.table("b", out, ["cmd"])
-    out = svb.agreement(bank, sim([True, False, True]))
+    out = svb.agreement(bank, blocky([True, False, True]))
     assert {p["metric"]: p["sim"] for p in out["pairs"]}["effective ratio"] == "not shown"
     assert "trace - uniform effective ratio" in out["failed"]
+
+
+def test_the_banks_word_is_the_one_most_of_its_blocks_say_too(svb):
+    """The bank's word is read as the simulator's: a bank of three blocks of 5 whose first block shows
+    nothing and whose other two show TRACE above says 'shown above', and a simulator saying so matches;
+    the block size is the check's (here 5), not the bank's whole run."""
+    out = svb.agreement(blocky([True, False, False]), blocky([False] * 9), block=5)
+    words = {p["metric"]: p for p in out["pairs"]}["effective ratio"]
+    assert words["bank_blocks"] == ["not shown", "shown above", "shown above"] and words["bank"] == "shown above"
+    assert words["same"] and out["bank_blocks"] == 3 and out["sim_blocks"] == 9 and out["passed"]
+    out = svb.agreement(blocky([True, True, False]), blocky([False] * 9), block=5)
+    assert {p["metric"]: p["bank"] for p in out["pairs"]}["effective ratio"] == "not shown"
+    assert "trace - uniform effective ratio" in out["failed"]
+
+
+def test_a_split_word_matches_nothing_not_even_a_split(svb):
+    bank = {"strategies": {"uniform": row(UNIFORM[0] * 2, UNIFORM[1] * 2),
+                           "trace": row(UNIFORM[0] + TRACE[0], UNIFORM[1] + TRACE[1])}}  # not shown, shown above
+    out = svb.agreement(bank, bank, block=5)
+    assert {p["metric"]: (p["bank"], p["sim"], p["same"]) for p in out["pairs"]}["effective ratio"] == (
+        "split", "split", False)
+    assert not out["passed"]
 
 
 def test_a_word_no_majority_says_is_split(svb):
