@@ -142,6 +142,22 @@ class Branch:
     is_continuation: bool
 
 
+def prefix_depths(turns: int, cap: int | None) -> list[int]:
+    """The prefix depths recorded for a root of ``turns`` turns: 1..turns-1, or ``cap`` of them evenly
+    spaced (first and last included) when there are more.
+
+    >>> prefix_depths(10, 3)
+    [1, 5, 9]
+    """
+    depths = list(range(1, max(turns, 1)))
+    if cap is None or len(depths) <= cap:
+        return depths
+    if cap == 1:
+        return depths[:1]
+    step = (len(depths) - 1) / (cap - 1)  # numpy.linspace's points, rounded half to even as numpy.round
+    return [depths[round(i * step)] for i in range(cap)]
+
+
 class RolloutTree:
     """The rollout tree of one prompt.
 

@@ -475,6 +475,9 @@ def test_bank_stats_by_hand(tmp_path):
     flips = [c["success"] != r["success"] for rec in records for r in rec.roots for p in r["prefixes"]
              for c in p["continuations"] if p["depth"] == 1]
     assert st["flip_by_depth"]["1"] == {"flip": pytest.approx(np.mean(flips)), "continuations": 24}
+    by_kind = {str(d): [sum(c["success"] != r["success"] for rec in records for r in rec.roots for p in r["prefixes"]
+                            for c in p["continuations"] if p["depth"] == d), 24] for d in (1, 2)}
+    assert st["flip_counts_by_kind"] == {"synth": by_kind}  # every task id synth/i: one kind
     from trace_gym.predictor.kinds import ConstantPredictor
 
     st = bank_stats(path, predictor=ConstantPredictor(0.5))

@@ -239,3 +239,20 @@ def test_targets_are_outcomes_when_rewards_leave_zero_one():
     assert tree.pooled_targets(outcomes=True)[ROOT] == pytest.approx(1 / 3)
     # the advantages' values stay rewards
     assert tree.targets()[first[-1]] == -0.1 and tree.targets()[ROOT] == pytest.approx(((-0.1 + 0.3) / 2 + 0.7) / 2)
+
+
+def test_prefix_depths_are_numpys_evenly_spaced_points_rounded_half_to_even():
+    """Brute force against numpy.linspace + numpy.round (what a bank recording kept before the function
+    moved here without numpy), every length and cap up to 60."""
+    import numpy as np
+
+    from trace_gym.tree import prefix_depths
+
+    def by_numpy(turns, cap):
+        depths = list(range(1, max(turns, 1)))
+        if cap is None or len(depths) <= cap:
+            return depths
+        return [depths[i] for i in np.round(np.linspace(0, len(depths) - 1, cap)).astype(int)]
+
+    assert all(prefix_depths(t, c) == by_numpy(t, c) for t in range(61) for c in (None, *range(1, 61)))
+    assert prefix_depths(10, 3) == [1, 5, 9] and prefix_depths(5, 2) == [1, 4] and prefix_depths(1, 2) == []

@@ -90,6 +90,11 @@ def test_calibration_round_trips_through_the_simulators_prior():
     assert a + b == pytest.approx(out["fitted"]["concentration"], rel=1e-3)
     assert set(calibrate.sim_overrides(out)) == {"mean_success", "target_mixed", "step_concentration", "min_turns",
                                                  "max_turns", "feature_spearman"}
+    # a bank's recorded shape brings its prefix cap (none: every prefix, 0)
+    capped = calibrate.sim_overrides(out | {"recorded_shape": {"roots": 8, "continuations": 4, "prefixes_per_root": 2}})
+    assert capped["prefixes_per_root"] == 2
+    uncapped = out | {"recorded_shape": {"roots": 8, "continuations": 4, "prefixes_per_root": None}}
+    assert calibrate.sim_overrides(uncapped)["prefixes_per_root"] == 0
 
 
 def test_flips_under_lengths_that_ignore_the_outcome_are_the_closed_form():
@@ -132,3 +137,67 @@ def test_kappa_under_lengths_is_recovered_from_a_simulated_bank():
     assert kappa / (kappa + 1) == pytest.approx(0.75, abs=0.03)
     closed = calibrate.concentration_from_flips(depths, counts, trials, world.prior())
     assert closed / (closed + 1) < 0.7
+
+
+LENGTHS = dict(min_turns=1, max_turns=3, turn_shares=(0.2, 0.5, 0.3), success_turn_shares=(0.1, 0.3, 0.6))
+
+
+def test_each_types_kappa_is_recovered_from_its_own_kinds_flips():
+    """Flip counts drawn as the model says for two types of known kappa (0.5 and 20) give each its own back;
+    a kind no continuation was recorded for takes the fallback."""
+    from trace_gym.sim.calibrate import flips_under_lengths, type_kappas
+    from trace_gym.sim.lengths import LengthModel
+
+    model = LengthModel.of(*[LENGTHS[k] for k in ("min_turns", "max_turns", "turn_shares", "success_turn_shares")])
+    kept = {n: list(range(1, n)) for n in (1, 2, 3)}
+    prior, truth, n = ((0.5, 2.0, 4.0), (0.5, 6.0, 2.0)), (0.5, 20.0), 200_000
+    counts = {}
+    for name, (_, a, b), k in zip(("hard", "easy"), prior, truth):
+        rates = flips_under_lengths(k / (k + 1), [1, 2], ((1.0, a, b),), model, kept)
+        counts[name] = {str(d): [int(np.random.default_rng(d).binomial(n, q)), n] for d, q in zip((1, 2), rates)}
+    assert type_kappas(counts, ["hard", "easy"], prior, model, kept, 3.0) == pytest.approx(truth, rel=0.05)
+    assert type_kappas({"hard": counts["hard"]}, ["hard", "easy"], prior, model, kept, 3.0)[1] == 3.0
+
+
+def test_the_simulator_flips_each_type_at_its_own_kappa():
+    """Trees grown as a bank records them (8 roots, 4 continuations at every prefix) in a world of two
+    types of kappa 0.3 and 30: each type's flips at depth 1 are the model's for its own kappa (within
+    4 standard errors), and far apart from each other."""
+    from trace_gym.bench.sim_fit import RecordedShape, warmup_batches
+    from trace_gym.sim.calibrate import flips_under_lengths
+    from trace_gym.tree import prefix_depths
+
+    kappas = (0.3, 30.0)
+    world = sim.SimWorld(type_shares=(0.5, 0.5), type_means=(0.3, 0.7), type_concentrations=(4.0, 4.0),
+                         type_step_concentrations=kappas, **LENGTHS)
+    pool = sim.make_pool(world, 1200, np.random.default_rng(1))
+    counts = {0: [0, 0], 1: [0, 0]}
+    for _, step in warmup_batches(pool, world, range(len(pool)), RecordedShape(8, 4), seed=2):
+        for tree in step.trees:
+            kind = int(pool.types[tree.nodes[0].snapshot.task])
+            for b in tree.branches:
+                if b.is_continuation and tree.nodes[b.anchor].depth == 1:
+                    root = tree.nodes[b.anchor].branch
+                    counts[kind][0] += tree.nodes[tree.branch_leaf(b.id)].success != \
+                        tree.nodes[tree.branch_leaf(root)].success
+                    counts[kind][1] += 1
+    model = world.length_model()
+    kept = {n: prefix_depths(n, None) for n in (1, 2, 3)}
+    rates = []
+    for kind, (_, a, b) in enumerate(world.difficulty()):
+        want = flips_under_lengths(kappas[kind] / (kappas[kind] + 1), [1], ((1.0, a, b),), model, kept)[0]
+        flips, n = counts[kind]
+        assert abs(flips / n - want) < 4 * np.sqrt(want * (1 - want) / n), (kind, flips / n, want)
+        rates.append(flips / n)
+    assert rates[1] > 2 * rates[0]
+
+
+@pytest.mark.parametrize("kw, said", [
+    (dict(type_step_concentrations=(1.0,)), "one value per type (2), got 1"),
+    (dict(type_step_concentrations=(1.0, -2.0)), "finite and > 0, got -2.0"),
+])
+def test_a_bad_type_kappa_is_one_line(kw, said):
+    types = dict(type_shares=(0.5, 0.5), type_means=(0.3, 0.7), type_concentrations=(4.0, 4.0))
+    with pytest.raises(ValueError) as err:
+        sim.SimWorld(**types, **kw)
+    assert said in str(err.value) and "\n" not in str(err.value)

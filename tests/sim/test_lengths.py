@@ -13,7 +13,7 @@ import pytest
 
 from trace_gym.budget import BudgetLedger
 from trace_gym.sim import simulator as sim
-from trace_gym.sim.lengths import LengthModel, check_turn_shares, length_shares
+from trace_gym.sim.lengths import LengthModel, check_turn_shares, episode_paths, length_shares
 from trace_gym.tree import ROOT, RolloutTree
 
 
@@ -154,3 +154,14 @@ def test_length_shares_count_each_length():
     assert length_shares([1, 1, 1, 2, 3, 3], 1, 3) == pytest.approx((3 / 6, 1 / 6, 2 / 6))
     assert length_shares([4, 4], 1, 4) == (0.0, 0.0, 0.0, 1.0) and length_shares([], 1, 2) == ()
     check_turn_shares((), 1, 3)  # empty: the per-task default
+
+
+def test_a_value_whose_beta_parameter_underflows_is_settled_not_an_error():
+    """kappa * V underflows to 0 for a V near the smallest float (a small per-type kappa reached it in a
+    calibrated warm-up): numpy's beta refuses a = 0, so such a value is settled, as 0 and 1 are."""
+    model = LengthModel.of(1, 3, (0.2, 0.5, 0.3), (0.1, 0.3, 0.6))
+    tiny = np.array([5e-324, 0.5])
+    latents, values, ends = episode_paths(tiny, tiny, np.zeros(2, dtype=int), 0.05, model, np.random.default_rng(0))
+    assert np.isfinite(values).all() and latents[0, 0] in (5e-324, 0.0)
+    assert sim._task_paths([sim.SimState(task=0, turn=0, value=5e-324)], np.zeros(1, dtype=int), 3, 0.05,
+                                     np.random.default_rng(0))[:, 0].tolist() == [5e-324, 5e-324, 0.0]

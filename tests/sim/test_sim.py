@@ -238,3 +238,46 @@ def test_the_steps_learning_half_weights_prefixes_to_their_share_and_scores_them
                    learn=False)
     assert off.learning is None and untouched.weights is None
 
+
+
+def anchor_depths(trees) -> set[int]:
+    """The depths of the prefixes every continuation of ``trees`` started from."""
+    return {t.nodes[b.anchor].depth for t in trees for b in t.branches if b.is_continuation}
+
+
+def test_a_prefix_cap_offers_only_the_depths_a_capped_bank_records():
+    """Five-turn episodes: with a cap of 2 a root offers its prefixes at depths 1 and 4 (what a bank
+    recording with max_prefixes_per_root = 2 keeps, and the bank bench offers), and TRACE's continuations
+    start there and nowhere else; with no cap they start at every depth 1..4."""
+    from trace_gym.tree import prefix_depths
+
+    world = sim.SimWorld(min_turns=5, max_turns=5)
+    rng = np.random.default_rng(3)
+    pool = sim.make_pool(world, 400, rng)
+    trace = Strategy(TraceRootAllocator(), TracePrefixAllocator(), 4)
+    got = {}
+    for cap in (None, 2):
+        runner = sim.SimBranchRunner(pool, world, np.random.default_rng(4), cap)
+        step = run_step(list(range(200)), trace, sim_predictors.OraclePredictor(), runner, 256,
+                        np.random.default_rng(5), learn=False)
+        assert all(isinstance(t, sim.CappedTree) == (cap is not None) for t in step.trees)
+        offered = {t.nodes[n].depth for t in step.trees for n, _ in t.expansion_candidates()}
+        assert offered == set(prefix_depths(5, cap))
+        got[cap] = anchor_depths(step.trees)
+    assert got[None] == {1, 2, 3, 4} and got[2] == {1, 4}
+
+
+def test_the_capped_trees_depths_follow_each_roots_own_length():
+    """Per-episode lengths (3 and 5 turns): a 3-turn root offers depths 1 and 2, a 5-turn root 1 and 4."""
+    world = sim.SimWorld(min_turns=3, max_turns=5, turn_shares=(0.5, 0.0, 0.5), success_turn_shares=(0.5, 0.0, 0.5))
+    rng = np.random.default_rng(8)
+    pool = sim.make_pool(world, 50, rng)
+    runner, ledger = sim.SimBranchRunner(pool, world, rng, 2), BudgetLedger()
+    tree = runner.new_tree(0, 0)
+    runner.start_roots(0, 40, ledger)
+    runner.advance(ledger)
+    by_length = {}
+    for n, _ in tree.expansion_candidates():
+        turns = tree.nodes[tree.branch_leaf(tree.nodes[n].branch)].depth
+        by_length.setdefault(turns, set()).add(tree.nodes[n].depth)
+    assert by_length == {3: {1, 2}, 5: {1, 4}}

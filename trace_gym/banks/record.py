@@ -48,21 +48,8 @@ from trace_gym.banks.format import success
 from trace_gym.banks.writer import (BankWriter, lock_path, portable_command, portable_path, shared_policy_path,
                                     weights_hash)
 from trace_gym.runs.files import release_lock
+from trace_gym.tree import prefix_depths
 from trace_gym.budget import BudgetLedger
-
-
-def prefix_depths(turns: int, cap: int | None) -> list[int]:
-    """The prefix depths recorded for a root of ``turns`` turns: 1..turns-1, or ``cap`` of them evenly
-    spaced (first and last included) when there are more.
-
-    >>> prefix_depths(10, 3)
-    [1, 5, 9]
-    """
-    depths = list(range(1, max(turns, 1)))
-    if cap is None or len(depths) <= cap:
-        return depths
-    picks = np.round(np.linspace(0, len(depths) - 1, cap)).astype(int)
-    return [depths[i] for i in picks]
 
 
 def episode_end(ep: Any) -> str:

@@ -73,6 +73,7 @@ class _Tally:
     counts: list[tuple[int, int]] = field(default_factory=list)  # per prompt: (successes, roots with a leaf)
     kinds: list[str] = field(default_factory=list)  # per prompt of ``counts``: its task kind (task_kind)
     flips: dict[int, list[int]] = field(default_factory=dict)  # depth -> [flips, continuations]
+    kind_flips: dict[str, dict[int, list[int]]] = field(default_factory=dict)  # kind -> depth -> [flips, conts]
     turns: list[int] = field(default_factory=list)  # turns of each root that has any
     ends: dict[str, int] = field(default_factory=dict)  # episode end -> episodes
     prompt_tokens: list[int] = field(default_factory=list)  # per prompt
@@ -100,10 +101,12 @@ class _Tally:
             f = self.flips.setdefault(0, [0, 0])
             f[0] += 2 * s * (n - s)
             f[1] += n * (n - 1)
+        by_depth = self.kind_flips.setdefault(task_kind(record.task_id), {})
         for root in record.roots:
-            self.add_root(root)
+            self.add_root(root, by_depth)
 
-    def add_root(self, root: Mapping[str, Any]) -> None:
+    def add_root(self, root: Mapping[str, Any], kind_flips: dict[int, list[int]] | None = None) -> None:
+        """Count a root and its continuations (flips by depth also into ``kind_flips``: its kind's)."""
         self.roots += 1
         self.left_out += len(root["left_out"])
         for ep in [root] + [c for p in root["prefixes"] for c in p["continuations"]]:
@@ -115,9 +118,10 @@ class _Tally:
             for c in p["continuations"]:
                 self.continuations += 1
                 if c["turns"] and root["turns"]:  # depth t: a continuation against its own root
-                    f = self.flips.setdefault(p["depth"], [0, 0])
-                    f[0] += c["success"] != root["success"]
-                    f[1] += 1
+                    for tally in (self.flips, kind_flips if kind_flips is not None else {}):
+                        f = tally.setdefault(p["depth"], [0, 0])
+                        f[0] += c["success"] != root["success"]
+                        f[1] += 1
 
     def add_episode(self, ep: Mapping[str, Any]) -> None:
         self.episodes += 1
@@ -186,6 +190,7 @@ def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prom
         "prompt_counts": [[successes, roots with a leaf] per prompt], "prompt_kinds": [each one's
         :func:`task_kind`],
         "mixed_by_group_size": {G: P(mixed)}, "flip_by_depth": {t: {"flip", "continuations"}},
+        "flip_counts_by_kind": {kind: {t: [flips, continuations]}} (prefix depths t >= 1),
         "turns": {"mean", "min", "max", "histogram"}, "costs": {... per episode and per turn}, "ends": {end: count},
         "predictor"?}``.
     """
@@ -204,6 +209,8 @@ def bank_stats(path: str | os.PathLike, *, predictor: Any = None, predictor_prom
         "prompt_kinds": list(tally.kinds),
         "flip_by_depth": {str(d): {"flip": f / n if n else math.nan, "continuations": n}
                           for d, (f, n) in sorted(tally.flips.items())},
+        "flip_counts_by_kind": {kind: {str(d): [f, n] for d, (f, n) in sorted(by.items())}
+                                for kind, by in sorted(tally.kind_flips.items()) if by},
         "turns": _turns_summary(tally.turns),
         "costs": tally.costs(),
         "ends": dict(sorted(tally.ends.items())),

@@ -117,11 +117,20 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     type_visibility: float = field(default=1.0, metadata=doc(
         "with types: the probability that the learned predictor sees a task's own type (else a random one; "
         "calibrate_from fits it)", within="[0, 1]"))
+    type_step_concentrations: tuple[float, ...] = field(default=(), metadata=doc(
+        "with types: each type's own step_concentration (kappa); empty: every type takes step_concentration. "
+        "calibrate_from fits one per type from the continuations of its kind", within="(0, 1000000]"))
+    prefixes_per_root: int = field(default=0, metadata=doc(
+        "the prefixes of a root rollout a continuation may start from: 0, every one; n, only the n depths a bank "
+        "recording with max_prefixes_per_root = n keeps (trace_gym/tree.py prefix_depths), the ones the bank "
+        "bench can continue from (calibrate_from sets the bank's cap)", within=f"[0, {MAX_COUNT}]"))
     calibrate_from: str = field(default="", metadata=doc(
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns, turn_shares and "
         "success_turn_shares (its roots' lengths by outcome), task types where its task kinds explain its "
-        "counts (type_shares, type_means, type_concentrations, type_visibility), and fit the learned predictor "
-        "(trace_gym/sim/calibrate.py, trace_gym/bench/sim_fit.py), and print them"))
+        "counts (type_shares, type_means, type_concentrations, type_visibility, type_step_concentrations), "
+        "prefixes_per_root (the "
+        "bank's prefix cap), and fit the learned predictor (trace_gym/sim/calibrate.py, "
+        "trace_gym/bench/sim_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
         "predicted values of the root-allocation demo", within="[0, 1]"))
     demo_budgets: tuple[int, ...] = field(default=(2, 4, 8, 12, 16, 24, 32, 48, 64), metadata=doc(
@@ -143,10 +152,11 @@ def _check_lengths(cfg: "SimBenchConfig") -> None:
     """The per-episode length and task-type keys (one line naming a bad value); a calibrated run's are
     the bank's."""
     from trace_gym.sim.lengths import check_lengths
-    from trace_gym.sim.prior import check_types
+    from trace_gym.sim.prior import check_type_kappas, check_types
 
     check_lengths(cfg.turn_shares, cfg.success_turn_shares, cfg.min_turns, cfg.max_turns)
     check_types(cfg.type_shares, cfg.type_means, cfg.type_concentrations, cfg.type_visibility)
+    check_type_kappas(cfg.type_step_concentrations, len(cfg.type_shares))
 
 
 def _check_sim_predictor(cfg: "SimBenchConfig") -> None:

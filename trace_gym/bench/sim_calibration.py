@@ -83,8 +83,9 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: were an experiment's (per-task length histograms, reverted); 6: per-episode lengths by outcome; 7: the bank
 #: predictor's quality averaged over the bench's per-repetition warm-up slices; 8: fitted at the simulated bench's
 #: own shape (its warm-up slice, candidates and PCL's picks), not the bank bench's defaults; the in-bench reading;
-#: 9: task types, one per kind of the bank's task ids (trace_gym/sim/prior.py), their visibility fitted.
-FIT_VERSION = 9
+#: 9: task types, one per kind of the bank's task ids (trace_gym/sim/prior.py), their visibility fitted;
+#: 10: each type's own kappa, from its kind's continuations (trace_gym.sim.calibrate.type_kappas).
+FIT_VERSION = 10
 #: The per-episode length keys a bank's roots set (:func:`lengths_by_outcome`).
 LENGTH_SHARES = ("turn_shares", "success_turn_shares")
 
@@ -336,7 +337,7 @@ def choose_in_bench(bank: Mapping[str, float], readings: Sequence[Mapping[str, f
 
 #: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
 SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES,
-                  *TYPE_KEYS, "type_visibility")
+                  *TYPE_KEYS, "type_visibility", "type_step_concentrations")
 
 
 def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, tuple[float, ...]]:

@@ -130,7 +130,7 @@ def episode_paths(latent: np.ndarray, value: np.ndarray, start: np.ndarray, kapp
     v = np.asarray(latent, dtype=float).copy()
     for row in range(rows - 1):  # turns t0 + 1 .. H - 1: the value path, given its end y
         t = t0 + 1 + row
-        step = (start < t) & (v > 0.0) & (v < 1.0)
+        step = (start < t) & (kappa * v > 0.0) & (kappa * (1 - v) > 0.0)  # a value whose a or b underflows: settled
         if step.any():
             up, a, b = y[step] > 0.5, kappa * v[step], kappa * (1 - v[step])
             v[step] = rng.beta(a + up, b + ~up)  # + 1 on one side only: (b + 1) - 1 would round a tiny b to 0

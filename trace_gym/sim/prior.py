@@ -194,6 +194,18 @@ def types_from_kinds(kinds: Sequence[str], successes: Sequence[int], totals: Seq
 TYPE_KEYS = ("type_shares", "type_means", "type_concentrations")
 
 
+def check_type_kappas(kappas: Sequence[float], types: int) -> None:
+    """Per-type step concentrations (one line naming a bad value): empty (every type takes
+    ``step_concentration``), or one finite value > 0 per type of ``type_shares``."""
+    if not len(kappas):
+        return
+    if len(kappas) != types:
+        raise ValueError(f"type_step_concentrations needs one value per type ({types}), got {len(kappas)}")
+    for k in kappas:
+        if not (k > 0 and np.isfinite(k)):
+            raise ValueError(f"type_step_concentrations must be finite and > 0, got {k!r}")
+
+
 def check_types(shares: Sequence[float], means: Sequence[float], concentrations: Sequence[float],
                 visibility: float) -> None:
     """A prior of task types (one line naming a bad value): three lists of one length (empty: no

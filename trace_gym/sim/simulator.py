@@ -48,9 +48,9 @@ from trace_gym.budget import BudgetLedger
 from trace_gym.step.driver import BranchResult, run_step
 from trace_gym.predictor.kinds import SuccessPredictor
 from trace_gym.sim.lengths import LengthModel, check_lengths, episode_paths
-from trace_gym.sim.prior import TYPE_KEYS, check_types, draw, mixed_probability
+from trace_gym.sim.prior import TYPE_KEYS, check_type_kappas, check_types, draw, mixed_probability
 from trace_gym.allocation.strategy import Strategy
-from trace_gym.tree import ROOT, TARGET_ESTIMATORS, RolloutTree
+from trace_gym.tree import ROOT, TARGET_ESTIMATORS, RolloutTree, prefix_depths
 
 _EPS = 1e-12
 
@@ -120,6 +120,8 @@ class SimWorld:
         type_shares, type_means, type_concentrations: a prior of task *types*
             (:mod:`trace_gym.sim.prior`): type k's share, and its Beta's mean and concentration
             a + b. Empty (the default): one Beta, from ``target_mixed`` and ``mean_success``.
+        type_step_concentrations: with types, each type's own kappa (a type's turns may reveal more or
+            less of its outcome than another's); empty (the default): every task takes ``step_concentration``.
         type_visibility: with types, the probability that the one-hot type a learned predictor
             sees (K features after the ``feature_dim`` ones) is the task's own; otherwise it is a
             type drawn uniformly (0: the type is noise to the predictor; 1: it always sees it).
@@ -145,11 +147,12 @@ class SimWorld:
     type_means: tuple[float, ...] = ()
     type_concentrations: tuple[float, ...] = ()
     type_visibility: float = 1.0
+    type_step_concentrations: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}")
-        for name in ("turn_shares", "success_turn_shares", *TYPE_KEYS):  # a list from a caller: hashable too
+        for name in ("turn_shares", "success_turn_shares", *TYPE_KEYS, "type_step_concentrations"):  # hashable too
             object.__setattr__(self, name, tuple(getattr(self, name)))
         check_lengths(self.turn_shares, self.success_turn_shares, self.min_turns, self.max_turns)
         if self.step_concentration <= 0:
@@ -157,6 +160,14 @@ class SimWorld:
         if self.feature_dim < 1:
             raise ValueError(f"feature_dim must be >= 1, got {self.feature_dim!r}")
         check_types(self.type_shares, self.type_means, self.type_concentrations, self.type_visibility)
+        check_type_kappas(self.type_step_concentrations, len(self.type_shares))
+
+    def kappa(self, task_type: int | None) -> float:
+        """The step concentration of a task of type ``task_type`` (``None``: a world of one type):
+        its type's own with ``type_step_concentrations``, else ``step_concentration``."""
+        if task_type is None or not self.type_step_concentrations:
+            return self.step_concentration
+        return float(self.type_step_concentrations[int(task_type)])
 
     def prior(self) -> tuple[float, float]:
         """Calibrated Beta(a, b) difficulty prior."""
@@ -277,14 +288,13 @@ def simulate_branches(
     start = np.array([st.turn for st in states])
     if (start >= T).any():
         raise ValueError(f"anchor at turn {int(start.max())} >= the task's last turn {T}; nothing to continue")
-    model = world.length_model()
+    model, kappa = world.length_model(), world.kappa(None if pool.types is None else pool.types[task])
     if model is None:
-        values, latents = _task_paths(states, start, T, world.step_concentration, rng), None
+        values, latents = _task_paths(states, start, T, kappa, rng), None
         ends = np.full(len(start), T)
     else:
         latents, values, ends = episode_paths(np.array([st.latent_value for st in states]),
-                                              np.array([st.value for st in states]), start, world.step_concentration,
-                                              model, rng)
+                                              np.array([st.value for st in states]), start, kappa, model, rng)
     return _record(tree, anchors, states, start, (values, latents, ends), world, rng, ledger)
 
 
@@ -299,7 +309,7 @@ def _task_paths(states: Sequence[SimState], start: np.ndarray, T: int, kappa: fl
     for row in range(n_rows):
         t = t0 + 1 + row
         if t < T:
-            step = (start < t) & (v > 0.0) & (v < 1.0)
+            step = (start < t) & (kappa * v > 0.0) & (kappa * (1 - v) > 0.0)  # an underflowing a or b: settled
             if step.any():
                 v = v.copy()
                 v[step] = rng.beta(kappa * v[step], kappa * (1 - v[step]))
@@ -362,18 +372,40 @@ def _record(tree: RolloutTree, anchors: Sequence[int], states: Sequence[SimState
 
 
 # ---------------------------------------------------------------------- the branch runner
+class CappedTree(RolloutTree):
+    """A tree whose root rollouts offer as prefixes only the depths a bank recording with
+    ``max_prefixes_per_root = prefix_cap`` keeps (:func:`trace_gym.tree.prefix_depths`): the prefixes
+    the bank bench can continue from, so a simulator standing in for a bank offers its strategies the
+    same choice (the bank bench leaves the others out: :class:`trace_gym.banks.replay.BankTree`)."""
+
+    def __init__(self, *args: Any, prefix_cap: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix_cap = prefix_cap
+
+    def expansion_candidates(self) -> list[tuple[int, float]]:
+        out = []
+        for node_id, reward in super().expansion_candidates():
+            node = self.nodes[node_id]
+            turns = self.nodes[self.branch_leaf(node.branch)].depth
+            if node.depth in prefix_depths(turns, self.prefix_cap):
+                out.append((node_id, reward))
+        return out
+
+
 @dataclass
 class SimBranchRunner:
     """The simulator as a :class:`~trace_gym.step.driver.BranchRunner`.
 
     Candidates are task indices into ``pool``; the predictor reads :class:`SimState`
     snapshots. Requested branches wait until :meth:`advance`, which simulates all of
-    them (per tree, in request order, vectorised) in the ``simulation`` phase.
+    them (per tree, in request order, vectorised) in the ``simulation`` phase. With
+    ``prefix_cap`` (an integer >= 1) each tree is a :class:`CappedTree`; ``None``: every prefix.
     """
 
     pool: TaskPool
     world: SimWorld
     rng: np.random.Generator
+    prefix_cap: int | None = None
     _trees: dict[Hashable, RolloutTree] = field(default_factory=dict, init=False, repr=False)
     _pending: dict[Hashable, list[int]] = field(default_factory=dict, init=False, repr=False)
 
@@ -384,7 +416,9 @@ class SimBranchRunner:
         return self._trees[key].nodes[node_id].snapshot
 
     def new_tree(self, key: Hashable, candidate: Any) -> RolloutTree:
-        tree = RolloutTree(task_id=f"sim/{int(candidate)}", snapshot=self.prompt_context(candidate))
+        context, task_id = self.prompt_context(candidate), f"sim/{int(candidate)}"
+        tree = (RolloutTree(task_id=task_id, snapshot=context) if not self.prefix_cap else
+                CappedTree(task_id=task_id, snapshot=context, prefix_cap=self.prefix_cap))
         self._trees[key] = tree
         return tree
 
