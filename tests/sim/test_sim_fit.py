@@ -323,6 +323,12 @@ def test_the_in_bench_choice_reads_the_picks_first_then_the_rest():
     assert choose_in_bench(bank, readings, tolerance=0.05) == 2  # within a looser tolerance it is nearest
     far = [dict(r, selection_precision=r["selection_precision"] - 0.1) for r in readings]
     assert choose_in_bench(bank, far) == 2  # none within: the nearest picks (0.623), and those near it
+    # one within (0.008 off) and one just past the tolerance (0.022 off) that reads nearer on the rest: a row
+    # within the tolerance is taken whenever there is one (the band widened to 0.008 + 0.015 took the other
+    # on the math bank under fit 10)
+    split = [{"selection_precision": 0.672, "brier": 0.107, "mixed_auc": 0.78, "prompt_spearman": 0.93},
+             {"selection_precision": 0.702, "brier": 0.104, "mixed_auc": 0.75, "prompt_spearman": 0.84}]
+    assert choose_in_bench(bank, split) == 0
 
 
 def test_the_warmed_predictor_stays_finite_where_a_kind_never_succeeds():
@@ -335,3 +341,25 @@ def test_the_warmed_predictor_stays_finite_where_a_kind_never_succeeds():
     samples = start_samples(world, RecordedShape(8, 4, None), warmup_prompts=64, scored=256, seeds=4,
                             prefix_share=0.06, spearmans=[0.0])[0.0]
     assert max(float(np.abs(s.logits).max()) for s in samples) < 10
+
+
+def test_a_calibrated_bench_scores_prefixes_against_k_continuations_as_the_bank_bench_does():
+    """The oracle predictor ranks prefixes by their true values exactly (Spearman 1 against them); a
+    bench standing for a bank of K = 2 continuations per prefix reads the rate of 2 fresh continuations,
+    as the bank bench reads its recorded ones, and that truth is noisy: the same predictor reads lower
+    there, with the true reading kept beside."""
+    import dataclasses
+
+    from trace_gym.bench.config import SimBenchConfig
+    from trace_gym.bench.loop import run_bench
+    from trace_gym.bench.sim_source import SimSource
+    from trace_gym.strategies import STRATEGIES
+
+    cfg = SimBenchConfig(seeds=1, steps=2, warmup_steps=0, pool_size=400, candidates=32, root_budget=32,
+                         group_size=4, predictor="oracle", oracle_upper_bound=False)
+    arms = {"trace": STRATEGIES["trace"]}
+    plain = run_bench(SimSource(cfg), arms)["strategies"]["trace"]
+    as_bank = run_bench(SimSource(dataclasses.replace(cfg, calibrate_from="a_bank"), RecordedShape(8, 2)),
+                        arms)["strategies"]["trace"]
+    assert plain["prefix_spearman"] == plain["prefix_spearman_true"] == as_bank["prefix_spearman_true"] == 1.0
+    assert 0.5 < as_bank["prefix_spearman"] < 0.95

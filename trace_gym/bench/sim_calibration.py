@@ -329,7 +329,8 @@ def choose_in_bench(bank: Mapping[str, float], readings: Sequence[Mapping[str, f
 
     precision = [float(r["selection_precision"]) for r in readings]
     gaps = np.abs(np.asarray(precision) - float(bank["selection_precision"]))
-    keep = np.flatnonzero(gaps <= max(tolerance, float(gaps.min()) + tolerance) + 1e-12)
+    band = tolerance if gaps.min() <= tolerance else float(gaps.min()) + tolerance  # some within: only those
+    keep = np.flatnonzero(gaps <= band + 1e-12)
     rest = [sum(abs(float(readings[i][m]) - float(bank[m])) for m in ("brier", "mixed_auc", "prompt_spearman"))
             for i in keep]
     return int(keep[closest(rest, 0.0)])
