@@ -322,13 +322,19 @@ def test_the_in_bench_choice_reads_the_picks_first_then_the_rest():
     assert choose_in_bench(bank, readings) == 1  # the third picks 0.043 better than the bank: out
     assert choose_in_bench(bank, readings, tolerance=0.05) == 2  # within a looser tolerance it is nearest
     far = [dict(r, selection_precision=r["selection_precision"] - 0.1) for r in readings]
-    assert choose_in_bench(bank, far) == 2  # none within: the nearest picks (0.623), and those near it
+    assert choose_in_bench(bank, far) == 2  # none within: nearest over all four (.057 + .006 + 0 + .01)
     # one within (0.008 off) and one just past the tolerance (0.022 off) that reads nearer on the rest: a row
     # within the tolerance is taken whenever there is one (the band widened to 0.008 + 0.015 took the other
     # on the math bank under fit 10)
     split = [{"selection_precision": 0.672, "brier": 0.107, "mixed_auc": 0.78, "prompt_spearman": 0.93},
              {"selection_precision": 0.702, "brier": 0.104, "mixed_auc": 0.75, "prompt_spearman": 0.84}]
     assert choose_in_bench(bank, split) == 0
+    # none within (the shape bank under fit 10): the nearest picks (0.018 off) reads far on the rest, the
+    # type-alone predictor (0.034 off) reads near: the sum over all four takes it, the picks alone would not
+    shape = {"selection_precision": 0.46, "brier": 0.114, "mixed_auc": 0.673, "prompt_spearman": 0.821}
+    rows = [{"selection_precision": 0.442, "brier": 0.197, "mixed_auc": 0.637, "prompt_spearman": 0.645},
+            {"selection_precision": 0.494, "brier": 0.116, "mixed_auc": 0.694, "prompt_spearman": 0.803}]
+    assert choose_in_bench(shape, rows) == 1
 
 
 def test_the_warmed_predictor_stays_finite_where_a_kind_never_succeeds():

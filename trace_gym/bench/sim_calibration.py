@@ -322,17 +322,21 @@ IN_BENCH_TOLERANCE = 0.015
 def choose_in_bench(bank: Mapping[str, float], readings: Sequence[Mapping[str, float]],
                     tolerance: float = IN_BENCH_TOLERANCE) -> int:
     """Index of the reading that reads most like ``bank`` in the bench: of those whose
-    ``selection_precision`` lies within ``tolerance`` of the bank's (none: the nearest, and those within
-    ``tolerance`` of it), the nearest over Brier, mixed AUC and prompt Spearman (the sum of absolute
-    gaps; a tie: the first). Selection first: it is what PCL and TRACE's root stage read."""
+    ``selection_precision`` lies within ``tolerance`` of the bank's, the nearest over Brier, mixed AUC
+    and prompt Spearman (the sum of absolute gaps; a tie: the first). Selection first: it is what PCL
+    and TRACE's root stage read. Where none picks within ``tolerance``, the picks separate no candidate
+    from the rest, and the nearest over all four (picks included, the same sum) is taken: on the shape
+    bank under fit 10 the nearest picks (0.018 off) came with a Brier of 0.197 against the bank's 0.114,
+    while the type-alone predictor, 0.034 off on picks, read the bank's Brier, AUC and Spearman."""
     from trace_gym.bench.sim_fit import closest
 
     precision = [float(r["selection_precision"]) for r in readings]
     gaps = np.abs(np.asarray(precision) - float(bank["selection_precision"]))
-    band = tolerance if gaps.min() <= tolerance else float(gaps.min()) + tolerance  # some within: only those
-    keep = np.flatnonzero(gaps <= band + 1e-12)
-    rest = [sum(abs(float(readings[i][m]) - float(bank[m])) for m in ("brier", "mixed_auc", "prompt_spearman"))
-            for i in keep]
+    keep = np.flatnonzero(gaps <= tolerance + 1e-12)
+    measures = ("brier", "mixed_auc", "prompt_spearman")
+    if not keep.size:
+        keep, measures = np.arange(len(readings)), ("selection_precision", *measures)
+    rest = [sum(abs(float(readings[i][m]) - float(bank[m])) for m in measures) for i in keep]
     return int(keep[closest(rest, 0.0)])
 
 
