@@ -42,8 +42,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
-
 from trace_gym.banks.format import success
 from trace_gym.banks.writer import (BankWriter, lock_path, portable_command, portable_path, shared_policy_path,
                                     weights_hash)

@@ -128,8 +128,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns, turn_shares and "
         "success_turn_shares (its roots' lengths by outcome), task types where its task kinds explain its "
         "counts (type_shares, type_means, type_concentrations, type_visibility, type_step_concentrations), "
-        "prefixes_per_root (the "
-        "bank's prefix cap), and fit the learned predictor (trace_gym/sim/calibrate.py, "
+        "prefixes_per_root (the bank's prefix cap), and fit the learned predictor (trace_gym/sim/calibrate.py, "
         "trace_gym/bench/sim_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
         "predicted values of the root-allocation demo", within="[0, 1]"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import zlib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
