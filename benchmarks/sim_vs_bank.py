@@ -62,6 +62,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from trace_gym.bench.checks import first_repetitions, modal_word
+from trace_gym.bench.checks import repetition_blocks as blocks
+
 #: Every shipped bank and the overrides that make its bench run: the guessing bank's 4-turn
 #: roots ask up to 8 continuations at one prefix at N = 2 and it recorded K = 4 (docs/benchmarking.md);
 #: the QA bank's 96 measured prompts hold 3 steps of 32 candidates (64 draws prompts again: NO VERDICT);
@@ -131,21 +134,6 @@ def within_combined(bank_row: Mapping[str, Any], sim_row: Mapping[str, Any], key
     return abs(float(sim_row[key]) - float(bank_row[key])) <= combined + 1e-12
 
 
-def first_repetitions(results: Mapping[str, Any], n: int, start: int = 0) -> dict[str, Any]:
-    """``results`` with every row cut to ``n`` repetitions from ``start`` (``per_rep``; default its first
-    ``n``), the headline metrics re-averaged over them (what a run of ``n`` repetitions would have printed)."""
-    from trace_gym import report
-
-    rows = {}
-    for name, row in results["strategies"].items():
-        reps = row["per_rep"][start:start + n]
-        cut = {**row, "per_rep": reps, "repetitions": len(reps)}
-        for key in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens"):
-            cut[key], cut[key + "_ci"], _ = report.mean_ci([float(r[key]) for r in reps])
-        rows[name] = cut
-    return {**results, "strategies": rows}
-
-
 def verdict_word(results: Mapping[str, Any], a: str, b: str, key: str) -> str:
     """The paired verdict on ``key`` of ``a`` against ``b`` (:func:`trace_gym.bench.checks.paired`):
     shown above, shown below or not shown."""
@@ -153,19 +141,6 @@ def verdict_word(results: Mapping[str, Any], a: str, b: str, key: str) -> str:
     from trace_gym.bench.checks import headline_rows, paired
 
     return WORDS[paired(headline_rows(results), a, b, BY_KEY[key])["shown"]]
-
-
-def blocks(results: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
-    """``results`` cut into its disjoint blocks of ``n`` repetitions (as many whole blocks as it ran, at
-    least one): each what a run of ``n`` repetitions would have printed."""
-    count = min(len(r["per_rep"]) for r in results["strategies"].values())
-    return [first_repetitions(results, n, start) for start in range(0, max(count - n, 0) + 1, n)]
-
-
-def modal_word(words: Sequence[str]) -> str:
-    """The word more than half of ``words`` say, else ``split`` (which matches no bank word)."""
-    top = max(set(words), key=list(words).count)
-    return top if 2 * list(words).count(top) > len(words) else "split"
 
 
 def pairs_of(names: Sequence[str]) -> list[tuple[str, str]]:

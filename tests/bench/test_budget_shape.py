@@ -96,3 +96,30 @@ def test_the_simulator_runs_the_bank_benchs_shape_and_warm_up(bs):
     assert {"candidates=5", "group_size=4", "steps=3", "warmup_steps=0", "warmup_prompts=4"} <= set(args)
     unset = bs.sim_args("b", (8, 6.0), 10, {**config, "warmup_prompts": None})
     assert not any(a.startswith("warmup_prompts") for a in unset)
+
+
+def test_the_simulators_word_is_the_one_most_of_its_blocks_say(bs):
+    """Three blocks of 5 paired repetitions: random tree's (8, 6) is the (16, 2) rows' own values in the
+    first block (not shown) and below them in the other two (shown above): the word is 'shown above',
+    each block's word printed; with two blocks of no difference it is 'not shown'."""
+    def blocky(deep_in):
+        deep = [DEEP_TREE if d else WIDE_TREE for d in deep_in]
+        wide = results((WIDE_TREE[0] * 3, WIDE_TREE[1] * 3), (TRACE[0] * 3, TRACE[1] * 3))
+        other = results((sum((b[0] for b in deep), []), sum((b[1] for b in deep), [])),
+                        (TRACE_NOISY[0] * 3, TRACE_NOISY[1] * 3))
+        return {(16, 2.0): wide, (8, 6.0): other}
+
+    out = bs.by_blocks(blocky([False, True, True]), bs.STRATEGIES, 5)
+    tree = out["rows"][0]
+    assert tree["blocks"] == ["not shown", "shown above", "shown above"] and tree["word"] == "shown above"
+    assert out["rows"][0]["pair"]["n"] == 15  # means and intervals of the whole run
+    assert bs.by_blocks(blocky([False, False, True]), bs.STRATEGIES, 5)["rows"][0]["word"] == "not shown"
+    bank = bs.compare({(16, 2.0): results(WIDE_TREE, TRACE), (8, 6.0): results(DEEP_TREE, TRACE_NOISY)},
+                      bs.STRATEGIES)
+    line = [ln for ln in bs.table("t", bank, ["cmd"], out).splitlines() if ln.startswith("| random_tree | eff")][0]
+    assert "blocks: not shown, shown above, shown above)" in line and line.endswith("| yes |")
+
+
+def test_sim_seeds_below_one_block_are_one_line(bs, capsys):
+    assert bs.main(["--sim", "--sim-seeds", "10"]) == 2
+    assert "--sim-seeds must be >= --seeds (30: one block), got 10" in capsys.readouterr().err

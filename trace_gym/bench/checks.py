@@ -375,3 +375,33 @@ def exhaustion_check(results: Mapping[str, Any]) -> Check | None:
                  f"NO VERDICT: exhausted share {shares}; this bench needs a bank with at least {roots} roots per "
                  f"prompt and {conts} continuations per recorded prefix ({have}); record a larger bank or lower "
                  "the budget, the steps or the group size")
+
+
+def first_repetitions(results: Mapping[str, Any], n: int, start: int = 0) -> dict[str, Any]:
+    """``results`` (a bench's JSON) with every row cut to ``n`` repetitions from ``start`` (``per_rep``;
+    default its first ``n``), the headline metrics re-averaged over them (what a run of ``n``
+    repetitions would have printed)."""
+    from trace_gym import report
+
+    rows = {}
+    for name, row in results["strategies"].items():
+        reps = row["per_rep"][start:start + n]
+        cut = {**row, "per_rep": reps, "repetitions": len(reps)}
+        for key in ("effective_ratio", "mixed_prompts", "mixed_per_1k_tokens"):
+            cut[key], cut[key + "_ci"], _ = report.mean_ci([float(r[key]) for r in reps])
+        rows[name] = cut
+    return {**results, "strategies": rows}
+
+
+def repetition_blocks(results: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    """``results`` cut into its disjoint blocks of ``n`` repetitions (as many whole blocks as it ran, at
+    least one): each what a run of ``n`` repetitions would have printed. A verdict word read in each
+    block is the word at the power of ``n`` repetitions, drawn once per block."""
+    count = min(len(r["per_rep"]) for r in results["strategies"].values())
+    return [first_repetitions(results, n, start) for start in range(0, max(count - n, 0) + 1, n)]
+
+
+def modal_word(words: Sequence[str]) -> str:
+    """The word more than half of ``words`` say, else ``split`` (which matches no other word)."""
+    top = max(set(words), key=list(words).count)
+    return top if 2 * list(words).count(top) > len(words) else "split"
