@@ -46,6 +46,8 @@ def test_closest_takes_the_least_informative_of_equal_fits():
     assert closest([0.5, 0.7], 0.6) == 0  # the less informative feature, first on the grid
     assert closest([0.45, 0.6, 0.592], 0.6, tolerance=0.01) == 1
     assert closest([0.45, 0.595, 0.6], 0.6, tolerance=0.01) == 1  # within the noise of the best: the weaker
+    assert closest([math.nan, math.nan], 0.0) == 0  # a cold predictor measures nothing: the first, no IndexError
+    assert closest([math.nan, 0.3, 0.1], 0.0) == 2
 
 
 def test_the_level_shift_moves_prompt_predictions_only():

@@ -187,8 +187,11 @@ def shift_for_level(samples: Sequence[StartSample], level: float, bound: float =
 def closest(values: Sequence[float], target: float, tolerance: float = 0.0) -> int:
     """Index of the first value within ``tolerance`` of the nearest one to ``target``: the grid runs
     from the least informative feature up, so among fits as good as the best (to the measure's own
-    noise) it takes the weaker predictor, never one that only noise put ahead."""
+    noise) it takes the weaker predictor, never one that only noise put ahead. Where no value is a
+    number (a predictor that never trained reads NaN on every measure), the first."""
     gaps = np.abs(np.asarray(values, dtype=float) - target)
+    if np.isnan(gaps).all():  # nothing measured (a cold predictor's constant values): the least informative
+        return 0
     return int(np.flatnonzero(gaps <= np.nanmin(gaps) + tolerance)[0])
 
 
