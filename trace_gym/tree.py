@@ -50,7 +50,7 @@ Definitions used throughout (the method page's words, made exact here):
     their outcomes, so ancestors are not exactly unbiased either.
 
   Which estimator is closer to the true V, at prompt and prefix depth, is measured
-  on the simulator (``trace_gym.sim.simulator.target_error_study``).
+  on the simulator (``trace_gym.sim.targets.target_error_study``).
 
 Nothing here knows about tokenizers, engines or environments; the snapshot is an
 opaque object, never serialised (``to_json`` drops it).

@@ -10,6 +10,7 @@ from scipy import stats
 from baselines import UniformRootAllocator
 from trace_gym.sim import simulator as sim
 from trace_gym.sim import predictors as sim_predictors
+from trace_gym.sim.targets import target_error_study
 from trace_gym.allocation.allocators import TracePrefixAllocator, TraceRootAllocator
 from trace_gym.budget import BudgetLedger
 from trace_gym.step.driver import run_step
@@ -181,7 +182,7 @@ def test_target_estimator_study_reports_which_is_closer_to_the_true_value():
     has the lower RMSE at prompt, prefix and expanded nodes (0.28 vs 0.38 at expanded)."""
     from trace_gym.strategies import STRATEGIES
 
-    study = sim.target_error_study(STRATEGIES["trace"], sim_predictors.OraclePredictor(), steps=3, seed=0)
+    study = target_error_study(STRATEGIES["trace"], sim_predictors.OraclePredictor(), steps=3, seed=0)
     assert set(study) == {"prompt", "prefix", "expanded"}
     expanded = study["expanded"]
     n = expanded["fresh"]["n"]

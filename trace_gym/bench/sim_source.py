@@ -194,7 +194,7 @@ class SimSource:
         return {**w, "prompts": held, "steps": cfg.warmup_steps, "description": text}
 
     def results(self, strategies: Mapping[str, Strategy]) -> dict[str, Any]:
-        from trace_gym.sim import simulator as sim
+        from trace_gym.sim.targets import target_error_study
 
         cfg = self.config
         out: dict[str, Any] = {"root_allocation_demo": {
@@ -202,7 +202,7 @@ class SimSource:
             "allocations": [solve_root(np.array(cfg.demo_values), b).tolist() for b in cfg.demo_budgets]},
             "warmup": self.warmup_summary()}
         if "trace" in strategies:  # which predictor target is closer to the true V (oracle-driven expansion)
-            out["target_estimators"] = sim.target_error_study(
+            out["target_estimators"] = target_error_study(
                 strategies["trace"], make_predictor("oracle"), world=self.world, nominal_budget=self.nominal_budget,
                 candidates=cfg.candidates)
         return out
