@@ -151,11 +151,11 @@ def _check_lengths(cfg: "SimBenchConfig") -> None:
     """The per-episode length and task-type keys (one line naming a bad value); a calibrated run's are
     the bank's."""
     from trace_gym.sim.lengths import check_lengths
-    from trace_gym.sim.prior import check_type_kappas, check_types
+    from trace_gym.sim.prior import check_types
 
     check_lengths(cfg.turn_shares, cfg.success_turn_shares, cfg.min_turns, cfg.max_turns)
-    check_types(cfg.type_shares, cfg.type_means, cfg.type_concentrations, cfg.type_visibility)
-    check_type_kappas(cfg.type_step_concentrations, len(cfg.type_shares))
+    check_types(cfg.type_shares, cfg.type_means, cfg.type_concentrations, cfg.type_visibility,
+                cfg.type_step_concentrations)
 
 
 def _check_sim_predictor(cfg: "SimBenchConfig") -> None:

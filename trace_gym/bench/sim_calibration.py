@@ -342,7 +342,7 @@ def choose_in_bench(bank: Mapping[str, float], readings: Sequence[Mapping[str, f
 
 #: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
 SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES,
-                  *TYPE_KEYS, "type_visibility", "type_step_concentrations")
+                  *TYPE_KEYS, "type_visibility")
 
 
 def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, tuple[float, ...]]:

@@ -294,7 +294,7 @@ def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~trace_gym.bench.config.SimBenchConfig` keys of a :func:`calibration` result."""
     from trace_gym.sim.prior import TYPE_KEYS
 
-    tuples = ("turn_shares", "success_turn_shares", *TYPE_KEYS, "type_step_concentrations")
+    tuples = ("turn_shares", "success_turn_shares", *TYPE_KEYS)
     keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", *tuples,
             "type_visibility", "feature_spearman", "predictor_level_shift", "warmup_prompts")
     out = {k: tuple(calibrated[k]) if k in tuples else calibrated[k] for k in keys if k in calibrated}

@@ -190,8 +190,9 @@ def types_from_kinds(kinds: Sequence[str], successes: Sequence[int], totals: Seq
     return tuple((float((k == x).mean()), a, b) for (a, b), x in zip(fits, names)), names, bic
 
 
-#: The :class:`~trace_gym.sim.simulator.SimWorld` (and simulated bench) keys of a prior of task types.
-TYPE_KEYS = ("type_shares", "type_means", "type_concentrations")
+#: The :class:`~trace_gym.sim.simulator.SimWorld` (and simulated bench) keys of a prior of task types: one
+#: value per type each (``type_step_concentrations`` may be empty: every type takes ``step_concentration``).
+TYPE_KEYS = ("type_shares", "type_means", "type_concentrations", "type_step_concentrations")
 
 
 def check_type_kappas(kappas: Sequence[float], types: int) -> None:
@@ -207,15 +208,16 @@ def check_type_kappas(kappas: Sequence[float], types: int) -> None:
 
 
 def check_types(shares: Sequence[float], means: Sequence[float], concentrations: Sequence[float],
-                visibility: float) -> None:
+                visibility: float, kappas: Sequence[float] = ()) -> None:
     """A prior of task types (one line naming a bad value): three lists of one length (empty: no
     types), shares in (0, 1] summing to 1, means in (0, 1), concentrations > 0, a visibility in
-    [0, 1]."""
+    [0, 1], and per-type kappas (:func:`check_type_kappas`)."""
     if not 0 <= visibility <= 1:
         raise ValueError(f"type_visibility must lie in [0, 1], got {visibility!r}")
     if not (len(shares) == len(means) == len(concentrations)):
         raise ValueError(f"type_shares, type_means and type_concentrations need one value per type, got "
                          f"{len(shares)}, {len(means)} and {len(concentrations)}")
+    check_type_kappas(kappas, len(shares))
     if not len(shares):
         return
     for m in means:

@@ -48,7 +48,7 @@ import numpy as np
 from trace_gym.budget import BudgetLedger
 from trace_gym.step.driver import BranchResult
 from trace_gym.sim.lengths import LengthModel, check_lengths, episode_paths
-from trace_gym.sim.prior import TYPE_KEYS, check_type_kappas, check_types, draw, mixed_probability
+from trace_gym.sim.prior import TYPE_KEYS, check_types, draw, mixed_probability
 from trace_gym.tree import ROOT, RolloutTree, prefix_depths
 
 _EPS = 1e-12
@@ -151,15 +151,15 @@ class SimWorld:
     def __post_init__(self) -> None:
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}")
-        for name in ("turn_shares", "success_turn_shares", *TYPE_KEYS, "type_step_concentrations"):  # hashable too
+        for name in ("turn_shares", "success_turn_shares", *TYPE_KEYS):  # a list from a caller: hashable too
             object.__setattr__(self, name, tuple(getattr(self, name)))
         check_lengths(self.turn_shares, self.success_turn_shares, self.min_turns, self.max_turns)
         if self.step_concentration <= 0:
             raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
         if self.feature_dim < 1:
             raise ValueError(f"feature_dim must be >= 1, got {self.feature_dim!r}")
-        check_types(self.type_shares, self.type_means, self.type_concentrations, self.type_visibility)
-        check_type_kappas(self.type_step_concentrations, len(self.type_shares))
+        check_types(self.type_shares, self.type_means, self.type_concentrations, self.type_visibility,
+                    self.type_step_concentrations)
 
     def kappa(self, task_type: int | None) -> float:
         """The step concentration of a task of type ``task_type`` (``None``: a world of one type):
