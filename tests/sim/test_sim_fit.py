@@ -173,41 +173,13 @@ def test_a_warm_simulated_bench_starts_its_first_step_informed():
     assert "32 held-out simulated tasks" in out["warmup"]["description"]
 
 
-def write_bank_with_lengths(path, successes, roots: int = 8, continuations: int = 2):
-    """A bank whose failed roots take 1 turn and successful ones 3 (prefixes at depths 1 and 2 of
-    each successful root, each continuation a success with probability 1/2)."""
-    from bank_fixtures import _episode
-
-    from trace_gym.banks.writer import BankWriter
-
-    rng = np.random.default_rng(0)
-    manifest = {"policy": "synthetic", "policy_path": None, "weights_sha256": None, "env_id": "synthetic",
-                "env_kwargs": {}, "seed": 0, "prompts": len(successes), "roots": roots,
-                "continuations": continuations, "max_prefixes_per_root": None, "sampling": {}, "agent": {},
-                "command": ["synthetic"], "created_at": 0.0}
-    writer = BankWriter(path, manifest)
-    writer.start_run(["synthetic"])
-    for i, s in enumerate(successes):
-        out = []
-        for j, win in enumerate(rng.permutation([True] * int(s) + [False] * (roots - int(s)))):
-            turns = 3 if win else 1
-            root = _episode(bool(win), 1, turns, f"p{i} r{j}", cost=10)
-            root["prefixes"] = [{"depth": t, "continuations": [
-                _episode(bool(rng.random() < 0.5), t + 1, turns, f"p{i} r{j} t{t} c{c}", cost=5)
-                | {"replayed_env_steps": t} for c in range(continuations)]} for t in range(1, turns)]
-            out.append(root | {"left_out": [], "seed": 1000 * i + j})
-        task = {"id": f"synth/{i}", "prompt": f"synthetic prompt {i}", "answer": None, "source": "synthetic",
-                "metadata": {}}
-        writer.add({"task": task, "task_index": i, "prompt_tokens": 20, "roots": out, "run": 0, "written_at": 0.0})
-    writer.finish()
-    return path
-
-
 def test_calibrate_from_sets_each_episodes_length_by_its_outcome(tmp_path):
     """Failed roots 1 turn, successful ones 3: turn_shares (1, 0, 0), success_turn_shares (0, 0, 1), and
     kappa refitted under them; a min_turns or max_turns you set keeps the bank's shares off."""
     from trace_gym.banks import open_bank
     from trace_gym.bench.config import SimBenchConfig
+    from bank_fixtures import write_bank_with_lengths
+
     from trace_gym.bench.sim_calibration import calibrated, lengths_by_outcome
 
     path = write_bank_with_lengths(tmp_path / "b.jsonl.gz", [1, 3, 5, 7] * 8)
@@ -279,6 +251,8 @@ def test_on_a_bank_the_truth_is_a_group_drawn_from_the_recorded_roots(tmp_path):
 
     from trace_gym.bench.bank import BankSource
     from trace_gym.bench.config import BankBenchConfig
+    from bank_fixtures import write_bank_with_lengths
+
     from trace_gym.bench.in_bench import arm_samples
     from trace_gym.strategies import shaped_strategies
 
@@ -313,7 +287,7 @@ def test_the_visibility_fit_finds_a_predictor_that_reads_the_type_alone():
 
 
 def test_the_in_bench_choice_reads_the_picks_first_then_the_rest():
-    from trace_gym.bench.sim_calibration import choose_in_bench
+    from trace_gym.bench.in_bench_fit import choose_in_bench
 
     bank = {"selection_precision": 0.68, "brier": 0.11, "mixed_auc": 0.75, "prompt_spearman": 0.85}
     readings = [

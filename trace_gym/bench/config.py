@@ -120,6 +120,11 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     type_step_concentrations: tuple[float, ...] = field(default=(), metadata=doc(
         "with types: each type's own step_concentration (kappa); empty: every type takes step_concentration. "
         "calibrate_from fits one per type from the continuations of its kind", within="(0, 1000000]"))
+    signal_noise: float = field(default=4.0, metadata=doc(
+        "std (logit units) of the noise on what a learned predictor sees of a prefix's value after each turn "
+        "(its signal: logit of the value + noise); calibrate_from fits it in the bench where random_tree runs, so "
+        "that the prefix predictor reads the random tree arm's prefixes as well as the bank bench's",
+        within="[0, 1000]"))
     prefixes_per_root: int = field(default=0, metadata=doc(
         "the prefixes of a root rollout a continuation may start from: 0, every one; n, only the n depths a bank "
         "recording with max_prefixes_per_root = n keeps (trace_gym/tree.py prefix_depths), the ones the bank "
@@ -128,7 +133,8 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns, turn_shares and "
         "success_turn_shares (its roots' lengths by outcome), task types where its task kinds explain its "
         "counts (type_shares, type_means, type_concentrations, type_visibility, type_step_concentrations), "
-        "prefixes_per_root (the bank's prefix cap), and fit the learned predictor (trace_gym/sim/calibrate.py, "
+        "prefixes_per_root (the bank's prefix cap), and fit the learned predictor and its signal_noise "
+        "(trace_gym/sim/calibrate.py, "
         "trace_gym/bench/sim_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
         "predicted values of the root-allocation demo", within="[0, 1]"))

@@ -8,11 +8,15 @@ uniform arm, whose rollouts do not depend on the predictor, two runs that differ
 predictor meet the same candidates and outcomes (common random numbers), and an offset added to the
 predictions afterwards is what the run would have predicted with it.
 
-The calibrated simulator reports this reading beside its fit (``in_bench`` of
-:func:`trace_gym.bench.sim_calibration.bank_fit`). It is not what the fit matches: fitted to the bank's uniform
-arm in the bench, the simulator put PCL above the math bank (0.695 against 0.642 +- 0.048), because
-the bank's embedding predictor, trained on the prompts PCL picks, picks worse than the uniform arm's,
-and the simulated one does not (docs/benchmarking.md).
+The calibrated simulator reads it beside its fit (``in_bench`` of
+:func:`trace_gym.bench.sim_calibration.bank_fit`) and chooses among its start-of-step fits by it
+(:mod:`trace_gym.bench.in_bench_fit`). The fit's two knobs are not solved on it: solved on the bank's
+uniform arm in the bench, the simulator put PCL above the math bank (0.695 against 0.642 +- 0.048),
+because the bank's embedding predictor, trained on the prompts PCL picks, picks worse than the uniform
+arm's, and the simulated one does not (docs/benchmarking.md).
+
+:func:`arm_prefix_spearman` reads the prefix predictor so, on an arm that picks its prefixes without it
+(random tree): the bench's own ``prefix_spearman`` per repetition.
 
 The truth is each candidate's success rate and the probability that a group of G is mixed: fresh
 draws in the simulator (:func:`~trace_gym.predictor.quality.mixed_probability`), on a bank a
@@ -22,11 +26,32 @@ group drawn without replacement from its recorded roots, as the bank bench draws
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from trace_gym.bench.sim_fit import StartSample
+
+
+def arm_runs(source: Any, strategy: Any, arm: str) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """Per repetition of ``source`` (a :class:`~trace_gym.bench.loop.BenchSource`), ``strategy`` run as the
+    arm ``arm`` over every step, as the bench runs it: ``(repetition, arm, measured step results)``."""
+    from trace_gym.step.strategy_boundary import StrategyPlay
+
+    target = source.arms({arm: strategy})[arm]
+    for r in range(source.repetitions):
+        rep = source.repetition(r)
+        predictor, rng = rep.predictor(target), rep.rng(target)
+        play = StrategyPlay.start(arm, target.strategy)
+        measured = []
+        for step in range(source.steps):
+            counted = step >= source.warmup_steps
+            play.step = step
+            result = rep.step(target, rep.candidates(step), predictor, source.nominal_budget, rng, measured=counted,
+                              play=play)
+            if counted:
+                measured.append(result)
+        yield rep, target, measured
 
 
 def arm_samples(source: Any, strategy: Any, *, arm: str = "uniform") -> list[StartSample]:
@@ -36,22 +61,11 @@ def arm_samples(source: Any, strategy: Any, *, arm: str = "uniform") -> list[Sta
     [1e-9, 1 - 1e-9]). Shapes per sample: (candidates,)."""
     from trace_gym.bench.loop import truth_values
     from trace_gym.predictor.quality import drawn_group_mixed
-    from trace_gym.step.strategy_boundary import StrategyPlay
 
     group_size = int(source.config.group_size)
-    target = source.arms({arm: strategy})[arm]
     out: list[StartSample] = []
-    for r in range(source.repetitions):
-        rep = source.repetition(r)
-        predictor, rng = rep.predictor(target), rep.rng(target)
-        play = StrategyPlay.start(arm, target.strategy)
-        for step in range(source.steps):
-            counted = step >= source.warmup_steps
-            play.step = step
-            result = rep.step(target, rep.candidates(step), predictor, source.nominal_budget, rng, measured=counted,
-                              play=play)
-            if not counted:
-                continue
+    for _, _, steps in arm_runs(source, strategy, arm):
+        for result in steps:
             truth = result.extras["truth"]
             records = result.extras.get("records")
             if records is not None:  # a bank: a group drawn from the recorded roots
@@ -63,3 +77,15 @@ def arm_samples(source: Any, strategy: Any, *, arm: str = "uniform") -> list[Sta
             values = np.clip(np.asarray(truth_values(result), dtype=float), 1e-9, 1 - 1e-9)
             out.append(StartSample(np.log(values) - np.log1p(-values), np.asarray(truth[0], dtype=float), mixed))
     return out
+
+
+def arm_prefix_spearman(source: Any, strategy: Any, *, arm: str = "random_tree") -> float:
+    """The prefix predictor read where TRACE's second stage reads it: ``strategy`` run as the arm ``arm`` of
+    ``source``, the mean over repetitions of the bench's own ``prefix_spearman`` (the source's
+    ``measure``: on a bank against each prefix's recorded continuations, in a simulator calibrated to one
+    against as many fresh ones). Read on an arm that picks its prefixes without the predictor (random
+    tree), it is what the predictor knows of the prefixes a strategy may choose among, not of the ones it
+    chose. NaN where no repetition scored two prefixes."""
+    values = [rep.measure(target, steps)["prefix_spearman"] for rep, target, steps in arm_runs(source, strategy, arm)]
+    finite = [float(v) for v in values if v is not None and np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")

@@ -28,7 +28,7 @@ def run_sim_bench(cfg: SimBenchConfig, strategies: Mapping[str, Strategy], *, pr
     simulator is first calibrated to that bank (:func:`calibrated`; ``results["calibration"]``)."""
     calibration, shape = None, RecordedShape()
     if cfg.calibrate_from:
-        cfg, calibration = calibrated(cfg, strategies.get("uniform"))
+        cfg, calibration = calibrated(cfg, {k: strategies[k] for k in ("uniform", "random_tree") if k in strategies})
         shape = RecordedShape(**calibration["recorded_shape"])
     results = run_bench(SimSource(cfg, shape), strategies, progress=progress)
     if calibration is not None:

@@ -10,27 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Mapping
 
 from trace_gym.allocation.strategy import Strategy
 from trace_gym.bench.config import SimBenchConfig
-from trace_gym.bench.sim_source import SimSource
 from trace_gym.bench.sim_fit import RecordedShape
 from trace_gym.predictor.kinds import make_predictor
 from trace_gym.sim.prior import TYPE_KEYS
 
 
-def calibrated(cfg: SimBenchConfig, reference: Strategy | None = None) -> tuple[SimBenchConfig, dict[str, Any]]:
+def calibrated(cfg: SimBenchConfig, references: Mapping[str, Strategy] | None = None
+               ) -> tuple[SimBenchConfig, dict[str, Any]]:
     """``cfg`` with the simulator's knobs set from the bank ``cfg.calibrate_from``
     (:func:`bank_fit`), and what was used: ``{"bank", "values", "fitted", "before", "kept",
-    "learned_spearman", "bank_quality", "predictor_fit", "recorded_shape", "in_bench", "cached"}``
-    (``in_bench`` with a ``reference`` strategy, else None: :func:`bank_fit`). A knob set away from its
-    default in ``cfg`` is yours and is kept (``kept``)."""
+    "learned_spearman", "bank_quality", "predictor_fit", "recorded_shape", "in_bench", "prefix_in_bench",
+    "cached"}`` (the in-bench readings where ``references`` holds the strategies they run, else None:
+    :func:`bank_fit`). A knob set away from its default in ``cfg`` is yours and is kept (``kept``)."""
     from trace_gym.sim.calibrate import sim_overrides
 
-    found, cached = bank_fit(cfg.calibrate_from, cfg.group_size, FitShape.of_sim(cfg), reference)
+    found, cached = bank_fit(cfg.calibrate_from, cfg.group_size, FitShape.of_sim(cfg), references)
     defaults = SimBenchConfig()
     fitted = sim_overrides(found)
     kept = {k: getattr(cfg, k) for k in fitted if getattr(cfg, k) != getattr(defaults, k)}
@@ -43,7 +41,8 @@ def calibrated(cfg: SimBenchConfig, reference: Strategy | None = None) -> tuple[
         "bank": cfg.calibrate_from, "values": values, "kept": kept, "fitted": found["fitted"], "before": before,
         "learned_spearman": found.get("learned_spearman"), "cached": cached, "bank_quality": found["bank_quality"],
         "predictor_fit": {k: v for k, v in fit.items() if k != "grid"}, "recorded_shape": found["recorded_shape"],
-        "in_bench": found.get("in_bench"), "spearman_note": _fit_note(found)}
+        "in_bench": found.get("in_bench"), "prefix_in_bench": found.get("prefix_in_bench"),
+        "spearman_note": _fit_note(found)}
 
 
 def _fit_note(found: Mapping[str, Any]) -> str:
@@ -73,9 +72,17 @@ def _fit_note(found: Mapping[str, Any]) -> str:
     steps = found.get("in_bench")
     if steps:
         b, s = steps["bank"], steps["simulated"]
-        out += (f". In the bench (the uniform arm's {steps['steps']} measured step(s), not fitted): picks "
-                f"{b['selection_precision']:.3f} bank, {s['selection_precision']:.3f} simulated; level error "
-                f"{b['level_error']:+.3f}, {s['level_error']:+.3f}; Brier {b['brier']:.3f}, {s['brier']:.3f}")
+        out += (f". In the bench (the uniform arm's {steps['steps']} measured step(s); the level shift, "
+                f"{found['predictor_level_shift']:+.3f}, solved there" + (", the feature chosen there" if
+                                                                        steps.get("chosen_from") else "")
+                + f"): picks {b['selection_precision']:.3f} bank, {s['selection_precision']:.3f} simulated; level "
+                f"error {b['level_error']:+.3f}, {s['level_error']:+.3f}; Brier {b['brier']:.3f}, {s['brier']:.3f}; "
+                f"AUC {b['mixed_auc']:.3f}, {s['mixed_auc']:.3f}")
+    prefix = found.get("prefix_in_bench")
+    if prefix:
+        out += (f"; the prefix predictor on the random tree arm: Spearman {prefix['bank']:.3f} bank, "
+                f"{prefix['simulated'].get(str(prefix['signal_noise']), float('nan')):.3f} simulated at signal_noise "
+                f"{prefix['signal_noise']:g}, the noise of {len(prefix['simulated'])} read nearest the bank's")
     return out + (f"; {cut}" if cut else "") + " (trace_gym/bench/sim_fit.py)"
 
 
@@ -84,14 +91,14 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: predictor's quality averaged over the bench's per-repetition warm-up slices; 8: fitted at the simulated bench's
 #: own shape (its warm-up slice, candidates and PCL's picks), not the bank bench's defaults; the in-bench reading;
 #: 9: task types, one per kind of the bank's task ids (trace_gym/sim/prior.py), their visibility fitted;
-#: 10: each type's own kappa, from its kind's continuations (trace_gym.sim.calibrate.type_kappas).
-FIT_VERSION = 10
+#: 10: each type's own kappa, from its kind's continuations (trace_gym.sim.calibrate.type_kappas); 11: a world of
+#: one type chooses its feature in the bench too, and the prefix predictor's signal_noise is chosen in the bench
+#: (trace_gym.bench.in_bench_fit).
+FIT_VERSION = 11
 #: The per-episode length keys a bank's roots set (:func:`lengths_by_outcome`).
 LENGTH_SHARES = ("turn_shares", "success_turn_shares")
 
 
-#: Repetitions of the simulated bench's uniform arm read in the bench beside the fit.
-IN_BENCH_SIM_SEEDS = 30
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,7 @@ class FitShape:
 
 
 def bank_fit(path: str, group_size: int, shape: FitShape = FitShape(),
-             reference: Strategy | None = None) -> tuple[dict[str, Any], bool]:
+             references: Mapping[str, Strategy] | None = None) -> tuple[dict[str, Any], bool]:
     """The calibration of a bank for a simulated bench of ``shape``, and whether it came from the cache.
 
     :func:`trace_gym.sim.calibrate.calibration_from_stats` of its counts (difficulty prior, per-turn
@@ -181,9 +188,12 @@ def bank_fit(path: str, group_size: int, shape: FitShape = FitShape(),
     (:func:`trace_gym.banks.warmup.mean_steady_state_quality` of the embedding predictor, averaged over
     the bench's per-repetition warm-up slices, read through the bank's embedding store); the simulated
     predictor fitted to it (:func:`trace_gym.bench.sim_fit.fit_predictor`: ``feature_spearman``,
-    ``predictor_level_shift``); and, given a ``reference`` strategy that does not read its predictor
-    (the uniform one), both predictors read in the bench on its arm (``in_bench``,
-    :func:`_in_bench`; added to a cached entry that lacks it). Cached in
+    ``predictor_level_shift``); given ``references`` with the uniform strategy (which does not read its
+    predictor), both predictors read in the bench on its arm and the feature chosen there (``in_bench``,
+    :func:`_in_bench`); with the random tree strategy (which picks its prefixes without it), the prefix
+    predictor's ``signal_noise`` chosen in the bench (``prefix_in_bench``,
+    :func:`~trace_gym.bench.in_bench_fit.prefix_in_bench`); each
+    added to a cached entry that lacks it. Cached in
     ``$TRACE_GYM_CACHE/calibrations/<bank sha256>-G<group>-<shape>-v<FIT_VERSION>.json``, keyed by the
     bank's checksum and the shape, so a calibrated simulator run costs seconds after the first. A
     damaged cache entry is a miss."""
@@ -204,12 +214,20 @@ def bank_fit(path: str, group_size: int, shape: FitShape = FitShape(),
     if not (isinstance(found, dict) and found.get("version") == FIT_VERSION and "predictor_fit" in found):
         found = None
     cached = found is not None
-    if cached and (reference is None or "in_bench" in found):
+    references = references or {}
+    need_prompt = "uniform" in references and not (cached and "in_bench" in found)
+    need_prefix = "random_tree" in references and (need_prompt or not (cached and "prefix_in_bench" in found))
+    if cached and not (need_prompt or need_prefix):
         return found, True
     if found is None:
         found = _fit_bank(bank, path, group_size, shape) | {"version": FIT_VERSION}
-    if reference is not None:
-        found["in_bench"] = _in_bench(bank, path, group_size, shape, found, reference)
+    from trace_gym.bench.in_bench_fit import prefix_in_bench, prompt_in_bench
+
+    if need_prompt:
+        found["in_bench"] = prompt_in_bench(bank, path, group_size, shape, found, references["uniform"])
+    if need_prefix:  # after the feature is chosen: a prefix's prediction reads it too
+        found["prefix_in_bench"] = prefix_in_bench(bank, path, group_size, shape, found, references["random_tree"])
+        found["signal_noise"] = found["prefix_in_bench"]["signal_noise"]
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(found))
@@ -256,93 +274,9 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
                     "learned_spearman": quality["prompt_spearman"]}
 
 
-def _in_bench(bank: Any, path: str, group_size: int, shape: FitShape, found: dict[str, Any],
-              reference: Strategy) -> dict[str, Any]:
-    """Both predictors read in the bench (:mod:`trace_gym.bench.in_bench`): ``reference`` (a strategy that
-    does not read its predictor) run as one arm of the bank bench of ``shape`` and of the simulated bench,
-    its predictor's mean quality over the measured steps of each, PCL's picks out of each bench's
-    candidates. Beside the fit for a world of one type. For task types it also chooses the visibility
-    (and sets it in ``found`` with its fitted ``feature_spearman`` and ``predictor_level_shift``): each
-    visibility's fitted predictor is read in the bench, and of those whose selection precision there
-    lies within :data:`IN_BENCH_TOLERANCE` of the bank's (else the nearest), the one nearest the bank's
-    over Brier, AUC and Spearman (:func:`choose_in_bench`). Read at the start of the first step a
-    predictor that sees the type matched the math bank's on all four measures, but it went on learning
-    in the bench where the bank's embedding predictor does not (picks 0.723 against 0.680), and put
-    TRACE at 0.774 against the bank's 0.646 +- 0.054."""
-    from trace_gym.bench.bank import BankSource
-    from trace_gym.bench.config import BankBenchConfig
-    from trace_gym.bench.in_bench import arm_samples
-    from trace_gym.bench.sim_fit import mean_quality
-    from trace_gym.predictor.embeddings import bank_store, use_store
-    from trace_gym.predictor.quality import QUALITY_KEYS
-
-    bank_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=BankBenchConfig().seeds)
-    with use_store(bank_store(bank.scan.sha256)):
-        bank_steps = arm_samples(BankSource(bank_cfg), reference)
-    bank_q = mean_quality(bank_steps, 0.0, selection=tuple(found["selection"]))
-    world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
-    sim_cfg = SimBenchConfig(**world, group_size=group_size, candidates=shape.candidates or bank_cfg.candidates,
-                             root_budget=shape.root_budget or bank_cfg.root_budget,
-                             continuations_per_root=shape.continuations_per_root, steps=bank_cfg.steps,
-                             warmup_steps=bank_cfg.warmup_steps, pool_size=shape.pool_size,
-                             warmup_prompts=found["warmup_prompts"], seeds=IN_BENCH_SIM_SEEDS,
-                             oracle_upper_bound=False, feature_spearman=found["feature_spearman"])
-    sim_picks = pcl_picks(sim_cfg.root_budget, sim_cfg.continuations_per_root, group_size)
-    recorded = RecordedShape(**found["recorded_shape"])
-
-    def read(knobs: Mapping[str, Any]) -> dict[str, float]:
-        cfg = dataclasses.replace(sim_cfg, feature_spearman=knobs["feature_spearman"],
-                                  **({"type_visibility": knobs["type_visibility"]} if world.get("type_shares") else {}))
-        steps = arm_samples(SimSource(cfg, recorded), reference)
-        return mean_quality(steps, knobs["predictor_level_shift"], selection=(sim_cfg.candidates, sim_picks))
-
-    grid = found["predictor_fit"].get("visibility_grid") or []
-    readings = [read(row) for row in grid] if grid else [read(found)]
-    best = choose_in_bench(bank_q, readings) if grid else 0
-    if grid:
-        row = grid[best]
-        for k in ("type_visibility", "feature_spearman", "predictor_level_shift"):
-            found[k] = row[k]
-        reached = {k: row[k] for k in (*QUALITY_KEYS, "selection_precision")}
-        found["predictor_fit"] |= {"type_visibility": row["type_visibility"], "chosen_in_bench": True,
-                                   "feature_spearman": row["feature_spearman"],
-                                   "predictor_level_shift": row["predictor_level_shift"], "reached": reached}
-        for candidate, reading in zip(grid, readings):
-            candidate["in_bench"] = reading
-    return {"bank": bank_q, "simulated": readings[best],
-            "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": bank_cfg.seeds,
-            "sim_repetitions": IN_BENCH_SIM_SEEDS, "sim_selection": [sim_cfg.candidates, sim_picks]}
-
-
-#: In-bench selection precisions within this of the bank's are as good (:func:`choose_in_bench`): about the
-#: reading's spread over 30 simulated repetitions of 3 steps.
-IN_BENCH_TOLERANCE = 0.015
-
-
-def choose_in_bench(bank: Mapping[str, float], readings: Sequence[Mapping[str, float]],
-                    tolerance: float = IN_BENCH_TOLERANCE) -> int:
-    """Index of the reading that reads most like ``bank`` in the bench: of those whose
-    ``selection_precision`` lies within ``tolerance`` of the bank's, the nearest over Brier, mixed AUC
-    and prompt Spearman (the sum of absolute gaps; a tie: the first). Selection first: it is what PCL
-    and TRACE's root stage read. Where none picks within ``tolerance``, the picks separate no candidate
-    from the rest, and the nearest over all four (picks included, the same sum) is taken: on the shape
-    bank under fit 10 the nearest picks (0.018 off) came with a Brier of 0.197 against the bank's 0.114,
-    while the type-alone predictor, 0.034 off on picks, read the bank's Brier, AUC and Spearman."""
-    from trace_gym.bench.sim_fit import closest
-
-    precision = [float(r["selection_precision"]) for r in readings]
-    gaps = np.abs(np.asarray(precision) - float(bank["selection_precision"]))
-    keep = np.flatnonzero(gaps <= tolerance + 1e-12)
-    measures = ("brier", "mixed_auc", "prompt_spearman")
-    if not keep.size:
-        keep, measures = np.arange(len(readings)), ("selection_precision", *measures)
-    rest = [sum(abs(float(readings[i][m]) - float(bank[m])) for m in measures) for i in keep]
-    return int(keep[closest(rest, 0.0)])
-
-
 #: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
 SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES,
-                  *TYPE_KEYS, "type_visibility")
+                  *TYPE_KEYS, "type_visibility", "signal_noise")
 
 
 def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, tuple[float, ...]]:

@@ -251,7 +251,7 @@ def fit_visibility(world: SimWorld, shape: RecordedShape, target: Mapping[str, f
     first step's start the math bank's embedding predictor reads like the type alone (Spearman 0.842,
     AUC 0.743, Brier 0.104 against the bank's 0.845, 0.747, 0.108), but that predictor went on
     learning in the bench where the bank's does not; so where a reference arm runs, the choice is
-    made again in the bench (:func:`trace_gym.bench.sim_calibration.choose_in_bench`), and this one
+    made again in the bench (:func:`trace_gym.bench.in_bench_fit.choose_in_bench`), and this one
     stands only without it. A world without task types has nothing to fit: :func:`fit_predictor` alone,
     ``type_visibility`` None. Returns :func:`fit_predictor`'s result with ``type_visibility`` and
     ``visibility_grid`` (per visibility: its ``feature_spearman``, ``predictor_level_shift``, reached

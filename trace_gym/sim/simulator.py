@@ -156,6 +156,8 @@ class SimWorld:
         check_lengths(self.turn_shares, self.success_turn_shares, self.min_turns, self.max_turns)
         if self.step_concentration <= 0:
             raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
+        if not 0 <= self.signal_noise < float("inf"):
+            raise ValueError(f"signal_noise must be a finite number >= 0, got {self.signal_noise!r}")
         if self.feature_dim < 1:
             raise ValueError(f"feature_dim must be >= 1, got {self.feature_dim!r}")
         check_types(self.type_shares, self.type_means, self.type_concentrations, self.type_visibility,
