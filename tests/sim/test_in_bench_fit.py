@@ -92,10 +92,12 @@ def test_a_calibration_with_both_reference_arms_matches_the_level_and_the_prefix
     assert bench["simulated"]["level_error"] == pytest.approx(bench["bank"]["level_error"], abs=1e-6)
     assert cfg.predictor_level_shift == pytest.approx(bench["simulated"]["predictor_level_shift"])
     scan = info["predictor_fit"]["picks_scan"]  # a predictor that reads the feature: solved again at that level
-    assert cfg.feature_spearman > 0 and len(scan) == 21
-    gaps = [abs(p - bench["bank"]["selection_precision"]) for p in scan]
-    assert bench["simulated"]["selection_precision"] == scan[gaps.index(min(gaps))]
-    assert cfg.feature_spearman == pytest.approx(0.05 * gaps.index(min(gaps)))
+    start = info["predictor_fit"]["reached"]  # (the chosen start-of-step fit's own reading)
+    assert cfg.feature_spearman > 0 and 2 <= len(scan) <= 5 and start
+    assert max(float(x) for x in scan) - min(float(x) for x in scan) <= 0.2 + 1e-9
+    nearest = min(scan, key=lambda x: abs(scan[x] - bench["bank"]["selection_precision"]))
+    assert bench["simulated"]["selection_precision"] == scan[nearest]
+    assert cfg.feature_spearman == pytest.approx(float(nearest))
     prefix = info["prefix_in_bench"]
     readings = {float(k): v for k, v in prefix["simulated"].items()}
     assert sorted(readings) == [0.25, 1.0, 4.0, 64.0] and all(np.isfinite(r) for r in readings.values())

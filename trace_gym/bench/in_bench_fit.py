@@ -8,9 +8,11 @@ rows it moves were read:
 
 - :func:`prompt_in_bench`, on the uniform arm: of the start-of-step fits (per type visibility in a world
   of task types; per feature Spearman in a world of one type whose bank predictor ranks prompts at all),
-  the one whose in-bench prompt predictions read most like the bank bench's (:func:`choose_in_bench`).
-  A bank predictor that reads every prompt alike (the guessing bank: one prompt text, its prompt
-  Spearman undefined) has no feature to match; the start-of-step fit stands.
+  the one whose in-bench prompt predictions read most like the bank bench's (:func:`choose_in_bench`);
+  then its level shift solved so that its in-bench level error is the bank bench's, and its feature
+  solved again at that level so that its in-bench picks are the bank's. A bank predictor that reads
+  every prompt alike (the guessing bank: one prompt text, its prompt Spearman undefined) has no
+  feature to match; only the level is solved there.
 - :func:`prefix_in_bench`, on the random tree arm (which picks its prefixes at random): the
   ``signal_noise`` (what the prefix predictor sees of a prefix's value) whose in-bench prefix Spearman,
   read against as many fresh continuations as the bank recorded, is nearest the bank bench's own
@@ -34,7 +36,10 @@ IN_BENCH_SIM_SEEDS = 30
 #: reading's spread over 30 simulated repetitions of 3 steps.
 IN_BENCH_TOLERANCE = 0.015
 #: The signal noises :func:`prefix_in_bench` tries (logit units), least informative first (a tie: the noisier).
-SIGNAL_GRID = (64.0, 16.0, 8.0, 6.0, 4.0, 3.0, 2.0, 1.5, 1.0, 0.5, 0.25)
+SIGNAL_GRID = (64.0, 16.0, 8.0, 4.0, 2.0, 1.0, 0.5)
+#: How far from the chosen feature Spearman :func:`prompt_in_bench` solves it again at the bank's level: the
+#: grid's values within this of it (a local correction; on the five banks the whole grid's nearest lies within).
+RESOLVE_SPAN = 0.1
 #: Repetitions of the bank bench's random tree arm read for :func:`prefix_in_bench`: at the bench's default 10
 #: the QA bank's reading spans about +-0.13, at 30 about +-0.075.
 PREFIX_BANK_SEEDS = 30
@@ -107,8 +112,9 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
     error (:func:`~trace_gym.bench.sim_fit.shift_for_level` on its own in-bench predictions: the shift
     never enters the regression and the uniform arm does not read it, so one run serves every shift),
     and where the chosen predictor reads a feature, the feature's Spearman is solved again at that level
-    on :data:`~trace_gym.bench.sim_fit.SPEARMAN_GRID`, so that its in-bench picks are the bank's (the
-    nearest; a tie: the weaker feature): a shift that moves the level moves the picks too.
+    on the values of :data:`~trace_gym.bench.sim_fit.SPEARMAN_GRID` within :data:`RESOLVE_SPAN` of it,
+    so that its in-bench picks are the bank's (the nearest; a tie: the weaker feature): a shift that
+    moves the level moves the picks too.
     The start-of-step shift drifted in the bench (QA bank: +0.024 against the bank's -0.016), and
     TRACE's root stage, which reads the level, bought 5.2 prompts a step where the bank's bought 4.3.
     Choosing among candidates each at its own in-bench shift was tried first and moved the choice (math
@@ -163,12 +169,13 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
         for candidate, reading in zip(rows, readings):
             candidate["in_bench"] = reading
         if float(found["feature_spearman"]) > 0:  # at the bank's level, the feature whose picks are the bank's
-            scan = [read({**row, "feature_spearman": float(x)})[1] for x in SPEARMAN_GRID]
+            near = [float(x) for x in SPEARMAN_GRID if abs(x - float(found["feature_spearman"])) <= RESOLVE_SPAN + 1e-9]
+            scan = [read({**row, "feature_spearman": x})[1] for x in near]
             i = closest([r["selection_precision"] for r in scan], float(bank_q["selection_precision"]))
-            found["feature_spearman"], matched = float(SPEARMAN_GRID[i]), scan[i]
+            found["feature_spearman"], matched = near[i], scan[i]
             found["predictor_level_shift"] = matched["predictor_level_shift"]
             found["predictor_fit"] |= {"feature_spearman": found["feature_spearman"],
-                                       "picks_scan": [r["selection_precision"] for r in scan]}
+                                       "picks_scan": {str(x): r["selection_precision"] for x, r in zip(near, scan)}}
     found["predictor_fit"] |= {"predictor_level_shift": found["predictor_level_shift"]}
     return {"bank": bank_q, "simulated": matched, "at_start_shift": readings[best], "chosen_from": len(rows),
             "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": bank_cfg.seeds,
