@@ -8,12 +8,11 @@ uniform arm, whose rollouts do not depend on the predictor, two runs that differ
 predictor meet the same candidates and outcomes (common random numbers), and an offset added to the
 predictions afterwards is what the run would have predicted with it.
 
-The calibrated simulator reads it beside its fit (``in_bench`` of
-:func:`trace_gym.bench.sim_calibration.bank_fit`) and chooses among its start-of-step fits by it
-(:mod:`trace_gym.bench.in_bench_fit`). The fit's two knobs are not solved on it: solved on the bank's
-uniform arm in the bench, the simulator put PCL above the math bank (0.695 against 0.642 +- 0.048),
-because the bank's embedding predictor, trained on the prompts PCL picks, picks worse than the uniform
-arm's, and the simulated one does not (docs/benchmarking.md).
+The calibrated simulator chooses among its start-of-step fits by it and then solves its level and
+feature on it (``in_bench`` of :func:`trace_gym.bench.sim_calibration.bank_fit`,
+:mod:`trace_gym.bench.in_bench_fit`). What the uniform arm cannot show is how a predictor learns from
+the prompts PCL buys: the bank's embedding predictor picked worse after learning from them than from
+the uniform arm's on the math bank (fit 8, docs/benchmarking.md), the simulated one does not.
 
 :func:`arm_prefix_spearman` reads the prefix predictor so, on an arm that picks its prefixes without it
 (random tree): the bench's own ``prefix_spearman`` per repetition.

@@ -3,8 +3,8 @@
 :func:`trace_gym.bench.sim_calibration.bank_fit` fits the simulated predictor at the start of the first
 step (:mod:`trace_gym.bench.sim_fit`). What PCL and TRACE meet is the predictor in the bench, warmed and
 then learning from each step's rollouts, so two choices are made again there, each on an arm whose
-rollouts do not read the predictor (:mod:`trace_gym.bench.in_bench`), each by a rule fixed before the
-rows it moves were read:
+rollouts do not read the predictor (:mod:`trace_gym.bench.in_bench`). The first rule is the third tried,
+each read against the banks' rows before the next (docs/benchmarking.md, "Fit version 11"):
 
 - :func:`prompt_in_bench`, on the uniform arm: of the start-of-step fits (per type visibility in a world
   of task types; per feature Spearman in a world of one type whose bank predictor ranks prompts at all),
