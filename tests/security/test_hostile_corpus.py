@@ -21,6 +21,10 @@ BFCL = [c for c in CASES if c.env != "math"]
 #: 3 s of wall clock a cell: at 1.5 s a follow-up print(6 * 7) among 4 concurrent episodes timed out in a
 #: clean-clone run beside a bank recording (the test takes as long either way: 30 s here)
 LIMITS = KernelLimits(cell_timeout_s=3.0, memory_mb=512, max_processes=24, output_bytes=4096)
+#: A response's wall clock: two cells' worth and one spare second, so a cell stopped at its limit leaves the
+#: follow-up cell a whole cell's time for the kernel's restart (at 4 s a loaded clean-clone run left the
+#: follow-up print(6 * 7) after the fork bomb 0.68 s, and it timed out)
+STEP_S = 2 * LIMITS.cell_timeout_s + 1.0
 TASK = Task(id="corpus", prompt="What is 2 + 3?", answer="5")
 #: attacks whose background thread ends the interpreter 50 ms after their cell: on a loaded
 #: machine the death can land in the next cell instead
@@ -47,7 +51,7 @@ def check_observation(tokenizer, case: Case, obs) -> str:
 
 
 def run_math(case: Case, tokenizer) -> str:
-    env = MathPythonEnv([TASK], limits=LIMITS, step_timeout_s=4.0, max_turns=10, prestart_kernel=False)
+    env = MathPythonEnv([TASK], limits=LIMITS, step_timeout_s=STEP_S, max_turns=10, prestart_kernel=False)
     try:
         env.reset(seed=0)
         obs, reward, terminated, truncated, info = env.step(case.action)

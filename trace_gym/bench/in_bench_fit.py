@@ -75,7 +75,7 @@ def _sim_cfg(found: Mapping[str, Any], shape: Any, bank_cfg: Any, group_size: in
     adds it to the prompt logits afterwards (:func:`trace_gym.bench.sim_fit.mean_quality`), and a prefix's
     prediction never carries it."""
     from trace_gym.bench.config import SimBenchConfig
-    from trace_gym.bench.sim_calibration import SIM_WORLD_KEYS
+    from trace_gym.bench.sim_fit import SIM_WORLD_KEYS
 
     world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
     return SimBenchConfig(**world, group_size=group_size, candidates=shape.candidates or bank_cfg.candidates,
@@ -127,8 +127,7 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
     from trace_gym.bench.bank import BankSource
     from trace_gym.bench.config import BankBenchConfig
     from trace_gym.bench.in_bench import arm_samples
-    from trace_gym.bench.sim_calibration import pcl_picks
-    from trace_gym.bench.sim_fit import SPEARMAN_GRID, RecordedShape, closest, mean_quality, shift_for_level
+    from trace_gym.bench.sim_fit import SPEARMAN_GRID, RecordedShape, closest, mean_quality, pcl_picks, shift_for_level
     from trace_gym.bench.sim_source import SimSource
     from trace_gym.predictor.embeddings import bank_store, use_store
     from trace_gym.predictor.quality import QUALITY_KEYS

@@ -14,9 +14,8 @@ from typing import Any, Mapping
 
 from trace_gym.allocation.strategy import Strategy
 from trace_gym.bench.config import SimBenchConfig
-from trace_gym.bench.sim_fit import RecordedShape
+from trace_gym.bench.sim_fit import LENGTH_SHARES, SIM_WORLD_KEYS, RecordedShape, pcl_picks
 from trace_gym.predictor.kinds import make_predictor
-from trace_gym.sim.prior import TYPE_KEYS
 
 
 def calibrated(cfg: SimBenchConfig, references: Mapping[str, Strategy] | None = None
@@ -95,8 +94,6 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: one type chooses its feature in the bench too, and the prefix predictor's signal_noise is chosen in the bench
 #: (trace_gym.bench.in_bench_fit).
 FIT_VERSION = 11
-#: The per-episode length keys a bank's roots set (:func:`lengths_by_outcome`).
-LENGTH_SHARES = ("turn_shares", "success_turn_shares")
 
 
 
@@ -274,11 +271,6 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
                     "learned_spearman": quality["prompt_spearman"]}
 
 
-#: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
-SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES,
-                  *TYPE_KEYS, "type_visibility", "signal_noise")
-
-
 def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, tuple[float, ...]]:
     """The lengths of a bank's failed and of its successful roots, as shares of each length
     ``min_turns..max_turns`` (``turn_shares``, ``success_turn_shares``: the simulator's per-episode
@@ -303,14 +295,3 @@ def pcl_selection(cfg: Any, n_prompts: int, held_out: int, group_size: int) -> t
 
     candidates, root_budget, _ = bank_sizes(cfg, n_prompts, held_out)
     return candidates, pcl_picks(root_budget, cfg.continuations_per_root, group_size)
-
-
-def pcl_picks(root_budget: int, continuations_per_root: float, group_size: int) -> int:
-    """The fixed groups of ``group_size`` PCL buys at the nominal budget of M = ``root_budget`` and N =
-    ``continuations_per_root`` (at least one)."""
-    import math
-
-    from trace_gym.bench.bank import groups_needed
-    from trace_gym.budget import nominal_cost
-
-    return max(1, groups_needed(math.floor(nominal_cost(root_budget, continuations_per_root) + 1e-9), group_size))

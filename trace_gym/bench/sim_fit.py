@@ -41,6 +41,7 @@ import numpy as np
 from trace_gym.banks.warmup import WARMUP_BATCH, learn_from_batches
 from trace_gym.budget import BudgetLedger
 from trace_gym.step.driver import StepResult
+from trace_gym.sim.prior import TYPE_KEYS
 from trace_gym.sim.simulator import SimBranchRunner, SimWorld, TaskPool, make_pool, root_state, sigmoid
 
 #: Feature Spearman values :func:`fit_predictor` tries first; then ten steps across one step each
@@ -280,3 +281,20 @@ def _sample_kw(kw: Mapping[str, Any]) -> dict[str, Any]:
     """The :func:`start_samples` keywords among :func:`fit_predictor`'s (with its defaults)."""
     return {"warmup_prompts": kw["warmup_prompts"], "prefix_share": kw["prefix_share"],
             "scored": kw.get("scored", FIT_SCORED), "seeds": kw.get("seeds", FIT_SEEDS)}
+
+#: The per-episode length keys a bank's roots set (:func:`trace_gym.bench.sim_calibration.lengths_by_outcome`).
+LENGTH_SHARES = ("turn_shares", "success_turn_shares")
+#: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
+SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES,
+                  *TYPE_KEYS, "type_visibility", "signal_noise")
+
+
+def pcl_picks(root_budget: int, continuations_per_root: float, group_size: int) -> int:
+    """The fixed groups of ``group_size`` PCL buys at the nominal budget of M = ``root_budget`` and N =
+    ``continuations_per_root`` (at least one)."""
+    import math
+
+    from trace_gym.bench.bank import groups_needed
+    from trace_gym.budget import nominal_cost
+
+    return max(1, groups_needed(math.floor(nominal_cost(root_budget, continuations_per_root) + 1e-9), group_size))
