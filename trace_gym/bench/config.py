@@ -134,8 +134,7 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "success_turn_shares (its roots' lengths by outcome), task types where its task kinds explain its "
         "counts (type_shares, type_means, type_concentrations, type_visibility, type_step_concentrations), "
         "prefixes_per_root (the bank's prefix cap), and fit the learned predictor and its signal_noise "
-        "(trace_gym/sim/calibrate.py, "
-        "trace_gym/bench/sim_fit.py), and print them"))
+        "(trace_gym/sim/calibrate.py, trace_gym/bench/sim_fit.py, trace_gym/bench/in_bench_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
         "predicted values of the root-allocation demo", within="[0, 1]"))
     demo_budgets: tuple[int, ...] = field(default=(2, 4, 8, 12, 16, 24, 32, 48, 64), metadata=doc(

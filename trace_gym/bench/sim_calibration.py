@@ -90,12 +90,10 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: predictor's quality averaged over the bench's per-repetition warm-up slices; 8: fitted at the simulated bench's
 #: own shape (its warm-up slice, candidates and PCL's picks), not the bank bench's defaults; the in-bench reading;
 #: 9: task types, one per kind of the bank's task ids (trace_gym/sim/prior.py), their visibility fitted;
-#: 10: each type's own kappa, from its kind's continuations (trace_gym.sim.calibrate.type_kappas); 11: a world of
-#: one type chooses its feature in the bench too, and the prefix predictor's signal_noise is chosen in the bench
-#: (trace_gym.bench.in_bench_fit).
+#: 10: each type's own kappa, from its kind's continuations (trace_gym.sim.calibrate.type_kappas); 11: the level
+#: shift and the feature solved in the bench, a world of one type choosing its feature there too, and the prefix
+#: predictor's signal_noise chosen there (trace_gym.bench.in_bench_fit).
 FIT_VERSION = 11
-
-
 
 
 @dataclass(frozen=True)
@@ -186,11 +184,11 @@ def bank_fit(path: str, group_size: int, shape: FitShape = FitShape(),
     the bench's per-repetition warm-up slices, read through the bank's embedding store); the simulated
     predictor fitted to it (:func:`trace_gym.bench.sim_fit.fit_predictor`: ``feature_spearman``,
     ``predictor_level_shift``); given ``references`` with the uniform strategy (which does not read its
-    predictor), both predictors read in the bench on its arm and the feature chosen there (``in_bench``,
-    :func:`_in_bench`); with the random tree strategy (which picks its prefixes without it), the prefix
-    predictor's ``signal_noise`` chosen in the bench (``prefix_in_bench``,
-    :func:`~trace_gym.bench.in_bench_fit.prefix_in_bench`); each
-    added to a cached entry that lacks it. Cached in
+    predictor), both predictors read in the bench on its arm, the candidate chosen and its level and
+    feature solved there (``in_bench``, :func:`~trace_gym.bench.in_bench_fit.prompt_in_bench`); with the
+    random tree strategy (which picks its prefixes without it), the prefix predictor's ``signal_noise``
+    chosen in the bench (``prefix_in_bench``, :func:`~trace_gym.bench.in_bench_fit.prefix_in_bench`);
+    each added to a cached entry that lacks it. Cached in
     ``$TRACE_GYM_CACHE/calibrations/<bank sha256>-G<group>-<shape>-v<FIT_VERSION>.json``, keyed by the
     bank's checksum and the shape, so a calibrated simulator run costs seconds after the first. A
     damaged cache entry is a miss."""

@@ -282,6 +282,7 @@ def _sample_kw(kw: Mapping[str, Any]) -> dict[str, Any]:
     return {"warmup_prompts": kw["warmup_prompts"], "prefix_share": kw["prefix_share"],
             "scored": kw.get("scored", FIT_SCORED), "seeds": kw.get("seeds", FIT_SEEDS)}
 
+
 #: The per-episode length keys a bank's roots set (:func:`trace_gym.bench.sim_calibration.lengths_by_outcome`).
 LENGTH_SHARES = ("turn_shares", "success_turn_shares")
 #: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
