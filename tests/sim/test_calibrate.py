@@ -201,3 +201,73 @@ def test_a_bad_type_kappa_is_one_line(kw, said):
     with pytest.raises(ValueError) as err:
         sim.SimWorld(**types, **kw)
     assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def tilted_roots(tilt: float, prompts: int = 300, roots: int = 8, seed: int = 0) -> np.ndarray:
+    """Each prompt's roots by outcome and length (shape (prompts, 2, 4)) drawn as the model says:
+    p ~ Beta(1.5, 6), y ~ Bernoulli(p), the length from the failed histogram or the task's tilted one."""
+    from trace_gym.sim.lengths import LengthModel
+
+    model = LengthModel.of(1, 4, (0, 0, 0, 1), (0.4, 0.25, 0.2, 0.15), tilt=tilt, pivot=1.5 / 7.5)
+    rng = np.random.default_rng(seed)
+    out = np.zeros((prompts, 2, 4))
+    for i, p in enumerate(rng.beta(1.5, 6.0, size=prompts)):
+        y = (rng.random(roots) < p).astype(float)
+        lengths = model.at(p).draw(y, np.zeros(roots, dtype=int), rng)
+        np.add.at(out[i], (y.astype(int), lengths - 1), 1)
+    return out
+
+
+def test_the_success_tilt_is_recovered_and_kept_only_when_the_roots_pay_for_it():
+    """Roots drawn with gamma 1 give gamma near 1 back (its shares near the truth at the pivot) and keep it
+    (BIC); roots drawn with gamma 0 do not pay for one (the roots' own histogram, tilt 0)."""
+    prior = ((1.0, 1.5, 6.0),)
+    fit = calibrate.success_tilt(tilted_roots(1.0), prior, 0.2)
+    assert fit["kept"] and fit["tilt"] == pytest.approx(1.0, abs=0.35) and fit["gain"] > fit["threshold"]
+    assert fit["shares"] == pytest.approx((0.4, 0.25, 0.2, 0.15), abs=0.08)
+    counts = tilted_roots(0.0, seed=1)
+    flat = calibrate.success_tilt(counts, prior, 0.2)
+    wins = counts[:, 1].sum(axis=0)
+    assert not flat["kept"] and flat["tilt"] == 0.0 and flat["shares"] == pytest.approx(wins / wins.sum())
+    # one successful length: nothing to tilt; a bad shape is one line
+    single = np.zeros((5, 2, 3))
+    single[:, 1, 2] = 1
+    assert calibrate.success_tilt(single, prior, 0.2)["kept"] is False
+    with pytest.raises(ValueError, match=r"counts must have shape \(prompts, 2, lengths\).*\(5, 3\)"):
+        calibrate.success_tilt(np.zeros((5, 3)), prior, 0.2)
+
+
+def test_kappa_under_a_tilt_is_recovered_from_a_simulated_bank():
+    """As above, with successful lengths that move with p (gamma 3): the flips the fit expects read each
+    sample's own tilted lengths, as the simulator's continuations do, so kappa comes back; the same
+    lengths without the tilt expect flips the simulated bank does not show (depth 1: 0.202 against
+    0.183, about 6 standard errors)."""
+    import dataclasses
+
+    from trace_gym.banks.record import prefix_depths
+    from trace_gym.bench.sim_fit import RecordedShape, warmup_batches
+
+    world = sim.SimWorld(target_mixed=0.45, mean_success=0.3, group_size=4, min_turns=1, max_turns=4,
+                         step_concentration=3.0, turn_shares=(0.6, 0.2, 0.1, 0.1),
+                         success_turn_shares=(0.3, 0.2, 0.2, 0.3), success_turn_tilt=3.0)
+    pool = sim.make_pool(world, 1500, np.random.default_rng(0))
+    flips: dict[int, list[int]] = {}
+    for _, step in warmup_batches(pool, world, range(1500), RecordedShape(8, 4, 2), seed=1):
+        for tree in step.trees:
+            for branch in tree.branches:
+                if branch.is_continuation:
+                    root = tree.node(tree.branch_leaf(tree.nodes[branch.anchor].branch)).reward
+                    f = flips.setdefault(tree.nodes[branch.anchor].depth, [0, 0])
+                    f[0] += tree.node(tree.branch_leaf(branch.id)).reward != root
+                    f[1] += 1
+    depths = sorted(flips)
+    counts, trials = [flips[d][0] for d in depths], [flips[d][1] for d in depths]
+    kept = {n: prefix_depths(n, 2) for n in range(1, 5)}
+    kappa = calibrate.concentration_under_lengths(depths, counts, trials, world.prior(), world.length_model(), kept)
+    assert kappa / (kappa + 1) == pytest.approx(0.75, abs=0.03)
+    observed = counts[0] / trials[0]
+    se = np.sqrt(observed * (1 - observed) / trials[0])
+    flat = dataclasses.replace(world, success_turn_tilt=0.0).length_model()
+    tilted_rate, flat_rate = (calibrate.flips_under_lengths(0.75, depths[:1], world.prior(), m, kept)[0]
+                              for m in (world.length_model(), flat))
+    assert abs(tilted_rate - observed) < 2 * se < 4 * se < abs(flat_rate - observed)

@@ -165,3 +165,49 @@ def test_a_value_whose_beta_parameter_underflows_is_settled_not_an_error():
     assert np.isfinite(values).all() and latents[0, 0] in (5e-324, 0.0)
     assert sim._task_paths([sim.SimState(task=0, turn=0, value=5e-324)], np.zeros(1, dtype=int), 3, 0.05,
                                      np.random.default_rng(0))[:, 0].tolist() == [5e-324, 5e-324, 0.0]
+
+
+def test_a_tilt_moves_an_easier_tasks_successes_earlier_by_the_hand_computed_shares():
+    """Shares (1/2, 1/2) at the pivot 0.25, gamma 1: a task at p = 0.5 (logit 0 - logit 0.25 = ln 3) weighs
+    length 2 by exp(-ln 3) = 1/3, so 3/4 of its successes end at turn 1; one at p = 1/12 (logit -ln 11,
+    -ln 11 + ln 3 = -ln(11/3)) weighs it by 11/3, so 3/14 do. Simulated roots follow each task's own
+    shares; the failed lengths do not move."""
+    model = LengthModel.of(1, 2, (0.4, 0.6), (0.5, 0.5), tilt=1.0, pivot=0.25)
+    assert model.success_shares([0.25, 0.5, 1 / 12]) == pytest.approx(np.array([[0.5, 0.5], [0.75, 0.25],
+                                                                               [3 / 14, 11 / 14]]))
+    assert model.at(0.5).success == pytest.approx([0.75, 0.25]) and model.at(0.5).tilt == 0.0
+    assert LengthModel.of(1, 2, (0.4, 0.6), (0.5, 0.5)).at(0.9).success == pytest.approx([0.5, 0.5])
+    world = sim.SimWorld(min_turns=1, max_turns=2, mean_success=0.25, turn_shares=(0.4, 0.6),
+                         success_turn_shares=(0.5, 0.5), success_turn_tilt=1.0)
+    for p, early in ((0.5, 0.75), (1 / 12, 3 / 14)):
+        tree, leaves, _ = roots(world, p, 20_000, seed=8)
+        depth = np.array([tree.node(leaf).depth for leaf in leaves])
+        won = np.array([tree.node(leaf).reward for leaf in leaves]) == 1.0
+        assert won.mean() == pytest.approx(p, abs=0.015)
+        assert (depth[won] == 1).mean() == pytest.approx(early, abs=0.03)
+        assert (depth[~won] == 1).mean() == pytest.approx(0.4, abs=0.02)
+
+
+def test_values_stay_honest_under_a_tilt():
+    """With a tilt the value at turn 1 reads the task's own successful lengths: p = 0.5, pivot 0.25,
+    gamma 1, shares (0.5, 0.5) at the pivot, so S_1(1) = 1/4 for this task (not the pivot's 1/2) and
+    W_1 = V_1 / 4 / (V_1 / 4 + (1 - V_1) 0.6); continuations from the turn-1 nodes average W_1."""
+    world = sim.SimWorld(min_turns=1, max_turns=2, step_concentration=2.0, mean_success=0.25, turn_shares=(0.4, 0.6),
+                         success_turn_shares=(0.5, 0.5), success_turn_tilt=1.0)
+    tree, leaves, _ = roots(world, 0.5, 20_000, seed=9)
+    nodes = [tree.path(leaf)[1] for leaf in leaves if tree.node(leaf).depth > 1]
+    state = [tree.node(n).snapshot for n in nodes]
+    w, v = np.array([s.value for s in state]), np.array([s.latent_value for s in state])
+    assert w == pytest.approx(v * 0.25 / (v * 0.25 + (1 - v) * 0.6))
+    cont = sim.simulate_branches(tree, nodes, one_task(world, 0.5), world, np.random.default_rng(10), BudgetLedger())
+    y = np.array([tree.node(leaf).reward for leaf in cont])
+    assert abs(y.mean() - w.mean()) < 4 * np.sqrt(0.25 / len(y))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(turn_shares=(1, 1, 1), success_turn_tilt=float("nan")), r"^success_turn_tilt must be a finite number, got nan"),
+    (dict(success_turn_tilt=0.5), r"^success_turn_tilt 0\.5 needs turn_shares"),
+])
+def test_a_bad_tilt_is_one_line_naming_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sim.SimWorld(min_turns=1, max_turns=3, **kwargs)

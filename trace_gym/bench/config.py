@@ -102,8 +102,13 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "(trace_gym/sim/lengths.py). Empty: one length per task, uniform over min_turns..max_turns",
         within="[0, 1000000]"))
     success_turn_shares: tuple[float, ...] = field(default=(), metadata=doc(
-        "with turn_shares: the share of each length min_turns..max_turns among successful episodes",
-        within="[0, 1000000]"))
+        "with turn_shares: the share of each length min_turns..max_turns among successful episodes (at p = "
+        "mean_success when success_turn_tilt is set)", within="[0, 1000000]"))
+    success_turn_tilt: float = field(default=0.0, metadata=doc(
+        "with turn_shares: how a task's success probability p moves its successful lengths, gamma in "
+        "P(length l | success) ∝ share_l exp(-gamma (l - min_turns) (logit p - logit mean_success)) "
+        "(trace_gym/sim/lengths.py; > 0: easier tasks succeed earlier). calibrate_from fits it where the bank's "
+        "roots pay for it (BIC)", within="[-100, 100]"))
     type_shares: tuple[float, ...] = field(default=(), metadata=doc(
         "a prior of task types (trace_gym/sim/prior.py): each type's share of the tasks (summing to 1), with "
         "type_means and type_concentrations (its Beta's mean and a + b); empty: one Beta from target_mixed and "
@@ -131,8 +136,9 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "bench can continue from (calibrate_from sets the bank's cap)", within=f"[0, {MAX_COUNT}]"))
     calibrate_from: str = field(default="", metadata=doc(
         "a rollout bank: set mean_success, target_mixed, step_concentration, min/max_turns, turn_shares and "
-        "success_turn_shares (its roots' lengths by outcome), task types where its task kinds explain its "
-        "counts (type_shares, type_means, type_concentrations, type_visibility, type_step_concentrations), "
+        "success_turn_shares (its roots' lengths by outcome; success_turn_tilt where they move with p), task "
+        "types where its task kinds explain its counts (type_shares, type_means, type_concentrations, "
+        "type_visibility, type_step_concentrations), "
         "prefixes_per_root (the bank's prefix cap), and fit the learned predictor and its signal_noise "
         "(trace_gym/sim/calibrate.py, trace_gym/bench/sim_fit.py, trace_gym/bench/in_bench_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
@@ -159,6 +165,8 @@ def _check_lengths(cfg: "SimBenchConfig") -> None:
     from trace_gym.sim.prior import check_types
 
     check_lengths(cfg.turn_shares, cfg.success_turn_shares, cfg.min_turns, cfg.max_turns)
+    if cfg.success_turn_tilt and not len(cfg.turn_shares):
+        raise ValueError(f"success_turn_tilt {cfg.success_turn_tilt!r} needs turn_shares (per-episode lengths)")
     check_types(cfg.type_shares, cfg.type_means, cfg.type_concentrations, cfg.type_visibility,
                 cfg.type_step_concentrations)
 

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
+
 from trace_gym.allocation.strategy import Strategy
 from trace_gym.bench.config import SimBenchConfig
 from trace_gym.bench.sim_fit import LENGTH_SHARES, SIM_WORLD_KEYS, RecordedShape, pcl_picks
@@ -92,8 +94,9 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: 9: task types, one per kind of the bank's task ids (trace_gym/sim/prior.py), their visibility fitted;
 #: 10: each type's own kappa, from its kind's continuations (trace_gym.sim.calibrate.type_kappas); 11: the level
 #: shift and the feature solved in the bench, a world of one type choosing its feature there too, and the prefix
-#: predictor's signal_noise chosen there (trace_gym.bench.in_bench_fit).
-FIT_VERSION = 11
+#: predictor's signal_noise chosen there (trace_gym.bench.in_bench_fit); 12: successful lengths that move with the
+#: prompt's p where the roots pay for it (trace_gym.sim.calibrate.success_tilt).
+FIT_VERSION = 12
 
 
 @dataclass(frozen=True)
@@ -257,7 +260,7 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
     if "min_turns" in found:  # each episode's length by its outcome, and kappa refitted under them
         lo, hi = found["min_turns"], found["max_turns"]
         kept = {n: prefix_depths(n, recorded.prefixes_per_root) for n in range(lo, hi + 1)}
-        found = with_lengths(found, stats, lengths_by_outcome(bank, lo, hi), kept)
+        found = with_lengths(found, stats, lengths_by_outcome(bank, lo, hi), kept, root_length_counts(bank, lo, hi))
     world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
     fit = fit_visibility(sim.SimWorld(group_size=group_size, **world), recorded, quality, warmup_prompts=warm,
                          prefix_share=defaults.prefix_share, selection=selection)
@@ -273,17 +276,24 @@ def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, t
     """The lengths of a bank's failed and of its successful roots, as shares of each length
     ``min_turns..max_turns`` (``turn_shares``, ``success_turn_shares``: the simulator's per-episode
     lengths, :mod:`trace_gym.sim.lengths`); an outcome no root had takes the other's lengths."""
-    from trace_gym.sim.lengths import length_shares
+    fail, win = root_length_counts(bank, min_turns, max_turns).sum(axis=0)
+    if not fail.sum() and not win.sum():
+        return {}
+    fail, win = (fail if fail.sum() else win), (win if win.sum() else fail)
+    return {"turn_shares": tuple(float(x) for x in fail / fail.sum()),
+            "success_turn_shares": tuple(float(x) for x in win / win.sum())}
 
-    fail, win = [], []
-    for record in bank:
+
+def root_length_counts(bank: Any, min_turns: int, max_turns: int) -> np.ndarray:
+    """Each prompt's roots by outcome and length: shape (prompts, 2, lengths), [i, y, l] the roots of
+    prompt i with outcome y (0 failed, 1 successful) and ``min_turns + l`` turns (lengths clipped to
+    the range; a root of no turn is left out, as in :func:`lengths_by_outcome`)."""
+    out = np.zeros((len(bank), 2, max_turns - min_turns + 1))
+    for i, record in enumerate(bank):
         for root in record.roots:
             if root["turns"]:
-                (win if root["success"] else fail).append(len(root["turns"]))
-    if not fail and not win:
-        return {}
-    return {"turn_shares": length_shares(fail or win, min_turns, max_turns),
-            "success_turn_shares": length_shares(win or fail, min_turns, max_turns)}
+                out[i, int(bool(root["success"])), min(max(len(root["turns"]), min_turns), max_turns) - min_turns] += 1
+    return out
 
 
 def pcl_selection(cfg: Any, n_prompts: int, held_out: int, group_size: int) -> tuple[int, int]:

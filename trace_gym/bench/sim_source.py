@@ -36,6 +36,7 @@ def sim_world(cfg: SimBenchConfig) -> Any:
     base = dict(target_mixed=cfg.target_mixed, mean_success=cfg.mean_success, group_size=cfg.group_size,
                 step_concentration=cfg.step_concentration, min_turns=cfg.min_turns, max_turns=cfg.max_turns,
                 turn_shares=tuple(cfg.turn_shares), success_turn_shares=tuple(cfg.success_turn_shares),
+                success_turn_tilt=cfg.success_turn_tilt,
                 type_visibility=cfg.type_visibility, signal_noise=cfg.signal_noise,
                 **{k: tuple(getattr(cfg, k)) for k in TYPE_KEYS})
     prior = sim.SimWorld(**base).difficulty()

@@ -45,7 +45,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from trace_gym.sim.lengths import LengthModel
+from trace_gym.sim.lengths import LengthModel, reached_value
 
 #: Bounds of the fitted Beta concentration a + b (a fit outside them is clipped, and
 #: :func:`calibration` says so in ``fitted["clipped"]``).
@@ -138,6 +138,8 @@ def flips_under_lengths(r: float, depths: Sequence[int], prior: tuple, lengths: 
 
     kappa = r / (1 - r)
     v = quantiles(components_of(prior), samples)
+    wins = lengths.success_shares(v)  # each sample's own successful lengths (one row each without a tilt)
+    turns = lengths.min_turns + np.arange(len(lengths.failure))
     uniforms = np.random.default_rng(seed).random((max(depths, default=0), v.size))
     out, by_depth = [], {}
     for t in range(1, max(depths, default=0) + 1):
@@ -146,9 +148,10 @@ def flips_under_lengths(r: float, depths: Sequence[int], prior: tuple, lengths: 
         v[inner] = special.betaincinv(kappa * v[inner], kappa * (1 - v[inner]), uniforms[t - 1, inner])
         by_depth[t] = v
     for t in depths:
-        v, w = by_depth[t], lengths.value(by_depth[t], t)
-        h0 = sum(lengths.failure[L - lengths.min_turns] for L, ds in kept.items() if t in ds and L > t)
-        h1 = sum(lengths.success[L - lengths.min_turns] for L, ds in kept.items() if t in ds and L > t)
+        v = by_depth[t]
+        w = reached_value(v, lengths.failure[turns > t].sum(), wins[:, turns > t].sum(axis=1))
+        keeps = np.array([L > t and t in kept.get(int(L), ()) for L in turns])
+        h0, h1 = lengths.failure[keeps].sum(), wins[:, keeps].sum(axis=1)
         den = float(np.mean((1 - v) * h0 + v * h1))
         out.append(float(np.mean((1 - v) * h0 * w + v * h1 * (1 - w))) / den if den > 0 else float("nan"))
     return np.asarray(out)
@@ -246,18 +249,27 @@ def flip_counts(stats: Mapping[str, Any]) -> tuple[list[int], list[int], list[in
 
 
 def with_lengths(calibrated: Mapping[str, Any], stats: Mapping[str, Any], shares: Mapping[str, Sequence[float]],
-                 kept: Mapping[int, Sequence[int]]) -> dict[str, Any]:
+                 kept: Mapping[int, Sequence[int]], counts: np.ndarray | None = None) -> dict[str, Any]:
     """A :func:`calibration_from_stats` result with per-episode lengths by outcome (``shares``:
     ``turn_shares`` and ``success_turn_shares`` over ``min_turns..max_turns``) and kappa refitted
     under them (:func:`concentration_under_lengths`; ``kept``: a root of L turns -> the prefix
-    depths the bank records). ``fitted`` keeps the fit without lengths as ``r_without_lengths``."""
+    depths the bank records). With ``counts`` (each prompt's roots by outcome and length, shape
+    (prompts, 2, lengths)), the successful lengths may move with the prompt's p: :func:`success_tilt`,
+    kept (``success_turn_tilt`` and its ``success_turn_shares``) where BIC pays for it; ``fitted["tilt"]``
+    records the fit either way. ``fitted`` keeps the fit without lengths as ``r_without_lengths``."""
     out = dict(calibrated) | {k: tuple(v) for k, v in shares.items()}
     depths, flipped, trials = flip_counts(stats)
     if not shares or "step_concentration" not in out or not depths:
         return out
-    model = LengthModel.of(out["min_turns"], out["max_turns"], out["turn_shares"], out["success_turn_shares"])
     fitted = out["fitted"]
     prior = tuple(tuple(c) for c in fitted.get("prior") or [(1.0, fitted["a"], fitted["b"])])
+    if counts is not None:  # successful lengths that may move with the prompt's p
+        tilt = success_tilt(counts, prior, out["mean_success"])
+        fitted = {**fitted, "tilt": tilt}
+        if tilt["kept"]:
+            out["success_turn_shares"], out["success_turn_tilt"] = tuple(tilt["shares"]), tilt["tilt"]
+    model = LengthModel.of(out["min_turns"], out["max_turns"], out["turn_shares"], out["success_turn_shares"],
+                           out.get("success_turn_tilt", 0.0), out["mean_success"])
     kappa = float(np.clip(concentration_under_lengths(depths, flipped, trials, prior, model, kept), 1e-3, 1e6))
     out["step_concentration"] = kappa
     out["fitted"] = {**fitted, "r": kappa / (kappa + 1), "r_without_lengths": fitted["r"]}
@@ -265,6 +277,59 @@ def with_lengths(calibrated: Mapping[str, Any], stats: Mapping[str, Any], shares
         out["type_step_concentrations"] = type_kappas(stats.get("flip_counts_by_kind") or {}, fitted["kinds"],
                                                       prior, model, kept, kappa)
     return out
+
+
+#: Quantiles of the prior over which :func:`success_tilt` integrates each prompt's unknown p.
+TILT_SAMPLES = 400
+
+
+def success_tilt(counts: np.ndarray, prior: tuple, pivot: float, samples: int = TILT_SAMPLES) -> dict[str, Any]:
+    """The maximum-likelihood success lengths under a tilt (:mod:`trace_gym.sim.lengths`): the histogram
+    s at p = ``pivot`` and gamma in P(L = l | y = 1, p) ∝ s_l exp(-gamma (l - min) (logit p - logit pivot)).
+
+    ``counts``: shape (prompts, 2, lengths), each prompt's roots by outcome (failed, successful) and length.
+    A prompt's likelihood integrates its unknown p over ``prior`` (Beta components; ``samples``
+    quantiles): E_p[p^wins (1 - p)^fails prod_l s_l(p)^(wins of length l)] (the failed lengths do not
+    depend on p and drop out). At gamma = 0 the maximum is the successful roots' own histogram. Returns
+    ``{"shares", "tilt", "gain", "threshold", "kept"}``: the fitted s and gamma, twice the log-likelihood
+    gain over gamma = 0, log(prompts) (BIC's price of one parameter), and whether the gain pays it
+    (if not, ``shares`` is the roots' histogram and ``tilt`` 0)."""
+    from scipy import optimize, special
+
+    from trace_gym.sim.prior import components_of, quantiles
+
+    counts = np.asarray(counts, dtype=float)
+    if counts.ndim != 3 or counts.shape[1] != 2 or (counts < 0).any():
+        raise ValueError(f"counts must have shape (prompts, 2, lengths) of counts >= 0, got shape {counts.shape}")
+    wins = counts[:, 1]  # (prompts, lengths)
+    seen = np.flatnonzero(wins.sum(axis=0) > 0)  # lengths some success had: the only ones with mass
+    empirical = wins.sum(axis=0) / max(wins.sum(), 1.0)
+    if len(seen) < 2:  # one successful length (or none): nothing a tilt can move
+        return {"shares": tuple(float(x) for x in empirical), "tilt": 0.0, "gain": 0.0,
+                "threshold": float(np.log(max(len(counts), 1))), "kept": False}
+    p = np.clip(quantiles(components_of(prior), samples), 1e-12, 1 - 1e-12)
+    base_ll = counts[:, 1].sum(1)[:, None] * np.log(p)[None, :] + counts[:, 0].sum(1)[:, None] * np.log1p(-p)[None, :]
+    steps = seen.astype(float)
+    x = np.log(p / (1 - p)) - np.log(pivot / (1 - pivot))
+
+    def nll(theta: np.ndarray) -> float:
+        log_s = np.concatenate([[0.0], theta[:-1]])[None, :] - theta[-1] * steps[None, :] * x[:, None]
+        log_s -= special.logsumexp(log_s, axis=1, keepdims=True)  # (samples, seen lengths)
+        ll = base_ll + wins[:, seen] @ log_s.T
+        return -float((special.logsumexp(ll, axis=1) - np.log(len(p))).sum())
+
+    start = np.log(empirical[seen][1:] / empirical[seen][0])
+    null = nll(np.concatenate([start, [0.0]]))
+    fit = optimize.minimize(nll, np.concatenate([start, [0.0]]), method="Nelder-Mead",
+                            options={"xatol": 1e-6, "fatol": 1e-8, "maxiter": 4000 * len(seen)})
+    gain, threshold = 2 * (null - float(fit.fun)), float(np.log(len(counts)))
+    if not gain > threshold:
+        return {"shares": tuple(float(x) for x in empirical), "tilt": 0.0, "gain": max(gain, 0.0),
+                "threshold": threshold, "kept": False}
+    shares = np.zeros(counts.shape[2])
+    shares[seen] = np.exp(np.concatenate([[0.0], fit.x[:-1]]))
+    return {"shares": tuple(float(x) for x in shares / shares.sum()), "tilt": float(fit.x[-1]), "gain": gain,
+            "threshold": threshold, "kept": True}
 
 
 def type_kappas(counts: Mapping[str, Mapping[str, Sequence[int]]], kinds: Sequence[str], prior: tuple,
@@ -296,7 +361,8 @@ def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
 
     tuples = ("turn_shares", "success_turn_shares", *TYPE_KEYS)
     keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", *tuples,
-            "type_visibility", "feature_spearman", "predictor_level_shift", "warmup_prompts", "signal_noise")
+            "success_turn_tilt", "type_visibility", "feature_spearman", "predictor_level_shift", "warmup_prompts",
+            "signal_noise")
     out = {k: tuple(calibrated[k]) if k in tuples else calibrated[k] for k in keys if k in calibrated}
     if "recorded_shape" in calibrated:  # the prefixes the bank bench can continue from: the bank's cap
         out["prefixes_per_root"] = int(calibrated["recorded_shape"].get("prefixes_per_root") or 0)

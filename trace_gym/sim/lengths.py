@@ -24,6 +24,17 @@ martingale conditioned on its end), then L from y's histogram restricted to L > 
 renormalised. So the root's own outcome and every continuation from the node have the same
 mean, W_t: restoring a snapshot and resampling, as a real env does. With the two histograms
 equal, W_t = V_t.
+
+When a task's difficulty moves its successes between turns (guessing bank: a prompt the model
+solves often solves it on its first guess, one it rarely solves spreads its few successes over
+the four turns), one histogram for all tasks ties a late continuation's chance to its prompt's
+p too tightly. ``tilt`` gamma lets the successful lengths depend on the task's p:
+
+    P(L = l | y = 1, p) ∝ s_l exp(-gamma (l - min_turns) (logit p - logit pivot)),
+
+so at p = pivot (the prior's mean) the histogram is s, and gamma > 0 moves an easier task's
+successes earlier. p is the task's, fixed for all its episodes (:meth:`LengthModel.at`), so W_t
+above stays exact. gamma = 0: the one histogram.
 """
 
 from __future__ import annotations
@@ -60,24 +71,60 @@ def check_lengths(turn_shares: Sequence[float], success_turn_shares: Sequence[fl
                          "episodes' lengths) too")
 
 
+def check_tilt(tilt: float, pivot: float = 0.5) -> None:
+    """``ValueError`` naming the value unless ``tilt`` is finite and ``pivot`` lies in (0, 1)."""
+    if not isinstance(tilt, (int, float)) or not np.isfinite(tilt):
+        raise ValueError(f"success_turn_tilt must be a finite number, got {tilt!r}")
+    if not 0 < pivot < 1:
+        raise ValueError(f"the tilt's pivot (mean_success) must lie in (0, 1), got {pivot!r}")
+
+
+def _logit(p: np.ndarray | float) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=float), 1e-12, 1 - 1e-12)
+    return np.log(p) - np.log1p(-p)
+
+
 @dataclass(frozen=True)
 class LengthModel:
     """Episode lengths by outcome: ``failure[i]``, ``success[i]`` = P(L = min_turns + i | y = 0, 1),
-    each normalised to sum 1. Shapes (max_turns - min_turns + 1,)."""
+    each normalised to sum 1. Shapes (max_turns - min_turns + 1,). ``tilt`` (gamma) and ``pivot``: the
+    successful lengths of a task of success probability p are :meth:`success_shares` (p); ``success`` is
+    the histogram at p = ``pivot``, and the one every method reads (a task's own model: :meth:`at`)."""
 
     min_turns: int
     failure: np.ndarray
     success: np.ndarray
+    tilt: float = 0.0
+    pivot: float = 0.5
 
     @classmethod
     def of(cls, min_turns: int, max_turns: int, turn_shares: Sequence[float],
-           success_turn_shares: Sequence[float] = ()) -> "LengthModel":
+           success_turn_shares: Sequence[float] = (), tilt: float = 0.0, pivot: float = 0.5) -> "LengthModel":
         """The model of ``turn_shares`` (failed episodes' lengths; every episode's when
-        ``success_turn_shares`` is empty) and ``success_turn_shares`` (successful ones')."""
+        ``success_turn_shares`` is empty) and ``success_turn_shares`` (successful ones', at p = ``pivot``
+        when ``tilt`` is not 0)."""
         check_lengths(turn_shares, success_turn_shares, min_turns, max_turns)
+        check_tilt(tilt, pivot)
         fail = np.asarray(turn_shares, dtype=float)
         win = np.asarray(success_turn_shares, dtype=float) if len(success_turn_shares) else fail
-        return cls(int(min_turns), fail / fail.sum(), win / win.sum())
+        return cls(int(min_turns), fail / fail.sum(), win / win.sum(), float(tilt), float(pivot))
+
+    def success_shares(self, p: np.ndarray | float) -> np.ndarray:
+        """P(L = min_turns + i | y = 1) of tasks of success probability ``p``: shape (n, lengths) for
+        ``p`` of n values. A length of share 0 stays 0; with ``tilt`` 0 every row is ``success``."""
+        p = np.atleast_1d(np.asarray(p, dtype=float))
+        steps = np.arange(len(self.success))
+        log_w = -self.tilt * steps[None, :] * (_logit(p) - _logit(self.pivot))[:, None]
+        log_w -= log_w.max(axis=1, keepdims=True)  # exp never overflows; the rows are normalised below
+        w = self.success[None, :] * np.exp(log_w)
+        return w / w.sum(axis=1, keepdims=True)
+
+    def at(self, p: float) -> "LengthModel":
+        """The lengths of one task of success probability ``p``: its successful lengths fixed at
+        :meth:`success_shares` (p) (tilt 0). The model itself where ``tilt`` is 0."""
+        if self.tilt == 0:
+            return self
+        return LengthModel(self.min_turns, self.failure, self.success_shares(p)[0], 0.0, self.pivot)
 
     @property
     def max_turns(self) -> int:
@@ -94,9 +141,7 @@ class LengthModel:
         """W_t = P(y = 1 | V_t = ``latent``, L > t), elementwise (broadcast); the latent value where
         no episode of either outcome runs past t (a node that cannot be reached)."""
         v = np.asarray(latent, dtype=float)
-        s0, s1 = self.survival(np.broadcast_to(np.asarray(t), v.shape))
-        num, den = v * s1, v * s1 + (1 - v) * s0
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), v)
+        return reached_value(v, *self.survival(np.broadcast_to(np.asarray(t), v.shape)))
 
     def draw(self, outcome: np.ndarray, after: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One length per branch: L ~ the histogram of ``outcome`` (0 or 1) restricted to L > ``after``
@@ -111,6 +156,14 @@ class LengthModel:
         u = rng.random(len(y)) * mass
         pick = np.minimum((u[:, None] >= cum).sum(axis=1), len(lengths) - 1)
         return np.where(mass > 0, lengths[pick], np.maximum(after + 1, self.min_turns))
+
+
+def reached_value(latent: np.ndarray, s0: np.ndarray | float, s1: np.ndarray | float) -> np.ndarray:
+    """W = V S_1 / (V S_1 + (1 - V) S_0) elementwise (``latent`` V, survivals ``s0``, ``s1`` of each
+    outcome past the node's turn); V where neither outcome runs past it."""
+    v = np.asarray(latent, dtype=float)
+    num, den = v * s1, v * s1 + (1 - v) * s0
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), v)
 
 
 def episode_paths(latent: np.ndarray, value: np.ndarray, start: np.ndarray, kappa: float, model: LengthModel,

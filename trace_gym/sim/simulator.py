@@ -47,7 +47,7 @@ import numpy as np
 
 from trace_gym.budget import BudgetLedger
 from trace_gym.step.driver import BranchResult
-from trace_gym.sim.lengths import LengthModel, check_lengths, episode_paths
+from trace_gym.sim.lengths import LengthModel, check_lengths, check_tilt, episode_paths
 from trace_gym.sim.prior import TYPE_KEYS, check_types, draw, mixed_probability
 from trace_gym.tree import ROOT, RolloutTree, prefix_depths
 
@@ -108,7 +108,12 @@ class SimWorld:
             length min_turns..max_turns among failed episodes (among every episode when
             ``success_turn_shares`` is empty); each branch draws its own length given its
             outcome, on a value path of max_turns turns. Empty (the default): one length per task.
-        success_turn_shares: with ``turn_shares``, the shares among successful episodes.
+        success_turn_shares: with ``turn_shares``, the shares among successful episodes (at p =
+            ``mean_success`` when ``success_turn_tilt`` is not 0).
+        success_turn_tilt: gamma of :mod:`trace_gym.sim.lengths`: with ``turn_shares``, a task of success
+            probability p has successful lengths P(L = l | y = 1) ∝ s_l exp(-gamma (l - min_turns)
+            (logit p - logit mean_success)) (> 0: an easier task succeeds earlier); 0 (the default): one
+            histogram for every task.
         step_concentration: kappa of the beta-splitting martingale (larger: each turn
             reveals less).
         feature_dim: task features a learned predictor sees; feature 0 is
@@ -135,6 +140,7 @@ class SimWorld:
     max_turns: int = 6
     turn_shares: tuple[float, ...] = ()
     success_turn_shares: tuple[float, ...] = ()
+    success_turn_tilt: float = 0.0
     step_concentration: float = 3.0
     feature_dim: int = 4
     feature_noise: float = 6.0
@@ -154,6 +160,9 @@ class SimWorld:
         for name in ("turn_shares", "success_turn_shares", *TYPE_KEYS):  # a list from a caller: hashable too
             object.__setattr__(self, name, tuple(getattr(self, name)))
         check_lengths(self.turn_shares, self.success_turn_shares, self.min_turns, self.max_turns)
+        check_tilt(self.success_turn_tilt, self.mean_success)
+        if self.success_turn_tilt and not len(self.turn_shares):
+            raise ValueError(f"success_turn_tilt {self.success_turn_tilt!r} needs turn_shares (per-episode lengths)")
         if self.step_concentration <= 0:
             raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
         if not 0 <= self.signal_noise < float("inf"):
@@ -186,7 +195,8 @@ class SimWorld:
         """The per-episode length model of ``turn_shares``; ``None``: one length per task."""
         if not len(self.turn_shares):
             return None
-        return LengthModel.of(self.min_turns, self.max_turns, self.turn_shares, self.success_turn_shares)
+        return LengthModel.of(self.min_turns, self.max_turns, self.turn_shares, self.success_turn_shares,
+                              self.success_turn_tilt, self.mean_success)
 
 
 @dataclass(frozen=True)
@@ -295,7 +305,8 @@ def simulate_branches(
         ends = np.full(len(start), T)
     else:
         latents, values, ends = episode_paths(np.array([st.latent_value for st in states]),
-                                              np.array([st.value for st in states]), start, kappa, model, rng)
+                                              np.array([st.value for st in states]), start, kappa,
+                                              model.at(float(pool.success[task])), rng)
     return _record(tree, anchors, states, start, (values, latents, ends), world, rng, ledger)
 
 
