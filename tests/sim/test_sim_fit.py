@@ -193,6 +193,28 @@ def test_calibrate_from_sets_each_episodes_length_by_its_outcome(tmp_path):
     assert "32 candidates to the 24 prompts past its 8-prompt warm-up (M 8 to 6)" in info["spearman_note"]
     mine, info = calibrated(SimBenchConfig(calibrate_from=str(path), max_turns=4, **small))
     assert (mine.min_turns, mine.max_turns, mine.turn_shares) == (1, 4, ()) and info["kept"] == {"max_turns": 4}
+    assert cfg.success_turn_tilt == 0.0  # one successful length: nothing for a tilt to move
+
+
+def test_calibrate_from_tilts_the_successful_lengths_where_easier_prompts_succeed_earlier(tmp_path):
+    """Prompts of 7 successful roots in 8 win at turn 1, those of 1 in 8 at turn 3: the roots pay for a
+    tilt (gamma > 0, kept by BIC), each prompt's roots are counted by outcome and length, and the
+    calibrated bench runs with it; the same bank with every success at turn 3 keeps none."""
+    from trace_gym.banks import open_bank
+    from trace_gym.bench.config import SimBenchConfig
+    from bank_fixtures import write_bank_with_lengths
+
+    from trace_gym.bench.sim_calibration import calibrated, root_length_counts
+
+    path = write_bank_with_lengths(tmp_path / "b.jsonl.gz", [1, 7] * 16, win_turns=lambda s: 1 if s == 7 else 3)
+    counts = root_length_counts(open_bank(str(path)), 1, 3)
+    assert counts.shape == (32, 2, 3) and counts[0].tolist() == [[7, 0, 0], [0, 0, 1]]
+    assert counts[1].tolist() == [[1, 0, 0], [7, 0, 0]]
+    small = dict(candidates=32, root_budget=8, pool_size=400, steps=2, warmup_steps=0)
+    cfg, info = calibrated(SimBenchConfig(calibrate_from=str(path), **small))
+    tilt = info["fitted"]["tilt"]
+    assert tilt["kept"] and tilt["gain"] > tilt["threshold"] and cfg.success_turn_tilt == tilt["tilt"] > 0
+    assert cfg.success_turn_shares == pytest.approx(tilt["shares"])
 
 
 def test_the_fit_runs_the_bank_bench_at_the_simulated_bench_shape():
