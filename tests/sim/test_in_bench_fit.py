@@ -71,7 +71,8 @@ def test_a_bad_signal_noise_is_one_line(bad):
 def test_a_calibration_with_both_reference_arms_matches_the_level_and_the_prefix_reading_in_the_bench(tmp_path,
                                                                                                      monkeypatch):
     """``calibrate_from`` with the uniform and random tree strategies among the arms: the simulated
-    predictor's in-bench level error is the bank bench's (its shift solved there), the signal noise is
+    predictor's in-bench level error is the bank bench's (its shift solved there; where the feature is solved
+    again, both on the re-solve's own repetitions), the signal noise is
     the one of the grid whose prefix reading lies nearest the bank's, and both are what the simulated
     bench runs with."""
     from bank_fixtures import write_synthetic_bank
@@ -81,7 +82,8 @@ def test_a_calibration_with_both_reference_arms_matches_the_level_and_the_prefix
     from trace_gym.bench.sim_calibration import calibrated
     from trace_gym.strategies import shaped_strategies
 
-    for name, value in (("SIGNAL_GRID", (64.0, 4.0, 1.0, 0.25)), ("IN_BENCH_SIM_SEEDS", 6), ("PREFIX_BANK_SEEDS", 6)):
+    for name, value in (("SIGNAL_GRID", (64.0, 4.0, 1.0, 0.25)), ("IN_BENCH_SIM_SEEDS", 6), ("PREFIX_BANK_SEEDS", 6),
+                        ("RESOLVE_BANK_SEEDS", 8), ("RESOLVE_SIM_SEEDS", 12)):
         monkeypatch.setattr(in_bench_fit, name, value)  # the grid and the repetitions cut to a test's time
     monkeypatch.setenv("TRACE_GYM_CACHE", str(tmp_path / "cache"))
     path = write_synthetic_bank(tmp_path / "b.jsonl.gz", [1, 3, 5, 7, 0, 8, 2, 6] * 5, roots=8, continuations=4)
@@ -98,6 +100,7 @@ def test_a_calibration_with_both_reference_arms_matches_the_level_and_the_prefix
     nearest = min(scan, key=lambda x: abs(scan[x] - bench["bank"]["selection_precision"]))
     assert bench["simulated"]["selection_precision"] == scan[nearest]
     assert cfg.feature_spearman == pytest.approx(float(nearest))
+    assert (bench["repetitions"], bench["sim_repetitions"]) == (8, 12)  # the re-solve's finer readings
     prefix = info["prefix_in_bench"]
     readings = {float(k): v for k, v in prefix["simulated"].items()}
     assert sorted(readings) == [0.25, 1.0, 4.0, 64.0] and all(np.isfinite(r) for r in readings.values())

@@ -43,6 +43,12 @@ RESOLVE_SPAN = 0.1
 #: Repetitions of the bank bench's random tree arm read for :func:`prefix_in_bench`: at the bench's default 10
 #: the QA bank's reading spans about +-0.13, at 30 about +-0.075.
 PREFIX_BANK_SEEDS = 30
+#: Repetitions of the bank bench's and of the simulated bench's reference arm that :func:`prompt_in_bench` reads
+#: when it solves the feature again for the bank's picks. At 10 and 30 the QA bank's picks read 0.195 and the
+#: simulator's at feature 0.65 0.196; at 30 and 90, 0.203 and 0.216: the readings' spread was the size of
+#: the gap the re-solve closes, and PCL moved with it (0.221 against the bank's 0.197 +- 0.019).
+RESOLVE_BANK_SEEDS = 30
+RESOLVE_SIM_SEEDS = 90
 
 
 def choose_in_bench(bank: Mapping[str, float], readings: Sequence[Mapping[str, float]],
@@ -114,7 +120,9 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
     and where the chosen predictor reads a feature, the feature's Spearman is solved again at that level
     on the values of :data:`~trace_gym.bench.sim_fit.SPEARMAN_GRID` within :data:`RESOLVE_SPAN` of it,
     so that its in-bench picks are the bank's (the nearest; a tie: the weaker feature): a shift that
-    moves the level moves the picks too.
+    moves the level moves the picks too. That re-solve reads both arms again on more repetitions
+    (:data:`RESOLVE_BANK_SEEDS`, :data:`RESOLVE_SIM_SEEDS`), the level matched to the finer reading, and
+    returns that reading as ``"bank"``.
     The start-of-step shift drifted in the bench (QA bank: +0.024 against the bank's -0.016), and
     TRACE's root stage, which reads the level, bought 5.2 prompts a step where the bank's bought 4.3.
     Choosing among candidates each at its own in-bench shift was tried first and moved the choice (math
@@ -141,10 +149,12 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
     recorded = RecordedShape(**found["recorded_shape"])
     typed = bool(found.get("type_shares"))
 
-    def read(knobs: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    def read(knobs: Mapping[str, Any], bank_q: Mapping[str, float] = bank_q,
+             seeds: int = IN_BENCH_SIM_SEEDS) -> tuple[dict[str, float], dict[str, float]]:
         """The candidate's in-bench quality at its own (start-of-step) shift, and at the shift that gives
-        it the bank's in-bench level error (with that shift as ``predictor_level_shift``)."""
-        cfg = dataclasses.replace(sim_cfg, feature_spearman=knobs["feature_spearman"],
+        it ``bank_q``'s in-bench level error (with that shift as ``predictor_level_shift``), over ``seeds``
+        repetitions."""
+        cfg = dataclasses.replace(sim_cfg, feature_spearman=knobs["feature_spearman"], seeds=seeds,
                                   **({"type_visibility": knobs["type_visibility"]} if typed else {}))
         steps = arm_samples(SimSource(cfg, recorded), reference)
         shift = shift_for_level(steps, float(bank_q["level_error"]))
@@ -153,6 +163,7 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
                 mean_quality(steps, shift, selection=picks) | {"predictor_level_shift": shift})
 
     rows = _candidates(found, bank_q)
+    repetitions, sim_repetitions = bank_cfg.seeds, IN_BENCH_SIM_SEEDS
     pairs = [read(row) for row in rows] if rows else [read(found)]
     readings = [at_start for at_start, _ in pairs]
     best = choose_in_bench(bank_q, readings) if rows else 0
@@ -169,16 +180,21 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
             candidate["in_bench"] = reading
         if float(found["feature_spearman"]) > 0:  # at the bank's level, the feature whose picks are the bank's
             near = [float(x) for x in SPEARMAN_GRID if abs(x - float(found["feature_spearman"])) <= RESOLVE_SPAN + 1e-9]
-            scan = [read({**row, "feature_spearman": x})[1] for x in near]
+            fine_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=RESOLVE_BANK_SEEDS)
+            with use_store(bank_store(bank.scan.sha256)):
+                bank_q = mean_quality(arm_samples(BankSource(fine_cfg), reference), 0.0,
+                                      selection=tuple(found["selection"]))
+            scan = [read({**row, "feature_spearman": x}, bank_q, RESOLVE_SIM_SEEDS)[1] for x in near]
             i = closest([r["selection_precision"] for r in scan], float(bank_q["selection_precision"]))
+            repetitions, sim_repetitions = RESOLVE_BANK_SEEDS, RESOLVE_SIM_SEEDS
             found["feature_spearman"], matched = near[i], scan[i]
             found["predictor_level_shift"] = matched["predictor_level_shift"]
             found["predictor_fit"] |= {"feature_spearman": found["feature_spearman"],
                                        "picks_scan": {str(x): r["selection_precision"] for x, r in zip(near, scan)}}
     found["predictor_fit"] |= {"predictor_level_shift": found["predictor_level_shift"]}
     return {"bank": bank_q, "simulated": matched, "at_start_shift": readings[best], "chosen_from": len(rows),
-            "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": bank_cfg.seeds,
-            "sim_repetitions": IN_BENCH_SIM_SEEDS, "sim_selection": [sim_cfg.candidates, sim_picks]}
+            "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": repetitions,
+            "sim_repetitions": sim_repetitions, "sim_selection": [sim_cfg.candidates, sim_picks]}
 
 
 def prefix_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: Mapping[str, Any],

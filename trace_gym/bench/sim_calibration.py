@@ -73,7 +73,8 @@ def _fit_note(found: Mapping[str, Any]) -> str:
     steps = found.get("in_bench")
     if steps:
         b, s = steps["bank"], steps["simulated"]
-        out += (f". In the bench (the uniform arm's {steps['steps']} measured step(s); the level shift, "
+        out += (f". In the bench (the uniform arm's {steps['steps']} measured step(s), {steps['repetitions']} bank "
+                f"and {steps['sim_repetitions']} simulated repetitions; the level shift, "
                 f"{found['predictor_level_shift']:+.3f}, solved there" + (", the feature chosen there" if
                                                                         steps.get("chosen_from") else "")
                 + f"): picks {b['selection_precision']:.3f} bank, {s['selection_precision']:.3f} simulated; level "
@@ -95,8 +96,9 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: 10: each type's own kappa, from its kind's continuations (trace_gym.sim.calibrate.type_kappas); 11: the level
 #: shift and the feature solved in the bench, a world of one type choosing its feature there too, and the prefix
 #: predictor's signal_noise chosen there (trace_gym.bench.in_bench_fit); 12: successful lengths that move with the
-#: prompt's p where the roots pay for it (trace_gym.sim.calibrate.success_tilt).
-FIT_VERSION = 12
+#: prompt's p where the roots pay for it (trace_gym.sim.calibrate.success_tilt); 13: the feature re-solved on
+#: finer in-bench readings (trace_gym.bench.in_bench_fit.RESOLVE_BANK_SEEDS, RESOLVE_SIM_SEEDS).
+FIT_VERSION = 13
 
 
 @dataclass(frozen=True)
