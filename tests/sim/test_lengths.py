@@ -205,7 +205,8 @@ def test_values_stay_honest_under_a_tilt():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(turn_shares=(1, 1, 1), success_turn_tilt=float("nan")), r"^success_turn_tilt must be a finite number, got nan"),
+    (dict(turn_shares=(1, 1, 1), success_turn_tilt=float("nan")),
+     r"^success_turn_tilt must be a finite number, got nan"),
     (dict(success_turn_tilt=0.5), r"^success_turn_tilt 0\.5 needs turn_shares"),
 ])
 def test_a_bad_tilt_is_one_line_naming_the_value(kwargs, match):
