@@ -132,18 +132,13 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
     TRACE at 0.774 against the bank's 0.646 +- 0.054; fitted at the start on the QA bank, the simulated
     predictor ranked prompts at 0.455 in the bench against the bank's 0.238 and put PCL at 0.218 against
     0.197 +- 0.013."""
-    from trace_gym.bench.bank import BankSource
     from trace_gym.bench.config import BankBenchConfig
     from trace_gym.bench.in_bench import arm_samples
-    from trace_gym.bench.sim_fit import SPEARMAN_GRID, RecordedShape, closest, mean_quality, pcl_picks, shift_for_level
+    from trace_gym.bench.sim_fit import RecordedShape, mean_quality, pcl_picks, shift_for_level
     from trace_gym.bench.sim_source import SimSource
-    from trace_gym.predictor.embeddings import bank_store, use_store
     from trace_gym.predictor.quality import QUALITY_KEYS
 
-    bank_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=BankBenchConfig().seeds)
-    with use_store(bank_store(bank.scan.sha256)):
-        bank_steps = arm_samples(BankSource(bank_cfg), reference)
-    bank_q = mean_quality(bank_steps, 0.0, selection=tuple(found["selection"]))
+    bank_cfg, bank_q = _bank_reading(bank, path, group_size, shape, found, reference, BankBenchConfig().seeds)
     sim_cfg = _sim_cfg(found, shape, bank_cfg, group_size, path)
     sim_picks = pcl_picks(sim_cfg.root_budget, sim_cfg.continuations_per_root, group_size)
     recorded = RecordedShape(**found["recorded_shape"])
@@ -179,22 +174,44 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
         for candidate, reading in zip(rows, readings):
             candidate["in_bench"] = reading
         if float(found["feature_spearman"]) > 0:  # at the bank's level, the feature whose picks are the bank's
-            near = [float(x) for x in SPEARMAN_GRID if abs(x - float(found["feature_spearman"])) <= RESOLVE_SPAN + 1e-9]
-            fine_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=RESOLVE_BANK_SEEDS)
-            with use_store(bank_store(bank.scan.sha256)):
-                bank_q = mean_quality(arm_samples(BankSource(fine_cfg), reference), 0.0,
-                                      selection=tuple(found["selection"]))
-            scan = [read({**row, "feature_spearman": x}, bank_q, RESOLVE_SIM_SEEDS)[1] for x in near]
-            i = closest([r["selection_precision"] for r in scan], float(bank_q["selection_precision"]))
+            _, bank_q = _bank_reading(bank, path, group_size, shape, found, reference, RESOLVE_BANK_SEEDS)
+            matched = _resolve_feature(read, row, found, bank_q)
             repetitions, sim_repetitions = RESOLVE_BANK_SEEDS, RESOLVE_SIM_SEEDS
-            found["feature_spearman"], matched = near[i], scan[i]
-            found["predictor_level_shift"] = matched["predictor_level_shift"]
-            found["predictor_fit"] |= {"feature_spearman": found["feature_spearman"],
-                                       "picks_scan": {str(x): r["selection_precision"] for x, r in zip(near, scan)}}
     found["predictor_fit"] |= {"predictor_level_shift": found["predictor_level_shift"]}
     return {"bank": bank_q, "simulated": matched, "at_start_shift": readings[best], "chosen_from": len(rows),
             "steps": bank_cfg.steps - bank_cfg.warmup_steps, "repetitions": repetitions,
             "sim_repetitions": sim_repetitions, "sim_selection": [sim_cfg.candidates, sim_picks]}
+
+
+def _bank_reading(bank: Any, path: str, group_size: int, shape: Any, found: Mapping[str, Any],
+                  reference: Strategy, seeds: int) -> tuple[Any, dict[str, float]]:
+    """The bank bench of ``shape`` at ``seeds`` repetitions, and its ``reference`` arm's mean in-bench
+    quality (PCL's picks out of the bank's candidates, ``found["selection"]``)."""
+    from trace_gym.bench.bank import BankSource
+    from trace_gym.bench.in_bench import arm_samples
+    from trace_gym.bench.sim_fit import mean_quality
+    from trace_gym.predictor.embeddings import bank_store, use_store
+
+    bank_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=seeds)
+    with use_store(bank_store(bank.scan.sha256)):
+        steps = arm_samples(BankSource(bank_cfg), reference)
+    return bank_cfg, mean_quality(steps, 0.0, selection=tuple(found["selection"]))
+
+
+def _resolve_feature(read: Any, row: Mapping[str, Any], found: dict[str, Any],
+                     bank_q: Mapping[str, float]) -> dict[str, float]:
+    """:func:`prompt_in_bench`'s re-solve: each grid feature within :data:`RESOLVE_SPAN` of the chosen one,
+    read by ``read`` at ``bank_q``'s level on :data:`RESOLVE_SIM_SEEDS` repetitions; the one whose picks are
+    nearest ``bank_q``'s (a tie: the weaker feature) set in ``found`` with its shift. Returns its reading."""
+    from trace_gym.bench.sim_fit import SPEARMAN_GRID, closest
+
+    near = [float(x) for x in SPEARMAN_GRID if abs(x - float(found["feature_spearman"])) <= RESOLVE_SPAN + 1e-9]
+    scan = [read({**row, "feature_spearman": x}, bank_q, RESOLVE_SIM_SEEDS)[1] for x in near]
+    i = closest([r["selection_precision"] for r in scan], float(bank_q["selection_precision"]))
+    found["feature_spearman"], found["predictor_level_shift"] = near[i], scan[i]["predictor_level_shift"]
+    found["predictor_fit"] |= {"feature_spearman": near[i],
+                               "picks_scan": {str(x): r["selection_precision"] for x, r in zip(near, scan)}}
+    return scan[i]
 
 
 def prefix_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: Mapping[str, Any],
