@@ -109,20 +109,15 @@ def test_flips_under_lengths_that_ignore_the_outcome_are_the_closed_form():
     assert np.isnan(calibrate.flips_under_lengths(0.6, [3], (1.0, 3.0), model, {4: [1]})).all()  # no root keeps 3
 
 
-def test_kappa_under_lengths_is_recovered_from_a_simulated_bank():
-    """A bank grown by the simulator itself (kappa 3, failed episodes short, successful ones long; 8
-    roots, 4 continuations at up to 2 prefixes per root): the fit under the lengths finds kappa again,
-    where the closed form (which reads every flip as the value path's) does not."""
-    from trace_gym.banks.record import prefix_depths
+def simulated_flips(world: sim.SimWorld, prompts: int = 1500) -> tuple[list[int], list[int], list[int]]:
+    """``(depths, flips, continuations)`` of a bank grown by the simulator itself in ``world`` (8 roots, 4
+    continuations at up to 2 prefixes per root, as the warm-up grows one): a flip is a continuation whose
+    outcome differs from its root's."""
     from trace_gym.bench.sim_fit import RecordedShape, warmup_batches
 
-    world = sim.SimWorld(target_mixed=0.45, mean_success=0.5, group_size=4, min_turns=1, max_turns=4,
-                         step_concentration=3.0, turn_shares=(0.6, 0.2, 0.1, 0.1),
-                         success_turn_shares=(0.1, 0.1, 0.2, 0.6))
-    shape = RecordedShape(8, 4, 2)
-    pool = sim.make_pool(world, 1500, np.random.default_rng(0))
+    pool = sim.make_pool(world, prompts, np.random.default_rng(0))
     flips: dict[int, list[int]] = {}
-    for _, step in warmup_batches(pool, world, range(1500), shape, seed=1):
+    for _, step in warmup_batches(pool, world, range(prompts), RecordedShape(8, 4, 2), seed=1):
         for tree in step.trees:
             for branch in tree.branches:
                 if branch.is_continuation:
@@ -131,7 +126,19 @@ def test_kappa_under_lengths_is_recovered_from_a_simulated_bank():
                     f[0] += tree.node(tree.branch_leaf(branch.id)).reward != root
                     f[1] += 1
     depths = sorted(flips)
-    counts, trials = [flips[d][0] for d in depths], [flips[d][1] for d in depths]
+    return depths, [flips[d][0] for d in depths], [flips[d][1] for d in depths]
+
+
+def test_kappa_under_lengths_is_recovered_from_a_simulated_bank():
+    """A bank grown by the simulator itself (kappa 3, failed episodes short, successful ones long; 8
+    roots, 4 continuations at up to 2 prefixes per root): the fit under the lengths finds kappa again,
+    where the closed form (which reads every flip as the value path's) does not."""
+    from trace_gym.banks.record import prefix_depths
+
+    world = sim.SimWorld(target_mixed=0.45, mean_success=0.5, group_size=4, min_turns=1, max_turns=4,
+                         step_concentration=3.0, turn_shares=(0.6, 0.2, 0.1, 0.1),
+                         success_turn_shares=(0.1, 0.1, 0.2, 0.6))
+    depths, counts, trials = simulated_flips(world)
     kept = {n: prefix_depths(n, 2) for n in range(1, 5)}
     kappa = calibrate.concentration_under_lengths(depths, counts, trials, world.prior(), world.length_model(), kept)
     assert kappa / (kappa + 1) == pytest.approx(0.75, abs=0.03)
@@ -245,23 +252,11 @@ def test_kappa_under_a_tilt_is_recovered_from_a_simulated_bank():
     import dataclasses
 
     from trace_gym.banks.record import prefix_depths
-    from trace_gym.bench.sim_fit import RecordedShape, warmup_batches
 
     world = sim.SimWorld(target_mixed=0.45, mean_success=0.3, group_size=4, min_turns=1, max_turns=4,
                          step_concentration=3.0, turn_shares=(0.6, 0.2, 0.1, 0.1),
                          success_turn_shares=(0.3, 0.2, 0.2, 0.3), success_turn_tilt=3.0)
-    pool = sim.make_pool(world, 1500, np.random.default_rng(0))
-    flips: dict[int, list[int]] = {}
-    for _, step in warmup_batches(pool, world, range(1500), RecordedShape(8, 4, 2), seed=1):
-        for tree in step.trees:
-            for branch in tree.branches:
-                if branch.is_continuation:
-                    root = tree.node(tree.branch_leaf(tree.nodes[branch.anchor].branch)).reward
-                    f = flips.setdefault(tree.nodes[branch.anchor].depth, [0, 0])
-                    f[0] += tree.node(tree.branch_leaf(branch.id)).reward != root
-                    f[1] += 1
-    depths = sorted(flips)
-    counts, trials = [flips[d][0] for d in depths], [flips[d][1] for d in depths]
+    depths, counts, trials = simulated_flips(world)
     kept = {n: prefix_depths(n, 2) for n in range(1, 5)}
     kappa = calibrate.concentration_under_lengths(depths, counts, trials, world.prior(), world.length_model(), kept)
     assert kappa / (kappa + 1) == pytest.approx(0.75, abs=0.03)
