@@ -262,7 +262,8 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
     if "min_turns" in found:  # each episode's length by its outcome, and kappa refitted under them
         lo, hi = found["min_turns"], found["max_turns"]
         kept = {n: prefix_depths(n, recorded.prefixes_per_root) for n in range(lo, hi + 1)}
-        found = with_lengths(found, stats, lengths_by_outcome(bank, lo, hi), kept, root_length_counts(bank, lo, hi))
+        counts = root_length_counts(bank, lo, hi)  # one pass over the bank serves the histograms and the tilt
+        found = with_lengths(found, stats, shares_of_counts(counts), kept, counts)
     world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
     fit = fit_visibility(sim.SimWorld(group_size=group_size, **world), recorded, quality, warmup_prompts=warm,
                          prefix_share=defaults.prefix_share, selection=selection)
@@ -278,7 +279,12 @@ def lengths_by_outcome(bank: Any, min_turns: int, max_turns: int) -> dict[str, t
     """The lengths of a bank's failed and of its successful roots, as shares of each length
     ``min_turns..max_turns`` (``turn_shares``, ``success_turn_shares``: the simulator's per-episode
     lengths, :mod:`trace_gym.sim.lengths`); an outcome no root had takes the other's lengths."""
-    fail, win = root_length_counts(bank, min_turns, max_turns).sum(axis=0)
+    return shares_of_counts(root_length_counts(bank, min_turns, max_turns))
+
+
+def shares_of_counts(counts: np.ndarray) -> dict[str, tuple[float, ...]]:
+    """:func:`lengths_by_outcome` of :func:`root_length_counts`' array (``{}`` where no root has a turn)."""
+    fail, win = np.asarray(counts, dtype=float).sum(axis=0)
     if not fail.sum() and not win.sum():
         return {}
     fail, win = (fail if fail.sum() else win), (win if win.sum() else fail)
