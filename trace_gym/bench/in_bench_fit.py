@@ -40,6 +40,8 @@ SIGNAL_GRID = (64.0, 16.0, 8.0, 4.0, 2.0, 1.0, 0.5)
 #: How far from the chosen feature Spearman :func:`prompt_in_bench` solves it again at the bank's level: the
 #: grid's values within this of it (a local correction; on the five banks the whole grid's nearest lies within).
 RESOLVE_SPAN = 0.1
+#: The resolution of the feature the re-solve interpolates between two grid readings (:func:`_resolve_feature`).
+RESOLVE_STEP = 0.005
 #: Repetitions of the bank bench's random tree arm read for :func:`prefix_in_bench`: at the bench's default 10
 #: the QA bank's reading spans about +-0.13, at 30 about +-0.075.
 PREFIX_BANK_SEEDS = 30
@@ -118,8 +120,9 @@ def prompt_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: di
     error (:func:`~trace_gym.bench.sim_fit.shift_for_level` on its own in-bench predictions: the shift
     never enters the regression and the uniform arm does not read it, so one run serves every shift),
     and where the chosen predictor reads a feature, the feature's Spearman is solved again at that level
-    on the values of :data:`~trace_gym.bench.sim_fit.SPEARMAN_GRID` within :data:`RESOLVE_SPAN` of it,
-    so that its in-bench picks are the bank's (the nearest; a tie: the weaker feature): a shift that
+    on it, the values of :data:`~trace_gym.bench.sim_fit.SPEARMAN_GRID` within :data:`RESOLVE_SPAN` of it and
+    the feature between two readings that bracket the bank's picks (:func:`_resolve_feature`), so that its
+    in-bench picks are the bank's (the nearest; a tie: the weaker feature): a shift that
     moves the level moves the picks too. That re-solve reads both arms again on more repetitions
     (:data:`RESOLVE_BANK_SEEDS`, :data:`RESOLVE_SIM_SEEDS`), the level matched to the finer reading, and
     returns that reading as ``"bank"``.
@@ -198,20 +201,41 @@ def _bank_reading(bank: Any, path: str, group_size: int, shape: Any, found: Mapp
     return bank_cfg, mean_quality(steps, 0.0, selection=tuple(found["selection"]))
 
 
+def bracketed(xs: Sequence[float], ys: Sequence[float], target: float) -> float | None:
+    """The ``x`` at which the line through two neighbouring points of ``(xs, ys)`` (``xs`` ascending) meets
+    ``target``: the first neighbouring pair whose ``ys`` lie on either side of it (one end may equal it).
+    ``None`` where no pair brackets ``target`` (it lies outside every reading) or a pair reads flat."""
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if min(y0, y1) <= target <= max(y0, y1) and y0 != y1:
+            return float(x0 + (target - y0) * (x1 - x0) / (y1 - y0))
+    return None
+
+
 def _resolve_feature(read: Any, row: Mapping[str, Any], found: dict[str, Any],
                      bank_q: Mapping[str, float]) -> dict[str, float]:
-    """:func:`prompt_in_bench`'s re-solve: each grid feature within :data:`RESOLVE_SPAN` of the chosen one,
-    read by ``read`` at ``bank_q``'s level on :data:`RESOLVE_SIM_SEEDS` repetitions; the one whose picks are
-    nearest ``bank_q``'s (a tie: the weaker feature) set in ``found`` with its shift. Returns its reading."""
+    """:func:`prompt_in_bench`'s re-solve: the chosen feature and each grid feature within :data:`RESOLVE_SPAN`
+    of it, read by ``read`` at ``bank_q``'s level on :data:`RESOLVE_SIM_SEEDS` repetitions; then, where two
+    neighbouring readings bracket the bank's picks, the feature at which the line between them meets them
+    (:func:`bracketed`, to :data:`RESOLVE_STEP`), read too. The grid's step alone was too coarse where picks
+    climb steeply: on the deep bank the chosen 0.94 became 0.95, whose picks read 0.757 against the bank's 0.746
+    (0.90: 0.653), and PCL and TRACE came out above the bank's at 180 repetitions. Of all read, the one whose
+    picks are nearest ``bank_q``'s (a tie: the weaker feature) is set in ``found`` with its shift. Returns its
+    reading."""
     from trace_gym.bench.sim_fit import SPEARMAN_GRID, closest
 
-    near = [float(x) for x in SPEARMAN_GRID if abs(x - float(found["feature_spearman"])) <= RESOLVE_SPAN + 1e-9]
-    scan = [read({**row, "feature_spearman": x}, bank_q, RESOLVE_SIM_SEEDS)[1] for x in near]
-    i = closest([r["selection_precision"] for r in scan], float(bank_q["selection_precision"]))
-    found["feature_spearman"], found["predictor_level_shift"] = near[i], scan[i]["predictor_level_shift"]
-    found["predictor_fit"] |= {"feature_spearman": near[i],
-                               "picks_scan": {str(x): r["selection_precision"] for x, r in zip(near, scan)}}
-    return scan[i]
+    own = float(found["feature_spearman"])
+    near = sorted({own, *(float(x) for x in SPEARMAN_GRID if abs(x - own) <= RESOLVE_SPAN + 1e-9)})
+    scan = {x: read({**row, "feature_spearman": x}, bank_q, RESOLVE_SIM_SEEDS)[1] for x in near}
+    target = float(bank_q["selection_precision"])
+    between = bracketed(near, [scan[x]["selection_precision"] for x in near], target)
+    if between is not None and (x := round(round(between / RESOLVE_STEP) * RESOLVE_STEP, 6)) not in scan:
+        scan[x] = read({**row, "feature_spearman": x}, bank_q, RESOLVE_SIM_SEEDS)[1]
+    xs = sorted(scan)
+    i = closest([scan[x]["selection_precision"] for x in xs], target)
+    found["feature_spearman"], found["predictor_level_shift"] = xs[i], scan[xs[i]]["predictor_level_shift"]
+    found["predictor_fit"] |= {"feature_spearman": xs[i],
+                               "picks_scan": {f"{x:g}": scan[x]["selection_precision"] for x in xs}}
+    return scan[xs[i]]
 
 
 def prefix_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: Mapping[str, Any],

@@ -97,8 +97,10 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: shift and the feature solved in the bench, a world of one type choosing its feature there too, and the prefix
 #: predictor's signal_noise chosen there (trace_gym.bench.in_bench_fit); 12: successful lengths that move with the
 #: prompt's p where the roots pay for it (trace_gym.sim.calibrate.success_tilt); 13: the feature re-solved on
-#: finer in-bench readings (trace_gym.bench.in_bench_fit.RESOLVE_BANK_SEEDS, RESOLVE_SIM_SEEDS).
-FIT_VERSION = 13
+#: finer in-bench readings (trace_gym.bench.in_bench_fit.RESOLVE_BANK_SEEDS, RESOLVE_SIM_SEEDS); 14: the re-solve
+#: also reads the chosen feature itself and the feature between the two readings that bracket the bank's picks
+#: (trace_gym.bench.in_bench_fit.bracketed), not the grid's points alone.
+FIT_VERSION = 14
 
 
 @dataclass(frozen=True)
