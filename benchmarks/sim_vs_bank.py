@@ -23,7 +23,7 @@ then PASS when every row of every bank agrees, else FAIL naming the rows::
     python benchmarks/sim_vs_bank.py --from runs/sim_vs_bank # re-read the JSON, run nothing
     python benchmarks/sim_vs_bank.py --self --keep-bank      # the bank again in the simulator's place
 
-The bank bench runs ``--bank-seeds`` repetitions (default 90, :data:`BANK_SEEDS`; each draws its own
+The bank bench runs ``--bank-seeds`` repetitions (default 180, :data:`BANK_SEEDS`; each draws its own
 warm-up slice). Beside the check, each row also says whether the two means differ by less than
 their half-widths combined (a two-sample reading: the bank's mean is itself an estimate), and
 ``--self`` puts the bank bench at other seeds in the simulator's place, a simulator equal to the
@@ -33,7 +33,7 @@ The simulator runs ``--sim-seeds`` repetitions (default 3x the bank's): its mean
 its expectation, so the interval test asks whether the *simulator* lies in the bank's
 interval, not whether two noisy means happen to fall near each other. Verdict words are read
 on both sides at one power, that of 30 repetitions (:data:`WORD_BLOCK`): each side is cut into
-disjoint blocks of 30 (the bank 3 by default, the simulator 9), and a side's word is the one most
+disjoint blocks of 30 (the bank 6 by default, the simulator 18), and a side's word is the one most
 of its blocks say (none: ``split``, which fails). One block alone is one draw of a word that is
 itself random where an effect lies near what 30 repetitions can show: on the shape bank (fit 9)
 the simulator's first block read random tree against uniform "not shown" where the other two and
@@ -45,7 +45,7 @@ starts cold (``warmup_prompts=0``), as every calibrated simulator did before.
 
 The commands (their JSON lands in ``--out``, default ``runs/sim_vs_bank/<bank>``)::
 
-    trace-gym bench --bank BANK [shape] seeds=90 strategies=uniform,pcl,random_tree,trace --json bank.json
+    trace-gym bench --bank BANK [shape] seeds=180 strategies=uniform,pcl,random_tree,trace --json bank.json
     trace-gym bench --sim calibrate_from=BANK seeds=S candidates=C root_budget=M group_size=G
         continuations_per_root=N steps=T warmup_steps=W strategies=... --json sim.json
 
@@ -269,8 +269,11 @@ def self_args(bank_args: Sequence[str], seeds: int) -> list[str]:
 #: its own half-width from one set of 10 to the next (the math bank's TRACE: 0.583, 0.692 and 0.661 over
 #: three consecutive sets of 10 of one run), and at 30 by about half of it (TRACE 0.646 at seed 0, 0.693
 #: over 90 at seed 1000), so which side of an interval end a simulator lands on was still partly chance;
-#: at 90 the bank's centre is steadier and its interval narrower (a stricter check of the simulator).
-BANK_SEEDS = 90
+#: at 90 the bank's centre is steadier and its interval narrower (a stricter check of the simulator). At 90 a
+#: side's word was the majority of 3 blocks of 30, one draw of which could turn it: the QA bank's PCL - TRACE on
+#: mixed prompts per step read "shown above" in 1 of its first 3 blocks and 4 of its first 6 (the simulator: 6 of
+#: 9, 12 of 18). 180 halves the rows' variance again and doubles the blocks (docs/benchmarking.md, fit 14).
+BANK_SEEDS = 180
 
 
 def compare_bank(bank: str, out: Path, *, read: bool, sim_seeds: int | None, plant: str | None,
@@ -278,21 +281,23 @@ def compare_bank(bank: str, out: Path, *, read: bool, sim_seeds: int | None, pla
     """Run (or with ``read``, read) one bank's two benches; returns its table and whether it passed.
     With ``keep_bank`` a bank bench already in ``out`` is read, not rerun; with ``itself`` the bank
     bench at other seeds stands in for the simulator (:func:`self_args`)."""
-    bank_args = ["bench", "--bank", bank, *BANKS.get(bank, ()), f"seeds={bank_seeds}",
-                 "strategies=" + ",".join(STRATEGIES)]
+    def bank_args(seeds: int) -> list[str]:
+        return ["bench", "--bank", bank, *BANKS.get(bank, ()), f"seeds={seeds}", "strategies=" + ",".join(STRATEGIES)]
+
     if not read and not (keep_bank and (out / "bank.json").exists()):
         out.mkdir(parents=True, exist_ok=True)
-        run([*bank_args, "--json", str(out / "bank.json")])
+        run([*bank_args(bank_seeds), "--json", str(out / "bank.json")])
     bank_res = json.loads((out / "bank.json").read_text())
+    bank_cmd = bank_args(int(bank_res["config"]["seeds"]))  # as the JSON ran (a kept or read bank: its own count)
     seeds = sim_seeds or 3 * bank_res["config"]["seeds"]
-    sim_cmd = self_args(bank_args, seeds) if itself else sim_args(bank, bank_res["config"], seeds, plant)
+    sim_cmd = self_args(bank_cmd, seeds) if itself else sim_args(bank, bank_res["config"], seeds, plant)
     sim_file = out / ("self.json" if itself else f"sim{'-' + plant if plant else ''}.json")
     if not read:
         out.mkdir(parents=True, exist_ok=True)
         run([*sim_cmd, "--json", str(sim_file)])
     sim_res = json.loads(sim_file.read_text())
     result = agreement(bank_res, sim_res)
-    commands = [" ".join(["trace-gym", *bank_args]), " ".join(["trace-gym", *sim_cmd])]
+    commands = [" ".join(["trace-gym", *bank_cmd]), " ".join(["trace-gym", *sim_cmd])]
     if itself:
         return table(f"{bank} (itself at seed {SELF_SEED}: a perfect simulator)", result, commands,
                      sim="the bank again"), result["passed"]
