@@ -114,9 +114,7 @@ class LearnedPredictor:
     """Online logistic regression on what a model could observe.
 
     Features per state, with separate weights for prompts (t = 0) and prefixes
-    (t > 0): [1{t=0}, 1{t=0} f, 1{t>0}, 1{t>0} f, 1{t>0} signal], f the task features; with
-    ``turn_slots`` = k > 0 the one prefix intercept 1{t>0} becomes k, 1{t=1} .. 1{t>=k} (a prefix's turn,
-    which a model reading its text sees; :attr:`~trace_gym.sim.simulator.SimWorld.prefix_sees_turn`).
+    (t > 0): [1{t=0}, 1{t=0} f, 1{t>0}, 1{t>0} f, 1{t>0} signal], f the task features.
     Each ``update`` fits the last ``memory`` examples seen, its own batch last (the sim's
     policy is stationary, so old targets stay valid): ``newton_steps`` Newton (IRLS)
     steps, warm-started from the previous weights, on the weighted cross-entropy against
@@ -140,7 +138,6 @@ class LearnedPredictor:
     l2: float = 1e-3
     memory: int = 50_000
     level_shift: float = 0.0
-    turn_slots: int = 0
     weights: np.ndarray | None = None
     _x: np.ndarray | None = None
     _y: np.ndarray | None = None
@@ -155,22 +152,14 @@ class LearnedPredictor:
             raise ValueError(f"learned predictor: newton_steps must be an integer >= 1, got {self.newton_steps!r}")
         if isinstance(self.l2, bool) or not isinstance(self.l2, (int, float)) or not 0 <= self.l2 < float("inf"):
             raise ValueError(f"learned predictor: l2 must be a finite number >= 0, got {self.l2!r}")
-        if isinstance(self.turn_slots, bool) or not isinstance(self.turn_slots, (int, np.integer)) \
-                or self.turn_slots < 0:
-            raise ValueError(f"learned predictor: turn_slots must be an integer >= 0 (0: one prefix intercept), "
-                             f"got {self.turn_slots!r}")
 
     def _phi(self, contexts: Sequence[SimState]) -> np.ndarray:
         n = len(contexts)
         task = np.fromiter((c.task for c in contexts), dtype=np.int64, count=n)
         sig = np.fromiter((c.signal for c in contexts), dtype=float, count=n)
-        turn = np.fromiter((c.turn for c in contexts), dtype=np.int64, count=n)
-        deep = (turn > 0).astype(float)[:, None]
+        deep = np.fromiter((c.turn > 0 for c in contexts), dtype=float, count=n)[:, None]
         f = self.features[task]
-        at = deep
-        if self.turn_slots:  # one intercept per prefix turn, the last slot for every later turn
-            at = (np.minimum(turn, self.turn_slots)[:, None] == np.arange(1, self.turn_slots + 1)[None, :]) * deep
-        return np.hstack([1 - deep, (1 - deep) * f, at, deep * f, deep * sig[:, None]])
+        return np.hstack([1 - deep, (1 - deep) * f, deep, deep * f, deep * sig[:, None]])
 
     def predict(self, contexts: Sequence[SimState]) -> np.ndarray:
         if self.weights is None:
