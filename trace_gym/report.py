@@ -6,6 +6,8 @@ Metrics (the method page's definitions, computed on :class:`~trace_gym.tree.Roll
   a failure, over the prompts that got rollouts (trees with at least one leaf).
 - :func:`contrast_pairs_by_depth`: opposite-reward leaf pairs per anchor depth (the
   depth of their deepest common ancestor), summed over trees.
+- :func:`continuations_by_depth`: the continuations that ended, and their successes, per
+  depth of the prefix they started from (where a strategy spends its second stage).
 - :func:`spearman`, :func:`spearman_by_depth`: predictor quality against the truth.
 - :func:`mean_ci`, :func:`paired_difference`: Student-t uncertainty of continuous
   quantities across repetitions (seeds);
@@ -48,6 +50,21 @@ def contrast_pairs_by_depth(trees: Iterable[RolloutTree]) -> dict[int, int]:
     for tree in trees:
         for depth, n in tree.contrast_pairs().items():
             out[depth] = out.get(depth, 0) + n
+    return dict(sorted(out.items()))
+
+
+def continuations_by_depth(trees: Iterable[RolloutTree]) -> dict[int, tuple[int, int]]:
+    """Anchor depth -> ``(continuations, successes)``: the continuation branches that ended, by the depth
+    of the prefix each started from, and how many of them succeeded, summed over ``trees``."""
+    out: dict[int, tuple[int, int]] = {}
+    for tree in trees:
+        for branch in tree.branches:
+            leaf = tree.branch_leaf(branch.id)
+            if not branch.is_continuation or leaf is None:
+                continue
+            depth = tree.nodes[branch.anchor].depth
+            n, wins = out.get(depth, (0, 0))
+            out[depth] = (n + 1, wins + int(tree.nodes[leaf].success))
     return dict(sorted(out.items()))
 
 

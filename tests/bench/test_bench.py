@@ -58,6 +58,7 @@ def test_headline_is_the_learned_predictor_and_the_oracle_is_a_labelled_upper_bo
     assert 0 < s["trace"]["prompt_spearman"] < 1  # learned: informative, not perfect
     printed = format_bench(results)
     assert "(oracle, upper bound)" in printed and "Headline predictor: learned" in printed
+    assert "Continuations by prefix depth" in printed
     # the checks read only headline rows
     assert all("oracle" not in c.detail for c in results["checks"])
 
@@ -80,6 +81,10 @@ def test_equal_nominal_budget_and_exact_units(results):
     assert set(s["uniform"]["contrast_pairs_by_depth"]) == {"0"}  # flat: pairs only at the root
     assert any(int(d) > 0 for d in s["trace"]["contrast_pairs_by_depth"])
     assert "1" in s["trace"]["per_rep"][0]["prefix_spearman_by_depth"]
+    spent = s["trace"]["continuations_by_depth"]  # per step: every continuation TRACE bought, by its prefix's depth
+    assert sum(spent.values()) == pytest.approx(s["trace"]["continuations"])
+    assert all(0 <= s["trace"]["continuation_wins_by_depth"].get(d, 0.0) <= n for d, n in spent.items())
+    assert not s["uniform"]["continuations_by_depth"]
 
 
 def test_confidence_intervals_only_with_repetitions(results):

@@ -40,6 +40,18 @@ def test_contrast_pairs_by_depth_sums_over_trees():
     assert report.contrast_pairs_by_depth([t1, t2]) == {0: 5, 1: 1}
 
 
+def test_continuations_by_depth_counts_ended_continuations_and_their_successes_by_anchor_depth():
+    """Two trees of 2-turn roots: from a depth-1 prefix, one continuation wins and one fails in the first tree and
+    one fails in the second; a continuation still running is not counted, and roots never are."""
+    t1, t2 = tree_with([0.0, 0.0]), tree_with([1.0, 0.0])
+    for tree, reward in ((t1, 1.0), (t1, 0.0), (t2, 0.0)):
+        b = tree.start_branch(1)
+        tree.add_turn(1, branch=b, reward=reward, terminal=True)
+    t2.start_branch(1)  # running: no leaf yet
+    assert report.continuations_by_depth([t1, t2]) == {1: (3, 1)}
+    assert report.continuations_by_depth([tree_with([1.0, 0.0])]) == {}
+
+
 def test_spearman_hand_values():
     assert report.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert report.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)

@@ -92,6 +92,7 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int, mixed_r
     from trace_gym import report
 
     pairs = report.contrast_pairs_by_depth(trees)
+    spent = report.continuations_by_depth(trees)
     n_pairs = float(sum(pairs.values()))
     mixed = float(sum(mixed_rule.tree(t) for t in trees if t.leaves()))
     in_mixed = sum(effective_samples(t) for t in trees if t.leaves() and mixed_rule.tree(t))
@@ -119,7 +120,14 @@ def tree_metrics(trees: Sequence[Any], ledger: BudgetLedger, steps: int, mixed_r
         "prefill_tokens": ledger.prefill_tokens / steps,
         "allocator_ms": 1e3 * ledger.seconds.get("allocation", 0.0) / steps,
         "contrast_pairs_by_depth": {str(d): c / steps for d, c in sorted(pairs.items())},
+        "continuations_by_depth": {str(d): n / steps for d, (n, _) in spent.items()},
+        "continuation_wins_by_depth": {str(d): w / steps for d, (_, w) in spent.items()},
     }
+
+
+#: The per-depth counts of :func:`tree_metrics` (per step): contrast pairs by the depth of their deepest
+#: common ancestor; continuations, and their successes, by the depth of the prefix they started from.
+BY_DEPTH = ("contrast_pairs_by_depth", "continuations_by_depth", "continuation_wins_by_depth")
 
 
 def effective_samples(tree: Any) -> float:
@@ -195,9 +203,9 @@ def summarise(per_rep: Mapping[str, list[dict[str, Any]]], arms: Mapping[str, Ar
             if isinstance(value, (int, float)):
                 entry[key], entry[key + "_ci"], _ = report.mean_ci([float(r[key]) for r in rows])
         entry["by_step"] = step_curve(rows)
-        depths = sorted({d for r in rows for d in r.get("contrast_pairs_by_depth", {})}, key=int)
-        entry["contrast_pairs_by_depth"] = {
-            d: float(np.mean([r.get("contrast_pairs_by_depth", {}).get(d, 0.0) for r in rows])) for d in depths}
+        for key in BY_DEPTH:  # per step, averaged over the repetitions (a depth a repetition did not reach: 0)
+            depths = sorted({d for r in rows for d in r.get(key, {})}, key=int)
+            entry[key] = {d: float(np.mean([r.get(key, {}).get(d, 0.0) for r in rows])) for d in depths}
         entry["per_rep"] = rows
         out[name] = entry
     return out

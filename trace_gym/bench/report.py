@@ -172,7 +172,7 @@ def format_bench(results: Mapping[str, Any]) -> str:
         lines += ["### Warnings", "", *[f"- {w}" for w in brief_repeats(results["warnings"])], ""]
     lines += ["### Checks", ""]
     lines += [c.line() for c in results["checks"]]
-    for section in (_depth_section, _truncations, _target_study, _root_demo):
+    for section in (_depth_section, _continuation_section, _truncations, _target_study, _root_demo):
         lines += section(results)
     return "\n".join(lines)
 
@@ -219,6 +219,25 @@ def _depth_section(results: Mapping[str, Any]) -> list[str]:
             markdown_table(["strategy", "prompt", *[f"depth {d}" for d in depths]],
                            [[n, r.get("prompt_spearman", math.nan), *[by_depth(r, d) for d in depths]]
                             for n, r in results["strategies"].items()])]
+
+
+def _continuation_section(results: Mapping[str, Any]) -> list[str]:
+    """Where each strategy spent its continuations: per step, by the depth of the prefix they started from,
+    with their successes (a strategy that continued nothing is left out)."""
+    from trace_gym.report import markdown_table
+
+    rows = {n: r for n, r in results["strategies"].items() if any(r.get("continuations_by_depth", {}).values())}
+    depths = sorted({d for r in rows.values() for d in r["continuations_by_depth"]}, key=int)
+    if not depths:
+        return []
+
+    def cell(r: Mapping[str, Any], d: str) -> str:
+        n, wins = r["continuations_by_depth"].get(d, 0.0), r.get("continuation_wins_by_depth", {}).get(d, 0.0)
+        return f"{n:.2f} ({wins:.2f})"
+
+    return ["", "### Continuations by prefix depth (per step, mean over repetitions; their successes in brackets)",
+            "", markdown_table(["strategy", *[f"depth {d}" for d in depths]],
+                               [[n, *[cell(r, d) for d in depths]] for n, r in rows.items()])]
 
 
 def _truncations(results: Mapping[str, Any]) -> list[str]:
