@@ -226,7 +226,7 @@ def table(name: str, result: Mapping[str, Any], commands: Sequence[str], sim: st
     bank_head, sim_head = result["headline"]
     lines += ["", f"Headline, bank: {bank_head}.  ", f"Headline, {sim}: {sim_head}.", "",
               "PASS" if result["passed"] else f"FAIL: {'; '.join(result['failed'])}",
-              "", f"At 95 % a row (the issue's rule, beside the check): " + (
+              "", "At 95 % a row (the issue's rule, beside the check): " + (
                   "every row inside" if not result["outside_95"] else f"outside: {'; '.join(result['outside_95'])}"),
               "", "Two-sample (beside the check, not deciding it): " + (
                   "every row's difference within both intervals combined" if not result["apart"] else
