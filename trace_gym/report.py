@@ -93,6 +93,21 @@ def spearman_by_depth(
     return {int(k): spearman(p[d == k], t[d == k]) for k in np.unique(d)}
 
 
+def spearman_within(
+    predicted: Sequence[float] | np.ndarray,
+    truth: Sequence[float] | np.ndarray,
+    depth: Sequence[int] | np.ndarray,
+) -> float:
+    """The rank correlation within a depth: the mean of :func:`spearman_by_depth` over the depths where it is
+    defined, each weighted by its entries. What a predictor knows of prefixes beside their depth (a reading
+    over every depth also credits it for telling one depth's level from another's). NaN where no depth has one."""
+    d = np.asarray(depth)
+    per = [(r, int((d == k).sum())) for k, r in spearman_by_depth(predicted, truth, depth).items() if not math.isnan(r)]
+    if not per:
+        return math.nan
+    return float(sum(r * n for r, n in per) / sum(n for _, n in per))
+
+
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:
     """Mean, half-width of the Student-t confidence interval, and n (NaN ignored).
 

@@ -64,6 +64,19 @@ def test_spearman_hand_values():
     assert by_depth == {0: pytest.approx(1.0), 1: pytest.approx(-1.0)}
 
 
+def test_spearman_within_weighs_each_depth_by_its_entries_and_skips_undefined_depths():
+    # depth 1: 4 entries ranked alike (+1); depth 2: 3 ranked (1,3,2) (+0.5); depth 3: a constant side (NaN)
+    p = [1, 2, 3, 4, 1, 2, 3, 5, 5, 5]
+    t = [1, 2, 3, 4, 1, 3, 2, 1, 2, 3]
+    d = [1, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert report.spearman_within(p, t, d) == pytest.approx((4 * 1.0 + 3 * 0.5) / 7)
+    # across depths the same predictions rank the truth otherwise: within reads each depth apart
+    assert math.isnan(report.spearman_within([1, 2, 10, 11], [5, 6, 1, 2], [1, 1, 2, 2]))  # 2 entries a depth
+    assert report.spearman([1, 2, 3, 10, 11, 12], [5, 6, 7, 1, 2, 3]) < 0
+    assert report.spearman_within([1, 2, 3, 10, 11, 12], [5, 6, 7, 1, 2, 3], [1, 1, 1, 2, 2, 2]) == pytest.approx(1.0)
+    assert math.isnan(report.spearman_within([], [], []))
+
+
 def test_mean_ci_and_pm_hand_values():
     # [1, 3]: mean 2, sample sd sqrt(2), t_{0.975, 1} = 12.7062 -> half = 12.7062 * sqrt(2) / sqrt(2)
     mean, half, n = report.mean_ci([1.0, 3.0, math.nan])

@@ -138,6 +138,71 @@ def test_learned_predictor_learns_from_tree_targets():
     assert spearman(prefix_pred, prefix_true) > 0.3
 
 
+def test_a_predictor_that_sees_the_turn_learns_each_turns_level_where_the_signal_is_noise():
+    """Failures run all 4 turns and successes mostly end early, so a prefix at turn 3 is nearly always a
+    failure: the mean target falls with the turn. With the per-turn signal pure noise (std 1000), the
+    predictor with ``turn_slots`` reads each turn's mean target to 0.03; the one prefix intercept reads
+    every turn alike (its spread over turns a fraction of the truth's). Same trees, same targets."""
+    world = sim.SimWorld(min_turns=1, max_turns=4, turn_shares=(0, 0, 0, 1), success_turn_shares=(0.5, 0.2, 0.2, 0.1),
+                         signal_noise=1000.0, prefix_sees_turn=True, group_size=4)
+    rng = np.random.default_rng(11)
+    pool = sim.make_pool(world, 600, rng)
+    tree = Strategy(UniformRootAllocator(4), TracePrefixAllocator(), 2)
+    states, targets = [], []
+    for start in (0, 200, 400):
+        step = run_step(list(range(start, start + 200)), tree, sim_predictors.OraclePredictor(),
+                        sim.SimBranchRunner(pool, world, rng), 800, rng, learn=False)
+        got = states_and_targets(step.trees)
+        states += got[0]
+        targets += list(got[1])
+    targets = np.asarray(targets)
+    turns = np.array([c.turn for c in states])
+    truth = {t: targets[turns == t].mean() for t in (1, 2, 3)}
+    assert truth[1] - truth[3] > 0.1  # the premise: the level falls with the turn
+    seeing, blind = (sim_predictors.LearnedPredictor(pool.features, turn_slots=k) for k in (world.max_turns - 1, 0))
+    read = {}
+    for name, pred in (("seeing", seeing), ("blind", blind)):
+        pred.update(states, targets)
+        out = pred.predict(states)
+        read[name] = {t: out[turns == t].mean() for t in (1, 2, 3)}
+    assert all(abs(read["seeing"][t] - truth[t]) < 0.03 for t in truth)
+    assert read["blind"][1] - read["blind"][3] < 0.5 * (truth[1] - truth[3])
+
+
+def test_a_level_whose_examples_weigh_little_is_read_unpulled_while_the_other_weights_stay_penalised():
+    """Prefixes at 6 % of the batch weight (the bench's prefix_share) with mean target 0.05: the prefix intercept
+    carries no L2 penalty, so the predictor reads 0.05 (a penalty of 1e-3 on it read 0.148: the level
+    pulled towards 0.5). A feature weight is still penalised: at l2 = 10 a feature that tells targets apart
+    moves the prediction by less than a tenth of what it does at 1e-3."""
+    rng = np.random.default_rng(3)
+    features = rng.standard_normal((400, 1))
+    prompts = [sim.SimState(task=i, turn=0, value=0.5) for i in range(200)]
+    prefixes = [sim.SimState(task=200 + i, turn=1 + i % 3, value=0.05) for i in range(200)]
+    y = np.concatenate([np.full(200, 0.5), (features[200:, 0] > 1.6449).astype(float)])  # P(z > 1.645) = 0.05
+    w = np.concatenate([np.full(200, 0.94 / 200), np.full(200, 0.06 / 200)])
+    spread = {}
+    for l2 in (1e-3, 10.0):
+        pred = sim_predictors.LearnedPredictor(features, l2=l2, newton_steps=50, turn_slots=3)
+        pred.update(prompts + prefixes, y, w)
+        out = pred.predict(prefixes)
+        assert np.mean(y[200:]) == pytest.approx(0.05, abs=0.02)
+        if l2 == 1e-3:
+            assert float(np.mean(out)) == pytest.approx(float(np.mean(y[200:])), abs=0.01)
+        spread[l2] = float(np.ptp(pred.logits(prefixes)))
+    assert spread[10.0] < 0.1 * spread[1e-3]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_a_bad_turn_slots_is_one_line(bad):
+    with pytest.raises(ValueError, match=f"turn_slots must be an integer >= 0 .*got {bad!r}"):
+        sim_predictors.LearnedPredictor(np.zeros((2, 1)), turn_slots=bad)
+
+
+def test_a_bad_prefix_sees_turn_is_one_line():
+    with pytest.raises(ValueError, match="prefix_sees_turn must be true or false, got 'yes'"):
+        sim.SimWorld(prefix_sees_turn="yes")
+
+
 def test_run_step_spends_exactly_the_strategy_budget():
     rng = np.random.default_rng(6)
     pool = sim.make_pool(WORLD, 500, rng)

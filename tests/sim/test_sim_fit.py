@@ -367,3 +367,14 @@ def test_a_calibrated_bench_scores_prefixes_against_k_continuations_as_the_bank_
                         arms)["strategies"]["trace"]
     assert plain["prefix_spearman"] == plain["prefix_spearman_true"] == as_bank["prefix_spearman_true"] == 1.0
     assert 0.5 < as_bank["prefix_spearman"] < 0.95
+
+
+def test_every_world_key_a_bank_fit_sets_reaches_the_simulated_bench():
+    """A key the fit sets (``SIM_WORLD_KEYS``) that ``sim_overrides`` leaves out is fitted, read in the bench's
+    own in-bench fit, and then silently dropped from the bench it calibrates (fit 15's ``prefix_sees_turn`` was,
+    on its first measurement)."""
+    from trace_gym.bench.sim_fit import SIM_WORLD_KEYS
+    from trace_gym.sim.calibrate import sim_overrides
+
+    found = {k: (1,) for k in SIM_WORLD_KEYS}  # a tuple: the length and type keys are read as one
+    assert set(SIM_WORLD_KEYS) <= set(sim_overrides(found))

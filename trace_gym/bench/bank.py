@@ -148,6 +148,7 @@ class BankRepetition:
                         truncations[n.info["truncation"]] = truncations.get(n.info["truncation"], 0) + 1
         leaves = [leaf.reward for s in steps for t in s.trees for leaf in t.leaves()]
         return {"prefix_spearman": report.spearman(pp, pt),
+                "prefix_spearman_within": report.spearman_within(pp, pt, pd),
                 "prefix_spearman_by_depth": {str(d): r for d, r in report.spearman_by_depth(pp, pt, pd).items()},
                 "scored_prefixes": len(pp) / len(steps),
                 "exhausted_share": exhausted / max(requested, 1),

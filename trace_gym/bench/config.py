@@ -130,6 +130,9 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "(its signal: logit of the value + noise); calibrate_from fits it in the bench where random_tree runs, so "
         "that the prefix predictor reads the random tree arm's prefixes as well as the bank bench's",
         within="[0, 1000]"))
+    prefix_sees_turn: bool = field(default=False, metadata=doc(
+        "the learned predictor also sees a prefix's turn (one intercept per turn, as a model reading the prefix's "
+        "text does); calibrate_from sets it"))
     prefixes_per_root: int = field(default=0, metadata=doc(
         "the prefixes of a root rollout a continuation may start from: 0, every one; n, only the n depths a bank "
         "recording with max_prefixes_per_root = n keeps (trace_gym/tree.py prefix_depths), the ones the bank "

@@ -78,13 +78,15 @@ def arm_samples(source: Any, strategy: Any, *, arm: str = "uniform") -> list[Sta
     return out
 
 
-def arm_prefix_spearman(source: Any, strategy: Any, *, arm: str = "random_tree") -> float:
+def arm_prefix_spearman(source: Any, strategy: Any, *, arm: str = "random_tree",
+                        key: str = "prefix_spearman") -> float:
     """The prefix predictor read where TRACE's second stage reads it: ``strategy`` run as the arm ``arm`` of
-    ``source``, the mean over repetitions of the bench's own ``prefix_spearman`` (the source's
+    ``source``, the mean over repetitions of the bench's own ``key`` (``prefix_spearman`` over every prefix, or
+    ``prefix_spearman_within`` within a depth: :func:`trace_gym.report.spearman_within`; the source's
     ``measure``: on a bank against each prefix's recorded continuations, in a simulator calibrated to one
     against as many fresh ones). Read on an arm that picks its prefixes without the predictor (random
     tree), it is what the predictor knows of the prefixes a strategy may choose among, not of the ones it
     chose. NaN where no repetition scored two prefixes."""
-    values = [rep.measure(target, steps)["prefix_spearman"] for rep, target, steps in arm_runs(source, strategy, arm)]
+    values = [rep.measure(target, steps)[key] for rep, target, steps in arm_runs(source, strategy, arm)]
     finite = [float(v) for v in values if v is not None and np.isfinite(v)]
     return float(np.mean(finite)) if finite else float("nan")

@@ -14,11 +14,13 @@ each read against the banks' rows before the next (docs/benchmarking.md, "Fit ve
   every prompt alike (the guessing bank: one prompt text, its prompt Spearman undefined) has no
   feature to match; only the level is solved there.
 - :func:`prefix_in_bench`, on the random tree arm (which picks its prefixes at random): the
-  ``signal_noise`` (what the prefix predictor sees of a prefix's value) whose in-bench prefix Spearman,
-  read against as many fresh continuations as the bank recorded, is nearest the bank bench's own
-  reading of the same arm. That is what TRACE's second stage reads. Left at its default (4), the
-  simulated prefix predictor read the QA bank's prefixes at 0.45 against the bank's 0.18, and the
-  guessing bank's at 0.14 against 0.24.
+  ``signal_noise`` (what the prefix predictor sees of a prefix's value) whose in-bench prefix Spearman
+  within a depth (:data:`PREFIX_MEASURE`), read against as many fresh continuations as the bank recorded,
+  is nearest the bank bench's own reading of the same arm. That is what TRACE's second stage reads. Left
+  at its default (4), the simulated prefix predictor read the QA bank's prefixes at 0.45 against the
+  bank's 0.18, and the guessing bank's at 0.14 against 0.24 (fit 14, over every depth). Since fit 15 the
+  simulated predictor sees a prefix's turn, as the bank's reads it in the prefix's text, and learns each
+  turn's level from its own intercept; the signal noise is then what it knows of a prefix beside its turn.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ SIGNAL_GRID = (64.0, 16.0, 8.0, 4.0, 2.0, 1.0, 0.5)
 RESOLVE_SPAN = 0.1
 #: The resolution of the feature the re-solve interpolates between two grid readings (:func:`_resolve_feature`).
 RESOLVE_STEP = 0.005
+#: The bench's reading :func:`prefix_in_bench` matches: the prefix Spearman within a depth
+#: (:func:`trace_gym.report.spearman_within`). Over every depth (fit 14) the reading also credits the predictor for
+#: each depth's level, which the simulated one, seeing the turn, learns from its intercepts: on the guessing bank
+#: no signal noise read below 0.45 where the bank's predictor reads 0.25 (0.098 within a depth).
+PREFIX_MEASURE = "prefix_spearman_within"
 #: Repetitions of the bank bench's random tree arm read for :func:`prefix_in_bench`: at the bench's default 10
 #: the QA bank's reading spans about +-0.13, at 30 about +-0.075.
 PREFIX_BANK_SEEDS = 30
@@ -241,11 +248,11 @@ def _resolve_feature(read: Any, row: Mapping[str, Any], found: dict[str, Any],
 def prefix_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: Mapping[str, Any],
                     tree: Strategy, grid: Sequence[float] | None = None) -> dict[str, Any]:
     """The prefix predictor read in the bench on the random tree arm (``tree``), bank and simulator alike
-    (:func:`trace_gym.bench.in_bench.arm_prefix_spearman`; the bank at :data:`PREFIX_BANK_SEEDS`
-    repetitions), and the ``signal_noise`` of ``grid`` (default :data:`SIGNAL_GRID`) whose simulated
+    (:func:`trace_gym.bench.in_bench.arm_prefix_spearman`, the measure :data:`PREFIX_MEASURE`; the bank at
+    :data:`PREFIX_BANK_SEEDS` repetitions), and the ``signal_noise`` of ``grid`` (default :data:`SIGNAL_GRID`) whose simulated
     reading is nearest the bank's (:func:`trace_gym.bench.sim_fit.closest`: a tie goes to the noisier
     signal). Where either side's reading is undefined (no repetition scored two prefixes of differing
-    truth: a world whose every prefix surely ends one way) the default stays. Returns ``{"bank", "simulated":
+    truth: a world whose every prefix surely ends one way) the default stays. Returns ``{"measure", "bank", "simulated":
     {noise: reading}, "signal_noise", "repetitions", "sim_repetitions"}``."""
     from trace_gym.bench.bank import BankSource
     from trace_gym.bench.config import SimBenchConfig
@@ -256,13 +263,13 @@ def prefix_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: Ma
 
     bank_cfg, _ = shape.bank_bench(path, len(bank), group_size, seeds=PREFIX_BANK_SEEDS)
     with use_store(bank_store(bank.scan.sha256)):
-        bank_rho = arm_prefix_spearman(BankSource(bank_cfg), tree)
+        bank_rho = arm_prefix_spearman(BankSource(bank_cfg), tree, key=PREFIX_MEASURE)
     sim_cfg = _sim_cfg(found, shape, bank_cfg, group_size, path)
     recorded = RecordedShape(**found["recorded_shape"])
     grid = SIGNAL_GRID if grid is None else grid
-    readings = [arm_prefix_spearman(SimSource(dataclasses.replace(sim_cfg, signal_noise=float(s)), recorded), tree)
-                for s in grid]
+    readings = [arm_prefix_spearman(SimSource(dataclasses.replace(sim_cfg, signal_noise=float(s)), recorded), tree,
+                                    key=PREFIX_MEASURE) for s in grid]
     defined = np.isfinite(bank_rho) and np.isfinite(readings).any()
     noise = float(grid[closest(readings, bank_rho)]) if defined else SimBenchConfig().signal_noise
-    return {"bank": bank_rho, "simulated": {str(s): r for s, r in zip(grid, readings)}, "signal_noise": noise,
-            "repetitions": PREFIX_BANK_SEEDS, "sim_repetitions": IN_BENCH_SIM_SEEDS}
+    return {"measure": PREFIX_MEASURE, "bank": bank_rho, "simulated": {str(s): r for s, r in zip(grid, readings)},
+            "signal_noise": noise, "repetitions": PREFIX_BANK_SEEDS, "sim_repetitions": IN_BENCH_SIM_SEEDS}

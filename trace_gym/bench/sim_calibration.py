@@ -82,7 +82,8 @@ def _fit_note(found: Mapping[str, Any]) -> str:
                 f"AUC {b['mixed_auc']:.3f}, {s['mixed_auc']:.3f}")
     prefix = found.get("prefix_in_bench")
     if prefix:
-        out += (f"; the prefix predictor on the random tree arm: Spearman {prefix['bank']:.3f} bank, "
+        within = " within a depth" if prefix.get("measure") == "prefix_spearman_within" else ""
+        out += (f"; the prefix predictor on the random tree arm: Spearman{within} {prefix['bank']:.3f} bank, "
                 f"{prefix['simulated'].get(str(prefix['signal_noise']), float('nan')):.3f} simulated at signal_noise "
                 f"{prefix['signal_noise']:g}, the noise of {len(prefix['simulated'])} read nearest the bank's")
     return out + (f"; {cut}" if cut else "") + " (trace_gym/bench/sim_fit.py)"
@@ -99,8 +100,11 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: prompt's p where the roots pay for it (trace_gym.sim.calibrate.success_tilt); 13: the feature re-solved on
 #: finer in-bench readings (trace_gym.bench.in_bench_fit.RESOLVE_BANK_SEEDS, RESOLVE_SIM_SEEDS); 14: the re-solve
 #: also reads the chosen feature itself and the feature between the two readings that bracket the bank's picks
-#: (trace_gym.bench.in_bench_fit.bracketed), not the grid's points alone.
-FIT_VERSION = 14
+#: (trace_gym.bench.in_bench_fit.bracketed), not the grid's points alone; 15: the learned predictor sees a prefix's
+#: turn (prefix_sees_turn), as the bank's reads it in the prefix's text, its intercepts (each turn's level) carry no
+#: L2 penalty (trace_gym.sim.predictors.INTERCEPT_L2), and its signal noise is matched on the prefix Spearman within
+#: a depth (trace_gym.bench.in_bench_fit.PREFIX_MEASURE).
+FIT_VERSION = 15
 
 
 @dataclass(frozen=True)
@@ -271,7 +275,8 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
                          prefix_share=defaults.prefix_share, selection=selection)
     if fit["type_visibility"] is not None:
         found = found | {"type_visibility": fit["type_visibility"]}
-    return found | {"selection": list(selection), "selection_note": note, "feature_spearman": fit["feature_spearman"],
+    return found | {"prefix_sees_turn": True,  # the bank's predictor reads a prefix's text, its turns among it
+                    "selection": list(selection), "selection_note": note, "feature_spearman": fit["feature_spearman"],
                     "predictor_level_shift": fit["predictor_level_shift"], "warmup_prompts": warm,
                     "recorded_shape": dataclasses.asdict(recorded), "bank_quality": quality, "predictor_fit": fit,
                     "learned_spearman": quality["prompt_spearman"]}

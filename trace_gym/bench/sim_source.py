@@ -38,6 +38,7 @@ def sim_world(cfg: SimBenchConfig) -> Any:
                 turn_shares=tuple(cfg.turn_shares), success_turn_shares=tuple(cfg.success_turn_shares),
                 success_turn_tilt=cfg.success_turn_tilt,
                 type_visibility=cfg.type_visibility, signal_noise=cfg.signal_noise,
+                prefix_sees_turn=cfg.prefix_sees_turn,
                 **{k: tuple(getattr(cfg, k)) for k in TYPE_KEYS})
     prior = sim.SimWorld(**base).difficulty()
     return sim.SimWorld(**base, feature_noise=noise_for_spearman(cfg.feature_spearman, prior))
@@ -84,11 +85,13 @@ class SimRepetition:
         # the user's predictor_kwargs configure the configured kind; an arm's own kind (the oracle
         # upper bound, a strategy's predictor) is built as declared
         kwargs = dict(self.cfg.predictor_kwargs) if arm.predictor == self.cfg.predictor else {}
-        # a per-prompt kind (an arm's own: MoPPS's posterior, Knapsack's rates) keys simulated prompts by task
-        if "key_of" in inspect.signature(PREDICTORS[arm.predictor].factory()).parameters:
-            kwargs["key_of"] = sim_task
         if arm.predictor == self.cfg.predictor and self.cfg.predictor_level_shift:
             kwargs["level_shift"] = self.cfg.predictor_level_shift
+        takes = inspect.signature(PREDICTORS[arm.predictor].factory()).parameters
+        if "key_of" in takes:  # a per-prompt kind (an arm's own: MoPPS's posterior, Knapsack's rates): by task
+            kwargs["key_of"] = sim_task
+        if self.world.prefix_sees_turn and "turn_slots" in takes:
+            kwargs["turn_slots"] = self.world.max_turns - 1  # a prefix's turns: 1 .. max_turns - 1
         template = make_predictor(arm.predictor, kwargs, features=self.pool.features, world=self.world,
                                   spearman=self.cfg.noisy_spearman, seed=self.seed)
         if warmup_count(self.cfg):  # as bench --bank: held-out tasks' full trees, before step 0, charged to no arm
@@ -138,6 +141,7 @@ class SimRepetition:
             k = self.source.recorded_shape.continuations
             pt = np.random.default_rng([self.seed, 4, zlib.crc32(arm.name.encode())]).binomial(k, values) / k
         return {"prefix_spearman": report.spearman(pp, pt), "prefix_spearman_true": report.spearman(pp, values),
+                "prefix_spearman_within": report.spearman_within(pp, pt, pd),
                 "prefix_spearman_by_depth": {str(d): r for d, r in report.spearman_by_depth(pp, pt, pd).items()}}
 
     def after_arm(self, arm: Arm, steps: Sequence[Any]) -> None:

@@ -105,6 +105,9 @@ class NoisyOraclePredictor:
         self.rng.bit_generator.state = state["rng"]
 
 
+#: The L2 penalty on :class:`LearnedPredictor`'s intercepts: none but a numerical floor (a slot no example
+#: has reached keeps its weight).
+INTERCEPT_L2 = 1e-8
 #: Halvings of a Newton step before :class:`LearnedPredictor` gives up on it.
 MAX_HALVINGS = 30
 
@@ -114,7 +117,9 @@ class LearnedPredictor:
     """Online logistic regression on what a model could observe.
 
     Features per state, with separate weights for prompts (t = 0) and prefixes
-    (t > 0): [1{t=0}, 1{t=0} f, 1{t>0}, 1{t>0} f, 1{t>0} signal], f the task features.
+    (t > 0): [1{t=0}, 1{t=0} f, 1{t>0}, 1{t>0} f, 1{t>0} signal], f the task features; with
+    ``turn_slots`` = k > 0 the one prefix intercept 1{t>0} becomes k, 1{t=1} .. 1{t>=k} (a prefix's turn,
+    which a model reading its text sees; :attr:`~trace_gym.sim.simulator.SimWorld.prefix_sees_turn`).
     Each ``update`` fits the last ``memory`` examples seen, its own batch last (the sim's
     policy is stationary, so old targets stay valid): ``newton_steps`` Newton (IRLS)
     steps, warm-started from the previous weights, on the weighted cross-entropy against
@@ -138,6 +143,7 @@ class LearnedPredictor:
     l2: float = 1e-3
     memory: int = 50_000
     level_shift: float = 0.0
+    turn_slots: int = 0
     weights: np.ndarray | None = None
     _x: np.ndarray | None = None
     _y: np.ndarray | None = None
@@ -152,14 +158,22 @@ class LearnedPredictor:
             raise ValueError(f"learned predictor: newton_steps must be an integer >= 1, got {self.newton_steps!r}")
         if isinstance(self.l2, bool) or not isinstance(self.l2, (int, float)) or not 0 <= self.l2 < float("inf"):
             raise ValueError(f"learned predictor: l2 must be a finite number >= 0, got {self.l2!r}")
+        if isinstance(self.turn_slots, bool) or not isinstance(self.turn_slots, (int, np.integer)) \
+                or self.turn_slots < 0:
+            raise ValueError(f"learned predictor: turn_slots must be an integer >= 0 (0: one prefix intercept), "
+                             f"got {self.turn_slots!r}")
 
     def _phi(self, contexts: Sequence[SimState]) -> np.ndarray:
         n = len(contexts)
         task = np.fromiter((c.task for c in contexts), dtype=np.int64, count=n)
         sig = np.fromiter((c.signal for c in contexts), dtype=float, count=n)
-        deep = np.fromiter((c.turn > 0 for c in contexts), dtype=float, count=n)[:, None]
+        turn = np.fromiter((c.turn for c in contexts), dtype=np.int64, count=n)
+        deep = (turn > 0).astype(float)[:, None]
         f = self.features[task]
-        return np.hstack([1 - deep, (1 - deep) * f, deep, deep * f, deep * sig[:, None]])
+        at = deep
+        if self.turn_slots:  # one intercept per prefix turn, the last slot for every later turn
+            at = (np.minimum(turn, self.turn_slots)[:, None] == np.arange(1, self.turn_slots + 1)[None, :]) * deep
+        return np.hstack([1 - deep, (1 - deep) * f, at, deep * f, deep * sig[:, None]])
 
     def predict(self, contexts: Sequence[SimState]) -> np.ndarray:
         if self.weights is None:
@@ -189,12 +203,12 @@ class LearnedPredictor:
         w = w / w.sum()
         if self.weights is None:
             self.weights = np.zeros(x.shape[1])
-        eye = np.eye(x.shape[1])
+        penalty = self._penalty(x.shape[1])
         objective = self._objective(x, y, w, self.weights)
         for _ in range(self.newton_steps):
             pred = sigmoid(np.clip(x @ self.weights, -30, 30))
-            grad = x.T @ (w * (pred - y)) + self.l2 * self.weights
-            hess = (x * (w * pred * (1 - pred))[:, None]).T @ x + self.l2 * eye
+            grad = x.T @ (w * (pred - y)) + penalty * self.weights
+            hess = (x * (w * pred * (1 - pred))[:, None]).T @ x + np.diag(penalty)
             step = np.linalg.solve(hess, grad)
             for _ in range(MAX_HALVINGS):  # damped: a step that raises the objective is halved
                 trial = self.weights - step
@@ -212,7 +226,17 @@ class LearnedPredictor:
     def _objective(self, x: np.ndarray, y: np.ndarray, w: np.ndarray, weights: np.ndarray) -> float:
         """The weighted cross-entropy plus the L2 penalty at ``weights`` (what each Newton step lowers)."""
         z = x @ weights
-        return float((w * (np.logaddexp(0, z) - y * z)).sum() + 0.5 * self.l2 * weights @ weights)
+        return float((w * (np.logaddexp(0, z) - y * z)).sum()
+                     + 0.5 * weights @ (self._penalty(len(weights)) * weights))
+
+    def _penalty(self, n_columns: int) -> np.ndarray:
+        """The L2 penalty of each of the ``n_columns`` weights: ``l2``, and :data:`INTERCEPT_L2` on the intercepts
+        (the prompt's and each prefix slot's), which set the levels: a penalty there pulls a level whose
+        examples carry little weight (the prefixes' ``prefix_share``) towards 0.5."""
+        penalty = np.full(n_columns, float(self.l2))
+        dim = self.features.shape[1]
+        penalty[0] = penalty[1 + dim:1 + dim + max(self.turn_slots, 1)] = INTERCEPT_L2
+        return penalty
 
     def state_dict(self) -> dict:
         """The weights and the replay memory (the features are the pool's, not state)."""

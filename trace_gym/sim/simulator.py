@@ -121,6 +121,9 @@ class SimWorld:
         feature_noise: std of the noise on the informative feature (logit units; ``inf``:
             no feature informs, a predictor's Spearman 0).
         signal_noise: std of the per-turn observation signal logit(V_t) + noise.
+        prefix_sees_turn: whether the learned predictor also sees a prefix's turn (one intercept per
+            turn, as a model reading the prefix's text sees how many turns it took); False (the default):
+            one intercept for every prefix, what it knows of depth only through the signal.
         type_shares, type_means, type_concentrations: a prior of task *types*
             (:mod:`trace_gym.sim.prior`): type k's share, and its Beta's mean and concentration
             a + b. Empty (the default): one Beta, from ``target_mixed`` and ``mean_success``.
@@ -145,6 +148,7 @@ class SimWorld:
     feature_dim: int = 4
     feature_noise: float = 6.0
     signal_noise: float = 4.0
+    prefix_sees_turn: bool = False
     prompt_tokens: int = 150
     policy_tokens_per_turn: float = 200.0
     observation_tokens_per_turn: float = 80.0
@@ -167,6 +171,8 @@ class SimWorld:
             raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
         if not 0 <= self.signal_noise < float("inf"):
             raise ValueError(f"signal_noise must be a finite number >= 0, got {self.signal_noise!r}")
+        if not isinstance(self.prefix_sees_turn, (bool, np.bool_)):
+            raise ValueError(f"prefix_sees_turn must be true or false, got {self.prefix_sees_turn!r}")
         if self.feature_dim < 1:
             raise ValueError(f"feature_dim must be >= 1, got {self.feature_dim!r}")
         check_types(self.type_shares, self.type_means, self.type_concentrations, self.type_visibility,
