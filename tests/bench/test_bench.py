@@ -521,3 +521,16 @@ def test_checks_are_typed_records_written_as_before():
         Check("x", "OK", "")
     with pytest.raises(TypeError, match="a bench result holds a object"):
         results_json({"x": object()})
+
+
+def test_with_common_draws_arms_that_ask_alike_read_alike_as_a_bank_benchs_do():
+    """Prompts that read alike to the predictor (prompts_alike) leave PCL the candidates uniform takes; with
+    common draws the two arms then run the same branches, every repetition's headline the same (a bank bench's
+    PCL and uniform on the guessing bank: identical in each of 180 repetitions). Without, each arm draws its own."""
+    kw = dict(strategies=("uniform", "pcl"), oracle_upper_bound=False, prompts_alike=True, seeds=3, steps=2,
+              warmup_steps=0, root_budget=64)
+    rows = {common: run_sim(common_draws=common, **kw)["strategies"] for common in (True, False)}
+    ratio = {c: {n: [r["effective_ratio"] for r in rows[c][n]["per_rep"]] for n in ("uniform", "pcl")} for c in rows}
+    assert ratio[True]["uniform"] == ratio[True]["pcl"]
+    assert len(set(ratio[True]["uniform"])) > 1  # not a constant
+    assert ratio[False]["uniform"] != ratio[False]["pcl"]

@@ -133,6 +133,13 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
     prefix_sees_turn: bool = field(default=False, metadata=doc(
         "the learned predictor also sees a prefix's turn (one intercept per turn, as a model reading the prefix's "
         "text does); calibrate_from sets it"))
+    prompts_alike: bool = field(default=False, metadata=doc(
+        "the learned predictor sees no task feature: every prompt reads alike to it, as prompts of one text do to a "
+        "bank's predictor; calibrate_from sets it where the bank predictor's prompt Spearman is undefined"))
+    common_draws: bool = field(default=False, metadata=doc(
+        "every arm of a repetition draws the same outcome for the same request (a task's n-th root, a prefix's "
+        "k-th continuation), as a bank bench's arms replay the same recorded rollouts (trace_gym/sim/draws.py); "
+        "false: each arm draws from its own stream. calibrate_from sets it"))
     prefixes_per_root: int = field(default=0, metadata=doc(
         "the prefixes of a root rollout a continuation may start from: 0, every one; n, only the n depths a bank "
         "recording with max_prefixes_per_root = n keeps (trace_gym/tree.py prefix_depths), the ones the bank "
@@ -142,7 +149,8 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "success_turn_shares (its roots' lengths by outcome; success_turn_tilt where they move with p), task "
         "types where its task kinds explain its counts (type_shares, type_means, type_concentrations, "
         "type_visibility, type_step_concentrations), "
-        "prefixes_per_root (the bank's prefix cap), and fit the learned predictor and its signal_noise "
+        "prefixes_per_root (the bank's prefix cap), prefix_sees_turn and common_draws (as the bank bench reads "
+        "and pairs), and fit the learned predictor and its signal_noise "
         "(trace_gym/sim/calibrate.py, trace_gym/bench/sim_fit.py, trace_gym/bench/in_bench_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
         "predicted values of the root-allocation demo", within="[0, 1]"))

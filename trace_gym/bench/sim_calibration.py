@@ -31,7 +31,7 @@ def calibrated(cfg: SimBenchConfig, references: Mapping[str, Strategy] | None = 
 
     found, cached = bank_fit(cfg.calibrate_from, cfg.group_size, FitShape.of_sim(cfg), references)
     defaults = SimBenchConfig()
-    fitted = sim_overrides(found)
+    fitted = sim_overrides(found) | {"common_draws": True}  # the bank bench's arms share their draws
     kept = {k: getattr(cfg, k) for k in fitted if getattr(cfg, k) != getattr(defaults, k)}
     values = {k: v for k, v in fitted.items() if k not in kept}
     if {"min_turns", "max_turns"} & set(kept):  # the bank's length shares are of the bank's range, not yours
@@ -103,8 +103,9 @@ def _fit_note(found: Mapping[str, Any]) -> str:
 #: (trace_gym.bench.in_bench_fit.bracketed), not the grid's points alone; 15: the learned predictor sees a prefix's
 #: turn (prefix_sees_turn), as the bank's reads it in the prefix's text, its intercepts (each turn's level) carry no
 #: L2 penalty (trace_gym.sim.predictors.INTERCEPT_L2), and its signal noise is matched on the prefix Spearman within
-#: a depth (trace_gym.bench.in_bench_fit.PREFIX_MEASURE).
-FIT_VERSION = 15
+#: a depth (trace_gym.bench.in_bench_fit.PREFIX_MEASURE); 16: a bank whose predictor reads every prompt alike (its
+#: prompt Spearman undefined) gives the simulated predictor no task feature (prompts_alike).
+FIT_VERSION = 16
 
 
 @dataclass(frozen=True)
@@ -270,13 +271,14 @@ def _fit_bank(bank: Any, path: str, group_size: int, shape: FitShape) -> dict[st
         kept = {n: prefix_depths(n, recorded.prefixes_per_root) for n in range(lo, hi + 1)}
         counts = root_length_counts(bank, lo, hi)  # one pass over the bank serves the histograms and the tilt
         found = with_lengths(found, stats, shares_of_counts(counts), kept, counts)
+    # as the bank bench reads: a prefix's turns in its text; prompts of one text alike (prompt Spearman undefined)
+    found = found | {"prefix_sees_turn": True, "prompts_alike": not np.isfinite(float(quality["prompt_spearman"]))}
     world = {k: found[k] for k in SIM_WORLD_KEYS if k in found}
     fit = fit_visibility(sim.SimWorld(group_size=group_size, **world), recorded, quality, warmup_prompts=warm,
                          prefix_share=defaults.prefix_share, selection=selection)
     if fit["type_visibility"] is not None:
         found = found | {"type_visibility": fit["type_visibility"]}
-    return found | {"prefix_sees_turn": True,  # the bank's predictor reads a prefix's text, its turns among it
-                    "selection": list(selection), "selection_note": note, "feature_spearman": fit["feature_spearman"],
+    return found | {"selection": list(selection), "selection_note": note, "feature_spearman": fit["feature_spearman"],
                     "predictor_level_shift": fit["predictor_level_shift"], "warmup_prompts": warm,
                     "recorded_shape": dataclasses.asdict(recorded), "bank_quality": quality, "predictor_fit": fit,
                     "learned_spearman": quality["prompt_spearman"]}

@@ -287,7 +287,8 @@ def _sample_kw(kw: Mapping[str, Any]) -> dict[str, Any]:
 LENGTH_SHARES = ("turn_shares", "success_turn_shares")
 #: The simulated world's keys a calibration sets (:class:`~trace_gym.sim.simulator.SimWorld` fields).
 SIM_WORLD_KEYS = ("target_mixed", "mean_success", "step_concentration", "min_turns", "max_turns", *LENGTH_SHARES,
-                  "success_turn_tilt", *TYPE_KEYS, "type_visibility", "signal_noise", "prefix_sees_turn")
+                  "success_turn_tilt", *TYPE_KEYS, "type_visibility", "signal_noise", "prefix_sees_turn",
+                  "prompts_alike")
 
 
 def pcl_picks(root_budget: int, continuations_per_root: float, group_size: int) -> int:

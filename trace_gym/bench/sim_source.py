@@ -38,7 +38,7 @@ def sim_world(cfg: SimBenchConfig) -> Any:
                 turn_shares=tuple(cfg.turn_shares), success_turn_shares=tuple(cfg.success_turn_shares),
                 success_turn_tilt=cfg.success_turn_tilt,
                 type_visibility=cfg.type_visibility, signal_noise=cfg.signal_noise,
-                prefix_sees_turn=cfg.prefix_sees_turn,
+                prefix_sees_turn=cfg.prefix_sees_turn, prompts_alike=cfg.prompts_alike,
                 **{k: tuple(getattr(cfg, k)) for k in TYPE_KEYS})
     prior = sim.SimWorld(**base).difficulty()
     return sim.SimWorld(**base, feature_noise=noise_for_spearman(cfg.feature_spearman, prior))
@@ -71,6 +71,7 @@ class SimRepetition:
                       for step in range(self.cfg.steps)]
         self._templates: dict[str, Any] = {}
         self._batches: list | None = None
+        self.common: dict[str, Any] = {}  # with common_draws: each arm's place in the common streams
 
     def candidates(self, step: int) -> list[int]:
         return self.draws[step].tolist()
@@ -80,6 +81,10 @@ class SimRepetition:
 
         from trace_gym.predictor.kinds import PREDICTORS
 
+        if self.cfg.common_draws:  # every arm draws the same branches for the same requests (as a bank's)
+            from trace_gym.sim.draws import CommonDraws
+
+            self.common[arm.name] = CommonDraws(self.seed)
         if arm.predictor in self._templates:
             return copy.deepcopy(self._templates[arm.predictor])  # each arm gets a pristine copy
         # the user's predictor_kwargs configure the configured kind; an arm's own kind (the oracle
@@ -115,7 +120,8 @@ class SimRepetition:
         from trace_gym.predictor.quality import mixed_probability
         from trace_gym.sim.simulator import SimBranchRunner
 
-        runner = SimBranchRunner(self.pool, self.world, rng, self.cfg.prefixes_per_root or None)
+        runner = SimBranchRunner(self.pool, self.world, rng, self.cfg.prefixes_per_root or None,
+                                 self.common.get(arm.name))
         result = run_step(candidates, play.strategy, predictor, runner, budget, rng, prefix_share=self.cfg.prefix_share,
                           score_prefixes=measured, mixed_rule=self.cfg.mixed(), **play.kwargs())
         rates = self.pool.success[np.asarray(candidates, dtype=np.int64)]
@@ -147,11 +153,12 @@ class SimRepetition:
     def after_arm(self, arm: Arm, steps: Sequence[Any]) -> None:
         pass
 
-    def arm_state(self, arm: Arm) -> None:
-        return None  # the simulator's runner draws from the arm's rng alone
+    def arm_state(self, arm: Arm) -> Any:
+        return self.common.get(arm.name)  # with common_draws, its place in the common streams; else None
 
-    def set_arm_state(self, arm: Arm, state: None) -> None:
-        pass
+    def set_arm_state(self, arm: Arm, state: Any) -> None:
+        if state is not None:
+            self.common[arm.name] = state
 
 
 @dataclass

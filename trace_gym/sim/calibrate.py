@@ -368,7 +368,7 @@ def sim_overrides(calibrated: Mapping[str, Any]) -> dict[str, Any]:
     tuples = ("turn_shares", "success_turn_shares", *TYPE_KEYS)
     keys = ("mean_success", "target_mixed", "step_concentration", "min_turns", "max_turns", *tuples,
             "success_turn_tilt", "type_visibility", "feature_spearman", "predictor_level_shift", "warmup_prompts",
-            "signal_noise", "prefix_sees_turn")
+            "signal_noise", "prefix_sees_turn", "prompts_alike")
     out = {k: tuple(calibrated[k]) if k in tuples else calibrated[k] for k in keys if k in calibrated}
     if "recorded_shape" in calibrated:  # the prefixes the bank bench can continue from: the bank's cap
         out["prefixes_per_root"] = int(calibrated["recorded_shape"].get("prefixes_per_root") or 0)

@@ -124,6 +124,9 @@ class SimWorld:
         prefix_sees_turn: whether the learned predictor also sees a prefix's turn (one intercept per
             turn, as a model reading the prefix's text sees how many turns it took); False (the default):
             one intercept for every prefix, what it knows of depth only through the signal.
+        prompts_alike: the learned predictor sees no task feature (every one 0, the type too): every prompt
+            reads alike to it, as prompts of one text do to a bank's predictor (the draws are made as
+            without it, so the pool is otherwise the same).
         type_shares, type_means, type_concentrations: a prior of task *types*
             (:mod:`trace_gym.sim.prior`): type k's share, and its Beta's mean and concentration
             a + b. Empty (the default): one Beta, from ``target_mixed`` and ``mean_success``.
@@ -149,6 +152,7 @@ class SimWorld:
     feature_noise: float = 6.0
     signal_noise: float = 4.0
     prefix_sees_turn: bool = False
+    prompts_alike: bool = False
     prompt_tokens: int = 150
     policy_tokens_per_turn: float = 200.0
     observation_tokens_per_turn: float = 80.0
@@ -171,8 +175,9 @@ class SimWorld:
             raise ValueError(f"step_concentration must be > 0, got {self.step_concentration!r}")
         if not 0 <= self.signal_noise < float("inf"):
             raise ValueError(f"signal_noise must be a finite number >= 0, got {self.signal_noise!r}")
-        if not isinstance(self.prefix_sees_turn, (bool, np.bool_)):
-            raise ValueError(f"prefix_sees_turn must be true or false, got {self.prefix_sees_turn!r}")
+        for name in ("prefix_sees_turn", "prompts_alike"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.feature_dim < 1:
             raise ValueError(f"feature_dim must be >= 1, got {self.feature_dim!r}")
         check_types(self.type_shares, self.type_means, self.type_concentrations, self.type_visibility,
@@ -241,6 +246,8 @@ def make_pool(world: SimWorld, n_tasks: int, rng: np.random.Generator) -> TaskPo
     if k:  # drawn last: pools that differ only in visibility share every other draw
         seen = np.where(rng.random(n_tasks) < world.type_visibility, types, rng.integers(0, k, size=n_tasks))
         feats = np.concatenate([feats, (seen[:, None] == np.arange(k)[None, :]).astype(float)], axis=1)
+    if world.prompts_alike:
+        feats = np.zeros_like(feats)
     return TaskPool(success=p, features=feats, turns=turns, types=types)
 
 
@@ -418,14 +425,19 @@ class SimBranchRunner:
     snapshots. Requested branches wait until :meth:`advance`, which simulates all of
     them (per tree, in request order, vectorised) in the ``simulation`` phase. With
     ``prefix_cap`` (an integer >= 1) each tree is a :class:`CappedTree`; ``None``: every prefix.
+    With ``draws`` (a :class:`~trace_gym.sim.draws.CommonDraws`) each branch runs on its own stream,
+    keyed by its task and its place in the task's history instead of ``rng``: arms that share ``draws``'
+    seed draw the same outcome for the same request, as a bank bench's arms do (one branch at a time).
     """
 
     pool: TaskPool
     world: SimWorld
     rng: np.random.Generator
     prefix_cap: int | None = None
+    draws: Any = None
     _trees: dict[Hashable, RolloutTree] = field(default_factory=dict, init=False, repr=False)
     _pending: dict[Hashable, list[int]] = field(default_factory=dict, init=False, repr=False)
+    _keys: dict[tuple[Hashable, int], tuple] = field(default_factory=dict, init=False, repr=False)
 
     def prompt_context(self, candidate: Any) -> SimState:
         return root_state(self.pool, int(candidate), self.world)
@@ -455,9 +467,25 @@ class SimBranchRunner:
         out: list[BranchResult] = []
         with ledger.phase("simulation"):
             for key, anchors in pending.items():
-                leaves = simulate_branches(self._trees[key], anchors, self.pool, self.world, self.rng, ledger)
+                tree = self._trees[key]
+                if self.draws is None:
+                    leaves = simulate_branches(tree, anchors, self.pool, self.world, self.rng, ledger)
+                else:
+                    leaves = [self._common(key, tree, anchor, ledger) for anchor in anchors]
                 out.extend(BranchResult(key, anchor, leaf) for anchor, leaf in zip(anchors, leaves))
         return out
+
+    def _common(self, key: Hashable, tree: RolloutTree, anchor: int, ledger: BudgetLedger) -> int:
+        """One branch from ``anchor`` on its common stream (:attr:`draws`); returns its leaf."""
+        task = int(tree.root.snapshot.task)
+        if anchor == ROOT:
+            branch, rng = self.draws.root(task)
+        else:
+            node = tree.node(anchor)
+            branch, rng = self.draws.continuation(task, self._keys[(key, node.branch)], node.depth)
+        leaf = simulate_branches(tree, [anchor], self.pool, self.world, rng, ledger)[0]
+        self._keys[(key, tree.node(leaf).branch)] = branch
+        return leaf
 
     def cancel(self) -> None:
         self._pending.clear()
