@@ -10,7 +10,6 @@ import pytest
 from trace_gym.budget import BudgetLedger
 from trace_gym.sim import simulator as sim
 from trace_gym.sim.draws import CommonDraws, _words
-from trace_gym.tree import ROOT
 
 WORLD = sim.SimWorld(min_turns=3, max_turns=3, step_concentration=2.0)
 
