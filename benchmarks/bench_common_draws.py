@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {x} - {y} | {ra:.3f} | {rb:.3f} | {np.std(a[x] - a[y], ddof=1):.3f} | "
               f"{np.std(b[x] - b[y], ddof=1):.3f} |")
     before, after = (float(np.nanmean([g[i] for g in gains])) for i in (0, 1))
-    print(f"\n| run | seconds |\n|---|---:|\n| own streams (baseline) | {t_base:.1f} |\n| common draws | {t_common:.1f} |")
+    print(f"\n| run | seconds |\n|---|---:|\n| own streams (baseline) | {t_base:.1f} |\n"
+          f"| common draws | {t_common:.1f} |")
     checks = [(f"mean correlation rises by >= {args.min_gain} ({before:.3f} -> {after:.3f})",
                after - before >= args.min_gain),
               (f"common draws cost <= {args.max_cost}x the baseline ({t_common / t_base:.2f}x)",

@@ -149,8 +149,8 @@ class SimBenchConfig(BudgetShape, PredictorChoice, Reproducibility, BenchTarget)
         "success_turn_shares (its roots' lengths by outcome; success_turn_tilt where they move with p), task "
         "types where its task kinds explain its counts (type_shares, type_means, type_concentrations, "
         "type_visibility, type_step_concentrations), "
-        "prefixes_per_root (the bank's prefix cap), prefix_sees_turn and common_draws (as the bank bench reads "
-        "and pairs), and fit the learned predictor and its signal_noise "
+        "prefixes_per_root (the bank's prefix cap), prefix_sees_turn, prompts_alike and common_draws (as the "
+        "bank bench reads and pairs), and fit the learned predictor and its signal_noise "
         "(trace_gym/sim/calibrate.py, trace_gym/bench/sim_fit.py, trace_gym/bench/in_bench_fit.py), and print them"))
     demo_values: tuple[float, ...] = field(default=(0.99, 0.9, 0.5, 0.5, 0.15, 0.02), metadata=doc(
         "predicted values of the root-allocation demo", within="[0, 1]"))

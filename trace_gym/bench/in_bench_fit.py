@@ -249,11 +249,11 @@ def prefix_in_bench(bank: Any, path: str, group_size: int, shape: Any, found: Ma
                     tree: Strategy, grid: Sequence[float] | None = None) -> dict[str, Any]:
     """The prefix predictor read in the bench on the random tree arm (``tree``), bank and simulator alike
     (:func:`trace_gym.bench.in_bench.arm_prefix_spearman`, the measure :data:`PREFIX_MEASURE`; the bank at
-    :data:`PREFIX_BANK_SEEDS` repetitions), and the ``signal_noise`` of ``grid`` (default :data:`SIGNAL_GRID`) whose simulated
-    reading is nearest the bank's (:func:`trace_gym.bench.sim_fit.closest`: a tie goes to the noisier
-    signal). Where either side's reading is undefined (no repetition scored two prefixes of differing
-    truth: a world whose every prefix surely ends one way) the default stays. Returns ``{"measure", "bank", "simulated":
-    {noise: reading}, "signal_noise", "repetitions", "sim_repetitions"}``."""
+    :data:`PREFIX_BANK_SEEDS` repetitions), and the ``signal_noise`` of ``grid`` (default :data:`SIGNAL_GRID`)
+    whose simulated reading is nearest the bank's (:func:`trace_gym.bench.sim_fit.closest`: a tie goes to the
+    noisier signal). Where either side's reading is undefined (no repetition scored two prefixes of differing
+    truth: a world whose every prefix surely ends one way) the default stays. Returns ``{"measure", "bank",
+    "simulated": {noise: reading}, "signal_noise", "repetitions", "sim_repetitions"}``."""
     from trace_gym.bench.bank import BankSource
     from trace_gym.bench.config import SimBenchConfig
     from trace_gym.bench.in_bench import arm_prefix_spearman
