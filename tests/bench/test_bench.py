@@ -407,9 +407,9 @@ def all_fail():
     try:
         # every strategy, at a quarter of SMALL's budget and candidates: with no contrast anywhere,
         # the scale changes no check (each still SKIPs), only the cost
-        yield run_sim(seeds=2, steps=2, pool_size=256, candidates=32, root_budget=32)
+        return run_sim(seeds=2, steps=2, pool_size=256, candidates=32, root_budget=32)
     finally:
-        sim.make_pool = original
+        sim.make_pool = original  # at once: a later test of this module runs in the real world
 
 
 def test_an_all_zero_reward_bench_skips_every_comparison(all_fail):
