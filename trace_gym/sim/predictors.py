@@ -204,7 +204,7 @@ class LearnedPredictor:
         if self.weights is None:
             self.weights = np.zeros(x.shape[1])
         penalty = self._penalty(x.shape[1])
-        objective = self._objective(x, y, w, self.weights)
+        objective = self._objective(x, y, w, self.weights, penalty)
         for _ in range(self.newton_steps):
             pred = sigmoid(np.clip(x @ self.weights, -30, 30))
             grad = x.T @ (w * (pred - y)) + penalty * self.weights
@@ -212,7 +212,7 @@ class LearnedPredictor:
             step = np.linalg.solve(hess, grad)
             for _ in range(MAX_HALVINGS):  # damped: a step that raises the objective is halved
                 trial = self.weights - step
-                value = self._objective(x, y, w, trial)
+                value = self._objective(x, y, w, trial, penalty)
                 if value <= objective:
                     break
                 step = step / 2
@@ -223,11 +223,12 @@ class LearnedPredictor:
         loss = float(-(w * (y * np.log(pred) + (1 - y) * np.log(1 - pred))).sum())
         return {"n": float(len(y)), "loss": loss}
 
-    def _objective(self, x: np.ndarray, y: np.ndarray, w: np.ndarray, weights: np.ndarray) -> float:
-        """The weighted cross-entropy plus the L2 penalty at ``weights`` (what each Newton step lowers)."""
+    @staticmethod
+    def _objective(x: np.ndarray, y: np.ndarray, w: np.ndarray, weights: np.ndarray, penalty: np.ndarray) -> float:
+        """The weighted cross-entropy plus the L2 penalty (``penalty`` per weight, :meth:`_penalty`) at ``weights``
+        (what each Newton step lowers)."""
         z = x @ weights
-        return float((w * (np.logaddexp(0, z) - y * z)).sum()
-                     + 0.5 * weights @ (self._penalty(len(weights)) * weights))
+        return float((w * (np.logaddexp(0, z) - y * z)).sum() + 0.5 * weights @ (penalty * weights))
 
     def _penalty(self, n_columns: int) -> np.ndarray:
         """The L2 penalty of each of the ``n_columns`` weights: ``l2``, and :data:`INTERCEPT_L2` on the intercepts
